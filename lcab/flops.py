@@ -1,0 +1,74 @@
+"""The FLOP convention of lcab, in one place.
+
+    forward  = 4 · area · Hq · D     (two matmuls, QKᵀ and PV, at 2 FLOPs per multiply-add)
+    backward = 2.5 × forward         (2 for the gradient matmuls + 0.5 for recomputing P)
+    fwd+bwd  = 3.5 × forward
+
+``area`` is the exact number of attended (q, k) pairs of the mask, so throughput is *useful*
+throughput: masked-out work a kernel may still do is not credited, and padding added by context
+parallelism is not counted. Only query heads count (GQA gets no discount). This is the
+convention of LongCA-bench and FlashAttention; the dense-equivalent figure (area = Sq·Sk) is
+reported beside it. For per-KV-head masks each query head uses the mask of its KV group, so the
+area is the mean over mask heads.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from lcab.masks.core import AttnMask
+
+Pass = Literal["fwd", "bwd", "fwd_bwd"]
+
+#: Name stored in every record next to FLOP figures.
+FLOP_CONVENTION = "lcab/1: fwd=4*area*Hq*D, bwd=2.5*fwd, fwd_bwd=3.5*fwd; area=attended pairs"
+
+#: Multiples of the forward count, as exact fractions (numerator, denominator).
+PASS_FACTORS: dict[str, tuple[int, int]] = {"fwd": (2, 2), "bwd": (5, 2), "fwd_bwd": (7, 2)}
+
+
+def _scaled(forward: int, pass_: str) -> int:
+    if pass_ not in PASS_FACTORS:
+        raise ValueError(f"pass_={pass_!r} is unknown; valid: {', '.join(PASS_FACTORS)}")
+    num, den = PASS_FACTORS[pass_]
+    return forward * num // den  # forward is a multiple of 4, so this is exact
+
+
+def _check_heads(heads_q: int, head_dim: int) -> None:
+    if heads_q < 1 or head_dim < 1:
+        raise ValueError(f"heads_q={heads_q} and head_dim={head_dim} must be >= 1")
+
+
+def attention_flops(mask: AttnMask, heads_q: int, head_dim: int, pass_: Pass = "fwd") -> int:
+    """Useful FLOPs of attention over ``mask`` (exact integer).
+
+    Raises:
+        ValueError: ``heads_q`` is not a multiple of the mask's head count, or a bad pass name.
+
+    """
+    _check_heads(heads_q, head_dim)
+    if heads_q % mask.num_heads:
+        raise ValueError(
+            f"heads_q={heads_q} must be a multiple of the mask's {mask.num_heads} heads "
+            f"(one mask per KV head)"
+        )
+    forward = 4 * mask.area() * (heads_q // mask.num_heads) * head_dim
+    return _scaled(forward, pass_)
+
+
+def dense_flops(
+    seqlen_q: int, seqlen_k: int, heads_q: int, head_dim: int, pass_: Pass = "fwd"
+) -> int:
+    """FLOPs of the same attention without a mask (area = Sq · Sk): the dense-equivalent figure."""
+    _check_heads(heads_q, head_dim)
+    return _scaled(4 * seqlen_q * seqlen_k * heads_q * head_dim, pass_)
+
+
+def mask_density(mask: AttnMask) -> float:
+    """Area / (Sq · Sk): the fraction of the dense work that is useful."""
+    return mask.density()
+
+
+def tflops_per_s(flops: int, seconds: float) -> float:
+    """Throughput in TFLOP/s; 0.0 when the time is not positive."""
+    return flops / seconds / 1e12 if seconds > 0 else 0.0

@@ -1,0 +1,497 @@
+"""`AttnMask`: the one representation of an attention mask in lcab.
+
+A mask is a set of slices ``(q_start, q_end, k_start, k_end, kind)`` over one packed sequence
+(batch 1). The attended set is the union of the slices, and slices never overlap, so the exact
+area is the sum of closed-form slice areas. Dynamic block-sparse masks keep one slice set per KV
+head (a CSR layout: ``head_ptr[h]:head_ptr[h+1]`` are head h's rows of ``slices``). Every other
+form of a mask (dense, FlexAttention, varlen, FlashMask, block tables) is derived from the slices
+in `lcab.masks.lowering` and checked against `AttnMask.to_dense`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from lcab.masks.geometry import (
+    IntArray,
+    SliceKind,
+    band_area,
+    clip_slices,
+    kind_bands,
+    row_spans,
+    slice_areas,
+    transpose_slices,
+)
+
+#: Largest dense mask `to_dense` builds by default (elements): 2**28 bools = 256 MiB.
+DENSE_LIMIT = 1 << 28
+
+#: Sequence lengths must stay below this so closed-form areas cannot overflow int64.
+MAX_SEQLEN = 1 << 30
+
+
+@dataclass(frozen=True)
+class RowIntervals:
+    """Canonical per-row form: row r attends ``[starts[p], ends[p])`` for p in ``ptr[r]:ptr[r+1]``.
+
+    Rows run over heads first (row = head * seqlen_q + q). Intervals are merged and sorted, so
+    two masks attend the same pairs exactly when their `RowIntervals` are equal.
+    """
+
+    ptr: IntArray
+    starts: IntArray
+    ends: IntArray
+
+    def max_per_row(self) -> int:
+        """Largest number of separate intervals any row has."""
+        return int(np.diff(self.ptr).max(initial=0))
+
+
+class AttnMask:
+    """An attention mask as non-overlapping slices, with its provenance.
+
+    Args:
+        slices: (N, 5) integer array of ``(q_start, q_end, k_start, k_end, kind)``; kind is a
+            `SliceKind` code (0 full, 1 causal bottom-right, 2 inv_causal top-left, 3 bi_causal).
+        seqlen_q: number of query rows.
+        seqlen_k: number of key columns (defaults to ``seqlen_q``).
+        head_ptr: for per-KV-head masks, CSR offsets (num_heads + 1) into ``slices``.
+        name: pattern name (``"custom"`` for hand-built masks).
+        params: the pattern's parameters, recorded for replay.
+        seed: the seed the pattern was drawn with (None if not random).
+        doc_lengths: packed document lengths (sum = seqlen) for masks made of documents.
+        origin: position of this mask's (0, 0) in the mask it was restricted from.
+        validate: check bounds, kinds, emptiness and overlap (cheap; keep it on).
+
+    Raises:
+        ValueError: a slice out of bounds, empty, of unknown kind, or overlapping another.
+
+    """
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking numpy payload: compare, don't hash
+
+    def __init__(
+        self,
+        slices: Any,
+        seqlen_q: int,
+        seqlen_k: int | None = None,
+        *,
+        head_ptr: Any = None,
+        name: str = "custom",
+        params: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        doc_lengths: Any = None,
+        origin: tuple[int, int] = (0, 0),
+        validate: bool = True,
+    ) -> None:
+        seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
+        for key, value in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+            if not isinstance(value, (int, np.integer)) or not 0 < value < MAX_SEQLEN:
+                raise ValueError(
+                    f"{key}={value!r} is invalid: need an integer in [1, {MAX_SEQLEN})"
+                )
+        arr = np.asarray(slices, dtype=np.int64)
+        if arr.size == 0:
+            arr = arr.reshape(0, 5)
+        if arr.ndim != 2 or arr.shape[1] != 5:
+            raise ValueError(
+                f"slices must have shape (N, 5) = (q_start, q_end, k_start, k_end, kind); "
+                f"got {tuple(arr.shape)}"
+            )
+        ptr = np.array([0, len(arr)], dtype=np.int64) if head_ptr is None else np.asarray(head_ptr)
+        ptr = ptr.astype(np.int64)
+        if (
+            ptr.ndim != 1
+            or len(ptr) < 2
+            or ptr[0] != 0
+            or ptr[-1] != len(arr)
+            or (np.diff(ptr) < 0).any()
+        ):
+            raise ValueError(
+                f"head_ptr must be non-decreasing offsets from 0 to len(slices)={len(arr)}; "
+                f"got {ptr.tolist()}"
+            )
+        self.slices: IntArray = np.ascontiguousarray(arr)
+        self.head_ptr: IntArray = ptr
+        self.seqlen_q = int(seqlen_q)
+        self.seqlen_k = int(seqlen_k)
+        self.name = name
+        self.params: dict[str, Any] = dict(params or {})
+        self.seed = seed
+        self.origin = (int(origin[0]), int(origin[1]))
+        self.doc_lengths: IntArray | None = None
+        if doc_lengths is not None:
+            lengths = np.asarray(doc_lengths, dtype=np.int64)
+            if lengths.ndim != 1 or (lengths <= 0).any() or lengths.sum() != self.seqlen_q:
+                raise ValueError(
+                    f"doc_lengths must be positive and sum to seqlen_q={self.seqlen_q}; got "
+                    f"{len(lengths)} lengths summing to {int(lengths.sum())}"
+                )
+            self.doc_lengths = lengths
+        if validate:
+            self._validate()
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def num_heads(self) -> int:
+        """Number of mask heads: 1 for static masks, the KV head count for dynamic ones."""
+        return len(self.head_ptr) - 1
+
+    @property
+    def num_slices(self) -> int:
+        """Total number of slices over all heads."""
+        return len(self.slices)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(seqlen_q, seqlen_k)."""
+        return (self.seqlen_q, self.seqlen_k)
+
+    @property
+    def num_docs(self) -> int | None:
+        """Number of packed documents, or None if the mask is not built from documents."""
+        return None if self.doc_lengths is None else len(self.doc_lengths)
+
+    @property
+    def doc_boundaries(self) -> IntArray | None:
+        """Cumulative document offsets ``[0, l0, l0+l1, ..., S]`` (cu_seqlens), or None."""
+        if self.doc_lengths is None:
+            return None
+        return np.concatenate([[0], np.cumsum(self.doc_lengths)]).astype(np.int64)
+
+    def head_slices(self, head: int) -> IntArray:
+        """The (n, 5) slice rows of one mask head."""
+        return self.slices[self.head_ptr[head] : self.head_ptr[head + 1]]
+
+    def head(self, head: int) -> AttnMask:
+        """A one-head mask holding mask head ``head``."""
+        return self._derive(self.head_slices(head), None)
+
+    # ------------------------------------------------------------------ measures
+    def area_per_head(self) -> IntArray:
+        """Exact attended (q, k) pairs of each mask head."""
+        heads = np.repeat(np.arange(self.num_heads), np.diff(self.head_ptr))
+        return np.bincount(
+            heads, weights=slice_areas(self.slices), minlength=self.num_heads
+        ).astype(np.int64)
+
+    def area(self) -> int:
+        """Exact number of attended (q, k) pairs, summed over mask heads. O(#slices)."""
+        return int(slice_areas(self.slices).sum())
+
+    def density(self) -> float:
+        """Attended fraction of the Sq x Sk grid (averaged over mask heads)."""
+        return self.area() / (self.num_heads * self.seqlen_q * self.seqlen_k)
+
+    # ------------------------------------------------------------------ derived masks
+    def restrict(self, q_range: tuple[int, int], k_range: tuple[int, int]) -> AttnMask:
+        """The sub-mask of the rectangle q_range x k_range, in its local coordinates.
+
+        This is what one context-parallel step computes: local queries against a remote key
+        block. Slices are clipped in closed form, never by materialising the rectangle.
+        """
+        q0, q1 = (int(x) for x in q_range)
+        k0, k1 = (int(x) for x in k_range)
+        if not (0 <= q0 < q1 <= self.seqlen_q and 0 <= k0 < k1 <= self.seqlen_k):
+            raise ValueError(
+                f"restrict(q_range={q_range}, k_range={k_range}) is outside the mask "
+                f"[0, {self.seqlen_q}) x [0, {self.seqlen_k}) or empty"
+            )
+        parts = [clip_slices(self.head_slices(h), q0, q1, k0, k1) for h in range(self.num_heads)]
+        sub = np.concatenate(parts) if parts else np.zeros((0, 5), np.int64)
+        sub[:, 0:2] -= q0
+        sub[:, 2:4] -= k0
+        ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+        docs = None
+        if self.doc_lengths is not None and (q0, q1) == (k0, k1):
+            cu = np.clip(self.doc_boundaries, q0, q1) - q0  # type: ignore[arg-type]
+            docs = np.diff(cu)
+            docs = docs[docs > 0]
+        return AttnMask(
+            sub,
+            q1 - q0,
+            k1 - k0,
+            head_ptr=ptr,
+            name=self.name,
+            params=self.params,
+            seed=self.seed,
+            doc_lengths=docs,
+            origin=(self.origin[0] + q0, self.origin[1] + k0),
+            validate=False,
+        )
+
+    def transpose(self) -> AttnMask:
+        """The mask with queries and keys swapped (column view, e.g. for FlashMask)."""
+        parts = [transpose_slices(self.head_slices(h)) for h in range(self.num_heads)]
+        ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+        return AttnMask(
+            np.concatenate(parts),
+            self.seqlen_k,
+            self.seqlen_q,
+            head_ptr=ptr,
+            name=f"{self.name}.T",
+            params=self.params,
+            seed=self.seed,
+            validate=False,
+        )
+
+    def _derive(self, slices: IntArray, head_ptr: IntArray | None) -> AttnMask:
+        return AttnMask(
+            slices,
+            self.seqlen_q,
+            self.seqlen_k,
+            head_ptr=head_ptr,
+            name=self.name,
+            params=self.params,
+            seed=self.seed,
+            doc_lengths=self.doc_lengths,
+            origin=self.origin,
+            validate=False,
+        )
+
+    # ------------------------------------------------------------------ per-token forms
+    def row_intervals(self) -> RowIntervals:
+        """Merged attended column intervals of every row: the canonical form of the set.
+
+        Costs O(total slice rows); fine up to a few million tokens for structured masks.
+        """
+        rows_all, first_all, last_all = [], [], []
+        for h in range(self.num_heads):
+            rows, first, last = row_spans(self.head_slices(h))
+            rows_all.append(rows + h * self.seqlen_q)
+            first_all.append(first)
+            last_all.append(last)
+        rows = np.concatenate(rows_all)
+        first = np.concatenate(first_all)
+        last = np.concatenate(last_all)
+        order = np.lexsort((first, rows))
+        rows, first, last = rows[order], first[order], last[order]
+        # Running max of `last` within a row (offset by row so rows never mix), then an interval
+        # starts a new run where it does not touch the run before it.
+        stride = self.seqlen_k + 2
+        reach = np.maximum.accumulate(last + rows * stride) - rows * stride
+        new_run = np.ones(len(rows), dtype=bool)
+        new_run[1:] = (rows[1:] != rows[:-1]) | (first[1:] > reach[:-1] + 1)
+        starts_idx = np.flatnonzero(new_run)
+        run_rows = rows[starts_idx]
+        run_first = first[starts_idx]
+        run_last = np.maximum.reduceat(last, starts_idx) if len(starts_idx) else last[:0]
+        n_rows = self.num_heads * self.seqlen_q
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(run_rows, minlength=n_rows))])
+        return RowIntervals(ptr.astype(np.int64), run_first, run_last + 1)
+
+    def to_dense(self, max_elements: int = DENSE_LIMIT) -> torch.Tensor:
+        """Boolean mask: (seqlen_q, seqlen_k), or (num_heads, seqlen_q, seqlen_k) per head.
+
+        Raises:
+            ValueError: the dense mask would exceed ``max_elements`` elements.
+
+        """
+        total = self.num_heads * self.seqlen_q * self.seqlen_k
+        if total > max_elements:
+            raise ValueError(
+                f"to_dense() of a {self.num_heads} x {self.seqlen_q} x {self.seqlen_k} mask needs "
+                f"{total:,} elements, above max_elements={max_elements:,}; use the slices, "
+                f"row_intervals() or restrict() a smaller window instead"
+            )
+        diff = np.zeros((self.num_heads * self.seqlen_q, self.seqlen_k + 1), dtype=np.int32)
+        for h in range(self.num_heads):
+            rows, first, last = row_spans(self.head_slices(h))
+            rows = rows + h * self.seqlen_q
+            np.add.at(diff, (rows, first), 1)
+            np.add.at(diff, (rows, last + 1), -1)
+        dense = np.cumsum(diff[:, :-1], axis=1) > 0
+        dense = dense.reshape(self.num_heads, self.seqlen_q, self.seqlen_k)
+        return torch.from_numpy(dense[0] if self.num_heads == 1 else dense)
+
+    @classmethod
+    def from_dense(cls, dense: Any, *, name: str = "custom") -> AttnMask:
+        """Build a mask from a boolean (Sq, Sk) or (H, Sq, Sk) array.
+
+        Each maximal run of attended columns becomes a full slice, and identical runs in
+        consecutive rows are stacked into one rectangle. Meant for tests and small hand-made masks.
+        """
+        arr = np.asarray(dense.cpu() if isinstance(dense, torch.Tensor) else dense, dtype=bool)
+        heads = arr[None] if arr.ndim == 2 else arr
+        if heads.ndim != 3:
+            raise ValueError(f"from_dense needs a 2-D or 3-D boolean array; got shape {arr.shape}")
+        _, sq, sk = heads.shape
+        parts = []
+        for dense_h in heads:
+            padded = np.zeros((sq, sk + 2), dtype=np.int8)
+            padded[:, 1:-1] = dense_h
+            edges = np.diff(padded, axis=1)
+            r_on, c_on = np.nonzero(edges == 1)
+            _, c_off = np.nonzero(edges == -1)
+            runs = np.stack([r_on, c_on, c_off], 1)  # row-major order: sorted by row, then column
+            keys = {}
+            out = []
+            for r, c0, c1 in runs.tolist():
+                prev = keys.get((c0, c1))
+                if prev is not None and out[prev][1] == r:
+                    out[prev][1] = r + 1
+                else:
+                    keys[(c0, c1)] = len(out)
+                    out.append([r, r + 1, c0, c1, int(SliceKind.FULL)])
+            parts.append(np.asarray(out, dtype=np.int64).reshape(-1, 5))
+        ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+        return cls(
+            np.concatenate(parts),
+            sq,
+            sk,
+            head_ptr=ptr if len(heads) > 1 or arr.ndim == 3 else None,
+            name=name,
+        )
+
+    # ------------------------------------------------------------------ presentation
+    def __eq__(self, other: object) -> bool:
+        """Same shape, same number of heads and exactly the same attended pairs."""
+        if not isinstance(other, AttnMask):
+            return NotImplemented
+        if (self.shape, self.num_heads) != (other.shape, other.num_heads):
+            return False
+        if self.area() != other.area():
+            return False
+        a, b = self.row_intervals(), other.row_intervals()
+        return all(
+            np.array_equal(x, y)
+            for x, y in ((a.ptr, b.ptr), (a.starts, b.starts), (a.ends, b.ends))
+        )
+
+    def summary(self, heads_q: int | None = None, head_dim: int | None = None) -> str:
+        """One line: pattern, sizes, slices, documents, density and (optionally) forward FLOPs."""
+        from lcab.flops import attention_flops
+
+        parts = [
+            self.name,
+            f"S={self.seqlen_q:,}"
+            if self.seqlen_q == self.seqlen_k
+            else f"Sq={self.seqlen_q:,} Sk={self.seqlen_k:,}",
+            f"slices={self.num_slices:,}",
+        ]
+        if self.num_heads > 1:
+            parts.append(f"heads={self.num_heads}")
+        if self.doc_lengths is not None:
+            parts.append(
+                f"docs={len(self.doc_lengths):,} (longest {int(self.doc_lengths.max()):,})"
+            )
+        parts.append(f"density={self.density():.4f}")
+        if heads_q is not None and head_dim is not None:
+            fwd = attention_flops(self, heads_q, head_dim, pass_="fwd")
+            parts.append(f"fwd={fwd / 1e12:.4g} TFLOP (Hq={heads_q}, D={head_dim})")
+        return " ".join(parts)
+
+    def __repr__(self) -> str:
+        docs = "" if self.doc_lengths is None else f", docs={len(self.doc_lengths)}"
+        heads = "" if self.num_heads == 1 else f", heads={self.num_heads}"
+        return (
+            f"AttnMask(name={self.name!r}, shape={self.shape}, slices={self.num_slices}{heads}"
+            f"{docs}, area={self.area()}, seed={self.seed})"
+        )
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> None:
+        s = self.slices
+        qs, qe, ks, ke, kind = s.T
+        bad_kind = ~np.isin(kind, [k.value for k in SliceKind])
+        bad_q = (qs < 0) | (qe > self.seqlen_q) | (qs >= qe)
+        bad_k = (ks < 0) | (ke > self.seqlen_k) | (ks >= ke)
+        for flag, what in (
+            (bad_kind, "kind must be 0 (full), 1 (causal), 2 (inv_causal) or 3 (bi_causal)"),
+            (bad_q, f"q range must satisfy 0 <= q_start < q_end <= seqlen_q={self.seqlen_q}"),
+            (bad_k, f"k range must satisfy 0 <= k_start < k_end <= seqlen_k={self.seqlen_k}"),
+        ):
+            if flag.any():
+                i = int(np.flatnonzero(flag)[0])
+                raise ValueError(f"slice {i} {s[i].tolist()} is invalid: {what}")
+        empty = slice_areas(s) == 0
+        if empty.any():
+            i = int(np.flatnonzero(empty)[0])
+            raise ValueError(
+                f"slice {i} {s[i].tolist()} attends nothing (a bi_causal slice needs "
+                f"k_end - k_start >= q_end - q_start); drop it"
+            )
+        for h in range(self.num_heads):
+            pair = first_overlap(self.head_slices(h))
+            if pair is not None:
+                base = int(self.head_ptr[h])
+                i, j = pair
+                head = f" of head {h}" if self.num_heads > 1 else ""
+                raise ValueError(
+                    f"slices {base + i} {s[base + i].tolist()} and {base + j} "
+                    f"{s[base + j].tolist()}{head} overlap: slices must be disjoint, or their "
+                    f"shared pairs would be counted twice in area() and FLOPs"
+                )
+
+
+def _pairs_below(key: IntArray, limit: IntArray) -> tuple[IntArray, IntArray]:
+    """All (x, y), x < y, with key[y] < limit[x]; ``key`` must be sorted ascending."""
+    stop = np.searchsorted(key, limit, side="left")
+    count = np.maximum(stop - np.arange(len(key)) - 1, 0)
+    xs = np.repeat(np.arange(len(key)), count)
+    ys = xs + 1 + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    return xs, ys
+
+
+def first_overlap(slices: IntArray) -> tuple[int, int] | None:
+    """Indices of two slices sharing an attended pair, or None if all are disjoint.
+
+    Candidate pairs are slices whose rectangles intersect; each is then decided exactly by the
+    area of the intersection of both bands inside both rectangles. Candidates are enumerated
+    within groups of equal q ranges (or equal k ranges) when those groups are disjoint, which
+    is the layout of every generated mask and keeps the check near-linear.
+    """
+    s = np.asarray(slices, dtype=np.int64)
+    if len(s) < 2:
+        return None
+    for q_cols, k_cols in (((0, 1), (2, 3)), ((2, 3), (0, 1))):
+        grouped = _grouped_candidates(s, q_cols, k_cols)
+        if grouped is not None:
+            xs, ys = grouped
+            break
+    else:
+        order = np.argsort(s[:, 0], kind="stable")
+        t = s[order]
+        xs, ys = _pairs_below(t[:, 0], t[:, 1])
+        keep = (t[ys, 2] < t[xs, 3]) & (t[xs, 2] < t[ys, 3])
+        xs, ys = order[xs[keep]], order[ys[keep]]
+    if len(xs) == 0:
+        return None
+    a, b = s[xs], s[ys]
+    lo_a, hi_a = kind_bands(*a.T)
+    lo_b, hi_b = kind_bands(*b.T)
+    shared = band_area(
+        np.maximum(a[:, 0], b[:, 0]),
+        np.minimum(a[:, 1], b[:, 1]),
+        np.maximum(a[:, 2], b[:, 2]),
+        np.minimum(a[:, 3], b[:, 3]),
+        np.maximum(lo_a, lo_b),
+        np.minimum(hi_a, hi_b),
+    )
+    hit = np.flatnonzero(shared > 0)
+    if len(hit) == 0:
+        return None
+    i, j = int(xs[hit[0]]), int(ys[hit[0]])
+    return (min(i, j), max(i, j))
+
+
+def _grouped_candidates(
+    s: IntArray, group_cols: tuple[int, int], other_cols: tuple[int, int]
+) -> tuple[IntArray, IntArray] | None:
+    """Rectangle-overlap candidates when distinct ranges on ``group_cols`` are disjoint, else None."""
+    g0, g1 = s[:, group_cols[0]], s[:, group_cols[1]]
+    uniq, inverse = np.unique(np.stack([g0, g1], 1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if len(uniq) > 1 and (uniq[1:, 0] < uniq[:-1, 1]).any():
+        return None  # some distinct ranges overlap: groups do not separate the candidates
+    o0, o1 = s[:, other_cols[0]], s[:, other_cols[1]]
+    span = int(max(o1.max(), 1)) + 1
+    key = inverse * span + o0
+    order = np.argsort(key, kind="stable")
+    xs, ys = _pairs_below(key[order], (inverse * span + o1)[order])
+    return order[xs], order[ys]

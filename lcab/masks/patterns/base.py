@@ -1,0 +1,176 @@
+"""Mask patterns: a name, a typed parameter dataclass and a generator returning slices.
+
+Each pattern's parameters are a dataclass, so defaults, types and validation live in one place
+and the Hydra ``mask/`` config group can be built from the same classes. Generators receive the
+sequence length, a seeded ``numpy.random.Generator`` and their parameters; every random choice
+(document lengths, prefix lengths, sparse picks) comes from that generator, so the same
+(name, seqlen, params, seed) always yields the same mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lcab.masks.doclens import DOC_SOURCES, check_doc_lengths, sample_doc_lengths
+from lcab.masks.geometry import INF, IntArray, SliceKind, canonical_slices
+from lcab.registry import Registry
+
+
+@dataclass
+class PatternParams:
+    """Base of every pattern's parameters; ``check`` validates them against the sequence."""
+
+    def check(self, seqlen: int) -> None:
+        """Raise ValueError naming the parameter and its allowed range."""
+
+
+@dataclass
+class DocParams(PatternParams):
+    """How documents are packed (shared by every document-based pattern)."""
+
+    doc_source: str = "auto"
+    """auto (by length, as the paper) | pile | prolong64k | prolong512k | long | uniform | fixed
+    | histogram_file."""
+    doc_lengths: list[int] | None = None
+    """Explicit document lengths (must sum to seqlen); overrides doc_source."""
+    doc_len: int = 1024
+    """Length of every document for doc_source=fixed (the last one is cut to fit)."""
+    min_doc_len: int = 256
+    """Shortest document for doc_source=uniform."""
+    max_doc_len: int = 4096
+    """Longest document for doc_source=uniform."""
+    long_fraction: float = 0.6
+    """doc_source=long: share of tokens in long documents (paper: 60 %)."""
+    long_min_len: int = 8 * 1024
+    """doc_source=long: shortest long document (paper: 8K)."""
+    long_max_len: int = 30 * 1024
+    """doc_source=long: longest long document (paper: 30K)."""
+    histogram_file: str | None = None
+    """doc_source=histogram_file: path to a JSON histogram file."""
+    histogram_name: str | None = None
+    """doc_source=histogram_file: which histogram of the file (optional if it holds one)."""
+
+    def check(self, seqlen: int) -> None:  # noqa: D102
+        if self.doc_source not in DOC_SOURCES:
+            raise ValueError(
+                f"doc_source={self.doc_source!r} is unknown; valid: {', '.join(DOC_SOURCES)}"
+            )
+        if self.doc_lengths is not None:
+            check_doc_lengths(list(self.doc_lengths), seqlen)
+
+    def sample(self, seqlen: int, rng: np.random.Generator) -> IntArray:
+        """The document lengths of this mask."""
+        if self.doc_lengths is not None:
+            return check_doc_lengths(list(self.doc_lengths), seqlen)
+        return sample_doc_lengths(
+            seqlen,
+            rng,
+            source=self.doc_source,
+            doc_len=self.doc_len,
+            min_doc_len=self.min_doc_len,
+            max_doc_len=self.max_doc_len,
+            long_fraction=self.long_fraction,
+            long_min_len=self.long_min_len,
+            long_max_len=self.long_max_len,
+            histogram_file=self.histogram_file,
+            histogram_name=self.histogram_name,
+        )
+
+
+@dataclass
+class Generated:
+    """What a generator returns: slices (per head via ``head_ptr``) and document lengths."""
+
+    slices: IntArray
+    doc_lengths: IntArray | None = None
+    head_ptr: IntArray | None = None
+    resolved: dict[str, Any] = field(default_factory=dict)
+    """Parameter values drawn at random (e.g. a prefix length), recorded for replay."""
+
+
+Generator = Callable[[int, np.random.Generator, Any], Generated]
+
+
+@dataclass(frozen=True)
+class MaskPattern:
+    """A registered pattern: its parameters class, generator and description."""
+
+    name: str
+    params_cls: type[PatternParams]
+    generate: Generator
+    summary: str
+    dynamic: bool = False
+    """Dynamic (block-sparse) masks differ per KV head and per step; static ones are fixed."""
+
+    @property
+    def uses_documents(self) -> bool:
+        """Whether the pattern is built from packed documents."""
+        return issubclass(self.params_cls, DocParams)
+
+    def param_names(self) -> list[str]:
+        """Names of the pattern's parameters, in declaration order."""
+        return [f.name for f in dataclasses.fields(self.params_cls)]
+
+
+MASK_PATTERNS: Registry[MaskPattern] = Registry("mask")
+
+
+def register_pattern(
+    name: str,
+    params_cls: type[PatternParams],
+    summary: str,
+    *,
+    aliases: tuple[str, ...] = (),
+    dynamic: bool = False,
+) -> Callable[[Generator], Generator]:
+    """Register a generator function as mask pattern ``name``."""
+
+    def deco(fn: Generator) -> Generator:
+        MASK_PATTERNS.add(
+            name, MaskPattern(name, params_cls, fn, summary, dynamic=dynamic), aliases
+        )
+        return fn
+
+    return deco
+
+
+# ---------------------------------------------------------------------------- slice helpers
+def cu_from_lengths(lengths: IntArray) -> IntArray:
+    """Document offsets [0, l0, l0+l1, ..., S]."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def diagonal_blocks(cu: IntArray, kind: SliceKind) -> IntArray:
+    """One square slice of ``kind`` per document."""
+    starts, ends = cu[:-1], cu[1:]
+    return np.stack([starts, ends, starts, ends, np.full_like(starts, kind)], 1)
+
+
+def band(q0: int, q1: int, k0: int, k1: int, lo: int | None, hi: int | None) -> IntArray:
+    """Slices of the rectangle [q0,q1) x [k0,k1) restricted to lo <= j - i <= hi."""
+    return canonical_slices(
+        np.array([q0]),
+        np.array([q1]),
+        np.array([k0]),
+        np.array([k1]),
+        np.array([-INF if lo is None else lo]),
+        np.array([INF if hi is None else hi]),
+    )
+
+
+def rect(q0: int, q1: int, k0: int, k1: int, kind: SliceKind = SliceKind.FULL) -> IntArray:
+    """A single slice as a (1, 5) array (empty if the rectangle is empty)."""
+    if q1 <= q0 or k1 <= k0:
+        return np.zeros((0, 5), np.int64)
+    return np.array([[q0, q1, k0, k1, kind]], dtype=np.int64)
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ValueError(message) unless ``ok``."""
+    if not ok:
+        raise ValueError(message)
