@@ -329,8 +329,8 @@ class AttnMask:
             r_on, c_on = np.nonzero(edges == 1)
             _, c_off = np.nonzero(edges == -1)
             runs = np.stack([r_on, c_on, c_off], 1)  # row-major order: sorted by row, then column
-            keys = {}
-            out = []
+            keys: dict[tuple[int, int], int] = {}
+            out: list[list[int]] = []
             for r, c0, c1 in runs.tolist():
                 prev = keys.get((c0, c1))
                 if prev is not None and out[prev][1] == r:
@@ -483,7 +483,7 @@ def first_overlap(slices: IntArray) -> tuple[int, int] | None:
 def _grouped_candidates(
     s: IntArray, group_cols: tuple[int, int], other_cols: tuple[int, int]
 ) -> tuple[IntArray, IntArray] | None:
-    """Rectangle-overlap candidates when distinct ranges on ``group_cols`` are disjoint, else None."""
+    """Overlap candidates when distinct ranges on ``group_cols`` are disjoint, else None."""
     g0, g1 = s[:, group_cols[0]], s[:, group_cols[1]]
     uniq, inverse = np.unique(np.stack([g0, g1], 1), axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)

@@ -197,6 +197,14 @@ def sample_doc_lengths(
     Args:
         total: tokens in the pack.
         rng: the mask's seeded generator.
+        doc_len: length of every document for ``fixed``.
+        min_doc_len: shortest document for ``uniform``.
+        max_doc_len: longest document for ``uniform``.
+        long_fraction: share of tokens in long documents for ``long``.
+        long_min_len: shortest long document for ``long``.
+        long_max_len: longest long document for ``long``.
+        histogram_file: JSON histogram file for ``histogram_file``.
+        histogram_name: which histogram of that file (optional if it holds one).
         source: ``auto`` (by total, as the paper), ``pile``, ``prolong64k``, ``prolong512k``,
             ``long`` (the paper's CP mix: ``long_fraction`` of the tokens from documents uniform
             in ``[long_min_len, long_max_len]``, the rest from the ``auto`` histogram, shuffled
@@ -235,7 +243,7 @@ def sample_doc_lengths(
                 f"long documents need 1 <= long_min_len <= long_max_len; got "
                 f"long_min_len={long_min_len}, long_max_len={long_max_len}"
             )
-        short_total = total - int(round(long_fraction * total))
+        short_total = total - round(long_fraction * total)
         parts = []
         if short_total:
             parts.append(

@@ -163,7 +163,7 @@ def clip_slices(slices: IntArray, q0: int, q1: int, k0: int, k1: int) -> IntArra
 
 
 def transpose_slices(slices: IntArray) -> IntArray:
-    """Slices of the transposed mask (keys become rows): the band lo<=j-i<=hi becomes -hi<=i-j<=-lo."""
+    """Slices of the transposed mask: keys become rows, band lo <= j-i <= hi becomes -hi..-lo."""
     s = np.asarray(slices, dtype=np.int64).reshape(-1, 5)
     lo, hi = kind_bands(s[:, 0], s[:, 1], s[:, 2], s[:, 3], s[:, 4])
     new_lo = np.where(hi >= INF, -INF, -hi)

@@ -28,6 +28,10 @@ class PatternParams:
     def check(self, seqlen: int) -> None:
         """Raise ValueError naming the parameter and its allowed range."""
 
+    def randomized(self) -> bool:
+        """Whether the mask depends on the seed (then benchmarks draw several samples)."""
+        return False
+
 
 @dataclass
 class DocParams(PatternParams):
@@ -62,6 +66,9 @@ class DocParams(PatternParams):
             )
         if self.doc_lengths is not None:
             check_doc_lengths(list(self.doc_lengths), seqlen)
+
+    def randomized(self) -> bool:  # noqa: D102
+        return self.doc_lengths is None and self.doc_source != "fixed"
 
     def sample(self, seqlen: int, rng: np.random.Generator) -> IntArray:
         """The document lengths of this mask."""

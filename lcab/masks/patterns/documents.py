@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lcab.masks.doclens import pack
 from lcab.masks.geometry import SliceKind
 from lcab.masks.patterns.base import (
     DocParams,
@@ -100,6 +99,37 @@ class BlockCausalParams(PatternParams):
             f"need 1 <= min_blocks <= max_blocks; got min_blocks={self.min_blocks}, "
             f"max_blocks={self.max_blocks}",
         )
+        blocks = seqlen // self.block_size
+        require(
+            _splittable(np.array([blocks]), self.min_blocks, self.max_blocks)[0],
+            f"{blocks} blocks cannot be split into documents of min_blocks={self.min_blocks} to "
+            f"max_blocks={self.max_blocks} blocks; change block_size, min_blocks or max_blocks",
+        )
+
+    def randomized(self) -> bool:  # noqa: D102
+        return self.min_blocks != self.max_blocks
+
+
+def _splittable(n: np.ndarray, low: int, high: int) -> np.ndarray:
+    """Whether n blocks split into documents of low..high blocks (some k: k*low <= n <= k*high)."""
+    return (n == 0) | (-(-n // high) <= n // low)
+
+
+def _document_blocks(rng: np.random.Generator, total: int, low: int, high: int) -> np.ndarray:
+    """Blocks per document, each in [low, high], summing to ``total``.
+
+    Each document draws uniformly among the sizes that leave a splittable remainder, so no
+    document is cut below ``low`` (with low = 1 this is the paper's uniform 1..8 draw).
+    """
+    out = []
+    left = total
+    while left:
+        sizes = np.arange(low, min(high, left) + 1)
+        sizes = sizes[_splittable(left - sizes, low, high)]
+        size = int(rng.choice(sizes))
+        out.append(size)
+        left -= size
+    return np.array(out, dtype=np.int64)
 
 
 @register_pattern(
@@ -110,11 +140,7 @@ class BlockCausalParams(PatternParams):
 def block_causal_document(seqlen: int, rng: np.random.Generator, p: BlockCausalParams) -> Generated:
     """Per document, each block of queries sees its own block and every earlier one, fully."""
     num_blocks = seqlen // p.block_size
-    blocks_per_doc = pack(
-        num_blocks,
-        lambda n: rng.integers(p.min_blocks, p.max_blocks + 1, size=n, dtype=np.int64),
-        (p.min_blocks + p.max_blocks) / 2,
-    )
+    blocks_per_doc = _document_blocks(rng, num_blocks, p.min_blocks, p.max_blocks)
     doc_start_block = np.repeat(np.cumsum(blocks_per_doc) - blocks_per_doc, blocks_per_doc)
     block = np.arange(num_blocks, dtype=np.int64)
     q0 = block * p.block_size

@@ -31,6 +31,9 @@ class PrefixParams(PatternParams):
             f"prefix={self.prefix} must be in [0, seqlen={seqlen}] (or None to draw it)",
         )
 
+    def randomized(self) -> bool:  # noqa: D102
+        return self.prefix is None
+
 
 @register_pattern("prefix_lm_causal", PrefixParams, "j < p or j <= i")
 def prefix_lm_causal(seqlen: int, rng: np.random.Generator, p: PrefixParams) -> Generated:
@@ -56,6 +59,9 @@ class PrefixDocParams(DocParams):
             self.prefix is None or 0 <= self.prefix <= seqlen,
             f"prefix={self.prefix} must be in [0, seqlen={seqlen}] (or None to draw it)",
         )
+
+    def randomized(self) -> bool:  # noqa: D102
+        return super().randomized() or self.prefix is None
 
 
 @register_pattern("prefix_lm_document", PrefixDocParams, "d(i) = d(j) and (j - s_d < p or j <= i)")

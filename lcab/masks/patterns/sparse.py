@@ -75,6 +75,9 @@ class BlockSparseParams(PatternParams):
         _check_density(self.density)
         require(self.heads >= 1, f"heads={self.heads} must be >= 1")
 
+    def randomized(self) -> bool:  # noqa: D102
+        return True
+
 
 @register_pattern(
     "block_sparse",
@@ -111,6 +114,9 @@ class VarBlockSparseParams(PatternParams):
         )
         _check_density(self.density)
         require(self.heads >= 1, f"heads={self.heads} must be >= 1")
+
+    def randomized(self) -> bool:  # noqa: D102
+        return True
 
 
 def _random_partition(rng: np.random.Generator, total: int, count: int, minimum: int) -> IntArray:

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up lcab in ./.venv: the CPU torch wheel first (a plain `torch` requirement would pull
+# several GB of CUDA wheels), then lcab with its dev extras. Idempotent and fast when nothing
+# changed. On a GPU machine, install the torch build you want into .venv first (or set
+# LCAB_TORCH="torch==X.Y.Z" / LCAB_TORCH=skip); an importable torch is kept as it is.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+
+stamp=.venv/.lcab-setup-stamp
+want=$(cat pyproject.toml launchers/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  torch_spec=${LCAB_TORCH:-torch==2.13.0}
+  if [ "$torch_spec" != skip ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    "${pip[@]}" "$torch_spec"
+  fi
+  "${pip[@]}" -e ".[dev]"
+  echo "$want" > "$stamp"
+fi

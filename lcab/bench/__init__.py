@@ -1,0 +1,1 @@
+"""Measurement protocol: how lcab times a call and measures its peak memory."""

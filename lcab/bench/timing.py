@@ -1,0 +1,285 @@
+"""Timing protocol: exactly one call per timed repetition, quantiles over the repetitions.
+
+The protocol follows triton's ``do_bench`` (re-written here, not imported):
+
+1. one untimed call, so compilation, autotuning, lazy allocation and cold caches stay out;
+2. warm-up: ``warmup`` calls, or with ``warmup_ms`` as many calls as fit in that budget, the
+   count estimated from the first calls (at most five, timed one by one) because on CUDA the
+   host must not enqueue an unbounded queue of launches ahead of the device;
+3. ``reps`` timed repetitions, or with ``rep_ms`` ``rep_ms / per-call estimate`` of them
+   clamped to ``[1, max_reps]``. Each repetition runs ``before_each()``, the CUDA L2 flush and
+   ``barrier()`` outside the timed region, then times exactly one ``fn()``.
+
+One call per repetition (not a batch averaged) is what makes the quantiles a distribution of
+call times, and what lets a barrier align ranks before every timed call in distributed runs.
+
+Clocks:
+
+* CPU (``"perf_counter"``): ``time.perf_counter_ns()`` immediately around the call: monotonic,
+  integer nanoseconds; the loop stores one integer per rep into a pre-sized list, so the
+  harness adds well under a microsecond per repetition.
+* CUDA (``"cuda_event"``): a ``torch.cuda.Event(enable_timing=True)`` pair recorded on the
+  current stream of ``device`` around the call, one synchronize after the last repetition, then
+  ``elapsed_time``. This is device time between the two events, so host-side launch cost shows
+  only when the device waits for the host. Before each rep a 256 MiB buffer is zeroed (untimed)
+  so the call does not find its inputs in L2 left there by the previous rep.
+
+Budget mode and several ranks: the per-call estimate is per rank, so with ``rep_ms`` ranks may
+pick different rep counts and a ``barrier``/``reduce`` across ranks would hang or mismatch; use
+counts (``reps``) for distributed runs. ``before_each`` runs only before timed repetitions,
+not during warm-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+"""Size of the buffer zeroed before every CUDA rep; larger than any current GPU's L2."""
+
+_PROBE_CALLS = 5
+_MIN_ESTIMATE_MS = 1e-3  # floor on the per-call estimate: a zero estimate must not divide
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How many calls to warm up and time; counts by default, time budgets when set."""
+
+    warmup: int = 3
+    reps: int = 10
+    warmup_ms: float | None = None
+    rep_ms: float | None = None
+    max_reps: int = 1000
+    quantiles: tuple[float, ...] = (0.5, 0.2, 0.8)
+    flush_l2: bool = True
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.reps < 1:
+            raise ValueError(f"reps must be >= 1, got {self.reps}")
+        if self.max_reps < 1:
+            raise ValueError(f"max_reps must be >= 1, got {self.max_reps}")
+        for name in ("warmup_ms", "rep_ms"):
+            budget = getattr(self, name)
+            if budget is not None and not budget > 0:  # also rejects NaN
+                raise ValueError(f"{name} must be > 0 when set, got {budget}")
+        if not self.quantiles or not all(0.0 <= q <= 1.0 for q in self.quantiles):
+            raise ValueError(f"quantiles must be a non-empty tuple in [0, 1], got {self.quantiles}")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Times of the timed repetitions (after ``reduce``), in milliseconds, and their quantiles."""
+
+    times_ms: tuple[float, ...]
+    quantiles_ms: dict[float, float] = field(hash=False)
+    warmup: int
+    clock: str
+
+    @property
+    def reps(self) -> int:
+        """Number of timed repetitions."""
+        return len(self.times_ms)
+
+    def q(self, quantile: float) -> float:
+        """Time (ms) at ``quantile``; computed from ``times_ms`` if it was not configured."""
+        found = self.quantiles_ms.get(quantile)
+        if found is not None:
+            return found
+        return quantiles(self.times_ms, (quantile,))[quantile]
+
+    @property
+    def p50(self) -> float:
+        """Median time (ms)."""
+        return self.q(0.5)
+
+    @property
+    def p20(self) -> float:
+        """20th-percentile time (ms)."""
+        return self.q(0.2)
+
+    @property
+    def p80(self) -> float:
+        """80th-percentile time (ms)."""
+        return self.q(0.8)
+
+
+def quantiles(values: Sequence[float], qs: Sequence[float]) -> dict[float, float]:
+    """Quantiles by linear interpolation between order statistics (numpy's default method).
+
+    Written out rather than calling numpy so the hot path imports nothing heavy and the rule is
+    visible: position ``q * (n - 1)`` in the sorted values, interpolated as numpy's ``_lerp``
+    does (from the upper neighbour when the fraction is >= 0.5, for the same rounding).
+    """
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("quantiles of an empty sequence")
+    last = len(ordered) - 1
+    out: dict[float, float] = {}
+    for q in qs:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        pos = q * last
+        lo = math.floor(pos)
+        hi = min(lo + 1, last)
+        frac = pos - lo
+        a, b = ordered[lo], ordered[hi]
+        out[q] = b - (b - a) * (1.0 - frac) if frac >= 0.5 else a + (b - a) * frac
+    return out
+
+
+def measure(
+    fn: Callable[[], object],
+    config: TimingConfig,
+    *,
+    device: torch.device,
+    before_each: Callable[[], None] | None = None,
+    barrier: Callable[[], None] | None = None,
+    reduce: Callable[[list[float]], list[float]] | None = None,
+) -> Timing:
+    """Time ``fn`` following the protocol in the module docstring.
+
+    ``before_each`` (e.g. setting grads to None) and ``barrier`` (e.g. a process-group barrier)
+    run before every timed repetition, outside the timed region. ``reduce`` receives the list
+    of per-rep times (ms) and returns the list the quantiles are taken over (e.g. an all-reduce
+    MAX over ranks, so a rep costs what its slowest rank took).
+    """
+    device = torch.device(device)
+    cuda = _is_cuda(device)
+    with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+        if cuda:
+            torch.cuda.synchronize(device)  # the caller's pending work is not ours to time
+        first_ms = _block_ms(fn, 1, cuda)
+        warmup, per_call_ms = _warm_up(fn, config, cuda, first_ms)
+        reps = config.reps
+        if config.rep_ms is not None:
+            reps = _budget_reps(config.rep_ms, per_call_ms, config.max_reps)
+        if cuda:
+            raw = _timed_reps_cuda(fn, reps, before_each, barrier, config.flush_l2, device)
+        else:
+            raw = _timed_reps_host(fn, reps, before_each, barrier)
+    times = raw if reduce is None else [float(t) for t in reduce(list(raw))]
+    if not times:
+        raise ValueError("reduce returned no times")
+    return Timing(
+        times_ms=tuple(times),
+        quantiles_ms=quantiles(times, config.quantiles),
+        warmup=warmup,
+        clock="cuda_event" if cuda else "perf_counter",
+    )
+
+
+def _is_cuda(device: torch.device) -> bool:
+    """Whether ``device`` is timed with CUDA events; only CPU and CUDA have a correct clock here."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"cannot time on {device}: CUDA is not available")
+        return True
+    if device.type == "cpu":
+        return False
+    raise ValueError(f"no clock for device type {device.type!r}: lcab times 'cpu' and 'cuda'")
+
+
+def _block_ms(fn: Callable[[], object], calls: int, cuda: bool) -> float:
+    """Milliseconds for ``calls`` back-to-back calls, finished on the device."""
+    if cuda:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - t0) / 1e6
+
+
+def _warm_up(
+    fn: Callable[[], object], config: TimingConfig, cuda: bool, first_ms: float
+) -> tuple[int, float]:
+    """Run the warm-up; return (calls made, per-call estimate in ms for budget mode).
+
+    With a count and no warm-up calls, the estimate falls back on the first (cold) call, which
+    can only over-estimate, so a rep budget then yields fewer reps, never a longer run.
+    """
+    if config.warmup_ms is None:
+        if config.warmup == 0:
+            return 0, first_ms
+        return config.warmup, _block_ms(fn, config.warmup, cuda) / config.warmup
+    spent, calls = 0.0, 0
+    while calls < _PROBE_CALLS and spent < config.warmup_ms:  # stop early for slow fns
+        spent += _block_ms(fn, 1, cuda)
+        calls += 1
+    estimate = max(spent / calls, _MIN_ESTIMATE_MS)
+    remaining = max(0, math.ceil((config.warmup_ms - spent) / estimate))
+    if remaining:
+        estimate = max(_block_ms(fn, remaining, cuda) / remaining, _MIN_ESTIMATE_MS)
+    return calls + remaining, estimate
+
+
+def _budget_reps(rep_ms: float, per_call_ms: float, max_reps: int) -> int:
+    """Reps that fill ``rep_ms`` at ``per_call_ms`` each, clamped to ``[1, max_reps]``."""
+    wanted = round(rep_ms / max(per_call_ms, _MIN_ESTIMATE_MS))
+    return min(max(wanted, 1), max_reps)
+
+
+def _timed_reps_host(
+    fn: Callable[[], object],
+    reps: int,
+    before_each: Callable[[], None] | None,
+    barrier: Callable[[], None] | None,
+) -> list[float]:
+    """Per-rep ms on the host clock; the loop is kept minimal because its cost is the overhead."""
+    clock = time.perf_counter_ns
+    elapsed = [0] * reps
+    for i in range(reps):
+        if before_each is not None:
+            before_each()
+        if barrier is not None:
+            barrier()
+        start = clock()
+        fn()
+        elapsed[i] = clock() - start
+    return [ns / 1e6 for ns in elapsed]
+
+
+def _timed_reps_cuda(
+    fn: Callable[[], object],
+    reps: int,
+    before_each: Callable[[], None] | None,
+    barrier: Callable[[], None] | None,
+    flush_l2: bool,
+    device: torch.device,
+) -> list[float]:
+    """Per-rep ms from CUDA event pairs; events are created up front, read after one sync."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    cache = _l2_flush_buffer(device) if flush_l2 else None
+    for i in range(reps):
+        if before_each is not None:
+            before_each()
+        if cache is not None:
+            cache.zero_()
+        if barrier is not None:
+            barrier()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    del cache
+    return [float(s.elapsed_time(e)) for s, e in zip(starts, ends, strict=True)]
+
+
+def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
+    """The buffer zeroed before each CUDA rep; one per ``measure`` call, freed at its end."""
+    return torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)

@@ -1,0 +1,226 @@
+"""Block tables: which (query block, key block) tiles a mask touches, and which are full.
+
+Block-sparse kernels (FlexAttention, FA2 Sparse, FlashInfer, lcab's own `sparse`) skip empty
+tiles, run full tiles without a mask and apply a mask only inside partial tiles. This module
+derives that classification from slice geometry in O(tiles touched): for each slice and each
+query block it touches, the key blocks it covers completely form one contiguous run (its edges
+are monotone), and only the tiles at the two ends of the run need their covered area computed,
+in closed form. A tile is full when the areas of the slices touching it add up to the tile
+(slices are disjoint), so tiles covered by several slices are classified exactly too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lcab.masks.core import AttnMask
+from lcab.masks.geometry import IntArray, band_area, kind_bands
+
+
+def uniform_bounds(length: int, block: int) -> IntArray:
+    """Block offsets ``[0, B, 2B, ..., length]`` (the last block may be shorter)."""
+    if block < 1:
+        raise ValueError(f"block size {block} must be >= 1")
+    n = -(-length // block)
+    return np.minimum(np.arange(n + 1, dtype=np.int64) * block, length)
+
+
+def _expand(counts: IntArray) -> tuple[IntArray, IntArray]:
+    """For counts c_n: (owner index n, position 0..c_n-1) of every expanded element."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    pos = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts
+    )
+    return owner, pos
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """Touched tiles per (mask head, query block), sorted by key block (CSR layout).
+
+    Row ``r = head * num_q_blocks + qb`` owns entries ``ptr[r]:ptr[r+1]`` of ``kv_block``,
+    ``full`` and ``coverage`` (attended pairs inside the tile).
+    """
+
+    q_bounds: IntArray
+    k_bounds: IntArray
+    num_heads: int
+    ptr: IntArray
+    kv_block: IntArray
+    full: np.ndarray
+    coverage: IntArray
+    # Partial contributions (mask slice row, entry index) used to rebuild partial tiles exactly.
+    partial_slice: IntArray
+    partial_entry: IntArray
+
+    @property
+    def num_q_blocks(self) -> int:
+        """Number of query blocks."""
+        return len(self.q_bounds) - 1
+
+    @property
+    def num_k_blocks(self) -> int:
+        """Number of key blocks."""
+        return len(self.k_bounds) - 1
+
+    def counts(self) -> tuple[IntArray, IntArray]:
+        """(partial, full) tile counts per row, each shaped (num_heads, num_q_blocks)."""
+        row = np.repeat(np.arange(len(self.ptr) - 1), np.diff(self.ptr))
+        n_rows = len(self.ptr) - 1
+        full = np.bincount(row, weights=self.full, minlength=n_rows).astype(np.int64)
+        total = np.diff(self.ptr)
+        shape = (self.num_heads, self.num_q_blocks)
+        return (total - full).reshape(shape), full.reshape(shape)
+
+    def tile_areas(self) -> IntArray:
+        """Number of (q, k) positions of each entry's tile."""
+        row = np.repeat(np.arange(len(self.ptr) - 1), np.diff(self.ptr))
+        qb = row % self.num_q_blocks
+        return np.diff(self.q_bounds)[qb] * np.diff(self.k_bounds)[self.kv_block]
+
+    def dense_blocks(self) -> torch.Tensor:
+        """(num_heads, num_q_blocks, num_k_blocks) int8: 0 empty, 1 partial, 2 full."""
+        out = np.zeros((self.num_heads * self.num_q_blocks, self.num_k_blocks), dtype=np.int8)
+        row = np.repeat(np.arange(len(self.ptr) - 1), np.diff(self.ptr))
+        out[row, self.kv_block] = np.where(self.full, 2, 1)
+        return torch.from_numpy(out.reshape(self.num_heads, self.num_q_blocks, self.num_k_blocks))
+
+    def coverage_grid(self) -> np.ndarray:
+        """(num_heads, num_q_blocks, num_k_blocks) attended fraction of each tile (for pictures)."""
+        grid = np.zeros((self.num_heads * self.num_q_blocks, self.num_k_blocks))
+        row = np.repeat(np.arange(len(self.ptr) - 1), np.diff(self.ptr))
+        grid[row, self.kv_block] = self.coverage / self.tile_areas()
+        return grid.reshape(self.num_heads, self.num_q_blocks, self.num_k_blocks)
+
+    def partial_tile_masks(self, mask: AttnMask) -> tuple[IntArray, torch.Tensor]:
+        """Dense masks of the partial tiles: (entry indices, bool (n, Bq_max, Bk_max)).
+
+        Rows and columns beyond a shorter edge tile are False. Built from the slices touching
+        each tile, never from a dense mask of the whole sequence.
+        """
+        partial = np.flatnonzero(~self.full)
+        slot = np.full(len(self.full), -1, dtype=np.int64)
+        slot[partial] = np.arange(len(partial))
+        bq = int(np.diff(self.q_bounds).max(initial=0))
+        bk = int(np.diff(self.k_bounds).max(initial=0))
+        diff = np.zeros((len(partial) * bq, bk + 1), dtype=np.int32)
+        use = slot[self.partial_entry] >= 0  # contributions to tiles that ended up full: skip
+        if use.any():
+            s = mask.slices[self.partial_slice[use]]
+            entry = self.partial_entry[use]
+            row = np.repeat(np.arange(len(self.ptr) - 1), np.diff(self.ptr))[entry]
+            q0 = self.q_bounds[row % self.num_q_blocks]
+            k0 = self.k_bounds[self.kv_block[entry]]
+            k1 = self.k_bounds[self.kv_block[entry] + 1]
+            lo, hi = kind_bands(*s.T)
+            r_start = np.maximum(s[:, 0], q0)
+            r_stop = np.minimum(s[:, 1], self.q_bounds[row % self.num_q_blocks + 1])
+            owner, pos = _expand(np.maximum(r_stop - r_start, 0))
+            rows = r_start[owner] + pos
+            first = np.maximum.reduce([s[owner, 2], rows + lo[owner], k0[owner]])
+            last = np.minimum.reduce([s[owner, 3] - 1, rows + hi[owner], k1[owner] - 1])
+            keep = first <= last
+            owner, rows, first, last = owner[keep], rows[keep], first[keep], last[keep]
+            flat_row = slot[entry[owner]] * bq + (rows - q0[owner])
+            np.add.at(diff, (flat_row, first - k0[owner]), 1)
+            np.add.at(diff, (flat_row, last - k0[owner] + 1), -1)
+        dense = (np.cumsum(diff[:, :-1], axis=1) > 0).reshape(len(partial), bq, bk)
+        return partial, torch.from_numpy(dense)
+
+
+def _bounds(length: int, spec: IntArray | int) -> IntArray:
+    """Offsets from a uniform block size (any integer type) or an explicit offset array."""
+    if np.ndim(spec) == 0:
+        return uniform_bounds(length, int(spec))
+    return np.asarray(spec, dtype=np.int64)
+
+
+def block_table(
+    mask: AttnMask, q_bounds: IntArray | int, k_bounds: IntArray | int | None = None
+) -> BlockTable:
+    """Classify every tile of ``mask`` on the given block grid (offsets, or a uniform size)."""
+    if k_bounds is None:
+        k_bounds = q_bounds
+    qb_arr = _bounds(mask.seqlen_q, q_bounds)
+    kb_arr = _bounds(mask.seqlen_k, k_bounds)
+    for name, b, n in (("q", qb_arr, mask.seqlen_q), ("k", kb_arr, mask.seqlen_k)):
+        if b[0] != 0 or b[-1] != n or (np.diff(b) <= 0).any():
+            raise ValueError(f"{name} block offsets must rise strictly from 0 to {n}")
+    n_q, n_k = len(qb_arr) - 1, len(kb_arr) - 1
+    s = mask.slices
+    head = np.repeat(np.arange(mask.num_heads), np.diff(mask.head_ptr))
+    lo, hi = kind_bands(*s.T)
+
+    # (slice, query block) pairs.
+    qb0 = np.searchsorted(qb_arr, s[:, 0], side="right") - 1
+    qb1 = np.searchsorted(qb_arr, s[:, 1] - 1, side="right") - 1
+    sid, pos = _expand(qb1 - qb0 + 1)
+    qb = qb0[sid] + pos
+    r0, r1 = qb_arr[qb], qb_arr[qb + 1]
+    # Non-empty rows of the slice inside this query block.
+    a = np.maximum.reduce([r0, s[sid, 0], s[sid, 2] - hi[sid]])
+    c = np.minimum.reduce([r1, s[sid, 1], s[sid, 3] - lo[sid]])
+    live = c > a
+    sid, qb, r0, r1, a, c = sid[live], qb[live], r0[live], r1[live], a[live], c[live]
+    s_lo, s_hi = lo[sid], hi[sid]
+    ks, ke = s[sid, 2], s[sid, 3]
+    first_col = np.maximum(ks, a + s_lo)
+    last_col = np.minimum(ke - 1, c - 1 + s_hi)
+    kb0 = np.searchsorted(kb_arr, first_col, side="right") - 1
+    kb1 = np.searchsorted(kb_arr, last_col, side="right") - 1
+    # Tiles covered completely: all block rows inside the slice, and the key block inside
+    # [L(last row), R(first row)] (the edges only move right as rows go down).
+    rows_whole = (a == r0) & (c == r1)
+    inner_lo = np.maximum(ks, r1 - 1 + s_lo)
+    inner_hi = np.minimum(ke - 1, r0 + s_hi)
+    fb0 = np.searchsorted(kb_arr, inner_lo, side="left")
+    fb1 = np.searchsorted(kb_arr, inner_hi + 1, side="right") - 2
+    fb0 = np.maximum(fb0, kb0)
+    fb1 = np.minimum(fb1, kb1)
+    has_full = rows_whole & (fb1 >= fb0)
+    fb0 = np.where(has_full, fb0, kb1 + 1)
+    fb1 = np.where(has_full, fb1, kb1)
+
+    # Full tiles: runs [fb0, fb1].
+    f_owner, f_pos = _expand(np.where(has_full, fb1 - fb0 + 1, 0))
+    full_key = (head[sid[f_owner]] * n_q + qb[f_owner]) * n_k + fb0[f_owner] + f_pos
+    # Partial contributions: [kb0, fb0) and (fb1, kb1].
+    left_n = np.where(has_full, fb0 - kb0, kb1 - kb0 + 1)
+    right_n = np.where(has_full, kb1 - fb1, 0)
+    l_owner, l_pos = _expand(left_n)
+    r_owner, r_pos = _expand(right_n)
+    p_owner = np.concatenate([l_owner, r_owner])
+    p_kb = np.concatenate([kb0[l_owner] + l_pos, fb1[r_owner] + 1 + r_pos])
+    p_area = band_area(
+        a[p_owner],
+        c[p_owner],
+        np.maximum(ks[p_owner], kb_arr[p_kb]),
+        np.minimum(ke[p_owner], kb_arr[p_kb + 1]),
+        s_lo[p_owner],
+        s_hi[p_owner],
+    )
+    p_key = (head[sid[p_owner]] * n_q + qb[p_owner]) * n_k + p_kb
+
+    tile_area = np.diff(qb_arr)[:, None] * np.diff(kb_arr)[None, :]
+    keys = np.concatenate([full_key, p_key])
+    areas = np.concatenate([tile_area.reshape(-1)[full_key % (n_q * n_k)], p_area])
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    coverage = np.bincount(inverse.reshape(-1), weights=areas, minlength=len(uniq)).astype(np.int64)
+    full = coverage == tile_area.reshape(-1)[uniq % (n_q * n_k)]
+    row = uniq // n_k
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=mask.num_heads * n_q))])
+    entry_of_partial = inverse.reshape(-1)[len(full_key) :]
+    return BlockTable(
+        q_bounds=qb_arr,
+        k_bounds=kb_arr,
+        num_heads=mask.num_heads,
+        ptr=ptr.astype(np.int64),
+        kv_block=(uniq % n_k).astype(np.int64),
+        full=full,
+        coverage=coverage,
+        partial_slice=sid[p_owner],
+        partial_entry=entry_of_partial.astype(np.int64),
+    )

@@ -1,0 +1,1 @@
+"""Speed figures of lcab's own code (``python -m lcab.perf <topic>``); printed, never asserted."""

@@ -1,0 +1,117 @@
+"""Peak memory: a 200 MB allocation is seen, idle regions read ~0, the sampler thread stops."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from lcab.bench.memory import SAMPLER_THREAD_NAME, MemoryReading, PeakMemory, _maxrss_bytes
+
+CPU = torch.device("cpu")
+MB = 1_000_000
+
+
+def _sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == SAMPLER_THREAD_NAME]
+
+
+def test_held_allocation_raises_peak() -> None:
+    with PeakMemory(CPU) as peak:
+        x = torch.ones(50_000_000)  # 200 MB, every page written
+    assert peak.reading.kind == "cpu_rss_sampled"
+    assert peak.reading.delta_bytes >= 150 * MB
+    assert peak.reading.peak_bytes - peak.reading.baseline_bytes == peak.reading.delta_bytes
+    del x
+
+
+def test_sampler_sees_allocation_freed_inside_region() -> None:
+    # Freed before exit, so only the thread's samples (not the exit sample) can catch it.
+    with PeakMemory(CPU, interval_s=0.001) as peak:
+        x = torch.ones(50_000_000)
+        time.sleep(0.05)
+        del x
+        time.sleep(0.01)
+    assert peak.reading.samples >= 5  # enter + exit + several thread samples in 60 ms
+    assert peak.reading.delta_bytes >= 150 * MB
+
+
+def test_idle_region_delta_small() -> None:
+    with PeakMemory(CPU) as peak:
+        time.sleep(0.02)
+    assert 0 <= peak.reading.delta_bytes < 16 * MB
+
+
+def test_sampler_thread_gone_after_exit() -> None:
+    before = len(_sampler_threads())
+    with PeakMemory(CPU):
+        assert len(_sampler_threads()) == before + 1
+    assert len(_sampler_threads()) == before
+
+
+def test_exit_prompt_with_long_interval() -> None:
+    meter = PeakMemory(CPU, interval_s=5.0)
+    with meter:
+        time.sleep(0.01)
+        start = time.perf_counter()
+    assert time.perf_counter() - start < 1.0
+    assert meter.reading.samples == 2  # enter and exit only: no 5 s tick happened
+    assert not _sampler_threads()
+
+
+def test_thread_stops_when_region_raises() -> None:
+    meter = PeakMemory(CPU)
+    with pytest.raises(KeyError), meter:
+        raise KeyError("boom")
+    assert not _sampler_threads()
+    assert meter.reading.samples >= 2
+
+
+def test_repeated_use() -> None:
+    meter = PeakMemory(CPU)
+    readings: list[MemoryReading] = []
+    for size in (0, 25_000_000, 0):
+        with meter:
+            x = torch.ones(size)
+            time.sleep(0.005)
+        readings.append(meter.reading)
+        del x
+    assert len({id(r) for r in readings}) == 3
+    assert readings[1].delta_bytes >= 75 * MB
+    assert readings[2].delta_bytes < 16 * MB
+    assert not _sampler_threads()
+    with PeakMemory(CPU) as other:
+        pass
+    assert other.reading.samples >= 2
+
+
+def test_reading_before_exit_and_bad_args() -> None:
+    meter = PeakMemory(CPU)
+    with pytest.raises(RuntimeError):
+        _ = meter.reading
+    with meter, pytest.raises(RuntimeError):
+        meter.__enter__()
+    with pytest.raises(ValueError):
+        PeakMemory(CPU, interval_s=0.0)
+    with pytest.raises(ValueError):
+        PeakMemory(torch.device("meta"))
+
+
+def test_maxrss_fallback_is_at_least_current_rss() -> None:
+    with PeakMemory(CPU) as peak:
+        pass
+    assert _maxrss_bytes() >= peak.reading.baseline_bytes * 0.9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_peak_counts_allocation() -> None:
+    device = torch.device("cuda")
+    with PeakMemory(device) as peak:
+        x = torch.ones(50_000_000, device=device)
+        del x
+    assert peak.reading.kind == "cuda_max_allocated"
+    assert peak.reading.delta_bytes >= 200_000_000
+    assert peak.reading.samples == 1
