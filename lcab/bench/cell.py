@@ -1,0 +1,257 @@
+"""`Cell`: one benchmark cell resolved from the config into plain, picklable data.
+
+Resolution is where "auto" becomes concrete (device, dtype, head counts, world size, sequence
+totals, mask samples), so worker processes and records see exactly what ran. `resolve_cell`
+raises `ConfigError` (key, value, valid options) for anything invalid; `lcab.validate` collects
+those errors for every job of a sweep before launching any.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from lcab.kernels import KERNELS, PASSES
+from lcab.masks import get_pattern, make_params
+from lcab.registry import UnknownNameError
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+CPU_PROBLEM = {"heads_q": 8, "heads_kv": 2, "head_dim": 64, "dtype": "float32"}
+GPU_PROBLEM = {"heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16"}
+CP_NAMES = ("none", "ulysses", "ring", "ring_allgather", "usp", "loongtrain")
+BACKENDS = ("auto", "gloo", "nccl")
+#: Local ranks for cp != none when the topology leaves it open, on CPU.
+CPU_CP_RANKS = 4
+
+
+class ConfigError(ValueError):
+    """A bad config value: ``key``, ``value`` and what is valid."""
+
+    def __init__(self, key: str, value: Any, valid: str) -> None:
+        self.key, self.value, self.valid = key, value, valid
+        super().__init__(f"{key}={value!r} is invalid: {valid}")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """Where a job writes and how it is identified in records."""
+
+    output_dir: str
+    run_id: str = ""
+    sweep_id: str = ""
+    job_num: int | None = None
+    override_dirname: str = ""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Everything a rank needs to run one cell (no OmegaConf objects: it is pickled)."""
+
+    kernel: str
+    kernel_options: dict[str, Any]
+    cp: str
+    cp_options: dict[str, Any]
+    mask: str
+    mask_params: dict[str, Any]
+    mask_seed: int
+    mask_samples: int
+    seqlens: tuple[int, ...]
+    seqlen_per_device: tuple[int, ...] | None
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str
+    device: str
+    nodes: int
+    devices_per_node: int
+    backend: str
+    bench: dict[str, Any]
+    seed: int
+    config: dict[str, Any] = field(default_factory=dict)
+    job: JobInfo = field(default_factory=lambda: JobInfo(output_dir="."))
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks."""
+        return self.nodes * self.devices_per_node
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The problem dtype as a torch dtype."""
+        return DTYPES[self.dtype]
+
+    def with_job(self, job: JobInfo) -> Cell:
+        """The same cell, writing for ``job``."""
+        return dataclasses.replace(self, job=job)
+
+
+def _container(node: Any) -> dict[str, Any]:
+    """A config node as a plain dict (every lcab node is a mapping)."""
+    out = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(out, dict)
+    return {str(k): v for k, v in out.items()}
+
+
+def _positive(key: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(key, value, "must be an integer >= 1")
+    return value
+
+
+def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
+    """Resolve and check a composed config.
+
+    Raises:
+        ConfigError: the first invalid value (key, value, valid options).
+
+    """
+    kernel_name = str(cfg.kernel.name)
+    if kernel_name not in KERNELS:
+        raise ConfigError("kernel", kernel_name, f"valid: {', '.join(KERNELS.names())}")
+    kernel_options = {k: v for k, v in _container(cfg.kernel).items() if k != "name"}
+    try:
+        KERNELS.get(kernel_name)(**kernel_options)
+    except (TypeError, ValueError) as err:
+        raise ConfigError("kernel", kernel_options, str(err)) from err
+
+    cp_name = str(cfg.cp.name)
+    if cp_name not in CP_NAMES:
+        raise ConfigError("cp", cp_name, f"valid: {', '.join(CP_NAMES)}")
+    cp_options = {k: v for k, v in _container(cfg.cp).items() if k != "name"}
+
+    # problem: "auto" -> GPU or CPU defaults
+    p = cfg.problem
+    device = str(p.device)
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError("problem.device", device, "valid: auto, cpu, cuda")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    defaults = GPU_PROBLEM if device == "cuda" else CPU_PROBLEM
+    heads_q = _positive("problem.heads_q", defaults["heads_q"] if p.heads_q is None else p.heads_q)
+    heads_kv = _positive(
+        "problem.heads_kv", defaults["heads_kv"] if p.heads_kv is None else p.heads_kv
+    )
+    head_dim = _positive(
+        "problem.head_dim", defaults["head_dim"] if p.head_dim is None else p.head_dim
+    )
+    if heads_q % heads_kv:
+        raise ConfigError(
+            "problem.heads_q", heads_q, f"must be a multiple of problem.heads_kv={heads_kv} (GQA)"
+        )
+    dtype = defaults["dtype"] if p.dtype == "auto" else str(p.dtype)
+    if dtype not in DTYPES:
+        raise ConfigError("problem.dtype", dtype, f"valid: auto, {', '.join(DTYPES)}")
+
+    # topology
+    t = cfg.topology
+    nodes = _positive("topology.nodes", t.nodes)
+    if t.devices_per_node is None:
+        if cp_name == "none":
+            devices = 1
+        elif device == "cuda":
+            devices = max(torch.cuda.device_count(), 1)
+        else:
+            devices = CPU_CP_RANKS
+    else:
+        devices = _positive("topology.devices_per_node", t.devices_per_node)
+    if cp_name == "none" and nodes * devices != 1:
+        raise ConfigError(
+            "topology",
+            str(t.name),
+            "cp=none runs on one device; choose a cp strategy for "
+            f"{nodes * devices} ranks or topology=single",
+        )
+    backend = str(t.backend)
+    if backend not in BACKENDS:
+        raise ConfigError("topology.backend", backend, f"valid: {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    world = nodes * devices
+
+    # sequence lengths
+    values = list(cfg.seqlen["values"])  # not .values: that is the DictConfig method
+    if not values:
+        raise ConfigError("seqlen.values", values, "needs at least one length")
+    for value in values:
+        _positive("seqlen.values", value)
+    per_device = tuple(values) if cfg.seqlen.per_device else None
+    totals = tuple(v * world for v in values) if per_device else tuple(values)
+
+    # bench
+    b = cfg.bench
+    passes = list(b.passes)
+    if not passes or any(x not in PASSES for x in passes):
+        raise ConfigError("bench.passes", passes, f"a non-empty list of {', '.join(PASSES)}")
+    if b.warmup < 0:
+        raise ConfigError("bench.warmup", b.warmup, "must be >= 0")
+    _positive("bench.reps", b.reps)
+    _positive("bench.mask_samples", b.mask_samples)
+    _positive("bench.numerics_rows", b.numerics_rows)
+    if any(not 0.0 <= q <= 1.0 for q in b.quantiles) or 0.5 not in list(b.quantiles):
+        raise ConfigError("bench.quantiles", list(b.quantiles), "values in [0, 1], including 0.5")
+    if b.timeout_s <= 0:
+        raise ConfigError("bench.timeout_s", b.timeout_s, "must be > 0")
+    for key in ("warmup_ms", "rep_ms", "tolerance"):
+        value = b[key]
+        if value is not None and value <= 0:
+            raise ConfigError(f"bench.{key}", value, "must be > 0 (or null)")
+    if b.threads is not None:
+        _positive("bench.threads", b.threads)
+
+    # mask: parameters valid at every length
+    mask_cfg = _container(cfg.mask)
+    mask_name = str(mask_cfg.pop("name"))
+    seed_override = mask_cfg.pop("seed", None)
+    try:
+        pattern = get_pattern(mask_name)
+    except UnknownNameError as err:
+        raise ConfigError("mask", mask_name, str(err)) from err
+    if "heads" in mask_cfg and mask_cfg["heads"] is None:
+        mask_cfg["heads"] = heads_kv
+    for total in totals:
+        try:
+            _, values_obj = make_params(pattern.name, total, **mask_cfg)
+        except ValueError as err:
+            raise ConfigError(f"mask (seqlen {total})", mask_cfg, str(err)) from err
+    samples = int(b.mask_samples) if values_obj.randomized() else 1
+    mask_seed = int(cfg.seed if seed_override is None else seed_override)
+
+    return Cell(
+        kernel=kernel_name,
+        kernel_options=kernel_options,
+        cp=cp_name,
+        cp_options=cp_options,
+        mask=pattern.name,
+        mask_params=mask_cfg,
+        mask_seed=mask_seed,
+        mask_samples=samples,
+        seqlens=totals,
+        seqlen_per_device=per_device,
+        heads_q=heads_q,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+        dtype=dtype,
+        device=device,
+        nodes=nodes,
+        devices_per_node=devices,
+        backend=backend,
+        bench=_container(b),
+        seed=int(cfg.seed),
+        config={
+            str(k): OmegaConf.to_container(cfg[k], resolve=True)
+            if OmegaConf.is_config(cfg[k])
+            else cfg[k]
+            for k in cfg
+            if k != "hydra"  # Hydra's own node is not part of the cell (and not resolvable here)
+        },
+        job=job or JobInfo(output_dir="."),
+    )

@@ -1,0 +1,330 @@
+"""Structured configs of the Hydra app, registered in Hydra's ConfigStore.
+
+Every group option's schema is a dataclass with a unique name, so typos (``mask.windw=1``) and
+type errors (``mask.window=wide``) fail at compose time with the key named. Mask and kernel
+schemas are *generated* from the registries (a pattern's parameter dataclass, a kernel's options
+dataclass): adding a pattern or a kernel adds its config fields with no second list to keep in
+sync. Schemas live under ``schema/<group>/<name>``; the YAML options in ``conf/<group>/`` extend
+them and carry a comment and an example each.
+
+Cross-field rules (heads divisibility, mask parameters valid at every sequence length, ...)
+are checked by `lcab.validate`, which runs before anything is launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from lcab.kernels import KERNELS
+from lcab.masks.patterns import MASK_PATTERNS
+
+# ---------------------------------------------------------------------------- base schemas
+
+
+@dataclass
+class KernelConfig:
+    """Which attention kernel runs the cell."""
+
+    name: str = MISSING
+    """Registered kernel name (python -c 'import lcab.kernels as k; print(k.list_kernels())')."""
+
+
+@dataclass
+class MaskConfig:
+    """Which mask, with the pattern's own parameters (generated per pattern)."""
+
+    name: str = MISSING
+    """Registered pattern name or alias (python -m lcab.masks --list)."""
+    seed: int | None = None
+    """Seed of the first mask sample (sample i uses seed + i); None: the top-level seed."""
+
+
+@dataclass
+class CPConfig:
+    """Context-parallel strategy; ``none`` is the single-device case."""
+
+    name: str = "none"
+    """none | ulysses | ring | ring_allgather | usp | loongtrain."""
+    balance: str = "zigzag"
+    """Token placement over ranks: contiguous | zigzag (the paper's) | area (mask-aware)."""
+
+
+@dataclass
+class UlyssesCPConfig(CPConfig):
+    """Ulysses: all-to-all from sequence to head sharding and back."""
+
+    name: str = "ulysses"
+    balance: str = "contiguous"
+    """Heads are sharded, so every placement is balanced; contiguous moves the fewest tokens."""
+
+
+@dataclass
+class RingCPConfig(CPConfig):
+    """Ring P2P: K/V blocks rotate around the ring, partial outputs merged by LSE."""
+
+    name: str = "ring"
+
+
+@dataclass
+class RingAllGatherCPConfig(CPConfig):
+    """Ring All-Gather: one all-gather of K/V, reduce-scatter of dK/dV."""
+
+    name: str = "ring_allgather"
+
+
+@dataclass
+class USPCPConfig(CPConfig):
+    """USP: Ulysses inside a group of ``ulysses_degree`` ranks, ring across groups."""
+
+    name: str = "usp"
+    ulysses_degree: int | None = None
+    """Ulysses group size; None: the devices of one node (the paper's placement)."""
+
+
+@dataclass
+class LoongTrainCPConfig(CPConfig):
+    """LoongTrain: Ulysses inside, double ring (windows + outer ring with prefetch) across."""
+
+    name: str = "loongtrain"
+    ulysses_degree: int | None = None
+    """Ulysses group size; None: the devices of one node."""
+    window_count: int | None = None
+    """Windows of the double ring; None: the largest divisor w of the ring with w <= ring / w."""
+
+
+CP_CONFIGS: dict[str, type[CPConfig]] = {
+    "none": CPConfig,
+    "ulysses": UlyssesCPConfig,
+    "ring": RingCPConfig,
+    "ring_allgather": RingAllGatherCPConfig,
+    "usp": USPCPConfig,
+    "loongtrain": LoongTrainCPConfig,
+}
+
+
+@dataclass
+class SeqlenConfig:
+    """Sequence lengths swept inside one job."""
+
+    name: str = "custom"
+    """Preset name (for records); overriding values keeps it."""
+    values: list[int] = field(default_factory=lambda: [4096])
+    """Total packed tokens per cell (or per device with per_device=true)."""
+    per_device: bool = False
+    """Weak scaling: each value is tokens per device; total = value x world size."""
+
+
+@dataclass
+class TopologyConfig:
+    """Nodes x devices per node, and how ranks talk."""
+
+    name: str = "auto"
+    nodes: int = 1
+    """Number of nodes (SLURM nodes; locally, emulated)."""
+    devices_per_node: int | None = None
+    """Ranks per node; None: 1 for cp=none, else 4 on CPU or every visible GPU."""
+    backend: str = "auto"
+    """auto (nccl on GPU, gloo on CPU) | gloo | nccl."""
+
+
+@dataclass
+class ProblemConfig:
+    """The attention problem (batch 1, packed). None/auto picks GPU or CPU-sized defaults."""
+
+    heads_q: int | None = None
+    """Query heads; None: 64 on GPU (paper), 8 on CPU."""
+    heads_kv: int | None = None
+    """KV heads; None: 8 on GPU (GQA 64:8, paper), 2 on CPU."""
+    head_dim: int | None = None
+    """Head dim; None: 128 on GPU (paper), 64 on CPU."""
+    dtype: str = "auto"
+    """auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16 | float64."""
+    device: str = "auto"
+    """auto (cuda if visible, else cpu) | cpu | cuda."""
+
+
+@dataclass
+class BenchConfig:
+    """The measurement protocol."""
+
+    passes: list[str] = field(default_factory=lambda: ["fwd", "bwd"])
+    """Passes to time: fwd, bwd (forward outside the timer), fwd_bwd."""
+    warmup: int = 2
+    """Untimed calls after the first one."""
+    reps: int = 5
+    """Timed repetitions per pass and mask sample."""
+    warmup_ms: float | None = None
+    """Warm-up time budget instead of a count."""
+    rep_ms: float | None = None
+    """Timing time budget instead of a count (reps = budget / estimated call time)."""
+    max_reps: int = 1000
+    """Cap on repetitions in budget mode."""
+    quantiles: list[float] = field(default_factory=lambda: [0.5, 0.2, 0.8])
+    """Time quantiles recorded (p50 is the reported figure)."""
+    mask_samples: int = 3
+    """Random masks (documents, prefixes, sparse picks) drawn per length; median reported
+    (paper: 30). Deterministic masks are drawn once."""
+    check_numerics: bool = True
+    """Compare out/lse (fwd) and dq/dk/dv (bwd) with the fp64 reference."""
+    numerics_full_max: int = 1 << 26
+    """Use the whole fp64 reference up to heads_q·Sq·Sk of this; above, sampled rows."""
+    numerics_rows: int = 128
+    """Query rows checked in sampled mode."""
+    tolerance: float | None = None
+    """Normalised max-error tolerance; None: by dtype (fp64 1e-8, fp32 1e-3, fp16 1e-2,
+    bf16 5e-2)."""
+    memory: bool = True
+    """Record peak memory (CUDA allocator peak; CPU sampled RSS) during the timed region."""
+    flush_l2: bool = True
+    """CUDA: zero a 256 MB buffer before each repetition."""
+    timeout_s: float = 1800.0
+    """Hard limit per (cell, seqlen); a worker past it is killed and the record says timeout."""
+    isolate: bool = True
+    """Run each cell in supervised worker processes (hard timeout; a crash becomes a record)."""
+    threads: int | None = None
+    """torch threads per rank on CPU; None: torch's default for one rank, 1 per rank under CP."""
+    progress: bool = True
+    """Show a progress bar over lengths x passes."""
+
+
+@dataclass
+class LoggerConfig:
+    """Extra record sinks; records always go to records.jsonl and the console."""
+
+    name: str = "none"
+
+
+@dataclass
+class WandbLoggerConfig(LoggerConfig):
+    """Weights & Biases: one run per (cell, seqlen) record, logged by rank 0."""
+
+    name: str = "wandb"
+    project: str = "lcab"
+    entity: str | None = None
+    mode: str = "offline"
+    """online | offline | disabled (offline needs no account; `wandb sync` later)."""
+    group: str | None = None
+    """W&B group; None: the sweep id."""
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LcabConfig:
+    """The whole run: one cell (kernel x cp x mask x topology) over a list of lengths."""
+
+    kernel: KernelConfig = MISSING
+    cp: CPConfig = MISSING
+    mask: MaskConfig = MISSING
+    seqlen: SeqlenConfig = MISSING
+    topology: TopologyConfig = MISSING
+    bench: BenchConfig = MISSING
+    logger: LoggerConfig = MISSING
+    problem: ProblemConfig = field(default_factory=ProblemConfig)
+    seed: int = 0
+    """Seed of inputs and (unless mask.seed is set) of the masks."""
+    study: str = "lcab"
+    """Name of the study; prefixes sweep ids."""
+
+
+# ---------------------------------------------------------------------------- generation
+
+_SIMPLE = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _annotation(declared: Any) -> Any:
+    """Turn a (string) annotation of a plain dataclass into one OmegaConf understands."""
+    text = str(declared).replace(" ", "")
+    optional = text.endswith("|None")
+    base = text.removesuffix("|None")
+    if base in _SIMPLE:
+        tp: Any = _SIMPLE[base]
+    elif base.startswith("list[") and base[5:-1] in _SIMPLE:
+        tp = typing.List[_SIMPLE[base[5:-1]]]  # type: ignore[misc]  # noqa: UP006 (OmegaConf reads typing.List)
+    else:
+        raise TypeError(f"unsupported config field type {declared!r}")
+    return Optional[tp] if optional else tp  # noqa: UP045 (OmegaConf 2.3 reads typing.Optional)
+
+
+def _class_name(name: str, suffix: str) -> str:
+    return "".join(part.title() for part in name.split("_")) + suffix
+
+
+def _generated(
+    name: str,
+    base: type,
+    suffix: str,
+    source: type | None,
+    overrides: dict[str, tuple[Any, Any]] | None = None,
+) -> type:
+    fields_: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
+    for f in dataclasses.fields(source) if source else []:
+        tp, default = _annotation(f.type), f.default
+        if overrides and f.name in overrides:
+            tp, default = overrides[f.name]
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            fields_.append((f.name, tp, field(default_factory=f.default_factory)))
+        else:
+            fields_.append((f.name, tp, field(default=default)))
+    cls = dataclasses.make_dataclass(_class_name(name, suffix), fields_, bases=(base,))
+    cls.__doc__ = f"Config of {name} (generated from {source.__name__ if source else 'nothing'})."
+    return cls
+
+
+def mask_config_classes() -> dict[str, type]:
+    """One MaskConfig subclass per pattern, with the pattern's parameters as fields.
+
+    ``heads`` of block-sparse patterns defaults to None, meaning the problem's KV heads.
+    """
+    out = {}
+    for name in MASK_PATTERNS.names():
+        pattern = MASK_PATTERNS.get(name)
+        has_heads = "heads" in pattern.param_names()
+        overrides = {"heads": (Optional[int], None)} if has_heads else None  # noqa: UP045
+        out[name] = _generated(name, MaskConfig, "MaskConfig", pattern.params_cls, overrides)
+    return out
+
+
+def kernel_config_classes() -> dict[str, type]:
+    """One KernelConfig subclass per registered kernel, with its options as fields."""
+    return {
+        name: _generated(name, KernelConfig, "KernelConfig", KERNELS.get(name).options_cls)
+        for name in KERNELS.names()
+    }
+
+
+_REGISTERED = False
+_PROCESS_UID = uuid.uuid4().hex[:6]
+
+
+def register_configs() -> None:
+    """Store every schema in Hydra's ConfigStore (idempotent; call before composing)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    if not OmegaConf.has_resolver("lcab_uid"):
+        # a short id fixed for this process, suffixed to run/sweep folders
+        OmegaConf.register_new_resolver("lcab_uid", lambda: _PROCESS_UID, use_cache=True)
+    cs = ConfigStore.instance()
+    cs.store(name="lcab_schema", node=LcabConfig)
+    for name, cls in kernel_config_classes().items():
+        cs.store(group="schema/kernel", name=name, node=cls)
+    for name, cls in mask_config_classes().items():
+        cs.store(group="schema/mask", name=name, node=cls)
+    for name, cls in CP_CONFIGS.items():
+        cs.store(group="schema/cp", name=name, node=cls)
+    for group, cls in (
+        ("seqlen", SeqlenConfig),
+        ("topology", TopologyConfig),
+        ("bench", BenchConfig),
+        ("logger", LoggerConfig),
+    ):
+        cs.store(group=f"schema/{group}", name="base", node=cls)
+    cs.store(group="schema/logger", name="wandb", node=WandbLoggerConfig)
+    _REGISTERED = True

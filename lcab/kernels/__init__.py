@@ -1,0 +1,37 @@
+"""Attention kernels behind one contract (`lcab.kernels.base`), registered by name.
+
+Public API::
+
+    from lcab.kernels import get_kernel, list_kernels
+    kernel = get_kernel("ranges")
+    out, lse = kernel(q, k, v, mask)          # q (S, Hq, D), k/v (S, Hkv, D); lse (Hq, S) fp32
+    kernel.not_supported_reasons(problem)      # [] or human-readable reasons
+"""
+
+from lcab.kernels import flex, gpu_only, naive, ranges, reference, sdpa, sparse  # noqa: F401  (registration)
+from lcab.kernels.base import (
+    PASSES,
+    Kernel,
+    KernelCaps,
+    PreparedAttention,
+    Problem,
+    check_shapes,
+    empty_rows,
+    lse_dtype,
+)
+from lcab.kernels.registry import KERNELS, get_kernel, list_kernels, register_kernel
+
+__all__ = [
+    "KERNELS",
+    "PASSES",
+    "Kernel",
+    "KernelCaps",
+    "PreparedAttention",
+    "Problem",
+    "check_shapes",
+    "empty_rows",
+    "get_kernel",
+    "list_kernels",
+    "lse_dtype",
+    "register_kernel",
+]

@@ -1,0 +1,316 @@
+"""The kernel contract: capabilities as data, reasons instead of crashes, setup apart from the call.
+
+A kernel computes attention of packed tensors (batch 1): q (S, Hq, D), k and v (S, Hkv, D)
+→ out (S, Hq, D) and lse (Hq, S), the natural-log log-sum-exp of the scaled scores in float32
+(float64 for float64 inputs: `lse_dtype`). A row that attends no key has out = 0 and
+lse = -inf, in every kernel.
+
+Running a kernel has two phases, timed separately by the benchmark:
+
+* ``prepare(mask, problem)`` — lowering the mask to the kernel's form, planning, compiling;
+* ``PreparedAttention.run(q, k, v)`` — the call that is timed, on tensors already in the
+  kernel's native layout (``to_native``/``from_native`` convert outside the timer, as the paper
+  feeds every kernel its own layout).
+
+Whether a kernel can run a problem is data (`KernelCaps`) plus `not_supported_reasons`, which
+returns human-readable reasons — the runner turns them into a ``skipped`` record in well under a
+second, and the support matrix in the README is generated from the same calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from lcab.masks.core import AttnMask
+from lcab.masks.lowering import lowering_reason
+
+PassName = Literal["fwd", "bwd", "fwd_bwd"]
+PASSES: tuple[str, ...] = ("fwd", "bwd", "fwd_bwd")
+Layout = Literal["shd", "bhsd"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Shapes and placement of one attention call (batch 1, packed sequence)."""
+
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor) -> Problem:
+        """The problem of packed tensors q (Sq, Hq, D) and k (Sk, Hkv, D)."""
+        return cls(q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device)
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head."""
+        return self.heads_q // self.heads_kv
+
+
+@dataclass(frozen=True)
+class KernelCaps:
+    """What a kernel supports, as data (xformers' SUPPORTED_* idea)."""
+
+    devices: frozenset[str]
+    """Device types it runs on ("cpu", "cuda")."""
+    dtypes: frozenset[torch.dtype]
+    """Input dtypes it accepts."""
+    lowering: str
+    """Mask form it consumes (a name of `lcab.masks.lowering.LOWERING_REASONS`)."""
+    backward_devices: frozenset[str] = frozenset()
+    """Device types with a backward pass (empty: forward only)."""
+    max_head_dim: int | None = None
+    """Largest head dim (None: any)."""
+    head_dims: frozenset[int] | None = None
+    """Exact head dims supported (None: any up to max_head_dim)."""
+    gqa: bool = True
+    """Whether Hq != Hkv works without the caller repeating K/V."""
+    per_head_masks: bool = False
+    """Whether a different mask per KV head (dynamic block-sparse) is accepted."""
+    returns_lse: bool = True
+    """Whether `run` returns the log-sum-exp (context parallelism needs it)."""
+    package: str | None = None
+    """Import name of the optional package it calls (checked without importing it)."""
+    pip_name: str | None = None
+    """How to install that package."""
+    min_compute_capability: tuple[int, int] | None = None
+    """Lowest CUDA compute capability."""
+    adapter_ready: bool = True
+    """False while lcab's call into the package is not written yet (the reason says so)."""
+    stats_backward: bool = False
+    """Whether `PreparedAttention.backward` works: gradients of one block of keys under the
+    softmax statistics (out, lse) of the whole row, which ring-style CP merges need."""
+
+
+class PreparedAttention(ABC):
+    """A kernel bound to one mask and problem: everything but the timed call is done."""
+
+    layout: ClassVar[Layout] = "shd"
+
+    def to_native(self, x: torch.Tensor) -> torch.Tensor:
+        """Packed (S, H, D) → the kernel's layout (outside the timer)."""
+        return x if self.layout == "shd" else x.transpose(0, 1).unsqueeze(0)
+
+    def from_native(self, x: torch.Tensor) -> torch.Tensor:
+        """The kernel's layout → packed (S, H, D)."""
+        return x if self.layout == "shd" else x.squeeze(0).transpose(0, 1)
+
+    def lse_from_native(self, lse: torch.Tensor) -> torch.Tensor:
+        """The LSE as (Hq, Sq) over the whole sequence (identity on one device)."""
+        return lse
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) of this block of keys when the row's result is (out, lse) overall.
+
+        Native-layout tensors; ``out``/``lse`` are the merged results of every block, as in
+        FlashAttention's backward. This default differentiates `run`: with this block's own
+        (o_b, l_b) and weights w = exp(l_b - lse), the gradient is that of o_b under
+        w·dout plus that of l_b under w·(rowsum(dout·o_b) - rowsum(dout·out)), which equals
+        P_global ⊙ (dP - delta) on the block. It needs a differentiable LSE; kernels whose LSE
+        is not (a fused op's statistic) override this method.
+        """
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        with torch.enable_grad():
+            block_out, block_lse = self.run(*leaves)
+            if block_lse is None or not block_lse.requires_grad:
+                raise NotImplementedError(
+                    f"{type(self).__name__} has no backward from merged softmax statistics"
+                )
+            finite = torch.isfinite(lse)
+            weight = torch.where(
+                finite, torch.exp(block_lse.detach() - torch.where(finite, lse, 0.0)), 0.0
+            )
+            w_out = _rows_to_layout(weight, self.layout, block_out.dtype)
+            dot_block = _row_dot(dout, block_out.detach(), self.layout)
+            dot_total = _row_dot(dout, out, self.layout)
+            grad_lse = weight * (dot_block - dot_total)
+            torch.autograd.backward([block_out, block_lse], [dout * w_out, grad_lse])
+        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
+        return grads[0], grads[1], grads[2]
+
+    @abstractmethod
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(out, lse) for native-layout inputs; out in native layout, lse (Hq, Sq) float32."""
+
+
+class Kernel(ABC):
+    """A registered attention kernel. Subclasses set ``name``, ``caps`` and implement `prepare`."""
+
+    name: ClassVar[str]
+    caps: ClassVar[KernelCaps]
+    summary: ClassVar[str] = ""
+    options_cls: ClassVar[type | None] = None
+    """Dataclass of the kernel's options (its Hydra config fields); None: no options."""
+
+    def __init__(self, **options: Any) -> None:
+        valid = [f.name for f in dataclasses.fields(self.options_cls)] if self.options_cls else []
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {', '.join(unknown)} for kernel {self.name!r}; "
+                f"valid: {', '.join(valid) or '(none)'}"
+            )
+        resolved = dataclasses.asdict(self.options_cls(**options)) if self.options_cls else {}
+        self.options: dict[str, Any] = resolved
+
+    # ---------------------------------------------------------------- capability checks
+    def environment_reasons(self, device: torch.device) -> list[str]:
+        """Reasons tied to this machine: package missing, no CUDA, compute capability."""
+        reasons = []
+        if device.type == "cuda" and not torch.cuda.is_available():
+            reasons.append("needs CUDA, and no CUDA device is visible on this machine")
+        if self.caps.package and importlib.util.find_spec(self.caps.package) is None:
+            how = f" (pip install {self.caps.pip_name})" if self.caps.pip_name else ""
+            reasons.append(f"needs package '{self.caps.package}', not installed{how}")
+        if (
+            self.caps.min_compute_capability
+            and device.type == "cuda"
+            and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device) < self.caps.min_compute_capability
+        ):
+            major, minor = self.caps.min_compute_capability
+            reasons.append(f"needs compute capability >= {major}.{minor}")
+        if not self.caps.adapter_ready and not reasons:
+            reasons.append(f"lcab's {self.name} adapter is not written yet")
+        return reasons
+
+    def not_supported_reasons(
+        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
+    ) -> list[str]:
+        """Why this kernel cannot run ``pass_`` of ``problem`` (and ``mask``); empty if it can."""
+        caps, reasons = self.caps, []
+        device = problem.device.type
+        if device not in caps.devices:
+            if caps.devices == {"cuda"}:
+                where = (
+                    "none is visible on this machine"
+                    if not torch.cuda.is_available()
+                    else f"this problem is on {device}"
+                )
+                reasons.append(f"needs a CUDA GPU ({where})")
+            else:
+                reasons.append(f"runs on {'/'.join(sorted(caps.devices))}, not {device}")
+        if problem.dtype not in caps.dtypes:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in caps.dtypes))
+            reasons.append(
+                f"dtype {str(problem.dtype).removeprefix('torch.')} unsupported ({names})"
+            )
+        if caps.max_head_dim is not None and problem.head_dim > caps.max_head_dim:
+            reasons.append(f"head_dim {problem.head_dim} > {caps.max_head_dim}")
+        if caps.head_dims is not None and problem.head_dim not in caps.head_dims:
+            reasons.append(f"head_dim {problem.head_dim} not in {sorted(caps.head_dims)}")
+        if problem.heads_q != problem.heads_kv and not caps.gqa:
+            reasons.append("no GQA (needs heads_q == heads_kv)")
+        if pass_ in ("bwd", "fwd_bwd") and device not in caps.backward_devices:
+            where = (
+                f"only on {'/'.join(sorted(caps.backward_devices))}"
+                if caps.backward_devices
+                else "at all"
+            )
+            reasons.append(f"no backward pass on {device} (backward exists {where})")
+        reasons.extend(self.extra_reasons(problem, pass_))
+        if mask is not None:
+            if mask.num_heads > 1 and not caps.per_head_masks:
+                reasons.append(f"no per-KV-head masks (this mask has {mask.num_heads} heads)")
+            elif mask.num_heads > 1 and mask.num_heads != problem.heads_kv:
+                reasons.append(
+                    f"mask has {mask.num_heads} heads, the problem {problem.heads_kv} KV heads"
+                )
+            else:
+                why = lowering_reason(mask, caps.lowering)
+                if why is not None:
+                    reasons.append(f"mask not expressible as {caps.lowering}: {why}")
+        reasons.extend(self.environment_reasons(problem.device))
+        return reasons
+
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        """Kernel-specific static limits beyond `KernelCaps` (override when needed)."""
+        return []
+
+    def returns_lse(self, device_type: str) -> bool:
+        """Whether `run` returns the log-sum-exp on this device type."""
+        return self.caps.returns_lse
+
+    def supports(self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd") -> bool:
+        """True when `not_supported_reasons` is empty."""
+        return not self.not_supported_reasons(problem, mask, pass_)
+
+    # ---------------------------------------------------------------- running
+    @abstractmethod
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        """Lower ``mask`` and plan the call (the benchmark times this as setup)."""
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of packed q (S, Hq, D), k/v (S, Hkv, D) under ``mask`` → (out, lse).
+
+        Raises:
+            ValueError: the kernel cannot run this problem (the message gives the reasons).
+
+        """
+        problem = Problem.of(q, k)
+        check_shapes(q, k, v, mask)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        reasons = self.not_supported_reasons(problem, mask, "fwd_bwd" if needs_grad else "fwd")
+        if reasons:
+            raise ValueError(f"kernel {self.name!r} cannot run this: " + "; ".join(reasons))
+        prepared = self.prepare(mask, problem)
+        out, lse = prepared.run(prepared.to_native(q), prepared.to_native(k), prepared.to_native(v))
+        return prepared.from_native(out), lse
+
+
+def _rows_to_layout(w: torch.Tensor, layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """Per-row weights (H, S) broadcastable against an output in ``layout``."""
+    return (w.t().unsqueeze(-1) if layout == "shd" else w.unsqueeze(0).unsqueeze(-1)).to(dtype)
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor, layout: str) -> torch.Tensor:
+    """Per-row dot products of two outputs in ``layout``, as (H, S) in float32 or wider."""
+    prod = (a.to(lse_dtype(a.dtype)) * b.to(lse_dtype(a.dtype))).sum(-1)
+    return prod.t() if layout == "shd" else prod[0]
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The LSE dtype for inputs of ``dtype``: float32, or float64 for float64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> None:
+    """Raise ValueError unless q/k/v are packed (S, H, D) tensors matching ``mask``."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError("q, k, v must be packed (S, H, D) tensors (batch 1)")
+    if k.shape != v.shape or q.shape[2] != k.shape[2]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must match, with q's head dim")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"heads_q={q.shape[1]} must be a multiple of heads_kv={k.shape[1]}")
+    if (q.shape[0], k.shape[0]) != mask.shape:
+        raise ValueError(f"mask shape {mask.shape} != (Sq, Sk) = {(q.shape[0], k.shape[0])}")
+
+
+def empty_rows(mask: AttnMask) -> torch.Tensor:
+    """Bool (H_mask, Sq): rows attending no key (their out is 0 and lse is -inf)."""
+    ri = mask.row_intervals()
+    counts = torch.from_numpy(ri.ptr[1:] - ri.ptr[:-1])
+    return (counts == 0).reshape(mask.num_heads, mask.seqlen_q)

@@ -1,0 +1,109 @@
+"""FlexAttention with lcab's BlockMask lowering (built from slices, not from a predicate scan).
+
+``compile=True`` (default) runs ``torch.compile(flex_attention)``, the way FlexAttention is
+meant to be used; compilation is timed as setup (first call), not as the kernel. PyTorch has no
+FlexAttention backward on CPU, so backward cells on CPU are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+
+from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+from lcab.masks.lowering.flex import FLEX_BLOCK, flex_block_mask
+
+
+@cache
+def _flex_fn(compiled: bool) -> Callable[..., Any]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    # One compiled graph per shape and mask structure; sweeps change both, so allow many
+    # entries instead of Dynamo's default of 8 (after which it silently falls back to eager).
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+class _PreparedFlex(PreparedAttention):
+    layout = "bhsd"
+
+    def __init__(self, mask: AttnMask, problem: Problem, compiled: bool, block: int) -> None:
+        self.block_mask = flex_block_mask(
+            mask, heads_q=problem.heads_q, block_size=block, device=problem.device
+        )
+        self.fn = _flex_fn(compiled)
+        self.scale = problem.head_dim**-0.5
+        self.gqa = problem.heads_q != problem.heads_kv
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        self.aux = AuxRequest(lse=True)
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if q.device.type == "cpu":  # forward only on CPU; Flex refuses inputs that need grad
+            q, k, v = q.detach(), k.detach(), v.detach()
+        out, aux = self.fn(
+            q,
+            k,
+            v,
+            block_mask=self.block_mask,
+            scale=self.scale,
+            enable_gqa=self.gqa,
+            return_aux=self.aux,
+        )
+        return out, aux.lse[0].to(lse_dtype(q.dtype))
+
+
+@dataclass
+class FlexOptions:
+    """Options of the flex kernel."""
+
+    compile: bool = True
+    """Run torch.compile(flex_attention) (the intended use); False runs eager (slow, tests)."""
+    block_size: int = FLEX_BLOCK
+    """Tile size of the BlockMask (FlexAttention's default is 128)."""
+
+
+@register_kernel
+class FlexKernel(Kernel):
+    """torch FlexAttention; options: compile (bool, default True), block_size (default 128)."""
+
+    name = "flex"
+    summary = "FlexAttention, BlockMask from slices, compiled"
+    options_cls = FlexOptions
+    caps = KernelCaps(
+        devices=frozenset({"cpu", "cuda"}),
+        dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64}),
+        lowering="flex",
+        backward_devices=frozenset({"cuda"}),
+        per_head_masks=True,
+    )
+
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:  # noqa: D102
+        if pass_ != "fwd" and problem.device.type == "cpu":
+            return ["PyTorch's FlexAttention has no backward on CPU"]
+        return []
+
+    def not_supported_reasons(  # noqa: D102
+        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
+    ) -> list[str]:
+        reasons = super().not_supported_reasons(problem, mask, pass_)
+        # the precise CPU reason replaces the generic "no backward on cpu" one
+        return [r for r in reasons if not r.startswith("no backward pass on cpu")]
+
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+        return _PreparedFlex(
+            mask,
+            problem,
+            bool(self.options["compile"]),
+            int(self.options["block_size"]),
+        )

@@ -1,0 +1,65 @@
+"""Naive attention: explicit softmax(QKᵀ·scale + mask)·V in the input dtype, O(S²) memory.
+
+The paper's baseline: materialises the full score matrix, any mask via the dense lowering.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+
+
+class _PreparedNaive(PreparedAttention):
+    layout = "bhsd"
+
+    def __init__(self, mask: AttnMask, problem: Problem) -> None:
+        dense = mask.to_dense(max_elements=1 << 40).to(problem.device)
+        if dense.dim() == 3:  # per KV head: expand to query heads
+            dense = dense.repeat_interleave(problem.heads_q // mask.num_heads, dim=0)
+        self.bias = torch.zeros(dense.shape, dtype=problem.dtype, device=problem.device)
+        self.bias.masked_fill_(~dense, float("-inf"))
+        self.empty = (
+            (~dense.any(-1))
+            .reshape(1, -1, dense.shape[-2], 1)
+            .expand(1, problem.heads_q, dense.shape[-2], 1)
+        )
+        self.group = problem.gqa_group
+        self.scale = 1.0 / math.sqrt(problem.head_dim)
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.group > 1:
+            k = k.repeat_interleave(self.group, dim=1)
+            v = v.repeat_interleave(self.group, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale + self.bias
+        wide = scores.to(torch.promote_types(scores.dtype, torch.float32))  # softmax in >= fp32
+        # Rows with no key: softmax over zeros instead of -inf (finite gradients), then zeroed.
+        wide = wide.masked_fill(self.empty, 0.0)
+        lse = torch.logsumexp(wide, dim=-1)
+        probs = torch.exp(wide - lse.unsqueeze(-1)).masked_fill(self.empty, 0.0).to(q.dtype)
+        return torch.matmul(probs, v), lse[0].masked_fill(self.empty[0, :, :, 0], float("-inf"))
+
+
+@register_kernel
+class NaiveKernel(Kernel):
+    """Explicit softmax(QKᵀ)V with a dense mask (the paper's "naive torch")."""
+
+    name = "naive"
+    summary = "explicit softmax(QK^T)V with the dense mask, O(S^2) memory"
+    caps = KernelCaps(
+        devices=frozenset({"cpu", "cuda"}),
+        dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16}),
+        lowering="dense",
+        backward_devices=frozenset({"cpu", "cuda"}),
+        per_head_masks=True,
+        stats_backward=True,
+    )
+
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+        return _PreparedNaive(mask, problem)

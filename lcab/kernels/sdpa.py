@@ -1,0 +1,198 @@
+"""PyTorch scaled_dot_product_attention: ``sdpa`` and its backend-pinned variants.
+
+``is_causal`` is used when the mask is exactly full or causal (one slice), which lets PyTorch
+skip masked tiles; any other mask becomes a dense additive mask (O(S²) memory, no skipping),
+as in the paper. On CPU the kernel is the CPU flash-attention op that ``F.sdpa`` dispatches to,
+called directly so the log-sum-exp comes back (needed by context parallelism). The pinned
+variants (``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn``; ``sdpa_math`` also on CPU) force one
+backend through ``torch.nn.attention.sdpa_kernel`` and return no LSE.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from lcab.kernels.base import (
+    Kernel,
+    KernelCaps,
+    PreparedAttention,
+    Problem,
+    empty_rows,
+    lse_dtype,
+)
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+from lcab.masks.geometry import SliceKind
+
+_FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64})
+
+
+def _whole_mask_kind(mask: AttnMask) -> str | None:
+    """'full' or 'causal' when the mask is one such slice over a square, else None."""
+    if mask.num_heads != 1 or mask.num_slices != 1 or mask.seqlen_q != mask.seqlen_k:
+        return None
+    q0, q1, k0, k1, kind = mask.slices[0].tolist()
+    if (q0, q1, k0, k1) != (0, mask.seqlen_q, 0, mask.seqlen_k):
+        return None
+    return {SliceKind.FULL: "full", SliceKind.CAUSAL: "causal"}.get(SliceKind(kind))
+
+
+class _PreparedSDPA(PreparedAttention):
+    layout = "bhsd"
+
+    def __init__(self, mask: AttnMask, problem: Problem, backend: str | None) -> None:
+        self.backend = backend
+        self.scale = 1.0 / math.sqrt(problem.head_dim)
+        self.group = problem.gqa_group
+        whole = _whole_mask_kind(mask)
+        self.is_causal = whole == "causal"
+        self.bias: torch.Tensor | None = None
+        if whole is None:
+            dense = mask.to_dense(max_elements=1 << 40).to(problem.device)
+            if dense.dim() == 3:
+                dense = dense.repeat_interleave(problem.heads_q // mask.num_heads, dim=0)
+            bias = torch.zeros(dense.shape, dtype=problem.dtype, device=problem.device)
+            self.bias = bias.masked_fill_(~dense, float("-inf"))
+            if self.bias.dim() == 2:
+                self.bias = self.bias.reshape(1, 1, *self.bias.shape)
+            else:
+                self.bias = self.bias.unsqueeze(0)
+        rows = empty_rows(mask)
+        self.empty = rows.repeat_interleave(problem.heads_q // mask.num_heads, 0).to(problem.device)
+        self.has_empty = bool(self.empty.any())
+        self.cpu_lse = backend is None and problem.device.type == "cpu"
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.cpu_lse:
+            if self.bias is not None and self.bias.shape[1] > 1 and self.group > 1:
+                k = k.repeat_interleave(self.group, dim=1)  # per-head bias needs matching heads
+                v = v.repeat_interleave(self.group, dim=1)
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, self.is_causal, attn_mask=self.bias, scale=self.scale
+            )
+            lse = lse[0].to(lse_dtype(q.dtype))
+            if self.has_empty:  # the CPU op reports lse 0 for rows with no key
+                lse = lse.masked_fill(self.empty, float("-inf"))
+            return out, lse
+        mask = None if self.bias is None else self.bias
+        if self.backend is None:
+            return self._call(q, k, v, mask), None
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(getattr(SDPBackend, self.backend)):
+            return self._call(q, k, v, mask), None
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The CPU flash-attention backward, fed the merged (out, lse) of the whole rows."""
+        if not self.cpu_lse:
+            return super().backward(dout, q, k, v, out, lse)
+        group = self.group if self.bias is not None and self.bias.shape[1] > 1 else 1
+        kk = k.repeat_interleave(group, dim=1) if group > 1 else k
+        vv = v.repeat_interleave(group, dim=1) if group > 1 else v
+        # rows with no key anywhere: +inf makes their probabilities exp(s - inf) = 0, not NaN
+        stats = lse.masked_fill(torch.isneginf(lse), float("inf")).to(q.dtype).unsqueeze(0)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout.contiguous(),
+            q,
+            kk,
+            vv,
+            out.contiguous(),
+            stats,
+            0.0,
+            self.is_causal,
+            attn_mask=self.bias,
+            scale=self.scale,
+        )
+        if group > 1:
+            dk = dk.unflatten(1, (-1, group)).sum(2)
+            dv = dv.unflatten(1, (-1, group)).sum(2)
+        return dq, dk, dv
+
+    def _call(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=self.is_causal,
+            scale=self.scale,
+            enable_gqa=self.group > 1,
+        )
+
+
+@register_kernel
+class SDPAKernel(Kernel):
+    """torch SDPA, default backend choice; returns the LSE on CPU."""
+
+    name = "sdpa"
+    summary = "torch.nn.functional.scaled_dot_product_attention (is_causal or dense mask)"
+    caps = KernelCaps(
+        devices=frozenset({"cpu", "cuda"}),
+        dtypes=_FLOATS,
+        lowering="dense",
+        backward_devices=frozenset({"cpu", "cuda"}),
+        per_head_masks=True,
+        stats_backward=True,
+    )
+    backend: ClassVar[str | None] = None
+
+    def returns_lse(self, device_type: str) -> bool:
+        """The LSE comes back on CPU only (the CUDA path calls the public F.sdpa)."""
+        return self.backend is None and device_type == "cpu"
+
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+        return _PreparedSDPA(mask, problem, self.backend)
+
+
+def _pinned(kernel_name: str, backend_name: str, devices: frozenset[str], doc: str) -> type[Kernel]:
+    cls = type(
+        f"SDPA{backend_name.title().replace('_', '')}Kernel",
+        (SDPAKernel,),
+        {
+            "name": kernel_name,
+            "backend": backend_name,
+            "summary": doc,
+            "__doc__": doc,
+            "caps": KernelCaps(
+                devices=devices,
+                dtypes=_FLOATS,
+                lowering="dense",
+                backward_devices=devices,
+                per_head_masks=True,
+                returns_lse=False,
+            ),
+        },
+    )
+    return register_kernel(cls)
+
+
+_pinned("sdpa_flash", "FLASH_ATTENTION", frozenset({"cuda"}), "SDPA pinned to its flash backend")
+_pinned(
+    "sdpa_efficient",
+    "EFFICIENT_ATTENTION",
+    frozenset({"cuda"}),
+    "SDPA pinned to its memory-efficient backend",
+)
+_pinned(
+    "sdpa_cudnn",
+    "CUDNN_ATTENTION",
+    frozenset({"cuda"}),
+    "SDPA pinned to cuDNN fused attention (no TransformerEngine)",
+)
+_pinned("sdpa_math", "MATH", frozenset({"cpu", "cuda"}), "SDPA pinned to its math backend")

@@ -1,0 +1,423 @@
+"""Planning for the tiled engine: work items → batches, all at prepare time (plain data).
+
+A *work item* is a contiguous range of query rows ``[q0, q1)`` of one mask head together with
+the key *pieces* it attends (``[k0, k1)`` column ranges), each masked either by a global band
+``lo <= j - i <= hi`` (slice geometry), by a stored boolean tile (block tables), or not at all.
+Kernels differ only in how they cut a mask into items (`WorkItems`); this module turns items
+into the batches `lcab.kernels.tiled` executes:
+
+* Only the columns where a mask binds are masked: inside a band piece these are at most the
+  item's height wide at each edge. Gathered items put those columns first, so one
+  ``masked_fill`` over a short prefix masks a whole batch. Masks are precomputed as bool.
+* One large item whose keys are a contiguous range runs alone on views of Q/K/V (no copy);
+  small items are padded to a common (rows, keys) bucket (≤ 12.5 % padding) and run as one
+  ``bmm`` on gathered rows and keys, so a call has few Python iterations however many items.
+* Scores of one batch stay below `SCORE_BUDGET_BYTES`; longer key lists are cut into parts
+  merged by log-sum-exp. Parts touching the same rows run in successive *waves*.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lcab.masks.geometry import INF, IntArray
+
+#: Largest score matrix of one batch, in float32 bytes. Each worker holds about three such
+#: matrices in the backward (P, dP/dS and a cast copy), so two workers stay near 100 MiB —
+#: far below the 256 MiB bound — while a batch is still milliseconds of GEMM work.
+SCORE_BUDGET_BYTES = 16 << 20
+
+#: Items with at least this many scores (all heads) run alone on views when their keys are
+#: contiguous; smaller ones are padded and batched with similar items (one bmm for many).
+VIEW_MIN_SCORES = 1 << 20
+
+#: Most masked windows a view item may have (a band piece binds at its two edges).
+MAX_VIEW_WINDOWS = 2
+
+#: Score given to masked pairs. Finite, so a row with every key masked gives a uniform softmax
+#: instead of NaN (no extra pass to guard against it); such rows are recognised by their lse
+#: (about MASKED) and zeroed in the few batches where they can occur (`Batch.may_empty`).
+MASKED = -1e30
+
+#: Log-sum-exp below this means "every key of the row was masked in this batch".
+EMPTY_LSE = MASKED / 2
+
+#: Padding that always counts as cheap (scores): tiny items are padded to coarse buckets so
+#: that thousands of them share a handful of batches.
+CHEAP_PAD_SCORES = 1 << 15
+
+
+@dataclass(frozen=True)
+class WorkItems:
+    """Work items as flat arrays: item n owns key pieces ``ptr[n]:ptr[n+1]``.
+
+    A piece attends columns ``[k0, k1)`` for the item's rows where ``lo <= j - i <= hi``
+    (global coordinates; ±`INF` for an open edge) and, if ``tile >= 0``, where
+    ``tiles[tile][i - q0, j - k0]`` is True. Pieces of an item may come in any order.
+    """
+
+    head: IntArray
+    q0: IntArray
+    q1: IntArray
+    ptr: IntArray
+    k0: IntArray
+    k1: IntArray
+    lo: IntArray
+    hi: IntArray
+    tile: IntArray
+    tiles: np.ndarray | None = None
+
+    @property
+    def num_items(self) -> int:
+        """Number of work items."""
+        return len(self.q0)
+
+
+def _pieces_in_order(items: WorkItems, n: int) -> np.ndarray:
+    """(m, 7) int64 array of item n's pieces: k0, k1, lo, hi, tile, tile column offset, bind.
+
+    Band pieces are cut where the band stops binding: columns every row of the item can see
+    form a free middle part, the (at most item-height wide) edges are "binding" parts that need
+    a mask. Tile pieces bind entirely.
+    """
+    a, b = items.ptr[n], items.ptr[n + 1]
+    r0, r1 = int(items.q0[n]), int(items.q1[n])
+    k0, k1 = items.k0[a:b], items.k1[a:b]
+    lo, hi, tile = items.lo[a:b], items.hi[a:b], items.tile[a:b]
+    # Every row of the item sees column c when c >= (r1 - 1) + lo and c <= r0 + hi.
+    free0 = np.where(lo > -INF, np.clip(r1 - 1 + lo, k0, k1), k0)
+    free1 = np.where(hi < INF, np.clip(r0 + hi + 1, k0, k1), k1)
+    empty = (free0 >= free1) | (tile >= 0)
+    free0 = np.where(empty, k1, free0)
+    free1 = np.where(empty, k1, free1)
+    parts = []
+    for start, stop, bind in ((k0, free0, 1), (free0, free1, 0), (free1, k1, 1)):
+        parts.append(np.stack([start, stop, lo, hi, tile, start - k0, np.full_like(k0, bind)], 1))
+    out = np.concatenate(parts)
+    return out[out[:, 1] > out[:, 0]]
+
+
+def _blocked(
+    rows: IntArray, cols: IntArray, sub: np.ndarray, tiles: np.ndarray | None, q0: int
+) -> np.ndarray:
+    """Bool (len(rows), len(cols)) "masked out" for the columns of sub-pieces ``sub``.
+
+    ``cols`` are the global columns of the concatenated sub-pieces, in order.
+    """
+    lengths = sub[:, 1] - sub[:, 0]
+    owner = np.repeat(np.arange(len(sub)), lengths)
+    blocked = np.zeros((len(rows), len(cols)), dtype=bool)
+    banded = ((sub[:, 2] > -INF) | (sub[:, 3] < INF))[owner]
+    if banded.any():
+        diff = cols[None, banded] - rows[:, None]
+        lo, hi = sub[owner[banded], 2], sub[owner[banded], 3]
+        blocked[:, banded] = (diff < lo[None, :]) | (diff > hi[None, :])
+    tiled = sub[owner, 4] >= 0
+    if tiles is not None and tiled.any():
+        offset = np.arange(len(cols)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        # One tile column per key column (advanced indices on axes 0 and 2 → (n, tile rows)).
+        tile_cols = tiles[sub[owner, 4][tiled], :, (sub[owner, 5] + offset)[tiled]]
+        blocked[:, tiled] |= ~tile_cols[:, rows - q0].T
+    return blocked
+
+
+def _columns(sub: np.ndarray) -> IntArray:
+    """Global key columns of sub-pieces, concatenated in order."""
+    lengths = sub[:, 1] - sub[:, 0]
+    starts = np.repeat(sub[:, 0] - (np.cumsum(lengths) - lengths), lengths)
+    return (starts + np.arange(int(lengths.sum()))).astype(np.int64)
+
+
+def _cut(sub: np.ndarray, c0: int, c1: int) -> np.ndarray:
+    """The sub-pieces covering item columns [c0, c1) of the concatenated list ``sub``."""
+    lengths = sub[:, 1] - sub[:, 0]
+    end = np.cumsum(lengths)
+    start = end - lengths
+    keep = (end > c0) & (start < c1)
+    out = sub[keep].copy()
+    trim_lo = np.maximum(c0 - start[keep], 0)
+    trim_hi = np.maximum(end[keep] - c1, 0)
+    out[:, 0] += trim_lo
+    out[:, 5] += trim_lo
+    out[:, 1] -= trim_hi
+    return out
+
+
+def _bucket(n: int, other: int, scale: int) -> int:
+    """Padded size for ``n`` (≤12.5 % extra), coarser when the padding costs little in total."""
+    fine = n if n < 16 else -(-n // (1 << (n.bit_length() - 4))) * (1 << (n.bit_length() - 4))
+    coarse = max(fine, 16)
+    return coarse if (coarse - n) * other * scale <= CHEAP_PAD_SCORES else fine
+
+
+@dataclass
+class _Part:
+    """One schedulable unit: an item, or one key part of a long item."""
+
+    head: int
+    q0: int
+    q1: int
+    sub: np.ndarray
+    view: bool
+    wave: int = 0
+    multi: bool = False
+    """Other parts cover some of the same rows (merged by log-sum-exp)."""
+
+
+@dataclass
+class Batch:
+    """One Python iteration of the run: a bmm over gathered rows/keys, or over views."""
+
+    wave: int
+    rows: int
+    """Rows per item (padded)."""
+    keys: int
+    """Keys per item (padded)."""
+    items: int
+    """Items in the batch (before repeating over KV heads for a head-shared mask)."""
+    row_read: torch.Tensor | None = None
+    """Packed q rows (s·Hkv + h) of a gathered batch; padded rows read row 0."""
+    row_write: torch.Tensor | None = None
+    """Same rows for out/lse/dq/dout; padded rows point at the trash row Hkv·Sq."""
+    key_index: torch.Tensor | None = None
+    """Packed key rows (c·Hkv + h); padded keys read key 0 (always masked)."""
+    view: tuple[int, int, int, int, int] | None = None
+    """(head or -1 for all heads, q0, q1, k0, k1) of a view batch."""
+    windows: tuple[tuple[int, int, torch.Tensor], ...] = ()
+    """(c0, c1, blocked) where blocked is bool (items, rows, c1 - c0): masked-out scores."""
+    cost: int = 0
+    """Score count (all heads): what the scheduler balances across workers."""
+    may_empty: bool = False
+    """Some row of the batch may have every key masked (its out/lse need fixing)."""
+    rescale: bool = False
+    """Backward must rescale P: rows seen by other batches too, or rows with no key here."""
+
+
+class TiledPlan:
+    """Work items compiled into batches for one problem (see the module docstring).
+
+    Args:
+        items: the work items (rows of one mask head, key pieces, masks).
+        seqlen_q: query rows of the problem.
+        seqlen_k: key rows.
+        heads_q: query heads.
+        heads_kv: KV heads.
+        shared: True when the mask is the same for every KV head (items' head is 0).
+        device: where the index and mask tensors live.
+        budget_bytes: bound on one batch's float32 score matrix.
+
+    """
+
+    def __init__(
+        self,
+        items: WorkItems,
+        *,
+        seqlen_q: int,
+        seqlen_k: int,
+        heads_q: int,
+        heads_kv: int,
+        shared: bool,
+        device: torch.device | None = None,
+        budget_bytes: int = SCORE_BUDGET_BYTES,
+    ) -> None:
+        self.seqlen_q, self.seqlen_k = seqlen_q, seqlen_k
+        self.heads_q, self.heads_kv = heads_q, heads_kv
+        self.group = heads_q // heads_kv
+        self.shared = shared
+        self.rep = heads_kv if shared else 1
+        self.device = torch.device("cpu") if device is None else device
+        self.budget = max(1, budget_bytes // 4)
+        parts = self._parts(items)
+        self.batches = self._batches(parts, items.tiles)
+        self.num_items = items.num_items
+        self.waves = 1 + max((b.wave for b in self.batches), default=0)
+        self.untouched = self._tensor(self._untouched_rows(parts))
+        """Packed rows no batch writes (their out stays 0 and lse -inf)."""
+
+    # ------------------------------------------------------------------ planning
+    def _parts(self, items: WorkItems) -> list[_Part]:
+        """Order each item's columns, cut long items into key parts and assign waves."""
+        heads = 1 if self.shared else self.heads_kv
+        touched = np.zeros((heads, self.seqlen_q), dtype=np.int64)
+        per_row = self.rep * self.group
+        parts: list[_Part] = []
+        for n in range(items.num_items):
+            sub = _pieces_in_order(items, n)
+            if len(sub) == 0:
+                continue
+            head, q0, q1 = int(items.head[n]), int(items.q0[n]), int(items.q1[n])
+            rows = q1 - q0
+            keys = int((sub[:, 1] - sub[:, 0]).sum())
+            view = False
+            if per_row * rows * keys >= VIEW_MIN_SCORES:
+                ordered = sub[np.lexsort((sub[:, 0],))]
+                contiguous = bool((ordered[1:, 0] == ordered[:-1, 1]).all())
+                bind = ordered[:, 6]
+                windows = int(bind[0]) + int(((bind[1:] == 1) & (bind[:-1] == 0)).sum())
+                if contiguous and windows <= MAX_VIEW_WINDOWS:
+                    sub, view = ordered, True
+            if not view:  # binding columns first: one masked prefix per gathered batch
+                sub = sub[np.argsort(-sub[:, 6], kind="stable")]
+            max_keys = max(1, self.budget // (per_row * rows))
+            count = -(-keys // max_keys)
+            cuts = [keys * i // count for i in range(count + 1)]
+            for c0, c1 in itertools.pairwise(cuts):
+                wave = int(touched[head, q0:q1].max())
+                touched[head, q0:q1] = wave + 1
+                parts.append(_Part(head, q0, q1, _cut(sub, c0, c1), view, wave))
+        for p in parts:
+            p.multi = bool(touched[p.head, p.q0 : p.q1].max() > 1)
+        return parts
+
+    def _batches(self, parts: list[_Part], tiles: np.ndarray | None) -> list[Batch]:
+        """Views run alone; gathered parts are grouped by (wave, padded rows, padded keys)."""
+        batches = [self._view_batch(p, tiles) for p in parts if p.view]
+        groups: dict[tuple[int, int, int], list[_Part]] = {}
+        scale = self.rep * self.group
+        for p in parts:
+            if p.view:
+                continue
+            keys = int((p.sub[:, 1] - p.sub[:, 0]).sum())
+            rows = _bucket(p.q1 - p.q0, keys, scale)
+            keys = _bucket(keys, rows, scale)
+            groups.setdefault((p.wave, rows, keys), []).append(p)
+        for (wave, rows, keys), members in groups.items():
+            per_item = scale * rows * keys
+            size = max(1, self.budget // per_item)
+            count = -(-len(members) // size)
+            for i in range(count):
+                chunk = members[len(members) * i // count : len(members) * (i + 1) // count]
+                batches.append(self._gather_batch(chunk, wave, rows, keys, tiles))
+        batches.sort(key=lambda b: b.wave)
+        return batches
+
+    def _view_batch(self, part: _Part, tiles: np.ndarray | None) -> Batch:
+        sub = part.sub
+        rows = np.arange(part.q0, part.q1, dtype=np.int64)
+        lengths = sub[:, 1] - sub[:, 0]
+        offsets = np.cumsum(lengths) - lengths
+        windows = []
+        i = 0
+        while i < len(sub):
+            if sub[i, 6] == 0:
+                i += 1
+                continue
+            j = i
+            while j + 1 < len(sub) and sub[j + 1, 6] == 1:
+                j += 1
+            run = sub[i : j + 1]
+            blocked = _blocked(rows, _columns(run), run, tiles, part.q0)
+            c0 = int(offsets[i])
+            windows.append((c0, c0 + blocked.shape[1], self._tensor(blocked[None])))
+            i = j + 1
+        head = -1 if self.shared else part.head
+        view = (head, part.q0, part.q1, int(sub[0, 0]), int(sub[-1, 1]))
+        masked = sum(c1 - c0 for c0, c1, _ in windows)
+        may_empty = masked == int(lengths.sum()) and bool(
+            np.logical_and.reduce([w[2][0].cpu().numpy().all(1) for w in windows]).any()
+        )
+        keys = int(lengths.sum())
+        return Batch(
+            part.wave,
+            len(rows),
+            keys,
+            1,
+            view=view,
+            windows=tuple(windows),
+            cost=self.rep * self.group * len(rows) * keys,
+            may_empty=may_empty,
+            rescale=may_empty or part.multi,
+        )
+
+    def _gather_batch(
+        self, parts: list[_Part], wave: int, rows: int, keys: int, tiles: np.ndarray | None
+    ) -> Batch:
+        n = len(parts)
+        row_ids = np.full((n, rows), -1, dtype=np.int64)
+        col_ids = np.full((n, keys), -1, dtype=np.int64)
+        binding = [int((p.sub[:, 6] * (p.sub[:, 1] - p.sub[:, 0])).sum()) for p in parts]
+        pads = []
+        width = 0
+        for i, p in enumerate(parts):
+            cols = _columns(p.sub)
+            nb = binding[i]
+            pad = keys - len(cols)
+            pads.append(pad)
+            row_ids[i, : p.q1 - p.q0] = np.arange(p.q0, p.q1)
+            col_ids[i, :nb] = cols[:nb]
+            col_ids[i, nb + pad :] = cols[nb:]
+            width = max(width, nb + pad)
+        blocked = np.zeros((n, rows, width), dtype=bool)
+        may_empty = False
+        for i, p in enumerate(parts):
+            nb, pad = binding[i], pads[i]
+            live = p.q1 - p.q0
+            blocked[i, :, nb : nb + pad] = True  # padded rows keep their (zero) scores
+            if nb:
+                bind = p.sub[p.sub[:, 6] == 1]
+                blocked[i, :live, :nb] = _blocked(
+                    row_ids[i, :live], col_ids[i, :nb], bind, tiles, p.q0
+                )
+                all_bound = nb + pad == keys
+                may_empty |= all_bound and bool(blocked[i, :live, :nb].all(1).any())
+        heads = np.array([p.head for p in parts], dtype=np.int64)[:, None]
+        hkv = self.heads_kv
+        if self.shared:  # every KV head runs the same items: (Hkv, items, ...) indices
+            heads = np.arange(hkv, dtype=np.int64)[:, None, None]
+            row_ids, col_ids = row_ids[None], col_ids[None]
+        # Packed row (s, h) is s·Hkv + h: the memory layout of q (S, Hq, D) and of out.
+        rows_at = row_ids * hkv + heads
+        row_read = np.where(row_ids >= 0, rows_at, 0)  # padded rows read any real row...
+        row_write = np.where(row_ids >= 0, rows_at, hkv * self.seqlen_q)  # ...write to trash
+        key_read = np.where(col_ids >= 0, col_ids * hkv + heads, 0)  # padded keys are masked
+        windows = ((0, width, self._tensor(blocked)),) if width else ()
+        return Batch(
+            wave,
+            rows,
+            keys,
+            n,
+            row_read=self._tensor(row_read.reshape(-1)),
+            row_write=self._tensor(row_write.reshape(-1)),
+            key_index=self._tensor(key_read.reshape(-1)),
+            windows=windows,
+            cost=self.rep * self.group * n * rows * keys,
+            may_empty=may_empty,
+            rescale=may_empty or any(p.multi for p in parts),
+        )
+
+    def _untouched_rows(self, parts: list[_Part]) -> IntArray:
+        heads = 1 if self.shared else self.heads_kv
+        seen = np.zeros((heads, self.seqlen_q + 1), dtype=np.int64)
+        for p in parts:
+            seen[p.head, p.q0] += 1
+            seen[p.head, p.q1] -= 1
+        free = np.cumsum(seen[:, :-1], axis=1) == 0  # (heads, Sq)
+        if self.shared:
+            free = np.broadcast_to(free, (self.heads_kv, self.seqlen_q))
+        h, s = np.nonzero(free)
+        return (s * self.heads_kv + h).astype(np.int64)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    # ------------------------------------------------------------------ scheduling
+    def wave_batches(self) -> list[list[Batch]]:
+        """Batches of each wave, largest first (the order workers pull them in)."""
+        return [
+            sorted((b for b in self.batches if b.wave == w), key=lambda b: -b.cost)
+            for w in range(self.waves)
+        ]
+
+    def describe(self) -> dict[str, int]:
+        """Plan statistics: items, batches, view batches, waves, computed scores (all heads)."""
+        return {
+            "items": self.num_items,
+            "batches": len(self.batches),
+            "view_batches": sum(b.view is not None for b in self.batches),
+            "waves": self.waves,
+            "computed_scores": sum(b.cost for b in self.batches),
+        }

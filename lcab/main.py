@@ -1,0 +1,90 @@
+"""``python -m lcab.main``: the benchmark app (Hydra).
+
+One job = one cell (kernel x cp x mask x topology) over the configured sequence lengths. The
+job validates, runs the cell in supervised worker processes, writes one record per length to
+``<job dir>/records.jsonl`` (and W&B if configured) and prints a table. Multiruns (``-m``) are
+pre-checked as a whole before the first job starts; bad input exits with code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from lcab.bench.cell import ConfigError, JobInfo, resolve_cell
+from lcab.config import register_configs
+from lcab.records.schema import RunRecord
+from lcab.records.sinks import RECORDS_FILE, JsonlSink
+
+register_configs()
+
+
+def _job_info() -> JobInfo:
+    hc = HydraConfig.get()
+    output = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    sweep_id = Path(hc.sweep.dir).name if multirun else output.name
+    num = hc.job.num if multirun else None
+    return JobInfo(
+        output_dir=str(output),
+        run_id=f"{sweep_id}-{num}" if num is not None else sweep_id,
+        sweep_id=sweep_id,
+        job_num=num,
+        override_dirname=hc.job.override_dirname,
+    )
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def app(cfg: DictConfig) -> None:
+    """Run one cell and record it (Hydra calls this once per job)."""
+    from lcab.bench.console import print_records
+    from lcab.records.loggers import make_loggers
+
+    job = _job_info()
+    try:
+        cell = resolve_cell(cfg, job)
+    except ConfigError as err:
+        print(f"lcab: {err}", file=sys.stderr)
+        sys.exit(2)
+    sink = JsonlSink(Path(job.output_dir) / RECORDS_FILE)
+    loggers = make_loggers(cfg, cell)
+    records: list[RunRecord] = []
+
+    def write(record: RunRecord) -> None:
+        sink.write(record)
+        for logger in loggers:
+            logger.log(record)
+        records.append(record)
+
+    try:
+        if cell.bench["isolate"]:
+            from lcab.bench.supervisor import run_supervised
+
+            run_supervised(cell, write)
+        else:
+            from lcab.bench.worker import run_in_process
+
+            run_in_process(cell, write)
+    finally:
+        for logger in loggers:
+            logger.close()
+    print_records(records, title=f"{job.override_dirname or 'lcab'}  ->  {sink.path}")
+
+
+def main() -> None:
+    """Pre-check the whole run or sweep, then hand over to Hydra."""
+    from lcab.validate import preflight
+
+    code = preflight(sys.argv[1:])
+    if code:
+        sys.exit(code)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""`RunRecord`: one flat, versioned record per (cell, sequence length).
+
+JSONL files of these records are the source of truth; CSV, W&B, tables, plots and notebooks are
+views of them. The record is flat (one column per figure) so it loads straight into a DataFrame;
+only ``reasons``, ``mask_params``, ``doc_lengths``, ``rank_*`` lists and ``config`` are nested.
+
+Conventions:
+  * times are milliseconds (``*_ms``), memory MiB (``*_mib``), throughput TFLOP/s (``*_tflops``);
+  * per-pass fields are prefixed by the pass: ``fwd_``, ``bwd_``, ``fwd_bwd_``;
+  * ``*_ms_p50`` / ``p20`` / ``p80`` are quantiles of the per-repetition times; with several mask
+    samples they are medians over samples of each sample's quantile;
+  * throughput is useful throughput under `lcab.flops.FLOP_CONVENTION` (named in every record);
+    distributed per-device figures divide global FLOPs by world size × the slowest rank's time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+STATUSES = ("ok", "skipped", "oom", "error", "timeout", "numerics_mismatch")
+#: Severity order used to combine pass statuses into the record status.
+_SEVERITY = {"ok": 0, "skipped": 1, "numerics_mismatch": 2, "oom": 3, "timeout": 4, "error": 5}
+
+
+@dataclass
+class PassResult:
+    """Everything measured for one pass (fwd, bwd or fwd_bwd) of one (cell, seqlen)."""
+
+    status: str = "skipped"
+    reason: str | None = None
+    ms_p50: float | None = None
+    ms_p20: float | None = None
+    ms_p80: float | None = None
+    ms_samples: list[float] | None = None
+    """Median time of each mask sample (the spread across masks)."""
+    reps: int | None = None
+    flops: int | None = None
+    """FLOPs of one call (median over mask samples)."""
+    tflops: float | None = None
+    """Useful TFLOP/s from the p50 time (median over mask samples); per device under CP."""
+    tflops_dense: float | None = None
+    """Dense-equivalent TFLOP/s (area = Sq·Sk)."""
+    tflops_mean_rank: float | None = None
+    """Under CP: global FLOPs / (world × mean rank time)."""
+    mem_peak_mib: float | None = None
+    mem_delta_mib: float | None = None
+    max_abs_err: float | None = None
+    """Largest error against the fp64 reference (out for fwd; dq/dk/dv for bwd), normalised."""
+    errors: dict[str, float] | None = None
+    """Per tensor: normalised max error (out, lse, dq, dk, dv)."""
+    rank_ms_p50: list[float] | None = None
+    """Under CP: each rank's own p50 time."""
+    phase_ms: dict[str, float] | None = None
+    """Under CP: time split (e.g. compute, comm, wait) of one call."""
+
+
+@dataclass
+class RunRecord:
+    """One (cell, seqlen) result. Field order is the CSV column order."""
+
+    # identity
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = ""
+    sweep_id: str = ""
+    job_num: int | None = None
+    override_dirname: str = ""
+    created_at: str = ""
+    lcab_version: str = ""
+    git_sha: str | None = None
+    git_dirty: bool | None = None
+    # axes
+    kernel: str = ""
+    cp: str = "none"
+    mask: str = ""
+    seqlen: int = 0
+    seqlen_per_device: int | None = None
+    world_size: int = 1
+    nodes: int = 1
+    devices_per_node: int = 1
+    heads_q: int = 0
+    heads_kv: int = 0
+    head_dim: int = 0
+    dtype: str = ""
+    device: str = ""
+    passes: list[str] = field(default_factory=list)
+    # status
+    status: str = "skipped"
+    reasons: list[str] = field(default_factory=list)
+    error_type: str | None = None
+    error_msg: str | None = None
+    # mask
+    mask_params: dict[str, Any] = field(default_factory=dict)
+    mask_seed: int | None = None
+    mask_samples: int = 1
+    mask_area: int | None = None
+    mask_density: float | None = None
+    num_docs: int | None = None
+    doc_lengths: list[int] | None = None
+    """Document lengths of the first mask sample (None above 512 documents: see the digest)."""
+    doc_lengths_digest: str | None = None
+    """sha256 of the first sample's document lengths (replay: mask name, params and seed)."""
+    # measurements per pass
+    fwd: PassResult = field(default_factory=PassResult)
+    bwd: PassResult = field(default_factory=PassResult)
+    fwd_bwd: PassResult = field(default_factory=PassResult)
+    flop_convention: str = ""
+    numerics_mode: str | None = None
+    """'full' (whole fp64 reference), 'sampled' (fp64 reference on sampled query rows) or None."""
+    numerics_tolerance: float | None = None
+    # setup (not part of the kernel time)
+    setup_mask_ms: float | None = None
+    setup_prepare_ms: float | None = None
+    setup_first_call_ms: float | None = None
+    # context parallelism
+    cp_params: dict[str, Any] = field(default_factory=dict)
+    comm_bytes_measured: int | None = None
+    """Bytes this rank sent in one forward+backward (max over ranks)."""
+    comm_bytes_analytic: int | None = None
+    comm_bytes_by_op: dict[str, list[int]] | None = None
+    """Per operation: [measured, analytic] bytes of one forward(+backward) call."""
+    phase_ms: dict[str, float] | None = None
+    """One untimed forward(+backward) call split into compute, comm and wait (max over ranks)."""
+    balance_imbalance: float | None = None
+    """max / mean attended area over ranks, from the plan."""
+    padding_tokens: int | None = None
+    kv_replication: int | None = None
+    # environment
+    torch_version: str = ""
+    cuda_version: str | None = None
+    device_name: str = ""
+    num_threads: int | None = None
+    hostname: str = ""
+    python_version: str = ""
+    slurm_job_id: str | None = None
+    # the fully resolved config
+    config: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ helpers
+    def pass_result(self, name: str) -> PassResult:
+        """The `PassResult` of pass ``name`` (fwd, bwd or fwd_bwd)."""
+        return getattr(self, name)
+
+    def finalise_status(self) -> None:
+        """Set ``status`` from the requested passes: ok if any ran and none failed."""
+        statuses = [self.pass_result(p).status for p in self.passes] or ["skipped"]
+        if self.status in ("error", "timeout", "oom") and not any(s == "ok" for s in statuses):
+            return  # a cell-level failure already decided it
+        failures = [s for s in statuses if _SEVERITY[s] >= _SEVERITY["numerics_mismatch"]]
+        if failures:
+            self.status = max(failures, key=_SEVERITY.__getitem__)
+        elif "ok" in statuses:
+            self.status = "ok"
+        else:
+            self.status = "skipped"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (pass results nested under their pass name)."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """One JSON line."""
+        return json.dumps(self.to_dict(), sort_keys=False, default=_json_default)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """Rebuild a record; refuses unknown schema versions instead of misreading them.
+
+        Raises:
+            ValueError: missing or unsupported ``schema_version``.
+
+        """
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"record schema_version={version!r} is not supported (this lcab reads "
+                f"{SCHEMA_VERSION}); convert it or use the lcab version that wrote it"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        for name in ("fwd", "bwd", "fwd_bwd"):
+            if isinstance(kwargs.get(name), dict):
+                kwargs[name] = PassResult(**kwargs[name])
+        return cls(**kwargs)
+
+    def flat(self) -> dict[str, Any]:
+        """One-level dict for tables: pass fields become ``<pass>_<field>``."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, PassResult):
+                for pf in dataclasses.fields(value):
+                    out[f"{f.name}_{pf.name}"] = getattr(value, pf.name)
+            else:
+                out[f.name] = value
+        return out
+
+
+def _json_default(value: Any) -> Any:
+    """Encode numpy scalars/arrays and other simple objects."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

@@ -1,0 +1,142 @@
+"""Pre-flight: compose and check every job of a run or sweep before anything is launched.
+
+Hydra composes each job of a multirun only when it starts it, so a bad value in the third job
+would surface after two jobs ran, and Hydra exits with code 1 for bad input. lcab expands the
+sweep itself (Hydra's own override parser and basic-sweeper expansion, including
+``hydra.sweeper.params`` presets), composes every job with `hydra.compose` and resolves it with
+`resolve_cell`, then prints every problem with the key, value and valid options and exits 2.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lcab.bench.cell import ConfigError, resolve_cell
+from lcab.config import register_configs
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+#: Hydra flags after which lcab does not pre-check (help, info, config printing, shell completion).
+_PASSTHROUGH = (
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--cfg",
+    "-c",
+    "--shell-completion",
+    "-sc",
+    "--version",
+    "--resolve",
+    "-p",
+    "--package",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+)
+
+
+def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override list of every job the run or sweep would launch."""
+    register_configs()
+    if not multirun:
+        return [overrides]
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(overrides)
+    with _hydra():
+        base = compose(
+            "config",
+            overrides=[o for o in overrides if not _is_sweep(o, parser)],
+            return_hydra_config=True,
+        )
+    params = OmegaConf.select(base, "hydra.sweeper.params", default=None) or {}
+    preset = [f"{k}={v}" for k, v in params.items()]
+    given = {o.key_or_group for o in parsed}
+    preset_parsed = [o for o in parser.parse_overrides(preset) if o.key_or_group not in given]
+    batches = BasicSweeper.split_arguments(preset_parsed + parsed, max_batch_size=None)
+    return [list(job) for batch in batches for job in batch]
+
+
+def _is_sweep(text: str, parser: OverridesParser) -> bool:
+    return bool(parser.parse_overrides([text])[0].is_sweep_override())
+
+
+class _hydra:  # noqa: N801  (a context manager used like a function)
+    def __enter__(self) -> None:
+        GlobalHydra.instance().clear()
+        self._ctx = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+        self._ctx.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctx.__exit__(*exc)
+        GlobalHydra.instance().clear()
+
+
+def _explain(err: BaseException, job: list[str]) -> str:
+    """Hydra's message without its search-path listing, plus the cause and valid keys."""
+    text = str(err).split("\nConfig search path:")[0].strip()
+    cause = err.__cause__
+    if cause is not None and str(cause).split("\n")[0] not in text:
+        text += f" ({str(cause).splitlines()[0]})"
+    match = re.search(r"Could not override '([\w.]+)'", text)
+    if match and "." in match.group(1):
+        parent = match.group(1).rsplit(".", 1)[0]
+        others = [o for o in job if not o.startswith(match.group(1) + "=")]
+        try:
+            node = OmegaConf.select(compose("config", overrides=others), parent)
+            if node is not None and hasattr(node, "keys"):
+                text += f"; valid keys of {parent}: {', '.join(map(str, node.keys()))}"
+        except (HydraException, OmegaConfBaseException):
+            pass
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def check_jobs(overrides: list[str], multirun: bool) -> list[str]:
+    """Problems of every job (empty: all jobs compose and resolve)."""
+    try:
+        jobs = job_overrides(overrides, multirun)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        with _hydra():
+            return [_explain(err, overrides)]
+    problems: list[str] = []
+    with _hydra():
+        for job in jobs:
+            where = " ".join(job) or "(defaults)"
+            try:
+                cfg = compose("config", overrides=job)
+                resolve_cell(cfg)
+            except ConfigError as err:
+                problems.append(f"{where}: {err}")
+            except (HydraException, OmegaConfBaseException, ValueError) as err:
+                problems.append(f"{where}: {_explain(err, job)}")
+    return problems
+
+
+def preflight(argv: list[str]) -> int:
+    """0 if every job of ``argv`` is valid, else print the problems and return 2."""
+    if any(a.split("=", 1)[0] in _PASSTHROUGH for a in argv):
+        return 0
+    multirun = "-m" in argv or "--multirun" in argv
+    overrides = [a for a in argv if a not in ("-m", "--multirun")]
+    problems = check_jobs(overrides, multirun)
+    if not problems:
+        return 0
+    unique = list(dict.fromkeys(problems))
+    print(f"lcab: {len(unique)} invalid setting(s); nothing was run:", file=sys.stderr)
+    for text in unique:
+        print(f"  - {text}", file=sys.stderr)
+    return 2

@@ -1,0 +1,182 @@
+"""Every config option composes and resolves; the registries and conf/ agree; bad input fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from lcab.bench.cell import ConfigError, resolve_cell
+from lcab.config import CP_CONFIGS, register_configs
+from lcab.kernels import KERNELS
+from lcab.masks import list_masks
+from lcab.masks.patterns import MASK_PATTERNS
+from lcab.validate import check_jobs, job_overrides
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+GROUPS = [
+    "kernel",
+    "cp",
+    "mask",
+    "seqlen",
+    "topology",
+    "bench",
+    "logger",
+    "launcher",
+    "experiment",
+    "sweep",
+    "debug",
+]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def hydra_ctx():
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield
+    GlobalHydra.instance().clear()
+
+
+# A kernel that composes everywhere: ranges until the default kernel exists everywhere
+BASE = ["kernel=naive"]
+
+
+def _compose(overrides: list[str], hydra: bool = False):
+    return compose("config", overrides=overrides, return_hydra_config=hydra)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_of_every_group_composes(hydra_ctx, group):
+    found = options(group)
+    assert found, f"conf/{group} has no options"
+    for option in found:
+        prefix = "+" if group in ("sweep",) else ""
+        overrides = [*([] if group == "kernel" else BASE), f"{prefix}{group}={option}"]
+        if group == "cp" and option != "none":
+            overrides.append("topology=local4")
+        if group == "topology" and option not in ("auto", "single"):
+            overrides.append("cp=ring")  # several ranks need a CP strategy
+        cfg = _compose(overrides, hydra=True)
+        if group in ("launcher", "sweep"):
+            continue  # they configure Hydra itself, checked by the composition above
+        cell = resolve_cell(cfg)
+        if group == "kernel":
+            assert cell.kernel == option
+        elif group == "mask":
+            assert cell.mask == MASK_PATTERNS.canonical(option)
+        elif group == "cp":
+            assert cell.cp == option
+
+
+def test_registries_and_conf_agree():
+    assert set(options("kernel")) == set(KERNELS.names())
+    assert set(options("mask")) == set(list_masks()) | set(MASK_PATTERNS.aliases())
+    assert set(options("cp")) == set(CP_CONFIGS)
+
+
+def test_mask_parameters_are_config_fields(hydra_ctx):
+    for name in list_masks():
+        cfg = _compose([*BASE, f"mask={name}"])
+        fields = set(OmegaConf.to_container(cfg.mask)) - {"name", "seed"}
+        assert fields == set(MASK_PATTERNS.get(name).param_names())
+
+
+def test_defaults_resolve_to_cpu_problem(hydra_ctx):
+    cell = resolve_cell(_compose([*BASE, "problem.device=cpu"]))
+    assert (cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype) == (8, 2, 64, "float32")
+    assert cell.world_size == 1 and cell.seqlens == (1024, 2048, 4096, 8192)
+
+
+def test_mask_heads_default_to_kv_heads(hydra_ctx):
+    cell = resolve_cell(
+        _compose(
+            [
+                *BASE,
+                "mask=block_sparse",
+                "problem.heads_kv=4",
+                "problem.heads_q=8",
+                "problem.device=cpu",
+            ]
+        )
+    )
+    assert cell.mask_params["heads"] == 4
+    assert cell.mask_samples == 3  # random pattern: bench.mask_samples
+
+
+def test_deterministic_masks_are_drawn_once(hydra_ctx):
+    assert resolve_cell(_compose([*BASE, "mask=causal"])).mask_samples == 1
+    assert (
+        resolve_cell(_compose([*BASE, "mask=document", "mask.doc_source=fixed"])).mask_samples == 1
+    )
+
+
+def test_per_device_seqlen_scales_with_world(hydra_ctx):
+    cell = resolve_cell(
+        _compose([*BASE, "cp=ring", "topology=2x4", "seqlen=per_device_8k", "problem.device=cpu"])
+    )
+    assert cell.world_size == 8 and cell.seqlens == (8192 * 8,)
+    assert cell.seqlen_per_device == (8192,)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["problem.heads_q=6", "problem.heads_kv=4"], "problem.heads_q"),
+        (["problem.head_dim=-1"], "problem.head_dim"),
+        (["problem.heads_kv=0"], "problem.heads_kv"),
+        (["seqlen.values=[0]"], "seqlen.values"),
+        (["seqlen.values=[]"], "seqlen.values"),
+        (["bench.passes=[sideways]"], "bench.passes"),
+        (["bench.reps=0"], "bench.reps"),
+        (["bench.quantiles=[0.2,0.8]"], "bench.quantiles"),
+        (["problem.dtype=float8"], "problem.dtype"),
+        (["problem.device=tpu"], "problem.device"),
+        (["mask=sliding_window", "mask.window=-1"], "mask"),
+        (["mask=block_causal_document", "seqlen.values=[1000]"], "mask"),
+        (["mask=block_sparse", "mask.density=1.5"], "mask"),
+        (["topology=local4"], "topology"),
+    ],
+)
+def test_invalid_values_name_the_key(hydra_ctx, overrides, key):
+    with pytest.raises(ConfigError) as info:
+        resolve_cell(_compose([*BASE, *overrides]))
+    assert info.value.key.startswith(key)
+    assert str(info.value).startswith(key)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["kernel=nosuch"], "Available options in 'kernel'"),
+        (["mask=nosuch"], "Available options in 'mask'"),
+        (["seqlen=nosuch"], "Available options in 'seqlen'"),
+        (["mask=sliding_window", "mask.windw=3"], "valid keys of mask: name, seed, window"),
+        (["mask=sliding_window", "mask.window=wide"], "could not be converted to Integer"),
+        (["problem.heads_q=6", "problem.heads_kv=4"], "multiple of problem.heads_kv=4"),
+    ],
+)
+def test_preflight_reports_every_bad_job(overrides, expected):
+    problems = check_jobs([*BASE, *overrides], multirun=False)
+    assert len(problems) == 1 and expected in problems[0]
+
+
+def test_preflight_expands_a_sweep_and_checks_each_job():
+    jobs = job_overrides(["-m" if False else "kernel=naive,sdpa", "mask=causal,full"], True)
+    assert sorted(map(tuple, jobs)) == sorted(
+        [(f"kernel={k}", f"mask={m}") for k in ("naive", "sdpa") for m in ("causal", "full")]
+    )
+    problems = check_jobs(["kernel=naive,nosuch", "mask=causal"], multirun=True)
+    assert len(problems) == 1 and "nosuch" in problems[0]
+
+
+def test_sweep_preset_params_expand():
+    jobs = job_overrides([*BASE, "+sweep=cp_strategies"], multirun=True)
+    assert len(jobs) == 5 * 3

@@ -1,0 +1,131 @@
+"""Every registered kernel × every mask × fwd/bwd against the fp64 reference (registry-driven).
+
+A kernel that cannot run a case must say why (`not_supported_reasons`), and a kernel that says
+it can must match the reference: out and lse in the forward, dq/dk/dv in the backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lcab.kernels import KERNELS, Problem, get_kernel
+from lcab.masks import list_masks, make_mask
+
+S = 160
+PARAMS = {
+    "block_causal_document": {"block_size": 32},
+    "sliding_window": {"window": 23},
+    "sliding_window_causal": {"window": 23},
+    "global_sliding_window": {"window": 17, "global_tokens": 9},
+    "block_sparse": {"block_size": 24},
+    "varblock_sparse": {"avg_block_size": 40, "min_block_size": 16},
+    "prefix_lm_causal": {"prefix": 45},
+}
+DOCS = {"doc_source": "uniform", "min_doc_len": 5, "max_doc_len": 70}
+HEADS = [(4, 4), (4, 2)]  # MHA and GQA
+# Options that make a kernel testable on CPU in CI (compiling Flex takes ~30 s per shape).
+OPTIONS = {"flex": {"compile": False}}
+
+
+def mask_for(name: str, heads_kv: int):
+    params = dict(PARAMS.get(name, {}))
+    if "heads" in {
+        *__import__("lcab.masks", fromlist=["get_pattern"]).get_pattern(name).param_names()
+    }:
+        params["heads"] = heads_kv
+    if (
+        "doc_source"
+        in __import__("lcab.masks", fromlist=["get_pattern"]).get_pattern(name).param_names()
+    ):
+        params.update(DOCS)
+    return make_mask(name, S, seed=3, **params)
+
+
+def inputs(hq: int, hkv: int, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(S, hq, 16, generator=gen, dtype=dtype)
+    k = torch.randn(S, hkv, 16, generator=gen, dtype=dtype)
+    v = torch.randn(S, hkv, 16, generator=gen, dtype=dtype)
+    dout = torch.randn(S, hq, 16, generator=gen, dtype=dtype)
+    return q, k, v, dout
+
+
+def reference(q, k, v, dout, mask):
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = get_kernel("reference")(*leaves, mask)
+    grads = torch.autograd.grad(out, leaves, dout)
+    return out.detach(), lse.detach(), grads
+
+
+def close(x, ref, tol):
+    x, ref = x.double(), ref.double()
+    return not torch.isnan(x).any() and float((x - ref).abs().max()) <= tol * max(
+        float(ref.abs().max()), 1e-12
+    )
+
+
+@pytest.mark.parametrize("heads", HEADS, ids=["mha", "gqa"])
+@pytest.mark.parametrize("mask_name", list_masks())
+@pytest.mark.parametrize("kernel_name", KERNELS.names())
+def test_kernel_matches_reference(kernel_name, mask_name, heads):
+    hq, hkv = heads
+    kernel = get_kernel(kernel_name, **OPTIONS.get(kernel_name, {}))
+    mask = mask_for(mask_name, hkv)
+    dtype = torch.float64 if torch.float64 in kernel.caps.dtypes else torch.float32
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    q, k, v, dout = inputs(hq, hkv, dtype)
+    problem = Problem.of(q, k)
+    fwd_reasons = kernel.not_supported_reasons(problem, mask, "fwd")
+    if fwd_reasons:
+        assert all(isinstance(r, str) and r for r in fwd_reasons)
+        pytest.skip("; ".join(fwd_reasons))
+    ref_out, ref_lse, ref_grads = reference(q.double(), k.double(), v.double(), dout.double(), mask)
+    with torch.no_grad():
+        out, lse = kernel(q, k, v, mask)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert close(out, ref_out, tol), kernel_name
+    if lse is not None:
+        assert lse.shape == (hq, S)
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+        finite = ~torch.isinf(ref_lse)
+        assert close(lse[finite], ref_lse[finite], tol)
+    if kernel.not_supported_reasons(problem, mask, "bwd"):
+        return
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, _ = kernel(*leaves, mask)
+    out.backward(dout)
+    for leaf, ref in zip(leaves, ref_grads, strict=True):
+        assert leaf.grad is not None and close(leaf.grad, ref, tol * 10), kernel_name
+
+
+@pytest.mark.parametrize("kernel_name", KERNELS.names())
+def test_reasons_are_consistent_with_caps(kernel_name):
+    kernel = get_kernel(kernel_name)
+    cpu = Problem(256, 256, 8, 2, 64, torch.float32)
+    reasons = kernel.not_supported_reasons(cpu)
+    runs_here = "cpu" in kernel.caps.devices and torch.float32 in kernel.caps.dtypes
+    assert (not reasons) == (
+        runs_here and kernel.caps.adapter_ready and not any("package" in r for r in reasons)
+    )
+    if "cpu" not in kernel.caps.devices:
+        assert any("CUDA" in r for r in reasons)
+        if kernel.caps.package:
+            assert any(kernel.caps.package in r for r in reasons)
+
+
+def test_flex_backward_on_cpu_is_skipped_with_the_precise_reason():
+    kernel = get_kernel("flex", compile=False)
+    reasons = kernel.not_supported_reasons(Problem(256, 256, 8, 2, 64, torch.float32), None, "bwd")
+    assert reasons == ["PyTorch's FlexAttention has no backward on CPU"]
+
+
+def test_rows_without_keys_give_zero_output_and_minus_inf_lse():
+    mask = make_mask("causal", S).restrict((0, S), (50, S))  # rows < 50 see nothing
+    q, k, v, _ = inputs(4, 2)
+    for name in ("naive", "sdpa", "reference"):
+        out, lse = get_kernel(name)(q, k[50:], v[50:], mask)
+        assert torch.all(out[:50] == 0) and torch.isinf(lse[:, :50]).all()
+        assert not math.isnan(float(out.sum()))
