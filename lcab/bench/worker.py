@@ -7,7 +7,6 @@ threads are running).
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 import torch
@@ -33,24 +32,19 @@ def _threads(cell: Cell) -> int | None:
     return int(threads) if threads is not None else None
 
 
-def worker_main(cell: Cell, rank: int, queue: Any, rendezvous: str | None) -> None:
-    """Run ``cell`` as ``rank``; put ("record", dict), ("done", rank) or ("fatal", rank, text)."""
-    try:
-        threads = _threads(cell)
-        if threads is not None:
-            torch.set_num_threads(threads)
-        target = make_target(cell, rank, rendezvous)
-        steps = len(cell.seqlens) * cell.mask_samples * len(cell.bench["passes"])
-        show = bool(cell.bench.get("progress", True)) and rank == 0
-        with progress_bar(steps, f"{cell.kernel}/{cell.cp}/{cell.mask}", show) as report:
-            run_cell(cell, target, lambda r: queue.put(("record", r.to_dict())), report)
-        close = getattr(target, "close", None)
-        if close is not None:
-            close()
-        queue.put(("done", rank))
-    except BaseException:
-        queue.put(("fatal", rank, traceback.format_exc(limit=8)[-2000:]))
-        raise SystemExit(1) from None
+def worker_main(rank: int, world: int, rendezvous: str, messages: Any, cell: Cell) -> None:
+    """Run ``cell`` as ``rank``, sending ("record", dict) messages (see `lcab.dist.launch`)."""
+    threads = _threads(cell)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    target = make_target(cell, rank, rendezvous)
+    steps = len(cell.seqlens) * cell.mask_samples * len(cell.bench["passes"])
+    show = bool(cell.bench.get("progress", True)) and rank == 0
+    with progress_bar(steps, f"{cell.kernel}/{cell.cp}/{cell.mask}", show) as report:
+        run_cell(cell, target, lambda r: messages.put(("record", r.to_dict())), report)
+    close = getattr(target, "close", None)
+    if close is not None:
+        close()
 
 
 def run_in_process(cell: Cell, emit: Any) -> None:

@@ -1,0 +1,166 @@
+"""Load balancing: which tokens each context-parallel shard holds.
+
+A `Placement` gives every shard a layout — the global token at each local position, -1 for
+padding — and all shards have the same length (collectives want equal shards). Three balancers:
+
+* ``contiguous`` — shard p holds the p-th contiguous chunk; padding only at the end. Causal
+  masks then give the last shard most of the work.
+* ``zigzag`` — the paper's scheme (from TransformerEngine): every document is padded to a
+  multiple of 2P and cut into 2P chunks; shard p holds chunks p and 2P-1-p of *every* document.
+  Balanced for causal documents, at the price of per-document padding (up to 2P-1 tokens each).
+* ``area`` — mask-aware: the sequence is cut into K·P equal contiguous chunks (padding only at
+  the end), each chunk's attended area is computed from the mask, and chunks are dealt to
+  shards largest first, each to the least loaded shard that still has room (K chunks each).
+  No per-document padding, and any mask (sliding windows, shared questions, block-sparse) is
+  balanced by its real work rather than by assuming causality.
+
+The work of a shard is the attended area of its query rows (summed over all keys, averaged over
+mask heads): the compute a ring strategy does for it. Imbalance = max / mean over shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lcab.masks.core import AttnMask
+from lcab.masks.geometry import IntArray, row_spans
+
+BALANCERS = ("contiguous", "zigzag", "area")
+#: Chunks per shard for the area balancer.
+AREA_CHUNKS_PER_SHARD = 8
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Layouts of the shards (equal lengths; -1 is padding)."""
+
+    layouts: tuple[IntArray, ...]
+    balancer: str
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+        return len(self.layouts)
+
+    @property
+    def shard_len(self) -> int:
+        """Local positions per shard (padding included)."""
+        return len(self.layouts[0])
+
+    @property
+    def padding_tokens(self) -> int:
+        """Padding positions over all shards."""
+        return int(sum((layout < 0).sum() for layout in self.layouts))
+
+    def areas(self, mask: AttnMask) -> np.ndarray:
+        """Attended area of each shard's query rows (mean over mask heads)."""
+        work = row_work(mask)
+        return np.array([work[layout[layout >= 0]].sum() for layout in self.layouts])
+
+    def imbalance(self, mask: AttnMask) -> float:
+        """Max / mean shard area (1.0 = perfect)."""
+        areas = self.areas(mask)
+        mean = areas.mean()
+        return float(areas.max() / mean) if mean > 0 else 1.0
+
+    def split(self, pieces: int) -> Placement:
+        """Cut every shard into ``pieces`` contiguous sub-shards (shard-major order).
+
+        Used by 2-D strategies: the ring shards split among the Ulysses members of a group.
+        """
+        if self.shard_len % pieces:
+            raise ValueError(f"shard length {self.shard_len} is not a multiple of {pieces}")
+        out = [part for layout in self.layouts for part in np.split(layout, pieces)]
+        return Placement(tuple(out), self.balancer)
+
+
+def row_work(mask: AttnMask) -> np.ndarray:
+    """Attended keys of every query row, averaged over mask heads (float64, length Sq)."""
+    work = np.zeros(mask.seqlen_q)
+    for h in range(mask.num_heads):
+        rows, first, last = row_spans(mask.head_slices(h))
+        work += np.bincount(rows, weights=last - first + 1, minlength=mask.seqlen_q)
+    return work / mask.num_heads
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _pad(tokens: IntArray, length: int) -> IntArray:
+    return np.concatenate([tokens, np.full(length - len(tokens), -1, dtype=np.int64)])
+
+
+def contiguous(seqlen: int, shards: int, multiple: int = 1) -> Placement:
+    """Equal contiguous chunks; the end is padded to a multiple of ``shards * multiple``."""
+    total = _round_up(seqlen, shards * multiple)
+    tokens = _pad(np.arange(seqlen, dtype=np.int64), total)
+    return Placement(tuple(np.split(tokens, shards)), "contiguous")
+
+
+def zigzag(doc_lengths: IntArray, shards: int, multiple: int = 1) -> Placement:
+    """The paper's per-document head-tail split (see module docstring)."""
+    chunks = 2 * shards
+    layouts: list[list[IntArray]] = [[] for _ in range(shards)]
+    start = 0
+    for length in np.asarray(doc_lengths, dtype=np.int64).tolist():
+        padded = _round_up(length, chunks)
+        doc = _pad(np.arange(start, start + length, dtype=np.int64), padded)
+        pieces = np.split(doc, chunks)
+        for p in range(shards):
+            layouts[p].extend((pieces[p], pieces[chunks - 1 - p]))
+        start += length
+    out = [np.concatenate(parts) for parts in layouts]
+    total = _round_up(len(out[0]), multiple)
+    return Placement(tuple(_pad(layout, total) for layout in out), "zigzag")
+
+
+def area_balanced(
+    mask: AttnMask, shards: int, multiple: int = 1, chunks_per_shard: int = AREA_CHUNKS_PER_SHARD
+) -> Placement:
+    """Deal equal contiguous chunks to shards by attended area, largest first (LPT)."""
+    seqlen = mask.seqlen_q
+    n_chunks = shards * chunks_per_shard
+    chunk = _round_up(
+        -(-seqlen // n_chunks), max(1, multiple // np.gcd(multiple, chunks_per_shard))
+    )
+    while (chunk * chunks_per_shard) % multiple:
+        chunk += 1
+    tokens = _pad(np.arange(seqlen, dtype=np.int64), chunk * n_chunks)
+    pieces = np.split(tokens, n_chunks)
+    work = row_work(mask)
+    chunk_area = np.array([work[p[p >= 0]].sum() for p in pieces])
+    load = np.zeros(shards)
+    count = np.zeros(shards, dtype=np.int64)
+    owner = np.empty(n_chunks, dtype=np.int64)
+    for c in np.argsort(-chunk_area, kind="stable"):
+        open_shards = np.flatnonzero(count < chunks_per_shard)
+        p = open_shards[np.argmin(load[open_shards])]
+        owner[c] = p
+        load[p] += chunk_area[c]
+        count[p] += 1
+    layouts = tuple(
+        np.concatenate([pieces[c] for c in np.flatnonzero(owner == p)]) for p in range(shards)
+    )
+    return Placement(layouts, "area")
+
+
+def place(mask: AttnMask, shards: int, balancer: str, multiple: int = 1) -> Placement:
+    """Place ``mask``'s tokens on ``shards`` shards with ``balancer``.
+
+    ``multiple``: every shard length must be a multiple of it (2-D strategies split shards).
+
+    Raises:
+        ValueError: unknown balancer (the message lists the valid ones).
+
+    """
+    if balancer == "contiguous":
+        return contiguous(mask.seqlen_q, shards, multiple)
+    if balancer == "zigzag":
+        docs = mask.doc_lengths if mask.doc_lengths is not None else np.array([mask.seqlen_q])
+        return zigzag(docs, shards, multiple)
+    if balancer == "area":
+        return area_balanced(mask, shards, multiple)
+    raise ValueError(f"cp.balance={balancer!r} is unknown; valid: {', '.join(BALANCERS)}")

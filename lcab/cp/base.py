@@ -1,0 +1,227 @@
+"""The context-parallel strategy contract and its plan.
+
+A strategy splits one attention call over ranks. `Strategy.plan` is pure data computed from the
+mask alone — who holds which tokens, how heads are split, the analytic communication of every
+rank — so tests, the balance report and a scaling model can read it without running anything.
+`Strategy.build` turns the plan into this rank's callable (`CPPrepared`), using any kernel that
+satisfies the strategy's needs; every step restricts the mask with `lcab.masks.remap`, so every
+mask works under every strategy.
+
+Layout conventions: ranks are node-major; a 2-D strategy has U Ulysses ranks per group
+(consecutive ranks) and R ring positions; rank = ring_index · U + ulysses_index.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from lcab.cp.balance import Placement, place
+from lcab.dist.groups import Grid
+from lcab.kernels import Kernel, Problem
+from lcab.masks.core import AttnMask
+from lcab.masks.geometry import IntArray
+from lcab.masks.remap import remap, select_heads
+from lcab.registry import Registry
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """How heads are divided over a Ulysses group (with K/V heads replicated if needed)."""
+
+    heads_q: int
+    heads_kv: int
+    ulysses: int
+    kv_replication: int
+
+    @property
+    def local_q(self) -> int:
+        """Query heads per rank."""
+        return self.heads_q // self.ulysses
+
+    @property
+    def local_kv(self) -> int:
+        """K/V heads per rank (after replication)."""
+        return self.heads_kv * self.kv_replication // self.ulysses
+
+    def kv_heads_of(self, index: int) -> list[int]:
+        """Original K/V head of each local K/V head of Ulysses member ``index``."""
+        first = index * self.local_kv
+        return [(first + i) // self.kv_replication for i in range(self.local_kv)]
+
+
+def head_split(heads_q: int, heads_kv: int, ulysses: int) -> tuple[HeadSplit | None, str | None]:
+    """The head split for a Ulysses degree, or the reason there is none.
+
+    K/V heads are replicated (the paper: "GQA converted to MHA" as far as needed) when the
+    degree exceeds or does not divide them: by f = U / gcd(Hkv, U), which keeps each query head
+    on the copy of its own K/V head (possible when f divides the GQA group size).
+    """
+    if heads_q % ulysses:
+        return None, f"heads_q={heads_q} is not divisible by the Ulysses degree {ulysses}"
+    group = heads_q // heads_kv
+    replication = ulysses // int(np.gcd(heads_kv, ulysses))
+    if group % replication:
+        return None, (
+            f"heads_kv={heads_kv} cannot be replicated to a multiple of the Ulysses degree "
+            f"{ulysses} while keeping GQA groups of {group} together"
+        )
+    return HeadSplit(heads_q, heads_kv, ulysses, replication), None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one cell is split over ranks (plain data)."""
+
+    strategy: str
+    world: int
+    ulysses: int
+    ring: int
+    windows: int
+    balancer: str
+    placement: Placement
+    """Shards along the ring dimension (R shards; the world for 1-D strategies)."""
+    rank_layouts: tuple[IntArray, ...]
+    """Tokens each rank holds at the input and output (sequence-sharded)."""
+    heads: HeadSplit
+    comm_bytes: dict[str, int] = field(default_factory=dict)
+    """Analytic bytes one rank sends in one forward + backward, per operation."""
+
+    @property
+    def shard_len(self) -> int:
+        """Local tokens per rank (padding included)."""
+        return len(self.rank_layouts[0])
+
+    @property
+    def padding_tokens(self) -> int:
+        """Padding positions over all shards of the ring dimension."""
+        return self.placement.padding_tokens
+
+    def imbalance(self, mask: AttnMask) -> float:
+        """Max / mean attended area over the ring shards (Ulysses is balanced by heads)."""
+        return self.placement.imbalance(mask)
+
+    def grid(self, rank: int) -> Grid:
+        """The Ulysses x ring coordinates of ``rank``."""
+        return Grid(self.world, self.ulysses, rank)
+
+
+def plan_layouts(
+    mask: AttnMask, world: int, ulysses: int, balancer: str
+) -> tuple[Placement, tuple[IntArray, ...]]:
+    """Ring shards placed by ``balancer``, each split contiguously among its Ulysses members."""
+    ring = world // ulysses
+    placement = place(mask, ring, balancer, multiple=ulysses)
+    return placement, placement.split(ulysses).layouts
+
+
+def step_mask(
+    mask: AttnMask, rows: IntArray, cols: IntArray, heads: HeadSplit | None, ulysses_index: int = 0
+) -> AttnMask:
+    """The mask a step computes: rows x cols of ``mask``, with this rank's mask heads."""
+    sub = remap(mask, rows, cols)
+    if mask.num_heads > 1 and heads is not None:
+        sub = select_heads(sub, heads.kv_heads_of(ulysses_index))
+    return sub
+
+
+class Strategy(ABC):
+    """A registered context-parallel strategy."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    merges_partials: ClassVar[bool] = True
+    """Whether partial results are merged by LSE (needs a kernel with LSE and stats backward)."""
+
+    def __init__(self, options: dict[str, Any], devices_per_node: int) -> None:
+        self.options = dict(options)
+        self.devices_per_node = devices_per_node
+        self.balancer = str(self.options.get("balance", "zigzag"))
+
+    def ulysses_degree(self, world: int) -> int:
+        """Ulysses group size for ``world`` ranks (1 for pure rings, ``world`` for Ulysses)."""
+        return 1
+
+    def windows(self, ring: int) -> int:
+        """Windows of the double ring (1: a plain ring)."""
+        return 1
+
+    def reasons(self, problem: Problem, world: int) -> list[str]:
+        """Why this strategy cannot run ``problem`` on ``world`` ranks (empty: it can)."""
+        reasons = []
+        ulysses = self.ulysses_degree(world)
+        if ulysses < 1 or world % ulysses:
+            reasons.append(f"Ulysses degree {ulysses} does not divide the {world} ranks")
+            return reasons
+        _, why = head_split(problem.heads_q, problem.heads_kv, ulysses)
+        if why:
+            reasons.append(why)
+        return reasons
+
+    def kernel_reasons(self, kernel: Kernel, problem: Problem, pass_: str) -> list[str]:
+        """What the strategy needs from the kernel beyond running the local problem."""
+        reasons = []
+        if self.merges_partials:
+            if not kernel.returns_lse(problem.device.type):
+                reasons.append(
+                    f"{self.name} merges partial results by log-sum-exp, and kernel "
+                    f"{kernel.name!r} returns none on {problem.device.type}"
+                )
+            if pass_ != "fwd" and not kernel.caps.stats_backward:
+                reasons.append(
+                    f"{self.name}'s backward needs the kernel's backward from merged softmax "
+                    f"statistics, which kernel {kernel.name!r} does not provide"
+                )
+        return reasons
+
+    def plan(self, mask: AttnMask, problem: Problem, world: int) -> Plan:
+        """The plan for ``mask`` on ``world`` ranks (pure; no communication)."""
+        ulysses = self.ulysses_degree(world)
+        heads, why = head_split(problem.heads_q, problem.heads_kv, ulysses)
+        if heads is None:
+            raise ValueError(why)
+        placement, layouts = plan_layouts(mask, world, ulysses, self.balancer)
+        ring = world // ulysses
+        plan = Plan(
+            strategy=self.name,
+            world=world,
+            ulysses=ulysses,
+            ring=ring,
+            windows=self.windows(ring),
+            balancer=self.balancer,
+            placement=placement,
+            rank_layouts=layouts,
+            heads=heads,
+        )
+        return Plan(**{**plan.__dict__, "comm_bytes": self.comm_volume(plan, problem)})
+
+    @abstractmethod
+    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
+        """Analytic bytes one rank sends in one forward + backward, per operation name."""
+
+    @abstractmethod
+    def build(self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, ctx: Any) -> Any:
+        """The `CPPrepared` of ``ctx.rank`` for ``plan``."""
+
+
+STRATEGIES: Registry[type[Strategy]] = Registry("cp strategy")
+
+
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator: register ``cls`` under ``cls.name``."""
+    STRATEGIES.add(cls.name, cls)
+    return cls
+
+
+def element_bytes(problem: Problem) -> int:
+    """Bytes per element of the problem dtype."""
+    return torch.empty((), dtype=problem.dtype).element_size()
+
+
+def accumulator_bytes(problem: Problem) -> int:
+    """Bytes per element of gradient accumulators that travel the ring (fp32, fp64 for fp64)."""
+    return 8 if element_bytes(problem) == 8 else 4

@@ -1,0 +1,197 @@
+"""All communication of context parallelism goes through here, and is counted.
+
+Every call records, per operation name, the calls made and the bytes this rank *sends* (the
+logical volume of the operation: a P2P send is its tensor; an all-to-all sends the (g-1)/g of
+its input bound for other ranks; an all-gather or reduce-scatter sends (g-1) chunks, as the
+bandwidth-optimal ring algorithms do). Tests compare these counts with each strategy's analytic
+`comm_volume`, so a strategy cannot move more data than its design says without a test failing.
+
+Time spent inside communication calls is recorded too, split into ``comm`` (blocking
+collectives, including waiting for slower peers) and ``wait`` (blocking on a P2P transfer that
+was posted before compute), so users see where a step's time goes.
+
+The collectives used are the ones gloo and NCCL both implement (all_to_all_single,
+all_gather_into_tensor into a flat output, reduce_scatter_tensor, batch_isend_irecv), so the
+same code runs on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CommStats:
+    """Counters of one rank: calls and bytes sent per operation, seconds per phase."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+    bytes_sent: Counter[str] = field(default_factory=Counter)
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        self.calls.clear()
+        self.bytes_sent.clear()
+        self.seconds.clear()
+
+    @property
+    def total_bytes(self) -> int:
+        """All bytes sent."""
+        return int(sum(self.bytes_sent.values()))
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain copy (for records and tests)."""
+        return {
+            "calls": dict(self.calls),
+            "bytes_sent": dict(self.bytes_sent),
+            "seconds": dict(self.seconds),
+        }
+
+
+STATS = CommStats()
+"""This process's counters (one rank per process)."""
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """Payload bytes of a tensor."""
+    return t.numel() * t.element_size()
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Accumulate wall time of the block under ``name`` (compute, comm, wait, ...)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        STATS.seconds[name] += time.perf_counter() - start
+
+
+def _count(op: str, sent: int) -> None:
+    STATS.calls[op] += 1
+    STATS.bytes_sent[op] += sent
+
+
+# ---------------------------------------------------------------------------- point to point
+class PendingExchange:
+    """Receives posted with `exchange`; `wait` returns the received tensors."""
+
+    def __init__(self, works: list[Any], received: list[torch.Tensor]) -> None:
+        self.works, self.received = works, received
+
+    def wait(self) -> list[torch.Tensor]:
+        """Block until every posted transfer finished (time counted as ``wait``)."""
+        with phase("wait"):
+            for work in self.works:
+                work.wait()
+        return self.received
+
+
+def exchange(
+    send: list[torch.Tensor], dst: int, src: int, group: Any, op: str = "p2p"
+) -> PendingExchange:
+    """Post sends of ``send`` to rank ``dst`` and receives of the same shapes from ``src``.
+
+    Returns immediately (the transfer overlaps whatever the caller computes next).
+    """
+    send = [t.contiguous() for t in send]
+    # contiguous buffers: empty_like would copy a non-contiguous tensor's strides, and the
+    # transport writes raw memory
+    received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in send]
+    ops = [dist.P2POp(dist.isend, t, dst, group) for t in send]
+    ops += [dist.P2POp(dist.irecv, t, src, group) for t in received]
+    with phase("comm"):
+        works = dist.batch_isend_irecv(ops)
+    _count(op, sum(nbytes(t) for t in send))
+    return PendingExchange(works, received)
+
+
+# ---------------------------------------------------------------------------- collectives
+def _group_size(group: Any) -> int:
+    return int(dist.get_world_size(group))
+
+
+def all_to_all_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
+    """all_to_all_single over dim 0 (equal splits), counted."""
+    size = _group_size(group)
+    x = x.contiguous()
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    with phase("comm"):
+        dist.all_to_all_single(out, x, group=group)
+    _count(op, nbytes(x) * (size - 1) // size)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
+        ctx.group, ctx.op = group, op
+        return all_to_all_raw(x, group, op)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return all_to_all_raw(grad, ctx.group, ctx.op + "_grad"), None, None
+
+
+def all_to_all(x: torch.Tensor, group: Any, op: str = "all_to_all") -> torch.Tensor:
+    """Differentiable all-to-all over dim 0: chunk i of ``x`` goes to the i-th rank of ``group``."""
+    return _AllToAll.apply(x, group, op)
+
+
+def all_gather_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
+    """all_gather_into_tensor into a flat output along dim 0 (rank order), counted."""
+    size = _group_size(group)
+    out = torch.empty((size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    with phase("comm"):
+        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    _count(op, nbytes(x) * (size - 1))
+    return out
+
+
+def reduce_scatter_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
+    """reduce_scatter_tensor (sum) along dim 0, counted."""
+    size = _group_size(group)
+    out = torch.empty((x.shape[0] // size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    with phase("comm"):
+        dist.reduce_scatter_tensor(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
+    _count(op, nbytes(out) * (size - 1))
+    return out
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
+        ctx.group, ctx.op = group, op
+        return all_gather_raw(x, group, op)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return reduce_scatter_raw(grad, ctx.group, ctx.op + "_grad"), None, None
+
+
+def all_gather(x: torch.Tensor, group: Any, op: str = "all_gather") -> torch.Tensor:
+    """Differentiable all-gather along dim 0 (backward: reduce-scatter of the gradient)."""
+    return _AllGather.apply(x, group, op)
+
+
+# ---------------------------------------------------------------------------- control traffic
+def max_over_ranks(values: list[float], group: Any = None) -> list[float]:
+    """Element-wise max over ranks (e.g. per-repetition times); not counted as data."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [float(x) for x in t.tolist()]
+
+
+def gather_floats(value: float, group: Any = None) -> list[float]:
+    """Every rank's ``value``, in rank order (not counted as data)."""
+    out = [torch.zeros(1, dtype=torch.float64) for _ in range(_group_size(group))]
+    dist.all_gather(out, torch.tensor([value], dtype=torch.float64), group=group)
+    return [float(t.item()) for t in out]

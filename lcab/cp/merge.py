@@ -1,0 +1,28 @@
+"""Merging partial attention results by log-sum-exp (the step every ring strategy repeats).
+
+Two partial results over disjoint key sets, (o1, l1) and (o2, l2), combine exactly into
+o = e^(l1 - l) o1 + e^(l2 - l) o2 with l = log(e^l1 + e^l2). Rows that attended nothing so far
+carry l = -inf and weight 0, so empty steps and padding rows never produce NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def merge_into(
+    out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor
+) -> None:
+    """In place: (out, lse) ← merge((out, lse), (part, part_lse)); out (S, H, D), lse (H, S)."""
+    part_lse = part_lse.to(lse.dtype)
+    new = torch.logaddexp(lse, part_lse)
+    finite = torch.isfinite(new)
+    w_old = torch.where(finite, torch.exp(lse - new), torch.zeros_like(new))
+    w_new = torch.where(finite, torch.exp(part_lse - new), torch.zeros_like(new))
+    out.mul_(w_old.t().unsqueeze(-1)).add_(part.to(out.dtype) * w_new.t().unsqueeze(-1))
+    lse.copy_(new)
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Partial results and travelling gradients are kept in float32 (float64 for float64)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

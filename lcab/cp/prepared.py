@@ -1,0 +1,64 @@
+"""`CPPrepared`: a strategy bound to one mask on this rank, seen by the runner as one kernel.
+
+``to_native`` shards a global tensor by this rank's layout (padding slots are zero), ``run`` is
+the distributed attention (timed), ``from_native`` / ``lse_from_native`` gather every rank's
+shard back into global order (collectives: every rank calls them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from lcab.cp.base import Plan
+from lcab.kernels import PreparedAttention
+from lcab.masks.core import AttnMask
+
+RunFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]
+]
+
+
+class CPPrepared(PreparedAttention):
+    """One rank's part of a distributed attention call."""
+
+    layout = "shd"
+
+    def __init__(self, plan: Plan, rank: int, run: RunFn, mask: AttnMask) -> None:
+        self.plan, self.rank, self._run, self.mask = plan, rank, run, mask
+        self.seqlen = mask.seqlen_q
+        layout = torch.from_numpy(plan.rank_layouts[rank])
+        self._real = layout >= 0
+        self._index = layout[self._real]
+        all_layouts = torch.from_numpy(np.concatenate(plan.rank_layouts))
+        self._all_real = all_layouts >= 0
+        self._all_index = all_layouts[self._all_real]
+
+    def to_native(self, x: torch.Tensor) -> torch.Tensor:
+        """The shard of a global (S, H, D) tensor this rank holds."""
+        local = x.new_zeros((len(self._real), *x.shape[1:]))
+        local[self._real] = x[self._index.to(x.device)]
+        return local
+
+    def from_native(self, x: torch.Tensor) -> torch.Tensor:
+        """The global (S, H, D) tensor from every rank's shard (collective)."""
+        gathered = torch.empty(
+            (self.plan.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device
+        )
+        dist.all_gather_into_tensor(gathered, x.detach().contiguous())
+        out = x.new_zeros((self.seqlen, *x.shape[1:]))
+        out[self._all_index.to(x.device)] = gathered[self._all_real.to(x.device)]
+        return out
+
+    def lse_from_native(self, lse: torch.Tensor) -> torch.Tensor:
+        """The global (H, S) LSE from every rank's (H, n) shard (collective)."""
+        return self.from_native(lse.t().contiguous()).t()
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The distributed attention of local shards (collective; timed)."""
+        return self._run(q, k, v)

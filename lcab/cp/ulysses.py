@@ -1,0 +1,114 @@
+"""Ulysses (DeepSpeed): all-to-all from sequence sharding to head sharding, local attention, back.
+
+Each rank sends, for its tokens, head group j to rank j; afterwards it holds the *whole* sequence
+for Hq / U query heads (K/V heads replicated first when U does not divide them, recorded as
+``kv_replication``), runs one local kernel call over the whole mask, and a second all-to-all
+returns the output to sequence sharding. Communication is exposed but compute is perfectly
+balanced (heads, not tokens, are split), and the result is exact. Autograd flows through the
+all-to-alls, so any kernel with a backward works; no LSE merging is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from lcab.cp.base import HeadSplit, Plan, Strategy, register_strategy, step_mask
+from lcab.cp.comm import all_to_all, phase
+from lcab.cp.prepared import CPPrepared
+from lcab.kernels import Kernel, PreparedAttention, Problem
+from lcab.masks.core import AttnMask
+
+
+def seq_to_heads(x: torch.Tensor, group: Any, degree: int, op: str = "a2a") -> torch.Tensor:
+    """(n, H, D) sequence shard → (degree·n, H/degree, D): all tokens of the group, my heads."""
+    n, heads, dim = x.shape
+    chunks = x.reshape(n, degree, heads // degree, dim).transpose(0, 1).contiguous()
+    return all_to_all(chunks, group, op).reshape(degree * n, heads // degree, dim)
+
+
+def heads_to_seq(y: torch.Tensor, group: Any, degree: int, op: str = "a2a") -> torch.Tensor:
+    """Inverse of `seq_to_heads`: (degree·n, H/degree, D) → (n, H, D)."""
+    total, local_heads, dim = y.shape
+    n = total // degree
+    back = all_to_all(y.reshape(degree, n, local_heads, dim), group, op)
+    return back.transpose(0, 1).reshape(n, degree * local_heads, dim)
+
+
+def replicate_kv(x: torch.Tensor, heads: HeadSplit) -> torch.Tensor:
+    """K/V heads repeated ``kv_replication`` times (gradients sum back through autograd)."""
+    return x.repeat_interleave(heads.kv_replication, dim=1) if heads.kv_replication > 1 else x
+
+
+def local_call(
+    prepared: PreparedAttention | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One kernel call in packed layout; an empty sub-mask gives zeros still tied to q."""
+    if prepared is None:
+        return q * 0, None  # keeps the autograd path (and so the collectives) of every rank
+    with phase("compute"):
+        out, lse = prepared.run(prepared.to_native(q), prepared.to_native(k), prepared.to_native(v))
+        return prepared.from_native(out), lse
+
+
+def a2a_bytes(plan: Plan, problem: Problem, elem: int) -> int:
+    """Bytes one rank sends in the four all-to-alls (q, k, v in; out back) of one direction."""
+    n, u, h = plan.shard_len, plan.ulysses, plan.heads
+    per_call = [
+        n * problem.heads_q * problem.head_dim * elem,
+        n * h.heads_kv * h.kv_replication * problem.head_dim * elem,
+    ]
+    q_bytes, kv_bytes = (b * (u - 1) // u for b in per_call)
+    return 2 * q_bytes + 2 * kv_bytes
+
+
+@register_strategy
+class Ulysses(Strategy):
+    """Ulysses sequence parallelism over all ranks."""
+
+    name = "ulysses"
+    summary = "all-to-all sequence <-> heads, one local call over the whole sequence"
+    merges_partials = False
+
+    def ulysses_degree(self, world: int) -> int:  # noqa: D102
+        return world
+
+    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:  # noqa: D102
+        from lcab.cp.base import element_bytes
+
+        if plan.ulysses == 1:
+            return {}
+        one_way = a2a_bytes(plan, problem, element_bytes(problem))
+        return {"a2a": one_way, "a2a_grad": one_way}
+
+    def build(
+        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, ctx: Any
+    ) -> CPPrepared:
+        """The callable of ``ctx.rank``, with every step's kernel prepared."""
+        grid = plan.grid(ctx.rank)
+        group, _ = grid.create_groups(ctx)
+        order = np.concatenate([plan.rank_layouts[r] for r in grid.my_ulysses_group()])
+        sub = step_mask(mask, order, order, plan.heads, grid.ulysses_index)
+        local = Problem(
+            len(order),
+            len(order),
+            plan.heads.local_q,
+            plan.heads.local_kv,
+            problem.head_dim,
+            problem.dtype,
+            problem.device,
+        )
+        prepared = kernel.prepare(sub, local) if sub.num_slices else None
+        u, heads = plan.ulysses, plan.heads
+
+        def run(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+            k, v = replicate_kv(k, heads), replicate_kv(v, heads)
+            qh, kh, vh = (seq_to_heads(t, group, u) for t in (q, k, v))
+            out, _ = local_call(prepared, qh, kh, vh)
+            return heads_to_seq(out, group, u), None
+
+        return CPPrepared(plan, ctx.rank, run, mask)

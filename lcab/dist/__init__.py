@@ -1,0 +1,1 @@
+"""Distributed environment: process-group setup (local spawn, torchrun, SLURM) and CP groups."""
