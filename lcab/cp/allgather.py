@@ -57,8 +57,12 @@ class _AllGatherAttention(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
         leaves, out = ctx.graph
         with phase("compute"):
-            torch.autograd.backward(out, dout)
-        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
+            # retain_graph: the outer graph may be differentiated again (benchmarks repeat the
+            # backward of one forward); autograd.grad leaves no .grad to accumulate across calls
+            found = torch.autograd.grad(out, leaves, dout, retain_graph=True, allow_unused=True)
+        grads = [
+            g if g is not None else torch.zeros_like(t) for g, t in zip(found, leaves, strict=True)
+        ]
         dk = reduce_scatter_raw(grads[1], ctx.group, "allgather_kv_grad")
         dv = reduce_scatter_raw(grads[2], ctx.group, "allgather_kv_grad")
         return grads[0], dk, dv, None, None

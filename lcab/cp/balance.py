@@ -11,6 +11,8 @@ padding — and all shards have the same length (collectives want equal shards).
 * ``area`` — mask-aware: the sequence is cut into K·P equal contiguous chunks (padding only at
   the end), each chunk's attended area is computed from the mask, and chunks are dealt to
   shards largest first, each to the least loaded shard that still has room (K chunks each).
+  K grows (8, 16, 32, 64) until the imbalance is within 1 %: one long document can hold more
+  work than a shard's share, and only finer chunks can split it.
   No per-document padding, and any mask (sliding windows, shared questions, block-sparse) is
   balanced by its real work rather than by assuming causality.
 
@@ -28,8 +30,10 @@ from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, row_spans
 
 BALANCERS = ("contiguous", "zigzag", "area")
-#: Chunks per shard for the area balancer.
-AREA_CHUNKS_PER_SHARD = 8
+#: Chunks per shard the area balancer tries, fewest first (fewer chunks: fewer, larger pieces
+#: per ring step); it keeps the first that reaches `AREA_GOOD_ENOUGH`, else the most balanced.
+AREA_CHUNKS_PER_SHARD = (8, 16, 32, 64)
+AREA_GOOD_ENOUGH = 1.01
 
 
 @dataclass(frozen=True)
@@ -118,10 +122,30 @@ def zigzag(doc_lengths: IntArray, shards: int, multiple: int = 1) -> Placement:
 
 
 def area_balanced(
-    mask: AttnMask, shards: int, multiple: int = 1, chunks_per_shard: int = AREA_CHUNKS_PER_SHARD
+    mask: AttnMask,
+    shards: int,
+    multiple: int = 1,
+    chunks_per_shard: int | tuple[int, ...] = AREA_CHUNKS_PER_SHARD,
 ) -> Placement:
     """Deal equal contiguous chunks to shards by attended area, largest first (LPT)."""
-    seqlen = mask.seqlen_q
+    work = row_work(mask)
+    choices = (chunks_per_shard,) if isinstance(chunks_per_shard, int) else chunks_per_shard
+    best: tuple[float, tuple[IntArray, ...]] | None = None
+    for k in choices:
+        layouts, imbalance = _deal(work, shards, multiple, k)
+        if best is None or imbalance < best[0] - 1e-12:
+            best = (imbalance, layouts)
+        if imbalance <= AREA_GOOD_ENOUGH:
+            break
+    assert best is not None
+    return Placement(best[1], "area")
+
+
+def _deal(
+    work: np.ndarray, shards: int, multiple: int, chunks_per_shard: int
+) -> tuple[tuple[IntArray, ...], float]:
+    """(layouts, imbalance) of one LPT deal of ``shards * chunks_per_shard`` equal chunks."""
+    seqlen = len(work)
     n_chunks = shards * chunks_per_shard
     chunk = _round_up(
         -(-seqlen // n_chunks), max(1, multiple // np.gcd(multiple, chunks_per_shard))
@@ -130,8 +154,8 @@ def area_balanced(
         chunk += 1
     tokens = _pad(np.arange(seqlen, dtype=np.int64), chunk * n_chunks)
     pieces = np.split(tokens, n_chunks)
-    work = row_work(mask)
-    chunk_area = np.array([work[p[p >= 0]].sum() for p in pieces])
+    padded_work = np.concatenate([work, np.zeros(len(tokens) - seqlen)])
+    chunk_area = padded_work.reshape(n_chunks, chunk).sum(axis=1)
     load = np.zeros(shards)
     count = np.zeros(shards, dtype=np.int64)
     owner = np.empty(n_chunks, dtype=np.int64)
@@ -144,7 +168,8 @@ def area_balanced(
     layouts = tuple(
         np.concatenate([pieces[c] for c in np.flatnonzero(owner == p)]) for p in range(shards)
     )
-    return Placement(layouts, "area")
+    mean = load.mean()
+    return layouts, float(load.max() / mean) if mean > 0 else 1.0
 
 
 def place(mask: AttnMask, shards: int, balancer: str, multiple: int = 1) -> Placement:

@@ -9,14 +9,16 @@ and waiting.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from lcab.bench.cell import Cell
-from lcab.cp.base import STRATEGIES, Plan
+from lcab.cp.base import STRATEGIES, Plan, Strategy
 from lcab.cp.comm import STATS, gather_floats, max_over_ranks
 from lcab.cp.prepared import CPPrepared
 from lcab.dist.context import DistContext
-from lcab.kernels import PreparedAttention, Problem, get_kernel
+from lcab.kernels import Kernel, PreparedAttention, Problem, get_kernel
 from lcab.masks.core import AttnMask
 from lcab.records.schema import RunRecord
 
@@ -26,6 +28,46 @@ _BACKWARD_OPS = ("_grad", "_bwd", "dkv")
 def is_backward_op(name: str) -> bool:
     """Whether a communication operation belongs to the backward pass."""
     return any(tag in name for tag in _BACKWARD_OPS)
+
+
+def cp_reasons(
+    strategy: Strategy,
+    kernel: Kernel,
+    problem: Problem,
+    mask: AttnMask | None,
+    world: int,
+    pass_: str,
+) -> list[str]:
+    """Why ``strategy`` with local ``kernel`` cannot run ``pass_`` on ``world`` ranks (pure).
+
+    The kernel is checked on the *local* problem each rank runs (its share of the heads after
+    the Ulysses split, at least one KV head since heads are replicated when the degree exceeds
+    them), plus what the strategy needs from it (LSE, stats backward, per-head masks). The
+    support matrix calls this without any process group.
+    """
+    reasons = strategy.reasons(problem, world)
+    if reasons:
+        return reasons
+    ulysses = strategy.ulysses_degree(world)
+    local = Problem(
+        max(problem.seqlen_q // world, 1) * ulysses,
+        max(problem.seqlen_k // world, 1) * ulysses,
+        problem.heads_q // ulysses,
+        max(problem.heads_kv // ulysses, 1),
+        problem.head_dim,
+        problem.dtype,
+        problem.device,
+    )
+    kernel_why = [
+        r
+        for r in kernel.not_supported_reasons(local, None, pass_)
+        if not r.startswith("no GQA")  # replication may turn GQA into MHA locally
+    ]
+    reasons += [f"kernel {kernel.name}: {r}" for r in kernel_why]
+    reasons += strategy.kernel_reasons(kernel, problem, pass_)
+    if mask is not None and mask.num_heads > 1 and not kernel.caps.per_head_masks:
+        reasons.append(f"kernel {kernel.name} takes no per-KV-head masks")
+    return reasons
 
 
 class CPTarget:
@@ -39,29 +81,7 @@ class CPTarget:
         self.plan: Plan | None = None
 
     def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:  # noqa: D102
-        reasons = self.strategy.reasons(problem, self.world)
-        if reasons:
-            return reasons
-        ulysses = self.strategy.ulysses_degree(self.world)
-        local = Problem(
-            max(problem.seqlen_q // self.world, 1) * ulysses,
-            max(problem.seqlen_k // self.world, 1) * ulysses,
-            problem.heads_q // ulysses,
-            max(problem.heads_kv // ulysses, 1),
-            problem.head_dim,
-            problem.dtype,
-            problem.device,
-        )
-        kernel_why = [
-            r
-            for r in self.kernel.not_supported_reasons(local, None, pass_)
-            if not r.startswith("no GQA")  # replication may turn GQA into MHA locally
-        ]
-        reasons += [f"kernel {self.kernel.name}: {r}" for r in kernel_why]
-        reasons += self.strategy.kernel_reasons(self.kernel, problem, pass_)
-        if mask is not None and mask.num_heads > 1 and not self.kernel.caps.per_head_masks:
-            reasons.append(f"kernel {self.kernel.name} takes no per-KV-head masks")
-        return reasons
+        return cp_reasons(self.strategy, self.kernel, problem, mask, self.world, pass_)
 
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
         self.plan = self.strategy.plan(mask, problem, self.world)
@@ -80,6 +100,21 @@ class CPTarget:
     def extra_record_fields(self, record: RunRecord, mask: AttnMask) -> None:  # noqa: D102
         return None
 
+    def _split(self, pass_: str, total_s: float) -> dict[str, float]:
+        """The slowest rank's split of one pass: total, compute, comm, wait, other (ms).
+
+        Taken from one rank (the one with the longest pass) so the parts add up to its total;
+        ``other`` is time outside the phases (merging, layout changes, Python).
+        """
+        parts = {name: STATS.seconds.get(name, 0.0) for name in ("compute", "comm", "wait")}
+        STATS.seconds.clear()
+        totals = self.gather(total_s)
+        slowest = max(range(len(totals)), key=totals.__getitem__)
+        split = {"total": total_s, **parts}
+        split = {name: self.gather(value)[slowest] * 1e3 for name, value in split.items()}
+        split["other"] = split["total"] - split["compute"] - split["comm"] - split["wait"]
+        return {f"{pass_}_{name}": value for name, value in split.items()}
+
     def describe(
         self,
         record: RunRecord,
@@ -92,16 +127,19 @@ class CPTarget:
         assert plan is not None
         STATS.reset()
         leaves = [native[n].detach().clone().requires_grad_(backward) for n in ("q", "k", "v")]
+        phases: dict[str, float] = {}
+        self.ctx.barrier()  # every rank starts together, so waits are the strategy's own
+        start = time.perf_counter()
         out, _ = prepared.run(*leaves)
+        phases |= self._split("fwd", time.perf_counter() - start)
         if backward:
+            self.ctx.barrier()
+            start = time.perf_counter()
             out.backward(native["dout"])
+            phases |= self._split("bwd", time.perf_counter() - start)
         measured = {
             op: max_over_ranks([float(STATS.bytes_sent.get(op, 0))])[0]
             for op in sorted(plan.comm_bytes)
-        }
-        phases = {
-            name: max_over_ranks([STATS.seconds.get(name, 0.0) * 1e3])[0]
-            for name in ("compute", "comm", "wait")
         }
         analytic = {
             op: b for op, b in plan.comm_bytes.items() if backward or not is_backward_op(op)

@@ -42,12 +42,44 @@ def replicate_kv(x: torch.Tensor, heads: HeadSplit) -> torch.Tensor:
     return x.repeat_interleave(heads.kv_replication, dim=1) if heads.kv_replication > 1 else x
 
 
+class _TimedLocalCall(torch.autograd.Function):
+    """The local kernel call, with its backward timed as ``compute`` too.
+
+    Without this, autograd would run the kernel's backward between the all-to-all gradients
+    outside any phase, and the time split would show it as unexplained time.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedAttention
+    ) -> torch.Tensor:
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        with torch.enable_grad(), phase("compute"):
+            out, _ = prepared.run(*(prepared.to_native(t) for t in leaves))
+            out = prepared.from_native(out)
+        ctx.graph = (leaves, out)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        leaves, out = ctx.graph
+        with phase("compute"):
+            # retain_graph: the outer graph may be differentiated again (repeated backward)
+            found = torch.autograd.grad(out, leaves, dout, retain_graph=True, allow_unused=True)
+        grads = [
+            g if g is not None else torch.zeros_like(t) for g, t in zip(found, leaves, strict=True)
+        ]
+        return grads[0], grads[1], grads[2], None
+
+
 def local_call(
     prepared: PreparedAttention | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One kernel call in packed layout; an empty sub-mask gives zeros still tied to q."""
     if prepared is None:
         return q * 0, None  # keeps the autograd path (and so the collectives) of every rank
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _TimedLocalCall.apply(q, k, v, prepared), None
     with phase("compute"):
         out, lse = prepared.run(prepared.to_native(q), prepared.to_native(k), prepared.to_native(v))
         return prepared.from_native(out), lse

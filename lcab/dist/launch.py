@@ -141,6 +141,10 @@ def launch(
                 result = LaunchResult("timeout", f"no progress within {timeout_s:g} s")
                 break
     finally:
+        if result is None:  # every rank said done: let them exit on their own (briefly)
+            end = time.monotonic() + 10.0
+            for proc in procs:
+                proc.join(timeout=max(0.0, end - time.monotonic()))
         for proc in procs:
             if proc.is_alive():
                 proc.kill()

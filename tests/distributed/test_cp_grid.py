@@ -90,3 +90,23 @@ def test_sdpa_is_a_valid_local_kernel(tmp_path):
     ]
     failed = [o for o in run_grid(4, grid, tmp_path) if o.status != "ok"]
     assert not failed, [(o.case.label(), o.detail, o.errors) for o in failed]
+
+
+def test_backward_repeats_on_one_forward(tmp_path):
+    """The benchmark times backward by repeating it on one forward graph (retain_graph): every
+    strategy must give the same, correct gradients on the second call."""
+    grid = [
+        Case(
+            s,
+            tuple(sorted({**o, "balance": "zigzag"}.items())),
+            "causal_document",
+            mask_params("causal_document", 6),
+            SEQLEN,
+            24,
+            6,
+            backward_calls=3,
+        )
+        for s, o in strategies(4)
+    ]
+    failed = [o for o in run_grid(4, grid, tmp_path) if o.status != "ok"]
+    assert not failed, [(o.case.label(), o.detail, o.errors) for o in failed]
