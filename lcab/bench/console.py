@@ -79,5 +79,12 @@ def records_table(records: Sequence[RunRecord], title: str = "lcab results") -> 
 
 
 def print_records(records: Sequence[RunRecord], title: str = "lcab results") -> None:
-    """Print the results table."""
-    Console().print(records_table(records, title))
+    """Print the results table.
+
+    Not on a terminal (logs, CI, SLURM output files) rich would wrap the table at 80 columns and
+    make it unreadable, so it gets room for every column instead.
+    """
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(records_table(records, title))

@@ -160,10 +160,31 @@ class SDPAKernel(Kernel):
         return _PreparedSDPA(mask, problem, self.backend)
 
 
-def _pinned(kernel_name: str, backend_name: str, devices: frozenset[str], doc: str) -> type[Kernel]:
+class _MaskFreeSDPA(SDPAKernel):
+    """A pinned backend that takes no ``attn_mask`` (flash): only ``is_causal`` or nothing."""
+
+    def not_supported_reasons(
+        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
+    ) -> list[str]:
+        reasons = super().not_supported_reasons(problem, mask, pass_)
+        if mask is not None and _whole_mask_kind(mask) is None:
+            reasons.append(
+                f"SDPA's {self.backend} backend takes no attn_mask: only the full or causal "
+                f"mask (is_causal) over the whole sequence, not {mask.name!r}"
+            )
+        return reasons
+
+
+def _pinned(
+    kernel_name: str,
+    backend_name: str,
+    devices: frozenset[str],
+    doc: str,
+    base: type[SDPAKernel] = SDPAKernel,
+) -> type[Kernel]:
     cls = type(
         f"SDPA{backend_name.title().replace('_', '')}Kernel",
-        (SDPAKernel,),
+        (base,),
         {
             "name": kernel_name,
             "backend": backend_name,
@@ -182,7 +203,13 @@ def _pinned(kernel_name: str, backend_name: str, devices: frozenset[str], doc: s
     return register_kernel(cls)
 
 
-_pinned("sdpa_flash", "FLASH_ATTENTION", frozenset({"cuda"}), "SDPA pinned to its flash backend")
+_pinned(
+    "sdpa_flash",
+    "FLASH_ATTENTION",
+    frozenset({"cuda"}),
+    "SDPA pinned to its flash backend (full or causal only)",
+    _MaskFreeSDPA,
+)
 _pinned(
     "sdpa_efficient",
     "EFFICIENT_ATTENTION",

@@ -8,9 +8,15 @@ from collections.abc import Callable
 
 
 def _topics() -> dict[str, Callable[[], None]]:
-    from lcab.perf import harness, masks
+    from lcab.perf import balance, cp, harness, kernels, masks
 
-    return {"masks": masks.run, "harness": harness.run}
+    return {
+        "masks": masks.run,
+        "harness": harness.run,
+        "kernels": kernels.run,
+        "balance": balance.run,
+        "cp": cp.run,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

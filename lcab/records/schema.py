@@ -124,7 +124,8 @@ class RunRecord:
     comm_bytes_by_op: dict[str, list[int]] | None = None
     """Per operation: [measured, analytic] bytes of one forward(+backward) call."""
     phase_ms: dict[str, float] | None = None
-    """One untimed forward(+backward) call split into compute, comm and wait (max over ranks)."""
+    """One untimed call per pass, split on the slowest rank: ``<pass>_total``, ``_compute``,
+    ``_comm`` (collectives, incl. waiting for peers), ``_wait`` (on posted P2P), ``_other``."""
     balance_imbalance: float | None = None
     """max / mean attended area over ranks, from the plan."""
     padding_tokens: int | None = None

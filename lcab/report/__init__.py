@@ -1,0 +1,1 @@
+"""Reports generated from lcab's registries and records (support matrices, README sections)."""

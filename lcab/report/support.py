@@ -1,0 +1,208 @@
+"""Support matrices generated from the registries, never written by hand.
+
+* kernel x mask x pass: each kernel is judged on its *home* problem — the CPU defaults for
+  kernels that run on CPU, the paper's GPU shape (bf16, GQA 64:8, head dim 128) on CUDA for
+  GPU-only kernels — with this machine's circumstances (no CUDA, package not installed)
+  left out, so the matrix says what a kernel can do, not what this laptop has.
+* strategy x mask: which CPU local kernels run forward+backward under each CP strategy at
+  world 4, checked by the same `cp_reasons` the runner uses.
+
+Cells are derived from `Kernel.not_supported_reasons` and the CP checks, so the matrix cannot
+drift from what the runner actually skips; tests keep the README copy current.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lcab.bench.cell import CPU_PROBLEM, DTYPES, GPU_PROBLEM
+from lcab.cp.base import STRATEGIES
+from lcab.cp.target import cp_reasons
+from lcab.kernels import KERNELS, Kernel, Problem, get_kernel
+from lcab.masks import get_pattern, list_masks, make_mask
+from lcab.masks.core import AttnMask
+
+MATRIX_SEQLEN = 8192
+"""Length the masks are built at (block_causal_document's 1024-token blocks divide it)."""
+CP_WORLD = 4
+"""World size of the strategy matrix (the CPU default for cp != none)."""
+PASSES = ("fwd", "bwd")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One cell: which passes run, and why the others do not."""
+
+    passes: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        """``fwd+bwd``, ``fwd`` or ``-``."""
+        return "+".join(self.passes) if self.passes else "-"
+
+
+def home_problem(kernel: Kernel, heads_kv: int | None = None) -> Problem:
+    """The problem a kernel is judged on: CPU defaults if it runs on CPU, else the GPU shape."""
+    on_cpu = "cpu" in kernel.caps.devices
+    shape: dict[str, Any] = CPU_PROBLEM if on_cpu else GPU_PROBLEM
+    return Problem(
+        MATRIX_SEQLEN,
+        MATRIX_SEQLEN,
+        int(shape["heads_q"]),
+        int(heads_kv or shape["heads_kv"]),
+        int(shape["head_dim"]),
+        DTYPES[str(shape["dtype"])],
+        torch.device("cpu" if on_cpu else "cuda"),
+    )
+
+
+def matrix_mask(name: str, heads_kv: int) -> AttnMask:
+    """The mask ``name`` at `MATRIX_SEQLEN` (per-head masks get one slice set per KV head)."""
+    params = {"heads": heads_kv} if "heads" in get_pattern(name).param_names() else {}
+    return make_mask(name, MATRIX_SEQLEN, seed=0, **params)
+
+
+def kernel_verdict(kernel: Kernel, mask_name: str) -> Verdict:
+    """What ``kernel`` can run for ``mask_name`` on its home problem."""
+    problem = home_problem(kernel)
+    mask = matrix_mask(mask_name, problem.heads_kv)
+    machine = set(kernel.environment_reasons(problem.device))
+    runs, why = [], []
+    for pass_ in PASSES:
+        reasons = [
+            r for r in kernel.not_supported_reasons(problem, mask, pass_) if r not in machine
+        ]
+        if reasons:
+            why += [r for r in reasons if r not in why]
+        else:
+            runs.append(pass_)
+    return Verdict(tuple(runs), tuple(why))
+
+
+def strategy_kernels(strategy: str, mask_name: str, pass_: str = "bwd") -> list[str]:
+    """CPU kernels that run ``pass_`` (bwd implies fwd) under ``strategy`` for the mask."""
+    names = []
+    for name in KERNELS.names():
+        kernel = get_kernel(name)
+        if name == "reference" or "cpu" not in kernel.caps.devices:
+            continue
+        problem = home_problem(kernel)
+        mask = matrix_mask(mask_name, problem.heads_kv)
+        instance = STRATEGIES.get(strategy)({}, CP_WORLD)
+        if not any(
+            cp_reasons(instance, kernel, problem, mask, CP_WORLD, p) for p in ("fwd", pass_)
+        ):
+            names.append(name)
+    return names
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+SYMBOLS = {("fwd", "bwd"): "✓", ("fwd",): "fwd", (): "–"}
+
+
+def kernel_matrix_markdown() -> str:
+    """Markdown: kernels (rows) x masks (columns); ✓ = fwd+bwd, ``fwd`` = forward only."""
+    masks = list_masks()
+    rows, notes = [], []
+    for name in KERNELS.names():
+        kernel = get_kernel(name)
+        home = "CPU" if "cpu" in kernel.caps.devices else "GPU"
+        label = f"`{name}` ({home}{'*' if not kernel.caps.adapter_ready else ''})"
+        verdicts = {m: kernel_verdict(kernel, m) for m in masks}
+        rows.append([label] + [SYMBOLS.get(verdicts[m].passes, "?") for m in masks])
+        by_reason: dict[str, list[str]] = {}
+        for m, v in verdicts.items():
+            for reason in v.reasons:
+                by_reason.setdefault(_category(reason), []).append(m)
+        if by_reason:
+            parts = [
+                f"{why} ({', '.join(sorted(set(ms), key=masks.index))})"
+                if len(set(ms)) < len(masks)
+                else why
+                for why, ms in by_reason.items()
+            ]
+            notes.append(f"- `{name}`: " + "; ".join(parts))
+    out = _table(["kernel"] + [f"`{m}`" for m in masks], rows)
+    out += ["", "Why a cell is not ✓:", "", *notes]
+    out += [
+        "",
+        "`*` capability declared, adapter not written yet: its cells end as `skipped` "
+        "naming what is missing.",
+    ]
+    return "\n".join(out)
+
+
+def _category(reason: str) -> str:
+    """The stable part of a reason (drops the instance detail after the first colon)."""
+    if reason.startswith("mask not expressible as"):
+        return reason.split(":")[0]
+    if reason.startswith("no per-KV-head masks"):
+        return "no per-KV-head masks"
+    if reason.startswith("SDPA's"):
+        return reason.split(", not")[0]
+    return reason
+
+
+def strategy_matrix_markdown() -> str:
+    """Markdown: strategies x masks; each row names its CPU local kernels (fwd+bwd).
+
+    A cell is ✓ when every kernel of its row runs that mask under the strategy, else it lists
+    the kernels that do (``–``: none).
+    """
+    masks = list_masks()
+    rows = []
+    for strategy in STRATEGIES.names():
+        per_mask = {m: strategy_kernels(strategy, m) for m in masks}
+        common = sorted(set.union(*(set(k) for k in per_mask.values())))
+        cells = [
+            "✓"
+            if per_mask[m] == [k for k in KERNELS.names() if k in common]
+            else (", ".join(per_mask[m]) or "–")
+            for m in masks
+        ]
+        rows.append([f"`{strategy}`", ", ".join(common), *cells])
+    header = ["strategy", f"CPU local kernels (fwd+bwd, world {CP_WORLD})"]
+    return "\n".join(_table(header + [f"`{m}`" for m in masks], rows))
+
+
+def kernel_list_markdown() -> str:
+    """Markdown: every registered kernel with its declared capabilities."""
+    rows = []
+    for name in KERNELS.names():
+        kernel = get_kernel(name)
+        caps = kernel.caps
+        rows.append(
+            [
+                f"`{name}`",
+                kernel.summary,
+                "/".join(sorted(caps.devices)),
+                "/".join(sorted(caps.backward_devices)) or "–",
+                caps.lowering,
+                "yes" if caps.per_head_masks else "no",
+                "/".join(d for d in ("cpu", "cuda") if d in caps.devices and kernel.returns_lse(d))
+                or "–",
+                f"`{caps.pip_name or caps.package}`" if caps.package else "torch",
+                "yes" if caps.adapter_ready else "not yet",
+            ]
+        )
+    header = [
+        "kernel",
+        "what",
+        "devices",
+        "backward",
+        "mask form",
+        "per-head masks",
+        "LSE on",
+        "needs",
+        "adapter",
+    ]
+    return "\n".join(_table(header, rows))
