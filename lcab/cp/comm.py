@@ -10,8 +10,8 @@ Time spent inside communication calls is recorded too, split into ``comm`` (bloc
 collectives, including waiting for slower peers) and ``wait`` (blocking on a P2P transfer that
 was posted before compute), so users see where a step's time goes.
 
-The collectives used are the ones gloo and NCCL both implement (all_to_all_single,
-all_gather_into_tensor into a flat output, reduce_scatter_tensor, batch_isend_irecv), so the
+The collectives used are the ones gloo and NCCL both implement (all_to_all_single, the flat
+all-gather and reduce-scatter, batch_isend_irecv), so the
 same code runs on CPU and GPU.
 """
 
@@ -146,22 +146,27 @@ def all_to_all(x: torch.Tensor, group: Any, op: str = "all_to_all") -> torch.Ten
     return _AllToAll.apply(x, group, op)
 
 
+# torch >= 2.10 renamed the flat collectives (the old names warn); older releases have only those
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def all_gather_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
-    """all_gather_into_tensor into a flat output along dim 0 (rank order), counted."""
+    """All-gather into a flat output along dim 0 (rank order), counted."""
     size = _group_size(group)
     out = torch.empty((size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     with phase("comm"):
-        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        all_gather_flat(out, x.contiguous(), group=group)
     _count(op, nbytes(x) * (size - 1))
     return out
 
 
 def reduce_scatter_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
-    """reduce_scatter_tensor (sum) along dim 0, counted."""
+    """Reduce-scatter (sum) along dim 0, counted."""
     size = _group_size(group)
     out = torch.empty((x.shape[0] // size, *x.shape[1:]), dtype=x.dtype, device=x.device)
     with phase("comm"):
-        dist.reduce_scatter_tensor(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
+        _REDUCE_SCATTER(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
     _count(op, nbytes(out) * (size - 1))
     return out
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from lcab.cp.base import Plan
+from lcab.cp.comm import all_gather_flat
 from lcab.kernels import PreparedAttention
 from lcab.masks.core import AttnMask
 
@@ -48,7 +48,7 @@ class CPPrepared(PreparedAttention):
         gathered = torch.empty(
             (self.plan.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device
         )
-        dist.all_gather_into_tensor(gathered, x.detach().contiguous())
+        all_gather_flat(gathered, x.detach().contiguous())  # unsharding: not counted as CP comm
         out = x.new_zeros((self.seqlen, *x.shape[1:]))
         out[self._all_index.to(x.device)] = gathered[self._all_real.to(x.device)]
         return out
