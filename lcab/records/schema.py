@@ -54,9 +54,7 @@ class PassResult:
     errors: dict[str, float] | None = None
     """Per tensor: normalised max error (out, lse, dq, dk, dv)."""
     rank_ms_p50: list[float] | None = None
-    """Under CP: each rank's own p50 time."""
-    phase_ms: dict[str, float] | None = None
-    """Under CP: time split (e.g. compute, comm, wait) of one call."""
+    """Under CP: each rank's own p50 time (the time split per pass is the record's phase_ms)."""
 
 
 @dataclass
