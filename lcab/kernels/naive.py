@@ -28,6 +28,7 @@ class _PreparedNaive(PreparedAttention):
             .reshape(1, -1, dense.shape[-2], 1)
             .expand(1, problem.heads_q, dense.shape[-2], 1)
         )
+        self.has_empty = bool(self.empty.any())
         self.group = problem.gqa_group
         self.scale = 1.0 / math.sqrt(problem.head_dim)
 
@@ -37,13 +38,18 @@ class _PreparedNaive(PreparedAttention):
         if self.group > 1:
             k = k.repeat_interleave(self.group, dim=1)
             v = v.repeat_interleave(self.group, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale + self.bias
+        # in place: matmul's backward needs q and k, not its output (one S² pass saved each)
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.scale).add_(self.bias)
         wide = scores.to(torch.promote_types(scores.dtype, torch.float32))  # softmax in >= fp32
-        # Rows with no key: softmax over zeros instead of -inf (finite gradients), then zeroed.
-        wide = wide.masked_fill(self.empty, 0.0)
+        if self.has_empty:
+            # rows with no key: softmax over zeros instead of -inf (finite gradients), zeroed later
+            wide = wide.masked_fill(self.empty, 0.0)
         lse = torch.logsumexp(wide, dim=-1)
-        probs = torch.exp(wide - lse.unsqueeze(-1)).masked_fill(self.empty, 0.0).to(q.dtype)
-        return torch.matmul(probs, v), lse[0].masked_fill(self.empty[0, :, :, 0], float("-inf"))
+        probs = torch.softmax(wide, dim=-1)
+        if self.has_empty:
+            probs = probs.masked_fill(self.empty, 0.0)
+            lse = lse.masked_fill(self.empty[..., 0], float("-inf"))
+        return torch.matmul(probs.to(q.dtype), v), lse[0]
 
 
 @register_kernel

@@ -73,7 +73,9 @@ def test_every_strategy_mask_and_balancer_matches_reference(world, tmp_path):
     assert not skipped, [f"{o.case.label()}: {o.detail}" for o in skipped[:5]]
 
 
-def test_sdpa_is_a_valid_local_kernel(tmp_path):
+@pytest.mark.parametrize("kernel", ["sdpa", "naive", "sparse"])
+def test_other_cpu_kernels_are_valid_local_kernels(tmp_path, kernel):
+    """Every CPU kernel the strategy matrix admits gives the reference result under CP."""
     grid = [
         Case(
             s,
@@ -83,10 +85,10 @@ def test_sdpa_is_a_valid_local_kernel(tmp_path):
             SEQLEN,
             24,
             6,
-            kernel="sdpa",
+            kernel=kernel,
         )
         for s, o in strategies(4)
-        for m in ("causal", "causal_document", "share_question")
+        for m in ("causal", "causal_document", "share_question", "block_sparse")
     ]
     failed = [o for o in run_grid(4, grid, tmp_path) if o.status != "ok"]
     assert not failed, [(o.case.label(), o.detail, o.errors) for o in failed]
