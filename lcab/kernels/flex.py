@@ -2,7 +2,10 @@
 
 ``compile=True`` (default) runs ``torch.compile(flex_attention)``, the way FlexAttention is
 meant to be used; compilation is timed as setup (first call), not as the kernel. PyTorch has no
-FlexAttention backward on CPU, so backward cells on CPU are skipped with that reason.
+FlexAttention backward on CPU, so backward cells on CPU are skipped with that reason; and its
+compiled CPU path cannot return the log-sum-exp (torch 2.13: "torch.compile on CPU only
+supports inference and return_lse is not supported yet"), so compiled on CPU the kernel returns
+no LSE (numerics then check the output only; strategies that merge by LSE refuse it).
 """
 
 from __future__ import annotations
@@ -45,21 +48,17 @@ class _PreparedFlex(PreparedAttention):
         from torch.nn.attention.flex_attention import AuxRequest
 
         self.aux = AuxRequest(lse=True)
+        self.with_lse = not (compiled and problem.device.type == "cpu")
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if q.device.type == "cpu":  # forward only on CPU; Flex refuses inputs that need grad
             q, k, v = q.detach(), k.detach(), v.detach()
-        out, aux = self.fn(
-            q,
-            k,
-            v,
-            block_mask=self.block_mask,
-            scale=self.scale,
-            enable_gqa=self.gqa,
-            return_aux=self.aux,
-        )
+        args = {"block_mask": self.block_mask, "scale": self.scale, "enable_gqa": self.gqa}
+        if not self.with_lse:
+            return self.fn(q, k, v, **args), None
+        out, aux = self.fn(q, k, v, **args, return_aux=self.aux)
         return out, aux.lse[0].to(lse_dtype(q.dtype))
 
 
@@ -99,6 +98,10 @@ class FlexKernel(Kernel):
         reasons = super().not_supported_reasons(problem, mask, pass_)
         # the precise CPU reason replaces the generic "no backward on cpu" one
         return [r for r in reasons if not r.startswith("no backward pass on cpu")]
+
+    def returns_lse(self, device_type: str) -> bool:
+        """No LSE from the compiled CPU path (see the module docstring)."""
+        return not (self.options["compile"] and device_type == "cpu")
 
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
         return _PreparedFlex(

@@ -129,3 +129,20 @@ def test_rows_without_keys_give_zero_output_and_minus_inf_lse():
         out, lse = get_kernel(name)(q, k[50:], v[50:], mask)
         assert torch.all(out[:50] == 0) and torch.isinf(lse[:, :50]).all()
         assert not math.isnan(float(out.sum()))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's own, raised while compiling
+def test_compiled_flex_runs_forward_on_cpu_without_lse():
+    """The default (compiled) flex path: PyTorch's compiled CPU FlexAttention returns no LSE."""
+    kernel = get_kernel("flex")
+    assert kernel.options["compile"] and not kernel.returns_lse("cpu")
+    mask = make_mask(
+        "causal_document", 256, seed=1, doc_source="uniform", min_doc_len=16, max_doc_len=96
+    )
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(256, h, 16, generator=gen) for h in (4, 2, 2))
+    out, lse = kernel(q, k, v, mask)
+    expected, _ = get_kernel("reference")(q.double(), k.double(), v.double(), mask)
+    assert lse is None
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
