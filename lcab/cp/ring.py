@@ -85,12 +85,11 @@ class RingP2P(Strategy):
         """The callable of ``ctx.rank``, with every step's kernel prepared."""
         layouts = list(plan.placement.layouts)
         ranks = list(range(plan.world))
-        spec = RingSpec(
+        spec = RingSpec.of_steps(
             ranks,
             ctx.rank,
             ctx.group(ranks),
             ring_steps(plan, mask, problem, kernel, ctx.rank, 0, layouts),
-            "ring",
         )
 
         def run(q: Any, k: Any, v: Any) -> Any:

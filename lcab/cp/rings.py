@@ -1,11 +1,11 @@
 """Ring executors: K/V blocks travel around a ring while each rank attends to the block in hand.
 
-`RingAttention` is the plain ring (Ring P2P, and the ring dimension of USP); `DoubleRingAttention`
-is LoongTrain's: the ring is cut into windows, an inner ring rotates blocks inside a window and
-an outer ring passes each window's block to the next window, prefetched while the inner ring
-works. Both are autograd Functions with explicit backward passes, because the backward must
-move data too: K/V travel again and each block's dK/dV accumulator travels *with* its block,
-one hop behind, until it is back at its owner — so gradients need no extra all-reduce.
+`RingAttention` runs a `RingSpec`: the plain ring (Ring P2P, and the ring dimension of USP) is
+one window; LoongTrain's double ring cuts the ring into windows, an inner ring rotates blocks
+inside a window and an outer ring passes each window's block to the next window, prefetched
+while the inner ring works. It is an autograd Function with an explicit backward, because the
+backward must move data too: K/V travel again and each block's dK/dV accumulator travels *with*
+its block, one hop behind, until it is back at its owner — so gradients need no all-reduce.
 
 Each step computes local queries against one block with the step's own sub-mask (an empty
 sub-mask skips the compute but not the transfer). Partial results merge by log-sum-exp in
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lcab.cp.comm import exchange, phase
+from lcab.cp.comm import PendingExchange, exchange, phase
 from lcab.cp.merge import accumulator_dtype, merge_into
 from lcab.kernels import PreparedAttention
 
@@ -74,102 +74,29 @@ def attend_backward(
 
 @dataclass
 class RingSpec:
-    """A plain ring: global ranks in ring order, this rank's position, its steps."""
+    """A ring schedule: global ranks in ring order, this rank's position, its steps.
+
+    ``windows == 1`` is the plain ring (Ring P2P, USP's ring); ``windows > 1`` is LoongTrain's
+    double ring of ``windows`` windows of ``size // windows`` positions. Transfers are counted
+    under ``{inner}_kv``, ``{inner}_kv_bwd``, ``{inner}_dkv`` inside a window and the same
+    suffixes on ``outer`` between windows.
+    """
 
     ranks: list[int]
     position: int
-    group: Any
-    steps: list[Step]
-    op: str = "ring"
-
-    @property
-    def size(self) -> int:
-        """Ring size."""
-        return len(self.ranks)
-
-    @property
-    def next(self) -> int:
-        """Global rank of the next position."""
-        return self.ranks[(self.position + 1) % self.size]
-
-    @property
-    def prev(self) -> int:
-        """Global rank of the previous position."""
-        return self.ranks[(self.position - 1) % self.size]
-
-
-def _zeros_like(x: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(x.shape, dtype=accumulator_dtype(x.dtype), device=x.device)
-
-
-class RingAttention(torch.autograd.Function):
-    """Ring P2P attention of local q against every rank's k/v (see module docstring)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingSpec
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out, lse) of the local queries against every block of the ring."""
-        out = _zeros_like(q)
-        lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=out.dtype, device=q.device)
-        kv = [k, v]
-        for i, step in enumerate(ring.steps):
-            pending = (
-                exchange(kv, ring.next, ring.prev, ring.group, f"{ring.op}_kv")
-                if i < ring.size - 1
-                else None
-            )
-            if step.prepared is not None:
-                part, part_lse = attend(step, q, kv[0], kv[1])
-                with phase("compute"):
-                    merge_into(out, lse, part, part_lse)
-            if pending is not None:
-                kv = pending.wait()
-        result = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, result, lse)
-        ctx.ring = ring
-        ctx.mark_non_differentiable(lse)
-        return result, lse
-
-    @staticmethod
-    def backward(
-        ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-        """(dq, dk, dv): blocks travel again, each dK/dV accumulator following its block."""
-        q, k, v, out, lse = ctx.saved_tensors
-        ring: RingSpec = ctx.ring
-        dq = _zeros_like(q)
-        kv = [k, v]
-        acc = [_zeros_like(k), _zeros_like(v)]  # dK/dV of the block in hand, travelling with it
-        for i, step in enumerate(ring.steps):
-            pending = (
-                exchange(kv, ring.next, ring.prev, ring.group, f"{ring.op}_kv_bwd")
-                if i < ring.size - 1
-                else None
-            )
-            if step.prepared is not None:
-                gq, gk, gv = attend_backward(step, dout, q, kv[0], kv[1], out, lse)
-                dq += gq
-                acc[0] += gk
-                acc[1] += gv
-            if ring.size > 1:  # hand the accumulator on; receive the next block's
-                acc = exchange(acc, ring.next, ring.prev, ring.group, f"{ring.op}_dkv").wait()
-            if pending is not None:
-                kv = pending.wait()
-        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None
-
-
-@dataclass
-class DoubleRingSpec:
-    """LoongTrain's double ring: ``windows`` windows of ``size // windows`` ring positions."""
-
-    ranks: list[int]
-    position: int
-    windows: int
     group: Any
     steps: dict[int, Step]
     """Step of each source ring position."""
-    op: str = "loong"
+    windows: int = 1
+    inner: str = "ring"
+    outer: str = "ring_outer"
+
+    @classmethod
+    def of_steps(
+        cls, ranks: list[int], position: int, group: Any, steps: list[Step], **kw: Any
+    ) -> RingSpec:
+        """A schedule from a list of steps (any order), keyed by their source position."""
+        return cls(ranks, position, group, {s.source: s for s in steps}, **kw)
 
     @property
     def size(self) -> int:
@@ -194,30 +121,32 @@ class DoubleRingSpec:
         """Position inside the window."""
         return self.position % self.window_size
 
-    def inner_next(self) -> int:  # noqa: D102
-        return self._at(self.window, self.slot + 1)
-
-    def inner_prev(self) -> int:  # noqa: D102
-        return self._at(self.window, self.slot - 1)
-
-    def outer_next(self) -> int:  # noqa: D102
-        return self._at(self.window + 1, self.slot)
-
-    def outer_prev(self) -> int:  # noqa: D102
-        return self._at(self.window - 1, self.slot)
-
     def source(self, outer: int, inner: int) -> int:
         """Ring position of the block held at outer step ``outer``, inner step ``inner``."""
         window = (self.window - outer) % self.windows
         return window * self.window_size + (self.slot - inner) % self.window_size
 
+    def pass_inner(self, tensors: list[torch.Tensor], what: str) -> PendingExchange:
+        """Send ``tensors`` to the next position of the window; receive the previous one's."""
+        nxt, prev = self._at(self.window, self.slot + 1), self._at(self.window, self.slot - 1)
+        return exchange(tensors, nxt, prev, self.group, f"{self.inner}_{what}")
 
-class DoubleRingAttention(torch.autograd.Function):
-    """LoongTrain double-ring attention (see module docstring)."""
+    def pass_outer(self, tensors: list[torch.Tensor], what: str) -> PendingExchange:
+        """Send ``tensors`` to the same slot of the next window; receive the previous window's."""
+        nxt, prev = self._at(self.window + 1, self.slot), self._at(self.window - 1, self.slot)
+        return exchange(tensors, nxt, prev, self.group, f"{self.outer}_{what}")
+
+
+def _zeros_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(x.shape, dtype=accumulator_dtype(x.dtype), device=x.device)
+
+
+class RingAttention(torch.autograd.Function):
+    """Ring attention of local q against every rank's k/v (see module docstring)."""
 
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: DoubleRingSpec
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingSpec
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse) of the local queries against every block of the ring."""
         out = _zeros_like(q)
@@ -225,26 +154,11 @@ class DoubleRingAttention(torch.autograd.Function):
         window_kv = [k, v]
         s, w = ring.window_size, ring.windows
         for o in range(w):
-            prefetch = (  # the next window's block, fetched while the inner ring works
-                exchange(
-                    window_kv,
-                    ring.outer_next(),
-                    ring.outer_prev(),
-                    ring.group,
-                    f"{ring.op}_outer_kv",
-                )
-                if o < w - 1
-                else None
-            )
+            # the next window's block, fetched while the inner ring works
+            prefetch = ring.pass_outer(window_kv, "kv") if o < w - 1 else None
             kv = window_kv
             for t in range(s):
-                pending = (
-                    exchange(
-                        kv, ring.inner_next(), ring.inner_prev(), ring.group, f"{ring.op}_inner_kv"
-                    )
-                    if t < s - 1
-                    else None
-                )
+                pending = ring.pass_inner(kv, "kv") if t < s - 1 else None
                 step = ring.steps[ring.source(o, t)]
                 if step.prepared is not None:
                     part, part_lse = attend(step, q, kv[0], kv[1])
@@ -266,59 +180,31 @@ class DoubleRingAttention(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
         """(dq, dk, dv): blocks travel again, each dK/dV accumulator following its block."""
         q, k, v, out, lse = ctx.saved_tensors
-        ring: DoubleRingSpec = ctx.ring
+        ring: RingSpec = ctx.ring
         s, w = ring.window_size, ring.windows
         dq = _zeros_like(q)
         window_kv = [k, v]
-        window_acc = [_zeros_like(k), _zeros_like(v)]
+        # dK/dV of the block in hand, travelling with it (fresh buffers: updated in place)
+        acc = [_zeros_like(k), _zeros_like(v)]
         for o in range(w):
-            prefetch = (
-                exchange(
-                    window_kv,
-                    ring.outer_next(),
-                    ring.outer_prev(),
-                    ring.group,
-                    f"{ring.op}_outer_kv_bwd",
-                )
-                if o < w - 1
-                else None
-            )
-            kv, acc = window_kv, window_acc
+            prefetch = ring.pass_outer(window_kv, "kv_bwd") if o < w - 1 else None
+            kv = window_kv
             for t in range(s):
-                pending = (
-                    exchange(
-                        kv,
-                        ring.inner_next(),
-                        ring.inner_prev(),
-                        ring.group,
-                        f"{ring.op}_inner_kv_bwd",
-                    )
-                    if t < s - 1
-                    else None
-                )
+                pending = ring.pass_inner(kv, "kv_bwd") if t < s - 1 else None
                 step = ring.steps[ring.source(o, t)]
                 if step.prepared is not None:
                     gq, gk, gv = attend_backward(step, dout, q, kv[0], kv[1], out, lse)
                     dq += gq
-                    acc = [acc[0] + gk, acc[1] + gv]
+                    acc[0] += gk
+                    acc[1] += gv
                 if s > 1:  # the accumulator follows its block one inner hop behind
-                    acc = exchange(
-                        acc,
-                        ring.inner_next(),
-                        ring.inner_prev(),
-                        ring.group,
-                        f"{ring.op}_inner_dkv",
-                    ).wait()
+                    acc = ring.pass_inner(acc, "dkv").wait()
                 if pending is not None:
                     kv = pending.wait()
             # back home in the window: the window block's accumulator goes on to the next
             # window with its block (the gradient synchronisation at each outer step)
             if w > 1:
-                window_acc = exchange(
-                    acc, ring.outer_next(), ring.outer_prev(), ring.group, f"{ring.op}_outer_dkv"
-                ).wait()
-            else:
-                window_acc = acc
+                acc = ring.pass_outer(acc, "dkv").wait()
             if prefetch is not None:
                 window_kv = prefetch.wait()
-        return dq.to(q.dtype), window_acc[0].to(k.dtype), window_acc[1].to(v.dtype), None
+        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None

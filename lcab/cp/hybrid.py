@@ -1,0 +1,77 @@
+"""Ulysses inside a group around a ring across groups: what USP and LoongTrain share.
+
+Tokens are placed on R ring shards (by the balancer) and each shard is split contiguously among
+the U ranks of a Ulysses group. An all-to-all gives each rank its ring shard for Hq / U heads, a
+ring over the R groups (ranks with the same Ulysses position) merges the keys of every shard,
+and a final all-to-all returns to sequence sharding. The strategies differ only in the ring's
+schedule (plain or windowed) and therefore its traffic, so that is all a subclass says.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import torch
+
+from lcab.cp.base import Plan, Strategy, element_bytes
+from lcab.cp.prepared import CPPrepared
+from lcab.cp.ring import ring_steps
+from lcab.cp.rings import RingAttention, RingSpec, Step
+from lcab.cp.ulysses import a2a_bytes, heads_to_seq, replicate_kv, seq_to_heads
+from lcab.kernels import Kernel, Problem
+from lcab.masks.core import AttnMask
+
+
+class UlyssesRing(Strategy):
+    """Ulysses (``ulysses_degree``, default: devices per node) x a ring over the groups."""
+
+    def ulysses_degree(self, world: int) -> int:  # noqa: D102
+        degree = self.options.get("ulysses_degree")
+        return int(degree) if degree is not None else min(self.devices_per_node, world)
+
+    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:  # noqa: D102
+        out = self.ring_volume(plan, problem)
+        if plan.ulysses > 1:
+            one_way = a2a_bytes(plan, problem, element_bytes(problem))
+            out |= {"a2a": one_way, "a2a_grad": one_way}
+        return out
+
+    @abstractmethod
+    def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
+        """Analytic bytes one rank sends around the ring (fwd + bwd), per operation name."""
+
+    @abstractmethod
+    def ring_spec(
+        self, plan: Plan, ranks: list[int], position: int, group: Any, steps: list[Step]
+    ) -> RingSpec:
+        """The ring schedule of ring position ``position`` over global ``ranks``."""
+
+    def build(
+        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, ctx: Any
+    ) -> CPPrepared:
+        """The callable of ``ctx.rank``, with every step's kernel prepared."""
+        grid = plan.grid(ctx.rank)
+        a2a_group, ring_group = grid.create_groups(ctx)
+        steps = ring_steps(
+            plan,
+            mask,
+            problem,
+            kernel,
+            grid.ring_index,
+            grid.ulysses_index,
+            list(plan.placement.layouts),
+        )
+        spec = self.ring_spec(plan, grid.my_ring(), grid.ring_index, ring_group, steps)
+        u, heads = plan.ulysses, plan.heads
+
+        def run(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+            k, v = replicate_kv(k, heads), replicate_kv(v, heads)
+            if u > 1:
+                q, k, v = (seq_to_heads(t, a2a_group, u) for t in (q, k, v))
+            out, _ = RingAttention.apply(q, k, v, spec)
+            return (heads_to_seq(out, a2a_group, u) if u > 1 else out), None
+
+        return CPPrepared(plan, ctx.rank, run, mask)
