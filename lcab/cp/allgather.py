@@ -15,6 +15,7 @@ import torch
 
 from lcab.cp.base import Plan, Strategy, element_bytes, register_strategy, step_mask
 from lcab.cp.comm import all_gather_raw, phase, reduce_scatter_raw
+from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
 from lcab.kernels import Kernel, PreparedAttention, Problem
 from lcab.masks.core import AttnMask
@@ -32,7 +33,7 @@ class _AllGatherAttention(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         k_all = all_gather_raw(k, group, "allgather_kv")
         v_all = all_gather_raw(v, group, "allgather_kv")
-        leaves = [t.detach().requires_grad_(True) for t in (q, k_all, v_all)]
+        leaves = detached_leaves(q, k_all, v_all)
         with torch.enable_grad(), phase("compute"):
             if prepared is None:
                 out = leaves[0] * 0
@@ -57,12 +58,7 @@ class _AllGatherAttention(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
         leaves, out = ctx.graph
         with phase("compute"):
-            # retain_graph: the outer graph may be differentiated again (benchmarks repeat the
-            # backward of one forward); autograd.grad leaves no .grad to accumulate across calls
-            found = torch.autograd.grad(out, leaves, dout, retain_graph=True, allow_unused=True)
-        grads = [
-            g if g is not None else torch.zeros_like(t) for g, t in zip(found, leaves, strict=True)
-        ]
+            grads = leaf_grads(out, leaves, dout)
         dk = reduce_scatter_raw(grads[1], ctx.group, "allgather_kv_grad")
         dv = reduce_scatter_raw(grads[2], ctx.group, "allgather_kv_grad")
         return grads[0], dk, dv, None, None

@@ -171,22 +171,6 @@ def reduce_scatter_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
     return out
 
 
-class _AllGather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
-        ctx.group, ctx.op = group, op
-        return all_gather_raw(x, group, op)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return reduce_scatter_raw(grad, ctx.group, ctx.op + "_grad"), None, None
-
-
-def all_gather(x: torch.Tensor, group: Any, op: str = "all_gather") -> torch.Tensor:
-    """Differentiable all-gather along dim 0 (backward: reduce-scatter of the gradient)."""
-    return _AllGather.apply(x, group, op)
-
-
 # ---------------------------------------------------------------------------- control traffic
 def max_over_ranks(values: list[float], group: Any = None) -> list[float]:
     """Element-wise max over ranks (e.g. per-repetition times); not counted as data."""

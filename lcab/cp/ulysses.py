@@ -17,6 +17,7 @@ import torch
 
 from lcab.cp.base import HeadSplit, Plan, Strategy, register_strategy, step_mask
 from lcab.cp.comm import all_to_all, phase
+from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
 from lcab.kernels import Kernel, PreparedAttention, Problem
 from lcab.masks.core import AttnMask
@@ -53,7 +54,7 @@ class _TimedLocalCall(torch.autograd.Function):
     def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedAttention
     ) -> torch.Tensor:
-        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        leaves = detached_leaves(q, k, v)
         with torch.enable_grad(), phase("compute"):
             out, _ = prepared.run(*(prepared.to_native(t) for t in leaves))
             out = prepared.from_native(out)
@@ -64,11 +65,7 @@ class _TimedLocalCall(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         leaves, out = ctx.graph
         with phase("compute"):
-            # retain_graph: the outer graph may be differentiated again (repeated backward)
-            found = torch.autograd.grad(out, leaves, dout, retain_graph=True, allow_unused=True)
-        grads = [
-            g if g is not None else torch.zeros_like(t) for g, t in zip(found, leaves, strict=True)
-        ]
+            grads = leaf_grads(out, leaves, dout)
         return grads[0], grads[1], grads[2], None
 
 
