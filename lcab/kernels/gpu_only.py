@@ -10,6 +10,8 @@ machine the reasons name the missing CUDA device and package.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
@@ -18,6 +20,24 @@ from lcab.masks.core import AttnMask
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _CUDA = frozenset({"cuda"})
+
+
+def _cuda_caps(
+    *, lowering: str, package: str, pip_name: str, sm: tuple[int, int], **more: Any
+) -> KernelCaps:
+    """What every one of these kernels shares: CUDA fwd + bwd in half precision, no adapter yet."""
+    fields: dict[str, Any] = {"max_head_dim": 256} | more
+    return KernelCaps(
+        devices=_CUDA,
+        dtypes=_HALF,
+        lowering=lowering,
+        backward_devices=_CUDA,
+        package=package,
+        pip_name=pip_name,
+        min_compute_capability=sm,
+        adapter_ready=False,
+        **fields,
+    )
 
 
 class _GpuOnlyKernel(Kernel):
@@ -33,16 +53,11 @@ class FA2Kernel(_GpuOnlyKernel):
 
     name = "fa2"
     summary = "FlashAttention 2 (flash_attn), varlen + window"
-    caps = KernelCaps(
-        devices=_CUDA,
-        dtypes=_HALF,
+    caps = _cuda_caps(
         lowering="varlen",
-        backward_devices=_CUDA,
-        max_head_dim=256,
         package="flash_attn",
         pip_name="flash-attn",
-        min_compute_capability=(8, 0),
-        adapter_ready=False,
+        sm=(8, 0),
     )
 
 
@@ -52,16 +67,11 @@ class FA3Kernel(_GpuOnlyKernel):
 
     name = "fa3"
     summary = "FlashAttention 3 (flash_attn_interface, Hopper), varlen + window"
-    caps = KernelCaps(
-        devices=_CUDA,
-        dtypes=_HALF,
+    caps = _cuda_caps(
         lowering="varlen",
-        backward_devices=_CUDA,
-        max_head_dim=256,
         package="flash_attn_interface",
         pip_name="flash-attn-3 (built from the flash-attention repo's hopper/ directory)",
-        min_compute_capability=(9, 0),
-        adapter_ready=False,
+        sm=(9, 0),
     )
 
 
@@ -71,16 +81,11 @@ class CudnnKernel(_GpuOnlyKernel):
 
     name = "cudnn"
     summary = "cuDNN fused attention via TransformerEngine, varlen + window"
-    caps = KernelCaps(
-        devices=_CUDA,
-        dtypes=_HALF,
+    caps = _cuda_caps(
         lowering="varlen",
-        backward_devices=_CUDA,
-        max_head_dim=256,
         package="transformer_engine",
         pip_name="transformer-engine[pytorch]",
-        min_compute_capability=(8, 0),
-        adapter_ready=False,
+        sm=(8, 0),
     )
 
 
@@ -90,17 +95,12 @@ class FlashMaskKernel(_GpuOnlyKernel):
 
     name = "flashmask"
     summary = "FlashMask (paddle), column-wise row intervals"
-    caps = KernelCaps(
-        devices=_CUDA,
-        dtypes=_HALF,
+    caps = _cuda_caps(
         lowering="flashmask",
-        backward_devices=_CUDA,
-        max_head_dim=256,
-        per_head_masks=True,
         package="paddle",
         pip_name="paddlepaddle-gpu",
-        min_compute_capability=(8, 0),
-        adapter_ready=False,
+        sm=(8, 0),
+        per_head_masks=True,
     )
 
 
@@ -110,14 +110,11 @@ class FFAKernel(_GpuOnlyKernel):
 
     name = "ffa"
     summary = "MagiAttention FFA (magi_attention), slices natively"
-    caps = KernelCaps(
-        devices=_CUDA,
-        dtypes=_HALF,
+    caps = _cuda_caps(
         lowering="ffa",
-        backward_devices=_CUDA,
-        head_dims=frozenset({64, 128}),
         package="magi_attention",
         pip_name="magi_attention (source build, Hopper/Blackwell)",
-        min_compute_capability=(9, 0),
-        adapter_ready=False,
+        sm=(9, 0),
+        head_dims=frozenset({64, 128}),
+        max_head_dim=None,
     )
