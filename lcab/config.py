@@ -231,6 +231,9 @@ class LcabConfig:
     """Seed of inputs and (unless mask.seed is set) of the masks."""
     study: str = "lcab"
     """Name of the study; prefixes sweep ids."""
+    resume: bool = False
+    """Keep the lengths this job's output folder already settled (same config) and run only the
+    rest; give the old folder with hydra.run.dir= / hydra.sweep.dir= (see lcab.records.resume)."""
 
 
 # ---------------------------------------------------------------------------- generation

@@ -8,7 +8,9 @@ pre-checked as a whole before the first job starts; bad input exits with code 2.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -16,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lcab.bench.cell import ConfigError, JobInfo, resolve_cell
+from lcab.bench.cell import Cell, ConfigError, JobInfo, resolve_cell
 from lcab.config import register_configs
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import RECORDS_FILE, JsonlSink
@@ -39,6 +41,35 @@ def _job_info() -> JobInfo:
     )
 
 
+def _resume(path: Path, cell: Cell) -> tuple[list[RunRecord], Cell]:
+    """The records this folder already settled, and the cell reduced to the other lengths."""
+    from lcab.records.resume import rewrite, split_done
+
+    kept, todo = split_done(path, cell.seqlens, cell.config)
+    if path.exists():
+        rewrite(path, kept)
+    print(
+        f"lcab: resume: {len(kept)} settled record(s) kept in {path}; "
+        f"running seqlen {todo or 'none'}",
+        file=sys.stderr,
+    )
+    per_device = cell.seqlen_per_device
+    if per_device is not None:
+        per_device = tuple(d for s, d in zip(cell.seqlens, per_device, strict=True) if s in todo)
+    return kept, dataclasses.replace(cell, seqlens=tuple(todo), seqlen_per_device=per_device)
+
+
+def _run(cell: Cell, write: Callable[[RunRecord], None]) -> None:
+    if cell.bench["isolate"]:
+        from lcab.bench.supervisor import run_supervised
+
+        run_supervised(cell, write)
+    else:
+        from lcab.bench.worker import run_in_process
+
+        run_in_process(cell, write)
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def app(cfg: DictConfig) -> None:
     """Run one cell and record it (Hydra calls this once per job)."""
@@ -52,8 +83,10 @@ def app(cfg: DictConfig) -> None:
         print(f"lcab: {err}", file=sys.stderr)
         sys.exit(2)
     sink = JsonlSink(Path(job.output_dir) / RECORDS_FILE)
-    loggers = make_loggers(cfg, cell)
     records: list[RunRecord] = []
+    if cfg.resume:
+        records, cell = _resume(sink.path, cell)
+    loggers = make_loggers(cfg, cell)
 
     def write(record: RunRecord) -> None:
         sink.write(record)
@@ -62,14 +95,8 @@ def app(cfg: DictConfig) -> None:
         records.append(record)
 
     try:
-        if cell.bench["isolate"]:
-            from lcab.bench.supervisor import run_supervised
-
-            run_supervised(cell, write)
-        else:
-            from lcab.bench.worker import run_in_process
-
-            run_in_process(cell, write)
+        if cell.seqlens:  # empty when a resumed job had every length settled
+            _run(cell, write)
     finally:
         for logger in loggers:
             logger.close()

@@ -18,6 +18,7 @@ from lcab.bench.cell import Cell
 from lcab.bench.environment import environment
 from lcab.bench.runner import base_record
 from lcab.dist.launch import LaunchResult, launch
+from lcab.records.resume import NOT_RUN
 from lcab.records.schema import RunRecord
 
 
@@ -77,7 +78,7 @@ def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[R
         for seqlen in pending:
             accept(
                 _failure_record(
-                    cell, seqlen, "skipped", f"not run: seqlen {current} ended in {status}"
+                    cell, seqlen, "skipped", f"{NOT_RUN}seqlen {current} ended in {status}"
                 )
             )
     return records

@@ -111,3 +111,24 @@ def test_a_context_parallel_cell_runs_distributed_with_measured_comm(tmp_path):
         assert r["comm_bytes_measured"] == r["comm_bytes_analytic"] > 0
         assert len(r["fwd"]["rank_ms_p50"]) == 4
         assert r["fwd"]["max_abs_err"] <= r["numerics_tolerance"]
+
+
+def test_resume_reruns_only_the_lengths_a_job_did_not_finish(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ("kernel=naive", "mask=causal", "seqlen=tiny", "bench=quick", f"hydra.run.dir={run_dir}")
+    first = lcab_main(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    path = run_dir / "records.jsonl"
+    done, second = path.read_text().splitlines()
+    # as a job killed during its second length leaves it: that length ended in a timeout
+    unfinished = {**json.loads(second), "status": "timeout", "reasons": ["no result"]}
+    path.write_text(done + "\n" + json.dumps(unfinished) + "\n")
+
+    resumed = lcab_main(*args, "resume=true", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    assert lines[0] == done  # the settled length is kept as written, not measured again
+    rerun = json.loads(lines[1])
+    assert (rerun["seqlen"], rerun["status"]) == (512, "ok")
+    assert "1 settled record(s) kept" in resumed.stderr

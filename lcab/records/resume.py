@@ -1,0 +1,76 @@
+"""Resuming a job: keep the lengths that finished, run only the rest.
+
+A job killed part-way (Ctrl-C, a SLURM pre-emption or time limit, a lost node) leaves the
+records it finished in its ``records.jsonl`` — they are flushed one by one. Started again in the
+same output folder with ``resume=true``, the job keeps every record that *settled* the length
+(``ok``, ``numerics_mismatch``, or ``skipped`` because the kernel or strategy cannot run it) and
+runs the lengths with no record or whose record says the run did not finish (``error``,
+``timeout``, ``oom``, or skipped as not run after such a failure). A record only counts if it
+was made with the same configuration: anything that changes a result (kernel options, problem,
+protocol, seeds) makes the old record stale and its length runs again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lcab.records.schema import RunRecord
+from lcab.records.sinks import read_records
+
+RERUN_STATUSES = frozenset({"error", "timeout", "oom"})
+"""Statuses of runs that did not finish: resuming runs their lengths again."""
+NOT_RUN = "not run: "
+"""Reason prefix of lengths skipped because an earlier length of the job failed."""
+_NOT_RESULTS = ("resume", "logger", "study")
+"""Top-level config keys that do not change a measurement (where and how it is reported)."""
+
+
+def result_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a resolved config that determines one length's result.
+
+    Drops reporting keys, ``bench.progress`` and ``seqlen.values`` (each record is one length,
+    so a resumed job may ask for more or fewer lengths than the first run).
+    """
+    out = {k: v for k, v in config.items() if k not in _NOT_RESULTS}
+    if isinstance(out.get("bench"), dict):
+        out["bench"] = {k: v for k, v in out["bench"].items() if k != "progress"}
+    if isinstance(out.get("seqlen"), dict):
+        out["seqlen"] = {k: v for k, v in out["seqlen"].items() if k != "values"}
+    return out
+
+
+def settled(record: RunRecord) -> bool:
+    """Whether ``record`` is a final answer for its length (resuming keeps it)."""
+    if record.status in RERUN_STATUSES:
+        return False
+    return not (record.status == "skipped" and any(r.startswith(NOT_RUN) for r in record.reasons))
+
+
+def split_done(
+    path: Path, seqlens: Sequence[int], config: dict[str, Any]
+) -> tuple[list[RunRecord], list[int]]:
+    """(records to keep, lengths still to run) for a job writing to ``path``.
+
+    The last settled record of a length wins; records of lengths the job no longer asks for
+    are kept too (they are results of this folder's earlier runs, not stale ones).
+    """
+    if not path.exists():
+        return [], list(seqlens)
+    wanted = result_config(config)
+    kept: dict[int, RunRecord] = {}
+    for record in read_records(path):
+        if settled(record) and result_config(record.config) == wanted:
+            kept[record.seqlen] = record
+    todo = [s for s in seqlens if s not in kept]
+    return sorted(kept.values(), key=lambda r: r.seqlen), todo
+
+
+def rewrite(path: Path, records: Sequence[RunRecord]) -> None:
+    """Replace ``path`` with exactly ``records`` (atomically), dropping unfinished ones."""
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(record.to_json() + "\n")
+    tmp.replace(path)
