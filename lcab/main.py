@@ -9,6 +9,7 @@ pre-checked as a whole before the first job starts; bad input exits with code 2.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -103,10 +104,25 @@ def app(cfg: DictConfig) -> None:
     print_records(records, title=f"{job.override_dirname or 'lcab'}  ->  {sink.path}")
 
 
+def _unwind_on_sigterm() -> None:
+    """SIGTERM (``kill``, a scheduler's time limit) unwinds like Ctrl-C instead of vanishing.
+
+    Python's default SIGTERM ends the process on the spot; raising SystemExit instead runs the
+    ``finally`` blocks: the cell's rank processes are killed and joined, loggers are closed, and
+    every record written so far stays (``resume=true`` picks up from there).
+    """
+
+    def unwind(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
+
+
 def main() -> None:
     """Pre-check the whole run or sweep, then hand over to Hydra."""
     from lcab.validate import preflight
 
+    _unwind_on_sigterm()
     code = preflight(sys.argv[1:])
     if code:
         sys.exit(code)

@@ -7,14 +7,19 @@ and never forks a process whose OpenMP threads are running). Ranks report throug
 every rank said it is done, or at the first failure — a rank's exception (it sends a
 ``("fatal", rank, traceback)`` message), a rank process dying, or the deadline passing — after
 which every remaining rank is killed and joined. The caller gets a `LaunchResult` naming what
-happened; no process outlives the call.
+happened; no process outlives the call — nor the caller: each rank holds the read end of a
+*lifeline* pipe whose only write end the caller keeps, so when the caller dies in any way (a
+SIGKILL, an out-of-memory kill, a SLURM time limit) the ranks read end-of-file and exit at once
+instead of computing on for nobody.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import signal
+import threading
 import time
 import traceback
 import uuid
@@ -65,11 +70,31 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
     return _Guarded(fn)
 
 
+LIFELINE_EXIT = 70
+"""Exit code of a rank that left because the process that launched it was gone."""
+
+
+def _follow_lifeline(lifeline: Any) -> None:
+    """Exit this rank as soon as the lifeline breaks (nothing is ever sent on it)."""
+
+    def watch() -> None:
+        try:
+            lifeline.recv()
+        except (EOFError, OSError):
+            pass
+        os._exit(LIFELINE_EXIT)  # no clean-up: the results have nowhere to go
+
+    threading.Thread(target=watch, name="lcab-lifeline", daemon=True).start()
+
+
 class _Guarded:
     def __init__(self, fn: Callable[..., None]) -> None:
         self.fn = fn
 
-    def __call__(self, rank: int, world: int, rendezvous: str, messages: Any, *args: Any) -> None:
+    def __call__(
+        self, rank: int, world: int, rendezvous: str, messages: Any, lifeline: Any, *args: Any
+    ) -> None:
+        _follow_lifeline(lifeline)
         try:
             self.fn(rank, world, rendezvous, messages, *args)
             messages.put(("done", rank))
@@ -93,20 +118,25 @@ def launch(
     """
     ctx = context()
     messages = ctx.Queue()
+    lifeline, keep_alive = ctx.Pipe(duplex=False)  # ranks read; only this process can write
     Path(rendezvous_dir).mkdir(parents=True, exist_ok=True)
     rendezvous = str(Path(rendezvous_dir) / f".rendezvous-{uuid.uuid4().hex}")
     procs = [
         ctx.Process(
-            target=guarded(fn), args=(rank, world, rendezvous, messages, *args), daemon=True
+            target=guarded(fn),
+            args=(rank, world, rendezvous, messages, lifeline, *args),
+            daemon=True,
         )
         for rank in range(world)
     ]
     for proc in procs:
         proc.start()
+    lifeline.close()  # the ranks hold their own copies
     done: set[int] = set()
     fatal: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
     result: LaunchResult | None = None
+    all_done = False
     try:
         while len(done) < world:
             try:
@@ -140,8 +170,11 @@ def launch(
             if time.monotonic() > deadline:
                 result = LaunchResult("timeout", f"no progress within {timeout_s:g} s")
                 break
+        all_done = result is None
     finally:
-        if result is None:  # every rank said done: let them exit on their own (briefly)
+        # every rank said done: let them exit on their own (briefly); on a failure, or when
+        # the caller is unwinding (Ctrl-C, SIGTERM), kill them now
+        if all_done:
             end = time.monotonic() + 10.0
             for proc in procs:
                 proc.join(timeout=max(0.0, end - time.monotonic()))
@@ -150,6 +183,7 @@ def launch(
                 proc.kill()
         for proc in procs:
             proc.join(timeout=10)
+        keep_alive.close()
         Path(rendezvous).unlink(missing_ok=True)
     codes = tuple(p.exitcode for p in procs)
     if result is None:

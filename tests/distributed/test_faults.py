@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +90,53 @@ def test_a_healthy_world_finishes_and_reports(tmp_path):
     result = launch(healthy, 3, (), 60.0, lambda msg: seen.append(msg[1]), tmp_path)
     assert result.status == "done" and sorted(seen) == [0, 1, 2]
     assert result.exit_codes == (0, 0, 0)
+
+
+def report_pid_and_sleep(rank: int, world: int, rendezvous: str, messages) -> None:
+    messages.put(("pid", os.getpid()))
+    time.sleep(600)
+
+
+LAUNCHER = """
+import sys
+from lcab.dist.launch import launch
+from tests.distributed.test_faults import report_pid_and_sleep
+launch(report_pid_and_sleep, 2, (), 600.0, lambda msg: print(msg[1], flush=True), sys.argv[1])
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (an exited process not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ranks_exit_when_the_launching_process_is_killed(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    pids: list[int] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(tmp_path)],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            pids = [int(proc.stdout.readline()) for _ in range(2)]
+            assert all(_running(pid) for pid in pids)
+            os.kill(proc.pid, signal.SIGKILL)  # no clean-up can run in the launcher
+            proc.wait(timeout=30)
+            deadline = time.monotonic() + 20
+            while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not [pid for pid in pids if _running(pid)], "ranks outlived their launcher"
+        finally:
+            proc.kill()
+            for pid in pids:
+                if _running(pid):
+                    os.kill(pid, signal.SIGKILL)
