@@ -8,7 +8,6 @@ pre-checked as a whole before the first job starts; bad input exits with code 2.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import sys
 from collections.abc import Callable
@@ -44,20 +43,18 @@ def _job_info() -> JobInfo:
 
 def _resume(path: Path, cell: Cell) -> tuple[list[RunRecord], Cell]:
     """The records this folder already settled, and the cell reduced to the other lengths."""
-    from lcab.records.resume import rewrite, split_done
+    from lcab.records.resume import split_done
+    from lcab.records.sinks import write_records
 
     kept, todo = split_done(path, cell.seqlens, cell.config)
     if path.exists():
-        rewrite(path, kept)
+        write_records(path, kept)  # unfinished records go: their lengths get new ones
     print(
         f"lcab: resume: {len(kept)} settled record(s) kept in {path}; "
         f"running seqlen {todo or 'none'}",
         file=sys.stderr,
     )
-    per_device = cell.seqlen_per_device
-    if per_device is not None:
-        per_device = tuple(d for s, d in zip(cell.seqlens, per_device, strict=True) if s in todo)
-    return kept, dataclasses.replace(cell, seqlens=tuple(todo), seqlen_per_device=per_device)
+    return kept, cell.with_seqlens(todo)
 
 
 def _run(cell: Cell, write: Callable[[RunRecord], None]) -> None:

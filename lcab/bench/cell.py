@@ -9,6 +9,7 @@ those errors for every job of a sweep before launching any.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,14 @@ class Cell:
     def with_job(self, job: JobInfo) -> Cell:
         """The same cell, writing for ``job``."""
         return dataclasses.replace(self, job=job)
+
+    def with_seqlens(self, seqlens: Sequence[int]) -> Cell:
+        """The same cell over a subset of its lengths (per-device values follow their totals)."""
+        per_device = self.seqlen_per_device
+        if per_device is not None:
+            by_total = dict(zip(self.seqlens, per_device, strict=True))
+            per_device = tuple(by_total[s] for s in seqlens)
+        return dataclasses.replace(self, seqlens=tuple(seqlens), seqlen_per_device=per_device)
 
 
 def _container(node: Any) -> dict[str, Any]:

@@ -65,12 +65,3 @@ def split_done(
             kept[record.seqlen] = record
     todo = [s for s in seqlens if s not in kept]
     return sorted(kept.values(), key=lambda r: r.seqlen), todo
-
-
-def rewrite(path: Path, records: Sequence[RunRecord]) -> None:
-    """Replace ``path`` with exactly ``records`` (atomically), dropping unfinished ones."""
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for record in records:
-            fh.write(record.to_json() + "\n")
-    tmp.replace(path)

@@ -51,6 +51,17 @@ def read_records(path: str | Path) -> list[RunRecord]:
     return out
 
 
+def write_records(path: str | Path, records: Iterable[RunRecord]) -> Path:
+    """Replace ``path`` with exactly ``records``, atomically (readers never see half a file)."""
+    out = Path(path)
+    tmp = out.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(record.to_json() + "\n")
+    tmp.replace(out)
+    return out
+
+
 def iter_record_files(root: str | Path) -> Iterator[Path]:
     """Every ``records.jsonl`` below ``root`` except ``root/records.jsonl`` itself, sorted."""
     root = Path(root)
@@ -82,11 +93,6 @@ def merge_records(root: str | Path) -> tuple[Path, Path, int]:
     root = Path(root)
     records = [r for path in iter_record_files(root) for r in read_records(path)]
     records.sort(key=lambda r: (r.job_num if r.job_num is not None else -1, r.seqlen))
-    merged = root / RECORDS_FILE
-    tmp = merged.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for record in records:
-            fh.write(record.to_json() + "\n")
-    tmp.replace(merged)
+    merged = write_records(root / RECORDS_FILE, records)
     csv = write_csv(records, root / CSV_FILE)
     return merged, csv, len(records)

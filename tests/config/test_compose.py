@@ -126,6 +126,25 @@ def test_per_device_seqlen_scales_with_world(hydra_ctx):
     assert cell.seqlen_per_device == (8192,)
 
 
+def test_a_subset_of_lengths_keeps_each_per_device_value_with_its_total(hydra_ctx):
+    cell = resolve_cell(
+        _compose(
+            [
+                *BASE,
+                "cp=ring",
+                "topology=local4",
+                "seqlen.per_device=true",
+                "seqlen.values=[1024,2048,4096]",
+                "problem.device=cpu",
+            ]
+        )
+    )
+    subset = cell.with_seqlens([4 * 4096, 4 * 1024])
+    assert subset.seqlens == (16384, 4096)
+    assert subset.seqlen_per_device == (4096, 1024)
+    assert cell.with_seqlens([]).seqlens == ()
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [

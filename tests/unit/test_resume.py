@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lcab.records import JsonlSink, RunRecord, read_records
-from lcab.records.resume import rewrite, split_done
+from lcab.records.resume import split_done
+from lcab.records.sinks import write_records
 
 CONFIG = {
     "kernel": {"name": "ranges", "block": 128},
@@ -85,7 +86,7 @@ def test_reporting_keys_and_the_length_list_do_not_make_a_record_stale(tmp_path)
     assert [r.seqlen for r in kept] == [1024] and todo == [2048, 4096]
 
 
-def test_the_last_settled_record_of_a_length_wins_and_rewrite_keeps_only_those(tmp_path):
+def test_the_last_settled_record_of_a_length_wins_and_only_those_are_kept(tmp_path):
     path = tmp_path / "records.jsonl"
     write(
         path,
@@ -99,5 +100,5 @@ def test_the_last_settled_record_of_a_length_wins_and_rewrite_keeps_only_those(t
     kept, todo = split_done(path, LENGTHS, CONFIG)
     assert [(r.seqlen, r.run_id) for r in kept] == [(1024, "second")]
     assert todo == [2048, 4096]
-    rewrite(path, kept)
+    write_records(path, kept)
     assert [(r.seqlen, r.run_id, r.status) for r in read_records(path)] == [(1024, "second", "ok")]
