@@ -18,8 +18,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lcab.bench.cell import Cell, ConfigError, JobInfo, resolve_cell
-from lcab.config import register_configs
+from lcab.cell import Cell, JobInfo
+from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import RECORDS_FILE, JsonlSink
 
@@ -68,7 +68,7 @@ def _run(cell: Cell, write: Callable[[RunRecord], None]) -> None:
         run_in_process(cell, write)
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def app(cfg: DictConfig) -> None:
     """Run one cell and record it (Hydra calls this once per job)."""
     from lcab.bench.console import print_records
@@ -117,7 +117,7 @@ def _unwind_on_sigterm() -> None:
 
 def main() -> None:
     """Pre-check the whole run or sweep, then hand over to Hydra."""
-    from lcab.validate import preflight
+    from lcab.config.preflight import preflight
 
     _unwind_on_sigterm()
     code = preflight(sys.argv[1:])

@@ -24,7 +24,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from lcab.bench.cell import Cell
+from lcab.cell import Cell
 from lcab.bench.environment import environment
 from lcab.bench.memory import PeakMemory
 from lcab.bench.numerics import lse_error, normalised_error, tolerance

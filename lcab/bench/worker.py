@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from lcab.bench.cell import Cell
+from lcab.cell import Cell
 from lcab.bench.console import progress_bar
 from lcab.bench.runner import KernelTarget, Target, kernel_target, run_cell
 
@@ -20,7 +20,7 @@ def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:
     """The target of ``cell`` on ``rank``: the kernel, or a CP strategy around it."""
     if cell.cp == "none":
         return kernel_target(cell)
-    from lcab.cp.target import cp_target  # distributed pieces only when needed
+    from lcab.bench.targets import cp_target  # distributed pieces only when needed
 
     return cp_target(cell, rank, rendezvous)
 
@@ -33,7 +33,7 @@ def _threads(cell: Cell) -> int | None:
 
 
 def worker_main(rank: int, world: int, rendezvous: str, messages: Any, cell: Cell) -> None:
-    """Run ``cell`` as ``rank``, sending ("record", dict) messages (see `lcab.dist.launch`)."""
+    """Run ``cell`` as ``rank``, sending ("record", dict) messages (see `lcab.distributed.launch`)."""
     threads = _threads(cell)
     if threads is not None:
         torch.set_num_threads(threads)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from lcab.cp.balance import Placement, place
-from lcab.dist.groups import Grid
+from lcab.distributed.groups import Grid
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray

@@ -17,7 +17,7 @@ import torch
 from lcab.cp.base import Plan, Strategy, element_bytes
 from lcab.cp.prepared import CPPrepared
 from lcab.cp.ring import ring_steps
-from lcab.cp.rings import RingAttention, RingSpec, Step
+from lcab.cp.ring_attention import RingAttention, RingSpec, Step
 from lcab.cp.ulysses import a2a_bytes, heads_to_seq, replicate_kv, seq_to_heads
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask

@@ -14,8 +14,8 @@ from typing import Any
 
 from lcab.cp.base import Plan, accumulator_bytes, element_bytes, register_strategy
 from lcab.cp.hybrid import UlyssesRing
-from lcab.cp.rings import RingSpec, Step
-from lcab.dist.groups import balanced_windows
+from lcab.cp.ring_attention import RingSpec, Step
+from lcab.distributed.groups import balanced_windows
 from lcab.kernels import Problem
 
 

@@ -2,7 +2,7 @@
 
 After R steps every rank has attended its queries to every rank's keys; partial results merge by
 log-sum-exp, and the backward rotates K/V again with dK/dV travelling alongside
-(`lcab.cp.rings`). Per-step volume is one K/V shard whatever the mask, so masks that give a step
+(`lcab.cp.ring_attention`). Per-step volume is one K/V shard whatever the mask, so masks that give a step
 little work (causal, documents) leave the transfer exposed — which is what the paper measures.
 """
 
@@ -19,7 +19,7 @@ from lcab.cp.base import (
     step_mask,
 )
 from lcab.cp.prepared import CPPrepared
-from lcab.cp.rings import RingAttention, RingSpec, Step
+from lcab.cp.ring_attention import RingAttention, RingSpec, Step
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 

@@ -12,7 +12,7 @@ from typing import Any
 from lcab.cp.base import Plan, register_strategy
 from lcab.cp.hybrid import UlyssesRing
 from lcab.cp.ring import ring_bytes
-from lcab.cp.rings import RingSpec, Step
+from lcab.cp.ring_attention import RingSpec, Step
 from lcab.kernels import Problem
 
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lcab.config import CONF_DIR
 from lcab.records.schema import RunRecord
 
 STRATEGIES = ("ulysses", "ring", "ring_allgather", "usp", "loongtrain")
@@ -39,7 +40,6 @@ BENCH = "quick"
 #: Per-strategy overrides: the 2-D strategies default to Ulysses over a whole node (4 here,
 #: leaving a ring of 1); degree 2 makes them genuinely 2-D (2 Ulysses x 2 ring) at world 4.
 EXTRA = {"usp": ["cp.ulysses_degree=2"], "loongtrain": ["cp.ulysses_degree=2"]}
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def run_cell(
     """Compose the app's config for ``strategy`` and run its cell; the records it produced."""
     from hydra import compose, initialize_config_dir
 
-    from lcab.bench.cell import JobInfo, resolve_cell
+    from lcab.cell import JobInfo
+    from lcab.config import resolve_cell
     from lcab.bench.supervisor import run_supervised
     from lcab.config import register_configs
 
@@ -110,7 +111,7 @@ def _failure(record: RunRecord) -> str:
 
 def rows_of(record: RunRecord) -> list[PassRow]:
     """Table rows of one record: one per timed pass, then the phase split of the call."""
-    from lcab.cp.target import is_backward_op
+    from lcab.bench.targets import is_backward_op
 
     name = record.cp
     if record.status != "ok":

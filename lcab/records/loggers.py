@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from lcab.bench.cell import Cell
+from lcab.cell import Cell
 from lcab.records.schema import RunRecord
 
 

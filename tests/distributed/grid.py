@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from lcab.dist.launch import launch
+from lcab.distributed.launch import launch
 
 TOL = 1e-10  # fp64: errors are normalised by the reference's largest magnitude
 
@@ -57,7 +57,7 @@ def rank_main(rank: int, world: int, rendezvous: str, messages: Any, cases: list
     torch.set_num_threads(1)
     from lcab.cp import STRATEGIES
     from lcab.cp.comm import STATS, gather_floats
-    from lcab.dist.context import DistContext
+    from lcab.distributed.context import DistContext
     from lcab.kernels import Problem, get_kernel
     from lcab.masks import make_mask
 

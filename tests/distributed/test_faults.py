@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lcab.dist.launch import launch
+from lcab.distributed.launch import launch
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -22,7 +22,7 @@ def ring_with_a_fault(rank: int, world: int, rendezvous: str, messages, fault: s
     import torch
 
     from lcab.cp import STRATEGIES, comm
-    from lcab.dist.context import DistContext
+    from lcab.distributed.context import DistContext
     from lcab.kernels import Problem, get_kernel
     from lcab.masks import make_mask
 
@@ -42,7 +42,7 @@ def ring_with_a_fault(rank: int, world: int, rendezvous: str, messages, fault: s
             return original(*args, **kwargs)
 
         comm.exchange = faulty
-        import lcab.cp.rings as rings
+        import lcab.cp.ring_attention as rings
 
         rings.exchange = faulty
     mask = make_mask("causal", 64)
@@ -77,7 +77,7 @@ def test_a_failing_rank_ends_the_world_quickly_and_cleanly(tmp_path, fault, stat
 
 
 def healthy(rank: int, world: int, rendezvous: str, messages) -> None:
-    from lcab.dist.context import DistContext
+    from lcab.distributed.context import DistContext
 
     ctx = DistContext.start_local(rank, world, 2, "gloo", rendezvous, 60)
     ctx.barrier()
@@ -99,7 +99,7 @@ def report_pid_and_sleep(rank: int, world: int, rendezvous: str, messages) -> No
 
 LAUNCHER = """
 import sys
-from lcab.dist.launch import launch
+from lcab.distributed.launch import launch
 from tests.distributed.test_faults import report_pid_and_sleep
 launch(report_pid_and_sleep, 2, (), 600.0, lambda msg: print(msg[1], flush=True), sys.argv[1])
 """

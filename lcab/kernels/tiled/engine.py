@@ -1,6 +1,6 @@
 """The shared tiled engine of the ``ranges`` and ``sparse`` kernels: running a plan.
 
-Kernels cut a mask into work items (`lcab.kernels.tiled_plan.WorkItems`: rows of one mask head,
+Kernels cut a mask into work items (`lcab.kernels.tiled.plan.WorkItems`: rows of one mask head,
 key pieces, band or tile masks); `TiledPlan` compiles them into batches at prepare time; this
 module executes a plan forward and backward:
 
@@ -15,7 +15,7 @@ module executes a plan forward and backward:
 * GQA never repeats K/V: the G query heads of a KV head are G·rows rows of one matmul, read
   straight from q's own (S, Hkv, G, D) layout. A head-shared mask runs all KV heads in one
   batch; per-KV-head masks have their own items.
-* Batches are spread over single-threaded workers (`lcab.kernels.tiled_workers`) with one
+* Batches are spread over single-threaded workers (`lcab.kernels.tiled.workers`) with one
   join per wave, which stays fast when the cores are shared.
 * Rows attending nothing keep out 0 and lse −inf and get zero gradients; masked scores use a
   large finite value, so no NaN can appear even in fully masked rows.
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from lcab.kernels.base import KernelCaps, PreparedAttention, Problem, lse_dtype
-from lcab.kernels.tiled_plan import EMPTY_LSE, MASKED, Batch, TiledPlan, WorkItems
-from lcab.kernels.tiled_workers import run_queue, scratch, worker_count
+from lcab.kernels.tiled.plan import EMPTY_LSE, MASKED, Batch, TiledPlan, WorkItems
+from lcab.kernels.tiled.workers import run_queue, scratch, worker_count
 from lcab.masks.core import AttnMask
 
 __all__ = [

@@ -68,7 +68,7 @@ class DistContext:
         """The process group of ``ranks`` (the whole world for all ranks).
 
         ``torch.distributed.new_group`` must be called by every rank for every group in the same
-        order: callers create all groups of a layout on every rank (see `lcab.dist.groups`).
+        order: callers create all groups of a layout on every rank (see `lcab.distributed.groups`).
         """
         key = tuple(int(r) for r in ranks)
         if key == tuple(range(self.world)):

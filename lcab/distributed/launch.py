@@ -38,7 +38,7 @@ def context() -> Any:
     global _CONTEXT
     if _CONTEXT is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "lcab.bench.worker", "lcab.cp.target"])
+        ctx.set_forkserver_preload(["torch", "lcab.bench.worker", "lcab.bench.targets"])
         _CONTEXT = ctx
     return _CONTEXT
 

@@ -1,31 +1,23 @@
-"""`Cell`: one benchmark cell resolved from the config into plain, picklable data.
+"""`resolve_cell`: a composed config checked and made concrete as a `lcab.cell.Cell`.
 
 Resolution is where "auto" becomes concrete (device, dtype, head counts, world size, sequence
 totals, mask samples), so worker processes and records see exactly what ran. `resolve_cell`
-raises `ConfigError` (key, value, valid options) for anything invalid; `lcab.validate` collects
+raises `ConfigError` (key, value, valid options) for anything invalid; `lcab.config.preflight` collects
 those errors for every job of a sweep before launching any.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lcab.cell import DTYPES, Cell, JobInfo
 from lcab.kernels import KERNELS, PASSES
 from lcab.masks import get_pattern, make_params
 from lcab.registry import UnknownNameError
 
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
 CPU_PROBLEM = {"heads_q": 8, "heads_kv": 2, "head_dim": 64, "dtype": "float32"}
 GPU_PROBLEM = {"heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16"}
 CP_NAMES = ("none", "ulysses", "ring", "ring_allgather", "usp", "loongtrain")
@@ -40,67 +32,6 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, valid: str) -> None:
         self.key, self.value, self.valid = key, value, valid
         super().__init__(f"{key}={value!r} is invalid: {valid}")
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """Where a job writes and how it is identified in records."""
-
-    output_dir: str
-    run_id: str = ""
-    sweep_id: str = ""
-    job_num: int | None = None
-    override_dirname: str = ""
-
-
-@dataclass(frozen=True)
-class Cell:
-    """Everything a rank needs to run one cell (no OmegaConf objects: it is pickled)."""
-
-    kernel: str
-    kernel_options: dict[str, Any]
-    cp: str
-    cp_options: dict[str, Any]
-    mask: str
-    mask_params: dict[str, Any]
-    mask_seed: int
-    mask_samples: int
-    seqlens: tuple[int, ...]
-    seqlen_per_device: tuple[int, ...] | None
-    heads_q: int
-    heads_kv: int
-    head_dim: int
-    dtype: str
-    device: str
-    nodes: int
-    devices_per_node: int
-    backend: str
-    bench: dict[str, Any]
-    seed: int
-    config: dict[str, Any] = field(default_factory=dict)
-    job: JobInfo = field(default_factory=lambda: JobInfo(output_dir="."))
-
-    @property
-    def world_size(self) -> int:
-        """Total ranks."""
-        return self.nodes * self.devices_per_node
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        """The problem dtype as a torch dtype."""
-        return DTYPES[self.dtype]
-
-    def with_job(self, job: JobInfo) -> Cell:
-        """The same cell, writing for ``job``."""
-        return dataclasses.replace(self, job=job)
-
-    def with_seqlens(self, seqlens: Sequence[int]) -> Cell:
-        """The same cell over a subset of its lengths (per-device values follow their totals)."""
-        per_device = self.seqlen_per_device
-        if per_device is not None:
-            by_total = dict(zip(self.seqlens, per_device, strict=True))
-            per_device = tuple(by_total[s] for s in seqlens)
-        return dataclasses.replace(self, seqlens=tuple(seqlens), seqlen_per_device=per_device)
 
 
 def _container(node: Any) -> dict[str, Any]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+# Private Hydra API on purpose: the sweep must expand exactly as Hydra's basic sweeper will.
+# The hydra-core<1.4 pin in pyproject.toml keeps it stable; tests/config cover the expansion.
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -21,10 +22,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lcab.bench.cell import ConfigError, resolve_cell
-from lcab.config import register_configs
+from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 #: Hydra flags after which lcab does not pre-check (help, info, config printing, shell completion).
 _PASSTHROUGH = (
     "--help",

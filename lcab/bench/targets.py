@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from lcab.bench.cell import Cell
+from lcab.cell import Cell
 from lcab.cp.base import STRATEGIES, Plan, Strategy
 from lcab.cp.comm import STATS, gather_floats, max_over_ranks
 from lcab.cp.prepared import CPPrepared
-from lcab.dist.context import DistContext
+from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem, get_kernel
 from lcab.masks.core import AttnMask
 from lcab.records.schema import RunRecord

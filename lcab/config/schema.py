@@ -8,7 +8,7 @@ sync. Schemas live under ``schema/<group>/<name>``; the YAML options in ``conf/<
 them and carry a comment and an example each.
 
 Cross-field rules (heads divisibility, mask parameters valid at every sequence length, ...)
-are checked by `lcab.validate`, which runs before anything is launched.
+are checked by `lcab.config.preflight`, which runs before anything is launched.
 """
 
 from __future__ import annotations
