@@ -22,6 +22,7 @@ DTYPES = {
     "float64": torch.float64,
 }
 
+
 @dataclass(frozen=True)
 class JobInfo:
     """Where a job writes and how it is identified in records."""

@@ -24,11 +24,11 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from lcab.cell import Cell
 from lcab.bench.environment import environment
 from lcab.bench.memory import PeakMemory
 from lcab.bench.numerics import lse_error, normalised_error, tolerance
 from lcab.bench.timing import Timing, TimingConfig, measure, quantiles
+from lcab.cell import Cell
 from lcab.flops import FLOP_CONVENTION, Pass, attention_flops, dense_flops, tflops_per_s
 from lcab.kernels import Kernel, PreparedAttention, Problem, get_kernel
 from lcab.kernels.reference import reference_rows, sample_rows

@@ -1,9 +1,9 @@
 """Supervise a cell: its ranks run in watched processes, and every length ends with a record.
 
 The cell runs on ``world_size`` local processes (one for a single device) started by
-`lcab.distributed.launch`. Each length's record must arrive within ``bench.timeout_s`` of the previous
-one; otherwise, or when a rank raises or dies, every rank is killed and the current length gets
-a ``timeout`` / ``error`` record (``oom`` when a rank was SIGKILLed: on Linux, the out-of-memory
+`lcab.distributed.launch`. Each length's record must arrive within ``bench.timeout_s`` of the
+previous one; otherwise, or when a rank raises or dies, every rank is killed and the current
+length gets a ``timeout`` / ``error`` record (``oom`` when a rank was SIGKILLed: on Linux, the out-of-memory
 killer), and lengths never reached get ``skipped`` records saying why. So a sweep never dies of
 one cell and never hangs.
 """
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lcab.cell import Cell
 from lcab.bench.environment import environment
 from lcab.bench.runner import base_record
+from lcab.cell import Cell
 from lcab.distributed.launch import LaunchResult, launch
 from lcab.records.resume import NOT_RUN
 from lcab.records.schema import RunRecord

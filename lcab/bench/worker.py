@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from lcab.cell import Cell
 from lcab.bench.console import progress_bar
 from lcab.bench.runner import KernelTarget, Target, kernel_target, run_cell
+from lcab.cell import Cell
 
 
 def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:
@@ -33,7 +33,7 @@ def _threads(cell: Cell) -> int | None:
 
 
 def worker_main(rank: int, world: int, rendezvous: str, messages: Any, cell: Cell) -> None:
-    """Run ``cell`` as ``rank``, sending ("record", dict) messages (see `lcab.distributed.launch`)."""
+    """Run ``cell`` as ``rank``, sending ("record", dict) messages (`lcab.distributed.launch`)."""
     threads = _threads(cell)
     if threads is not None:
         torch.set_num_threads(threads)

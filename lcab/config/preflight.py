@@ -13,6 +13,7 @@ import re
 import sys
 
 from hydra import compose, initialize_config_dir
+
 # Private Hydra API on purpose: the sweep must expand exactly as Hydra's basic sweeper will.
 # The hydra-core<1.4 pin in pyproject.toml keeps it stable; tests/config cover the expansion.
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper

@@ -2,8 +2,8 @@
 
 Resolution is where "auto" becomes concrete (device, dtype, head counts, world size, sequence
 totals, mask samples), so worker processes and records see exactly what ran. `resolve_cell`
-raises `ConfigError` (key, value, valid options) for anything invalid; `lcab.config.preflight` collects
-those errors for every job of a sweep before launching any.
+raises `ConfigError` (key, value, valid options) for anything invalid; `lcab.config.preflight`
+collects those errors for every job of a sweep before launching any.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 After R steps every rank has attended its queries to every rank's keys; partial results merge by
 log-sum-exp, and the backward rotates K/V again with dK/dV travelling alongside
-(`lcab.cp.ring_attention`). Per-step volume is one K/V shard whatever the mask, so masks that give a step
-little work (causal, documents) leave the transfer exposed — which is what the paper measures.
+(`lcab.cp.ring_attention`). Per-step volume is one K/V shard whatever the mask, so masks that
+give a step little work (causal, documents) leave the transfer exposed — which is what the
+paper measures.
 """
 
 from __future__ import annotations

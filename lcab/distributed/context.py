@@ -35,8 +35,14 @@ class DistContext:
 
     @classmethod
     def start_local(
-        cls, rank: int, world: int, devices_per_node: int, backend: str, rendezvous: str,
-        timeout_s: float, device: str = "cpu",
+        cls,
+        rank: int,
+        world: int,
+        devices_per_node: int,
+        backend: str,
+        rendezvous: str,
+        timeout_s: float,
+        device: str = "cpu",
     ) -> DistContext:
         """Join a world started by lcab's supervisor (file rendezvous)."""
         if device == "cuda":
@@ -58,11 +64,15 @@ class DistContext:
             os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
             os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", world)))
+        local = int(
+            os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", world))
+        )
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-        return cls(rank, world, local, backend, _device(device, int(os.environ.get("LOCAL_RANK", 0))))
+        return cls(
+            rank, world, local, backend, _device(device, int(os.environ.get("LOCAL_RANK", 0)))
+        )
 
     def group(self, ranks: list[int] | tuple[int, ...]) -> Any:
         """The process group of ``ranks`` (the whole world for all ranks).

@@ -45,11 +45,11 @@ class Grid:
         return [[a * self.ulysses + u for a in range(self.ring)] for u in range(self.ulysses)]
 
     def my_ulysses_group(self) -> list[int]:
-        """This rank's Ulysses group."""
+        """The Ulysses group of this rank."""
         return self.ulysses_groups()[self.ring_index]
 
     def my_ring(self) -> list[int]:
-        """This rank's ring."""
+        """The ring of this rank."""
         return self.rings()[self.ulysses_index]
 
     def create_groups(self, ctx: Any) -> tuple[Any, Any]:

@@ -15,6 +15,7 @@ instead of computing on for nobody.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -78,10 +79,8 @@ def _follow_lifeline(lifeline: Any) -> None:
     """Exit this rank as soon as the lifeline breaks (nothing is ever sent on it)."""
 
     def watch() -> None:
-        try:
+        with contextlib.suppress(EOFError, OSError):
             lifeline.recv()
-        except (EOFError, OSError):
-            pass
         os._exit(LIFELINE_EXIT)  # no clean-up: the results have nowhere to go
 
     threading.Thread(target=watch, name="lcab-lifeline", daemon=True).start()

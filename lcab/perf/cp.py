@@ -26,7 +26,6 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from lcab.config import CONF_DIR
 from lcab.records.schema import RunRecord
@@ -88,10 +87,9 @@ def run_cell(
     """Compose the app's config for ``strategy`` and run its cell; the records it produced."""
     from hydra import compose, initialize_config_dir
 
-    from lcab.cell import JobInfo
-    from lcab.config import resolve_cell
     from lcab.bench.supervisor import run_supervised
-    from lcab.config import register_configs
+    from lcab.cell import JobInfo
+    from lcab.config import register_configs, resolve_cell
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
+from lcab.bench.targets import cp_reasons
 from lcab.cell import DTYPES
 from lcab.config.resolve import CPU_PROBLEM, GPU_PROBLEM
 from lcab.cp.base import STRATEGIES
-from lcab.bench.targets import cp_reasons
 from lcab.kernels import KERNELS, Kernel, Problem, get_kernel
 from lcab.masks import get_pattern, list_masks, make_mask
 from lcab.masks.core import AttnMask

@@ -9,12 +9,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from lcab.config.resolve import ConfigError, resolve_cell
 from lcab.config import CP_CONFIGS, register_configs
+from lcab.config.preflight import check_jobs, job_overrides
+from lcab.config.resolve import ConfigError, resolve_cell
 from lcab.kernels import KERNELS
 from lcab.masks import list_masks
 from lcab.masks.patterns import MASK_PATTERNS
-from lcab.config.preflight import check_jobs, job_overrides
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = [

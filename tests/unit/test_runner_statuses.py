@@ -9,13 +9,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from lcab.config import resolve_cell
 from lcab.bench.runner import KernelTarget, run_seqlen
-from lcab.config import register_configs
+from lcab.config import CONF_DIR, register_configs, resolve_cell
 from lcab.kernels import KernelCaps, PreparedAttention, Problem, get_kernel
 from lcab.kernels.base import Kernel
 from lcab.masks import AttnMask
-from lcab.config import CONF_DIR
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,13 @@ prepare time, the engine runs a plan forward and backward on single-threaded wor
 `PreparedTiled` is what a kernel's ``prepare`` returns.
 """
 
-from lcab.kernels.tiled.engine import PreparedTiled, TiledAttention, plan_for, tiled_attention, tiled_caps
+from lcab.kernels.tiled.engine import (
+    PreparedTiled,
+    TiledAttention,
+    plan_for,
+    tiled_attention,
+    tiled_caps,
+)
 from lcab.kernels.tiled.plan import TiledPlan, WorkItems
 
 __all__ = [
