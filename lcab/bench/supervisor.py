@@ -3,9 +3,9 @@
 The cell runs on ``world_size`` local processes (one for a single device) started by
 `lcab.distributed.launch`. Each length's record must arrive within ``bench.timeout_s`` of the
 previous one; otherwise, or when a rank raises or dies, every rank is killed and the current
-length gets a ``timeout`` / ``error`` record (``oom`` when a rank was SIGKILLed: on Linux, the out-of-memory
-killer), and lengths never reached get ``skipped`` records saying why. So a sweep never dies of
-one cell and never hangs.
+length gets a ``timeout`` / ``error`` record (``oom`` when a rank was SIGKILLed: on Linux, the
+out-of-memory killer), and lengths never reached get ``skipped`` records saying why. So a sweep
+never dies of one cell and never hangs.
 """
 
 from __future__ import annotations
