@@ -14,23 +14,46 @@ area is the mean over mask heads.
 
 from __future__ import annotations
 
-from typing import Literal
-
-from lcab.masks.core import AttnMask
+from typing import Literal, Protocol
 
 Pass = Literal["fwd", "bwd", "fwd_bwd"]
+"""A timed pass: forward, backward (forward outside the timer), or both."""
+
+PASSES: tuple[Pass, ...] = ("fwd", "bwd", "fwd_bwd")
+"""Every pass name, in display order: the one definition configs, kernels and records use."""
+
+
+class MaskArea(Protocol):
+    """What FLOP counting needs of a mask: its head count and exact attended area.
+
+    A protocol rather than `lcab.masks.AttnMask` itself keeps this module at the bottom of the
+    package (masks print their FLOPs; FLOPs never import masks).
+    """
+
+    @property
+    def num_heads(self) -> int:
+        """Mask heads (1, or one per KV head)."""
+
+    def area(self) -> int:
+        """Attended (q, k) pairs, averaged over mask heads as the FLOP convention says."""
+
+
+def as_pass(name: str) -> Pass:
+    """``name`` as a `Pass`, or ValueError naming the valid passes."""
+    if name not in PASSES:
+        raise ValueError(f"pass {name!r} is unknown; valid: {', '.join(PASSES)}")
+    return name
+
 
 #: Name stored in every record next to FLOP figures.
 FLOP_CONVENTION = "lcab/1: fwd=4*area*Hq*D, bwd=2.5*fwd, fwd_bwd=3.5*fwd; area=attended pairs"
 
 #: Multiples of the forward count, as exact fractions (numerator, denominator).
-PASS_FACTORS: dict[str, tuple[int, int]] = {"fwd": (2, 2), "bwd": (5, 2), "fwd_bwd": (7, 2)}
+PASS_FACTORS: dict[Pass, tuple[int, int]] = {"fwd": (2, 2), "bwd": (5, 2), "fwd_bwd": (7, 2)}
 
 
 def _scaled(forward: int, pass_: str) -> int:
-    if pass_ not in PASS_FACTORS:
-        raise ValueError(f"pass_={pass_!r} is unknown; valid: {', '.join(PASS_FACTORS)}")
-    num, den = PASS_FACTORS[pass_]
+    num, den = PASS_FACTORS[as_pass(pass_)]
     return forward * num // den  # forward is a multiple of 4, so this is exact
 
 
@@ -39,7 +62,7 @@ def _check_heads(heads_q: int, head_dim: int) -> None:
         raise ValueError(f"heads_q={heads_q} and head_dim={head_dim} must be >= 1")
 
 
-def attention_flops(mask: AttnMask, heads_q: int, head_dim: int, pass_: Pass = "fwd") -> int:
+def attention_flops(mask: MaskArea, heads_q: int, head_dim: int, pass_: Pass = "fwd") -> int:
     """Useful FLOPs of attention over ``mask`` (exact integer).
 
     Raises:
@@ -62,11 +85,6 @@ def dense_flops(
     """FLOPs of the same attention without a mask (area = Sq · Sk): the dense-equivalent figure."""
     _check_heads(heads_q, head_dim)
     return _scaled(4 * seqlen_q * seqlen_k * heads_q * head_dim, pass_)
-
-
-def mask_density(mask: AttnMask) -> float:
-    """Area / (Sq · Sk): the fraction of the dense work that is useful."""
-    return mask.density()
 
 
 def tflops_per_s(flops: int, seconds: float) -> float:

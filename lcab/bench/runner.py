@@ -20,7 +20,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 
@@ -29,7 +29,7 @@ from lcab.bench.memory import PeakMemory
 from lcab.bench.numerics import lse_error, normalised_error, tolerance
 from lcab.bench.timing import Timing, TimingConfig, measure, quantiles
 from lcab.cell import Cell
-from lcab.flops import FLOP_CONVENTION, Pass, attention_flops, dense_flops, tflops_per_s
+from lcab.flops import FLOP_CONVENTION, as_pass, attention_flops, dense_flops, tflops_per_s
 from lcab.kernels import Kernel, PreparedAttention, Problem, get_kernel
 from lcab.kernels.reference import reference_rows, sample_rows
 from lcab.masks import AttnMask, make_mask
@@ -107,12 +107,6 @@ class KernelTarget:
         backward: bool,
     ) -> None:
         return None
-
-
-def pass_of(name: str) -> Pass:
-    """A validated pass name."""
-    assert name in ("fwd", "bwd", "fwd_bwd"), name
-    return cast(Pass, name)
 
 
 def is_oom(err: BaseException) -> bool:
@@ -425,9 +419,9 @@ def run_seqlen(
                 entry: dict[str, Any] = {
                     "rank_p50": rank_p50,
                     "timing": timing,
-                    "flops": attention_flops(mask, problem.heads_q, problem.head_dim, pass_of(p)),
+                    "flops": attention_flops(mask, problem.heads_q, problem.head_dim, as_pass(p)),
                     "dense": dense_flops(
-                        seqlen, seqlen, problem.heads_q, problem.head_dim, pass_of(p)
+                        seqlen, seqlen, problem.heads_q, problem.head_dim, as_pass(p)
                     ),
                 }
                 if isinstance(memory, PeakMemory):

@@ -14,7 +14,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lcab.cell import DTYPES, Cell, JobInfo
-from lcab.kernels import KERNELS, PASSES
+from lcab.flops import PASSES
+from lcab.kernels import KERNELS
 from lcab.masks import get_pattern, make_params
 from lcab.registry import UnknownNameError
 

@@ -10,7 +10,6 @@ Public API::
 
 from lcab.kernels import flex, gpu_only, naive, ranges, reference, sdpa, sparse  # noqa: F401  (registration)
 from lcab.kernels.base import (
-    PASSES,
     Kernel,
     KernelCaps,
     PreparedAttention,
@@ -23,7 +22,6 @@ from lcab.kernels.registry import KERNELS, get_kernel, list_kernels, register_ke
 
 __all__ = [
     "KERNELS",
-    "PASSES",
     "Kernel",
     "KernelCaps",
     "PreparedAttention",

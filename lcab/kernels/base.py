@@ -30,8 +30,6 @@ import torch
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import lowering_reason
 
-PassName = Literal["fwd", "bwd", "fwd_bwd"]
-PASSES: tuple[str, ...] = ("fwd", "bwd", "fwd_bwd")
 Layout = Literal["shd", "bhsd"]
 
 

@@ -14,6 +14,7 @@ import ast
 import sys
 from typing import Any
 
+from lcab.flops import attention_flops
 from lcab.masks.factory import get_pattern, list_masks, make_mask
 from lcab.masks.picture import save_mask_picture
 
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(mask.summary(args.heads_q, args.head_dim))
+    fwd = attention_flops(mask, args.heads_q, args.head_dim, pass_="fwd")
+    print(f"{mask.summary()} fwd={fwd / 1e12:.4g} TFLOP (Hq={args.heads_q}, D={args.head_dim})")
     if args.out:
         path = save_mask_picture(mask, args.out)
         print(f"picture: {path}")

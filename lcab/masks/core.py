@@ -363,10 +363,8 @@ class AttnMask:
             for x, y in ((a.ptr, b.ptr), (a.starts, b.starts), (a.ends, b.ends))
         )
 
-    def summary(self, heads_q: int | None = None, head_dim: int | None = None) -> str:
-        """One line: pattern, sizes, slices, documents, density and (optionally) forward FLOPs."""
-        from lcab.flops import attention_flops
-
+    def summary(self) -> str:
+        """One line: pattern, sizes, slices, documents and density."""
         parts = [
             self.name,
             f"S={self.seqlen_q:,}"
@@ -381,9 +379,6 @@ class AttnMask:
                 f"docs={len(self.doc_lengths):,} (longest {int(self.doc_lengths.max()):,})"
             )
         parts.append(f"density={self.density():.4f}")
-        if heads_q is not None and head_dim is not None:
-            fwd = attention_flops(self, heads_q, head_dim, pass_="fwd")
-            parts.append(f"fwd={fwd / 1e12:.4g} TFLOP (Hq={heads_q}, D={head_dim})")
         return " ".join(parts)
 
     def __repr__(self) -> str:

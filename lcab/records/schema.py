@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from lcab.flops import PASSES
+
 SCHEMA_VERSION = 1
 
 STATUSES = ("ok", "skipped", "oom", "error", "timeout", "numerics_mismatch")
@@ -181,7 +183,7 @@ class RunRecord:
             )
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
-        for name in ("fwd", "bwd", "fwd_bwd"):
+        for name in PASSES:
             if isinstance(kwargs.get(name), dict):
                 kwargs[name] = PassResult(**kwargs[name])
         return cls(**kwargs)

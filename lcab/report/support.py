@@ -30,7 +30,8 @@ MATRIX_SEQLEN = 8192
 """Length the masks are built at (block_causal_document's 1024-token blocks divide it)."""
 CP_WORLD = 4
 """World size of the strategy matrix (the CPU default for cp != none)."""
-PASSES = ("fwd", "bwd")
+SHOWN_PASSES = ("fwd", "bwd")
+"""Passes the matrices show (fwd_bwd runs whenever both do)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def kernel_verdict(kernel: Kernel, mask_name: str) -> Verdict:
     mask = matrix_mask(mask_name, problem.heads_kv)
     machine = set(kernel.environment_reasons(problem.device))
     runs, why = [], []
-    for pass_ in PASSES:
+    for pass_ in SHOWN_PASSES:
         reasons = [
             r for r in kernel.not_supported_reasons(problem, mask, pass_) if r not in machine
         ]

@@ -446,5 +446,5 @@ def test_doc_metadata_and_summary() -> None:
     assert mask.doc_boundaries.tolist() == [0, 3, 6, 10]
     assert make_mask("causal", 10).doc_lengths is None
     assert make_mask("causal", 10).doc_boundaries is None
-    line = mask.summary(heads_q=8, head_dim=64)
+    line = mask.summary()
     assert isinstance(line, str) and "\n" not in line and "causal_document" in line
