@@ -10,19 +10,18 @@ in `lcab.masks.lowering` and checked against `AttnMask.to_dense`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from lcab.masks.checks import validate_slices
 from lcab.masks.geometry import (
     IntArray,
     SliceKind,
-    band_area,
     clip_slices,
-    kind_bands,
     row_spans,
     slice_areas,
     transpose_slices,
@@ -134,7 +133,39 @@ class AttnMask:
                 )
             self.doc_lengths = lengths
         if validate:
-            self._validate()
+            validate_slices(self.slices, self.head_ptr, self.seqlen_q, self.seqlen_k)
+
+    @classmethod
+    def from_head_parts(
+        cls,
+        parts: Sequence[IntArray],
+        seqlen_q: int,
+        seqlen_k: int,
+        like: AttnMask,
+        *,
+        name: str | None = None,
+        doc_lengths: Any = None,
+        origin: tuple[int, int] = (0, 0),
+    ) -> AttnMask:
+        """A mask made of one slice array per mask head, derived in closed form from ``like``.
+
+        Keeps ``like``'s pattern name (unless ``name``), parameters and seed. Not validated:
+        callers derive ``parts`` from an already valid mask (clipping, transposing, remapping or
+        picking its heads keeps slices disjoint).
+        """
+        ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+        return cls(
+            np.concatenate(parts) if len(parts) else np.zeros((0, 5), np.int64),
+            seqlen_q,
+            seqlen_k,
+            head_ptr=ptr,
+            name=like.name if name is None else name,
+            params=like.params,
+            seed=like.seed,
+            doc_lengths=doc_lengths,
+            origin=origin,
+            validate=False,
+        )
 
     # ------------------------------------------------------------------ structure
     @property
@@ -202,42 +233,29 @@ class AttnMask:
                 f"restrict(q_range={q_range}, k_range={k_range}) is outside the mask "
                 f"[0, {self.seqlen_q}) x [0, {self.seqlen_k}) or empty"
             )
-        parts = [clip_slices(self.head_slices(h), q0, q1, k0, k1) for h in range(self.num_heads)]
-        sub = np.concatenate(parts) if parts else np.zeros((0, 5), np.int64)
-        sub[:, 0:2] -= q0
-        sub[:, 2:4] -= k0
-        ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+        shift = np.array([q0, q0, k0, k0, 0], dtype=np.int64)
+        parts = [
+            clip_slices(self.head_slices(h), q0, q1, k0, k1) - shift for h in range(self.num_heads)
+        ]
         docs = None
         if self.doc_lengths is not None and (q0, q1) == (k0, k1):
             cu = np.clip(self.doc_boundaries, q0, q1) - q0  # type: ignore[arg-type]
             docs = np.diff(cu)
             docs = docs[docs > 0]
-        return AttnMask(
-            sub,
+        return AttnMask.from_head_parts(
+            parts,
             q1 - q0,
             k1 - k0,
-            head_ptr=ptr,
-            name=self.name,
-            params=self.params,
-            seed=self.seed,
+            self,
             doc_lengths=docs,
             origin=(self.origin[0] + q0, self.origin[1] + k0),
-            validate=False,
         )
 
     def transpose(self) -> AttnMask:
         """The mask with queries and keys swapped (column view, e.g. for FlashMask)."""
         parts = [transpose_slices(self.head_slices(h)) for h in range(self.num_heads)]
-        ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
-        return AttnMask(
-            np.concatenate(parts),
-            self.seqlen_k,
-            self.seqlen_q,
-            head_ptr=ptr,
-            name=f"{self.name}.T",
-            params=self.params,
-            seed=self.seed,
-            validate=False,
+        return AttnMask.from_head_parts(
+            parts, self.seqlen_k, self.seqlen_q, self, name=f"{self.name}.T"
         )
 
     def _derive(self, slices: IntArray, head_ptr: IntArray | None) -> AttnMask:
@@ -388,105 +406,3 @@ class AttnMask:
             f"AttnMask(name={self.name!r}, shape={self.shape}, slices={self.num_slices}{heads}"
             f"{docs}, area={self.area()}, seed={self.seed})"
         )
-
-    # ------------------------------------------------------------------ validation
-    def _validate(self) -> None:
-        s = self.slices
-        qs, qe, ks, ke, kind = s.T
-        bad_kind = ~np.isin(kind, [k.value for k in SliceKind])
-        bad_q = (qs < 0) | (qe > self.seqlen_q) | (qs >= qe)
-        bad_k = (ks < 0) | (ke > self.seqlen_k) | (ks >= ke)
-        for flag, what in (
-            (bad_kind, "kind must be 0 (full), 1 (causal), 2 (inv_causal) or 3 (bi_causal)"),
-            (bad_q, f"q range must satisfy 0 <= q_start < q_end <= seqlen_q={self.seqlen_q}"),
-            (bad_k, f"k range must satisfy 0 <= k_start < k_end <= seqlen_k={self.seqlen_k}"),
-        ):
-            if flag.any():
-                i = int(np.flatnonzero(flag)[0])
-                raise ValueError(f"slice {i} {s[i].tolist()} is invalid: {what}")
-        empty = slice_areas(s) == 0
-        if empty.any():
-            i = int(np.flatnonzero(empty)[0])
-            raise ValueError(
-                f"slice {i} {s[i].tolist()} attends nothing (a bi_causal slice needs "
-                f"k_end - k_start >= q_end - q_start); drop it"
-            )
-        for h in range(self.num_heads):
-            pair = first_overlap(self.head_slices(h))
-            if pair is not None:
-                base = int(self.head_ptr[h])
-                i, j = pair
-                head = f" of head {h}" if self.num_heads > 1 else ""
-                raise ValueError(
-                    f"slices {base + i} {s[base + i].tolist()} and {base + j} "
-                    f"{s[base + j].tolist()}{head} overlap: slices must be disjoint, or their "
-                    f"shared pairs would be counted twice in area() and FLOPs"
-                )
-
-
-def _pairs_below(key: IntArray, limit: IntArray) -> tuple[IntArray, IntArray]:
-    """All (x, y), x < y, with key[y] < limit[x]; ``key`` must be sorted ascending."""
-    stop = np.searchsorted(key, limit, side="left")
-    count = np.maximum(stop - np.arange(len(key)) - 1, 0)
-    xs = np.repeat(np.arange(len(key)), count)
-    ys = xs + 1 + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-    return xs, ys
-
-
-def first_overlap(slices: IntArray) -> tuple[int, int] | None:
-    """Indices of two slices sharing an attended pair, or None if all are disjoint.
-
-    Candidate pairs are slices whose rectangles intersect; each is then decided exactly by the
-    area of the intersection of both bands inside both rectangles. Candidates are enumerated
-    within groups of equal q ranges (or equal k ranges) when those groups are disjoint, which
-    is the layout of every generated mask and keeps the check near-linear.
-    """
-    s = np.asarray(slices, dtype=np.int64)
-    if len(s) < 2:
-        return None
-    for q_cols, k_cols in (((0, 1), (2, 3)), ((2, 3), (0, 1))):
-        grouped = _grouped_candidates(s, q_cols, k_cols)
-        if grouped is not None:
-            xs, ys = grouped
-            break
-    else:
-        order = np.argsort(s[:, 0], kind="stable")
-        t = s[order]
-        xs, ys = _pairs_below(t[:, 0], t[:, 1])
-        keep = (t[ys, 2] < t[xs, 3]) & (t[xs, 2] < t[ys, 3])
-        xs, ys = order[xs[keep]], order[ys[keep]]
-    if len(xs) == 0:
-        return None
-    a, b = s[xs], s[ys]
-    lo_a, hi_a = kind_bands(*a.T)
-    lo_b, hi_b = kind_bands(*b.T)
-    shared = band_area(
-        np.maximum(a[:, 0], b[:, 0]),
-        np.minimum(a[:, 1], b[:, 1]),
-        np.maximum(a[:, 2], b[:, 2]),
-        np.minimum(a[:, 3], b[:, 3]),
-        np.maximum(lo_a, lo_b),
-        np.minimum(hi_a, hi_b),
-    )
-    hit = np.flatnonzero(shared > 0)
-    if len(hit) == 0:
-        return None
-    i, j = int(xs[hit[0]]), int(ys[hit[0]])
-    return (min(i, j), max(i, j))
-
-
-def _grouped_candidates(
-    s: IntArray, group_cols: tuple[int, int], other_cols: tuple[int, int]
-) -> tuple[IntArray, IntArray] | None:
-    """Overlap candidates when distinct ranges on ``group_cols`` are disjoint, else None."""
-    g0, g1 = s[:, group_cols[0]], s[:, group_cols[1]]
-    uniq, inverse = np.unique(np.stack([g0, g1], 1), axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if len(uniq) > 1 and (uniq[1:, 0] < uniq[:-1, 1]).any():
-        return None  # some distinct ranges overlap: groups do not separate the candidates
-    o0, o1 = s[:, other_cols[0]], s[:, other_cols[1]]
-    span = int(max(o1.max(), 1)) + 1
-    key = inverse * span + o0
-    order = np.argsort(key, kind="stable")
-    xs, ys = _pairs_below(key[order], (inverse * span + o1)[order])
-    return order[xs], order[ys]

@@ -109,31 +109,12 @@ def remap(mask: AttnMask, rows: IntArray | Segments, cols: IntArray | Segments) 
     if row_seg.length < 1 or col_seg.length < 1:
         raise ValueError("layouts must hold at least one position")
     parts = [_remap_slices(mask.head_slices(h), row_seg, col_seg) for h in range(mask.num_heads)]
-    ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
-    return AttnMask(
-        np.concatenate(parts) if parts else np.zeros((0, 5), np.int64),
-        row_seg.length,
-        col_seg.length,
-        head_ptr=ptr,
-        name=mask.name,
-        params=mask.params,
-        seed=mask.seed,
-        validate=False,
-    )
+    return AttnMask.from_head_parts(parts, row_seg.length, col_seg.length, mask)
 
 
 def select_heads(mask: AttnMask, heads: list[int] | IntArray) -> AttnMask:
     """A mask holding the given mask heads, in that order (for head-sharded CP ranks)."""
     parts = [mask.head_slices(int(h)) for h in heads]
-    ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
-    return AttnMask(
-        np.concatenate(parts) if parts else np.zeros((0, 5), np.int64),
-        mask.seqlen_q,
-        mask.seqlen_k,
-        head_ptr=ptr,
-        name=mask.name,
-        params=mask.params,
-        seed=mask.seed,
-        doc_lengths=mask.doc_lengths,
-        validate=False,
+    return AttnMask.from_head_parts(
+        parts, mask.seqlen_q, mask.seqlen_k, mask, doc_lengths=mask.doc_lengths
     )
