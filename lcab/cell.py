@@ -23,6 +23,54 @@ DTYPES = {
 }
 
 
+@dataclass
+class BenchConfig:
+    """The measurement protocol.
+
+    One definition serves as the Hydra schema of ``conf/bench/`` and as the typed settings
+    every rank reads, so a setting cannot be read under a misspelt key.
+    """
+
+    passes: list[str] = field(default_factory=lambda: ["fwd", "bwd"])
+    """Passes to time: fwd, bwd (forward outside the timer), fwd_bwd."""
+    warmup: int = 2
+    """Untimed calls after the first one."""
+    reps: int = 5
+    """Timed repetitions per pass and mask sample."""
+    warmup_ms: float | None = None
+    """Warm-up time budget instead of a count."""
+    rep_ms: float | None = None
+    """Timing time budget instead of a count (reps = budget / estimated call time)."""
+    max_reps: int = 1000
+    """Cap on repetitions in budget mode."""
+    quantiles: list[float] = field(default_factory=lambda: [0.5, 0.2, 0.8])
+    """Time quantiles recorded (p50 is the reported figure)."""
+    mask_samples: int = 3
+    """Random masks (documents, prefixes, sparse picks) drawn per length; median reported
+    (paper: 30). Deterministic masks are drawn once."""
+    check_numerics: bool = True
+    """Compare out/lse (fwd) and dq/dk/dv (bwd) with the fp64 reference."""
+    numerics_full_max: int = 1 << 26
+    """Use the whole fp64 reference up to heads_q·Sq·Sk of this; above, sampled rows."""
+    numerics_rows: int = 128
+    """Query rows checked in sampled mode."""
+    tolerance: float | None = None
+    """Normalised max-error tolerance; None: by dtype (fp64 1e-8, fp32 1e-3, fp16 1e-2,
+    bf16 5e-2)."""
+    memory: bool = True
+    """Record peak memory (CUDA allocator peak; CPU sampled RSS) during the timed region."""
+    flush_l2: bool = True
+    """CUDA: zero a 256 MB buffer before each repetition."""
+    timeout_s: float = 1800.0
+    """Hard limit per (cell, seqlen); a worker past it is killed and the record says timeout."""
+    isolate: bool = True
+    """Run each cell in supervised worker processes (hard timeout; a crash becomes a record)."""
+    threads: int | None = None
+    """torch threads per rank on CPU; None: torch's default for one rank, 1 per rank under CP."""
+    progress: bool = True
+    """Show a progress bar over lengths x passes."""
+
+
 @dataclass(frozen=True)
 class JobInfo:
     """Where a job writes and how it is identified in records."""
@@ -56,7 +104,7 @@ class Cell:
     nodes: int
     devices_per_node: int
     backend: str
-    bench: dict[str, Any]
+    bench: BenchConfig
     seed: int
     config: dict[str, Any] = field(default_factory=dict)
     job: JobInfo = field(default_factory=lambda: JobInfo(output_dir="."))

@@ -58,7 +58,7 @@ def _resume(path: Path, cell: Cell) -> tuple[list[RunRecord], Cell]:
 
 
 def _run(cell: Cell, write: Callable[[RunRecord], None]) -> None:
-    if cell.bench["isolate"]:
+    if cell.bench.isolate:
         from lcab.bench.supervisor import run_supervised
 
         run_supervised(cell, write)

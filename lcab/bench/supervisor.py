@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lcab.bench.environment import environment
-from lcab.bench.runner import base_record
+from lcab.bench.results import base_record
 from lcab.cell import Cell
 from lcab.distributed.launch import LaunchResult, launch
 from lcab.records.resume import NOT_RUN
@@ -42,11 +42,11 @@ def _status(result: LaunchResult) -> str:
 
 def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[RunRecord]:
     """Run ``cell`` in watched rank processes; every length of the cell ends with one record."""
-    from lcab.bench.worker import worker_main
+    from lcab.bench.worker import PRELOAD, worker_main
 
     records: list[RunRecord] = []
     pending = list(cell.seqlens)
-    timeout = float(cell.bench["timeout_s"])
+    timeout = cell.bench.timeout_s
 
     def accept(record: RunRecord) -> None:
         records.append(record)
@@ -62,7 +62,13 @@ def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[R
         return timeout  # the next length gets a fresh deadline
 
     result = launch(
-        worker_main, cell.world_size, (cell,), timeout, on_message, Path(cell.job.output_dir)
+        worker_main,
+        cell.world_size,
+        (cell,),
+        timeout,
+        on_message,
+        Path(cell.job.output_dir),
+        preload=PRELOAD,
     )
     if result.status != "done" and pending:
         status = _status(result)

@@ -1,104 +1,139 @@
-"""`CPTarget`: a context-parallel cell as the runner sees it (one per rank).
+"""What the runner runs a cell on: a `Target` — the kernel itself, or a CP strategy around it.
 
-It joins the process group, checks what the strategy and kernel need, builds this rank's part of
-the plan for each mask, synchronises repetitions (barrier; per-repetition times reduced to the
-slowest rank) and, once per length, measures one call's communication (bytes per operation,
-max over ranks, next to the analytic volume) and its time split into compute, communication
-and waiting.
+`KernelTarget` is a single device. `CPTarget` is one rank of a context-parallel cell: it joins
+the process group, checks what the strategy and kernel need, builds this rank's part of the plan
+for each mask, synchronises repetitions (barrier; per-repetition times reduced to the slowest
+rank) and, once per length, measures one call's communication (bytes per operation, max over
+ranks, next to the analytic volume) and its time split into compute, communication and waiting.
+The runner sees only the protocol, so single-device and distributed cells share one path.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+from typing_extensions import override
 
 from lcab.cell import Cell
-from lcab.cp.base import STRATEGIES, Plan, Strategy
-from lcab.cp.comm import STATS, gather_floats, max_over_ranks
+from lcab.cp.base import STRATEGIES, Plan
+from lcab.cp.comm import STATS, gather_floats, is_backward_op, max_over_ranks
 from lcab.cp.prepared import CPPrepared
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem, get_kernel
 from lcab.masks.core import AttnMask
 from lcab.records.schema import RunRecord
 
-_BACKWARD_OPS = ("_grad", "_bwd", "dkv")
+
+class Target(Protocol):
+    """What runs the attention: a kernel, or a CP strategy around one."""
+
+    rank: int
+    world: int
+
+    def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:
+        """Why ``pass_`` cannot run (empty: it can)."""
+
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        """Setup for one mask (timed as setup)."""
+
+    def barrier(self) -> None:
+        """Synchronise ranks before a repetition (no-op on one device)."""
+
+    def reduce_times(self, times: list[float]) -> list[float]:
+        """Per-repetition times as the slowest rank saw them."""
+
+    def gather(self, value: float) -> list[float]:
+        """Every rank's ``value`` (rank order)."""
+
+    def describe(
+        self,
+        record: RunRecord,
+        prepared: PreparedAttention,
+        native: dict[str, torch.Tensor],
+        backward: bool,
+    ) -> None:
+        """Distributed fields (comm bytes, phases, balance) from one untimed call."""
+
+    def close(self) -> None:
+        """Release what the target holds (a process group)."""
 
 
-def is_backward_op(name: str) -> bool:
-    """Whether a communication operation belongs to the backward pass."""
-    return any(tag in name for tag in _BACKWARD_OPS)
+@dataclass
+class KernelTarget(Target):
+    """A single-device target: the kernel itself."""
+
+    kernel: Kernel
+    rank: int = 0
+    world: int = 1
+
+    @override
+    def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:
+        return self.kernel.not_supported_reasons(problem, mask, pass_)
+
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        return self.kernel.prepare(mask, problem)
+
+    @override
+    def barrier(self) -> None:
+        return None
+
+    @override
+    def reduce_times(self, times: list[float]) -> list[float]:
+        return times
+
+    @override
+    def gather(self, value: float) -> list[float]:
+        return [value]
+
+    @override
+    def describe(
+        self,
+        record: RunRecord,
+        prepared: PreparedAttention,
+        native: dict[str, torch.Tensor],
+        backward: bool,
+    ) -> None:
+        return None
+
+    @override
+    def close(self) -> None:
+        return None
 
 
-def cp_reasons(
-    strategy: Strategy,
-    kernel: Kernel,
-    problem: Problem,
-    mask: AttnMask | None,
-    world: int,
-    pass_: str,
-) -> list[str]:
-    """Why ``strategy`` with local ``kernel`` cannot run ``pass_`` on ``world`` ranks (pure).
-
-    The kernel is checked on the *local* problem each rank runs (its share of the heads after
-    the Ulysses split, at least one KV head since heads are replicated when the degree exceeds
-    them), plus what the strategy needs from it (LSE, stats backward, per-head masks). The
-    support matrix calls this without any process group.
-    """
-    reasons = strategy.reasons(problem, world)
-    if reasons:
-        return reasons
-    ulysses = strategy.ulysses_degree(world)
-    local = Problem(
-        max(problem.seqlen_q // world, 1) * ulysses,
-        max(problem.seqlen_k // world, 1) * ulysses,
-        problem.heads_q // ulysses,
-        max(problem.heads_kv // ulysses, 1),
-        problem.head_dim,
-        problem.dtype,
-        problem.device,
-    )
-    kernel_why = [
-        r
-        for r in kernel.not_supported_reasons(local, None, pass_)
-        if not r.startswith("no GQA")  # replication may turn GQA into MHA locally
-    ]
-    reasons += [f"kernel {kernel.name}: {r}" for r in kernel_why]
-    reasons += strategy.kernel_reasons(kernel, problem, pass_)
-    if mask is not None and mask.num_heads > 1 and not kernel.caps.per_head_masks:
-        reasons.append(f"kernel {kernel.name} takes no per-KV-head masks")
-    return reasons
-
-
-class CPTarget:
+class CPTarget(Target):
     """A strategy around a kernel, on one rank of a live process group."""
 
-    def __init__(self, cell: Cell, ctx: DistContext) -> None:
-        self.ctx = ctx
-        self.rank, self.world = ctx.rank, ctx.world
+    def __init__(self, cell: Cell, dist: DistContext) -> None:
+        self.dist = dist
+        self.rank, self.world = dist.rank, dist.world
         self.strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
         self.kernel = get_kernel(cell.kernel, **cell.kernel_options)
         self.plan: Plan | None = None
 
-    def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:  # noqa: D102
-        return cp_reasons(self.strategy, self.kernel, problem, mask, self.world, pass_)
+    @override
+    def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:
+        return self.strategy.not_supported_reasons(self.kernel, problem, mask, self.world, pass_)
 
-    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         self.plan = self.strategy.plan(mask, problem, self.world)
-        return self.strategy.build(self.plan, mask, problem, self.kernel, self.ctx)
+        return self.strategy.build(self.plan, mask, problem, self.kernel, self.dist)
 
-    def barrier(self) -> None:  # noqa: D102
-        self.ctx.barrier()
+    @override
+    def barrier(self) -> None:
+        self.dist.barrier()
 
-    def reduce_times(self, times: list[float]) -> list[float]:  # noqa: D102
+    @override
+    def reduce_times(self, times: list[float]) -> list[float]:
         return max_over_ranks(times)
 
+    @override
     def gather(self, value: float) -> list[float]:
-        """Every rank's ``value`` (rank order)."""
         return gather_floats(value)
-
-    def extra_record_fields(self, record: RunRecord, mask: AttnMask) -> None:  # noqa: D102
-        return None
 
     def _split(self, pass_: str, total_s: float) -> dict[str, float]:
         """The slowest rank's split of one pass: total, compute, comm, wait, other (ms).
@@ -115,6 +150,7 @@ class CPTarget:
         split["other"] = split["total"] - split["compute"] - split["comm"] - split["wait"]
         return {f"{pass_}_{name}": value for name, value in split.items()}
 
+    @override
     def describe(
         self,
         record: RunRecord,
@@ -128,12 +164,12 @@ class CPTarget:
         STATS.reset()
         leaves = [native[n].detach().clone().requires_grad_(backward) for n in ("q", "k", "v")]
         phases: dict[str, float] = {}
-        self.ctx.barrier()  # every rank starts together, so waits are the strategy's own
+        self.dist.barrier()  # every rank starts together, so waits are the strategy's own
         start = time.perf_counter()
         out, _ = prepared.run(*leaves)
         phases |= self._split("fwd", time.perf_counter() - start)
         if backward:
-            self.ctx.barrier()
+            self.dist.barrier()
             start = time.perf_counter()
             out.backward(native["dout"])
             phases |= self._split("bwd", time.perf_counter() - start)
@@ -161,25 +197,30 @@ class CPTarget:
             "shard_len": plan.shard_len,
         }
 
+    @override
     def close(self) -> None:
         """Leave the process group."""
-        self.ctx.close()
+        self.dist.close()
 
 
-def cp_target(cell: Cell, rank: int, rendezvous: str | None) -> CPTarget:
-    """Join the world of ``cell`` as ``rank`` and return its target."""
+def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:
+    """The target of ``cell`` on ``rank``: the kernel, or a CP strategy around it.
+
+    Under CP the rank joins its world: locally at ``rendezvous`` (a world of local processes),
+    or, with ``rendezvous=None``, from the environment (torchrun / SLURM variables).
+    """
+    if cell.cp == "none":
+        return KernelTarget(get_kernel(cell.kernel, **cell.kernel_options))
     if rendezvous is None:
-        ctx = DistContext.from_environment(
-            cell.backend, float(cell.bench["timeout_s"]), cell.device
-        )
+        dist = DistContext.from_environment(cell.backend, cell.bench.timeout_s, cell.device)
     else:
-        ctx = DistContext.start_local(
+        dist = DistContext.start_local(
             rank,
             cell.world_size,
             cell.devices_per_node,
             cell.backend,
             rendezvous,
-            float(cell.bench["timeout_s"]),
+            cell.bench.timeout_s,
             cell.device,
         )
-    return CPTarget(cell, ctx)
+    return CPTarget(cell, dist)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lcab.cell import DTYPES, Cell, JobInfo
+from lcab.cell import DTYPES, BenchConfig, Cell, JobInfo
 from lcab.flops import PASSES
 from lcab.kernels import KERNELS
 from lcab.masks import get_pattern, make_params
@@ -185,7 +185,7 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
         nodes=nodes,
         devices_per_node=devices,
         backend=backend,
-        bench=_container(b),
+        bench=BenchConfig(**_container(b)),
         seed=int(cfg.seed),
         config={
             str(k): OmegaConf.to_container(cfg[k], resolve=True)

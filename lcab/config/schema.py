@@ -22,6 +22,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from lcab.cell import BenchConfig
 from lcab.kernels import KERNELS
 from lcab.masks.patterns import MASK_PATTERNS
 
@@ -148,50 +149,6 @@ class ProblemConfig:
     """auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16 | float64."""
     device: str = "auto"
     """auto (cuda if visible, else cpu) | cpu | cuda."""
-
-
-@dataclass
-class BenchConfig:
-    """The measurement protocol."""
-
-    passes: list[str] = field(default_factory=lambda: ["fwd", "bwd"])
-    """Passes to time: fwd, bwd (forward outside the timer), fwd_bwd."""
-    warmup: int = 2
-    """Untimed calls after the first one."""
-    reps: int = 5
-    """Timed repetitions per pass and mask sample."""
-    warmup_ms: float | None = None
-    """Warm-up time budget instead of a count."""
-    rep_ms: float | None = None
-    """Timing time budget instead of a count (reps = budget / estimated call time)."""
-    max_reps: int = 1000
-    """Cap on repetitions in budget mode."""
-    quantiles: list[float] = field(default_factory=lambda: [0.5, 0.2, 0.8])
-    """Time quantiles recorded (p50 is the reported figure)."""
-    mask_samples: int = 3
-    """Random masks (documents, prefixes, sparse picks) drawn per length; median reported
-    (paper: 30). Deterministic masks are drawn once."""
-    check_numerics: bool = True
-    """Compare out/lse (fwd) and dq/dk/dv (bwd) with the fp64 reference."""
-    numerics_full_max: int = 1 << 26
-    """Use the whole fp64 reference up to heads_q·Sq·Sk of this; above, sampled rows."""
-    numerics_rows: int = 128
-    """Query rows checked in sampled mode."""
-    tolerance: float | None = None
-    """Normalised max-error tolerance; None: by dtype (fp64 1e-8, fp32 1e-3, fp16 1e-2,
-    bf16 5e-2)."""
-    memory: bool = True
-    """Record peak memory (CUDA allocator peak; CPU sampled RSS) during the timed region."""
-    flush_l2: bool = True
-    """CUDA: zero a 256 MB buffer before each repetition."""
-    timeout_s: float = 1800.0
-    """Hard limit per (cell, seqlen); a worker past it is killed and the record says timeout."""
-    isolate: bool = True
-    """Run each cell in supervised worker processes (hard timeout; a crash becomes a record)."""
-    threads: int | None = None
-    """torch threads per rank on CPU; None: torch's default for one rank, 1 per rank under CP."""
-    progress: bool = True
-    """Show a progress bar over lengths x passes."""
 
 
 @dataclass

@@ -178,6 +178,45 @@ class Strategy(ABC):
                 )
         return reasons
 
+    def not_supported_reasons(
+        self,
+        kernel: Kernel,
+        problem: Problem,
+        mask: AttnMask | None,
+        world: int,
+        pass_: str,
+    ) -> list[str]:
+        """Why this strategy with local ``kernel`` cannot run ``pass_`` on ``world`` ranks (pure).
+
+        The kernel is checked on the *local* problem each rank runs (its share of the heads
+        after the Ulysses split, at least one KV head since heads are replicated when the
+        degree exceeds them), plus what the strategy needs from it (LSE, stats backward,
+        per-head masks). The support matrix calls this without any process group.
+        """
+        reasons = self.reasons(problem, world)
+        if reasons:
+            return reasons
+        ulysses = self.ulysses_degree(world)
+        local = Problem(
+            max(problem.seqlen_q // world, 1) * ulysses,
+            max(problem.seqlen_k // world, 1) * ulysses,
+            problem.heads_q // ulysses,
+            max(problem.heads_kv // ulysses, 1),
+            problem.head_dim,
+            problem.dtype,
+            problem.device,
+        )
+        kernel_why = [
+            r
+            for r in kernel.not_supported_reasons(local, None, pass_)
+            if not r.startswith("no GQA")  # replication may turn GQA into MHA locally
+        ]
+        reasons += [f"kernel {kernel.name}: {r}" for r in kernel_why]
+        reasons += self.kernel_reasons(kernel, problem, pass_)
+        if mask is not None and mask.num_heads > 1 and not kernel.caps.per_head_masks:
+            reasons.append(f"kernel {kernel.name} takes no per-KV-head masks")
+        return reasons
+
     def plan(self, mask: AttnMask, problem: Problem, world: int) -> Plan:
         """The plan for ``mask`` on ``world`` ranks (pure; no communication)."""
         ulysses = self.ulysses_degree(world)

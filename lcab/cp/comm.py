@@ -60,6 +60,14 @@ STATS = CommStats()
 """This process's counters (one rank per process)."""
 
 
+_BACKWARD_OPS = ("_grad", "_bwd", "dkv")
+
+
+def is_backward_op(name: str) -> bool:
+    """Whether a counted operation belongs to the backward pass (by its naming convention)."""
+    return any(tag in name for tag in _BACKWARD_OPS)
+
+
 def nbytes(t: torch.Tensor) -> int:
     """Payload bytes of a tensor."""
     return t.numel() * t.element_size()

@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +34,17 @@ STOP = -1.0
 """Returned by ``on_message`` to end the world early (all ranks are then killed)."""
 
 
-def context() -> Any:
-    """The forkserver context (its server preloads torch and lcab's worker modules)."""
+def context(preload: Sequence[str] = ("torch",)) -> Any:
+    """The forkserver context; its server imports ``preload`` once for every rank it starts.
+
+    The caller names what its ranks import (this layer knows nothing above it). The server
+    starts with the first world, so the first caller's list is the one that holds; CPython
+    ignores a preload module that fails to import, which is why callers test their lists.
+    """
     global _CONTEXT
     if _CONTEXT is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "lcab.bench.worker", "lcab.bench.targets"])
+        ctx.set_forkserver_preload(list(preload))
         _CONTEXT = ctx
     return _CONTEXT
 
@@ -109,13 +114,15 @@ def launch(
     timeout_s: float,
     on_message: Callable[[tuple[Any, ...]], float | None],
     rendezvous_dir: str | Path,
+    preload: Sequence[str] = ("torch",),
 ) -> LaunchResult:
     """Run ``guarded(fn)`` on ``world`` ranks until done, a failure or the deadline.
 
     ``on_message(msg)`` receives every message that is not "done"/"fatal"; it may return a new
-    timeout in seconds (from now) — e.g. after each result — or `STOP`.
+    timeout in seconds (from now) — e.g. after each result — or `STOP`. ``preload``: modules
+    the forkserver imports once (see `context`).
     """
-    ctx = context()
+    ctx = context(preload)
     messages = ctx.Queue()
     lifeline, keep_alive = ctx.Pipe(duplex=False)  # ranks read; only this process can write
     Path(rendezvous_dir).mkdir(parents=True, exist_ok=True)

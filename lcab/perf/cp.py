@@ -109,7 +109,7 @@ def _failure(record: RunRecord) -> str:
 
 def rows_of(record: RunRecord) -> list[PassRow]:
     """Table rows of one record: one per timed pass, then the phase split of the call."""
-    from lcab.bench.targets import is_backward_op
+    from lcab.cp.comm import is_backward_op
 
     name = record.cp
     if record.status != "ok":

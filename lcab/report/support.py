@@ -5,7 +5,7 @@
   GPU-only kernels — with this machine's circumstances (no CUDA, package not installed)
   left out, so the matrix says what a kernel can do, not what this laptop has.
 * strategy x mask: which CPU local kernels run forward+backward under each CP strategy at
-  world 4, checked by the same `cp_reasons` the runner uses.
+  world 4, checked by the same `Strategy.not_supported_reasons` the runner uses.
 
 Cells are derived from `Kernel.not_supported_reasons` and the CP checks, so the matrix cannot
 drift from what the runner actually skips; tests keep the README copy current.
@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from lcab.bench.targets import cp_reasons
 from lcab.cell import DTYPES
 from lcab.config.resolve import CPU_PROBLEM, GPU_PROBLEM
 from lcab.cp.base import STRATEGIES
@@ -96,7 +95,8 @@ def strategy_kernels(strategy: str, mask_name: str, pass_: str = "bwd") -> list[
         mask = matrix_mask(mask_name, problem.heads_kv)
         instance = STRATEGIES.get(strategy)({}, CP_WORLD)
         if not any(
-            cp_reasons(instance, kernel, problem, mask, CP_WORLD, p) for p in ("fwd", pass_)
+            instance.not_supported_reasons(kernel, problem, mask, CP_WORLD, p)
+            for p in ("fwd", pass_)
         ):
             names.append(name)
     return names

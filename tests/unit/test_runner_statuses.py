@@ -9,7 +9,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from lcab.bench.runner import KernelTarget, run_seqlen
+from lcab.bench.runner import run_seqlen
+from lcab.bench.targets import KernelTarget
 from lcab.config import CONF_DIR, register_configs, resolve_cell
 from lcab.kernels import KernelCaps, PreparedAttention, Problem, get_kernel
 from lcab.kernels.base import Kernel

@@ -1,0 +1,138 @@
+"""From measurements to a `RunRecord`: identity, mask fields, failures and per-pass summaries.
+
+A length is measured on several mask samples; each sample gives one `SampleMeasure` per pass,
+and `summarise` combines them (medians, with the spread kept) into the pass's `PassResult`.
+Failures are classified here too, so the runner and the supervisor word them alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from lcab.bench.memory import MemoryReading
+from lcab.bench.timing import Timing
+from lcab.cell import Cell
+from lcab.flops import FLOP_CONVENTION, tflops_per_s
+from lcab.masks import AttnMask
+from lcab.records.schema import PassResult, RunRecord
+
+MAX_LISTED_DOCS = 512
+"""Documents listed in a record before only their digest is kept."""
+
+
+@dataclass(frozen=True)
+class SampleMeasure:
+    """One pass measured on one mask sample."""
+
+    timing: Timing
+    """Per-repetition times (under CP: the slowest rank's, repetition by repetition)."""
+    rank_p50: list[float]
+    """Each rank's own median time (one entry on a single device)."""
+    flops: int
+    """Useful FLOPs of the pass on this sample (`lcab.flops`)."""
+    dense_flops: int
+    """FLOPs of the same pass without a mask."""
+    memory: MemoryReading | None = None
+    """Peak memory over the timed region (None when ``bench.memory`` is off)."""
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether an exception is an out-of-memory failure (CUDA or host)."""
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(err).lower()
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+def short_error(err: BaseException, limit: int = 500) -> str:
+    """``Type: message``, cut to ``limit`` characters for a record."""
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def base_record(cell: Cell, seqlen: int, env: dict[str, Any]) -> RunRecord:
+    """A record with identity, axes and environment filled in."""
+    index = cell.seqlens.index(seqlen)
+    return RunRecord(
+        run_id=f"{cell.job.run_id}-{seqlen}" if cell.job.run_id else str(seqlen),
+        sweep_id=cell.job.sweep_id,
+        job_num=cell.job.job_num,
+        override_dirname=cell.job.override_dirname,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        kernel=cell.kernel,
+        cp=cell.cp,
+        mask=cell.mask,
+        seqlen=seqlen,
+        seqlen_per_device=cell.seqlen_per_device[index] if cell.seqlen_per_device else None,
+        world_size=cell.world_size,
+        nodes=cell.nodes,
+        devices_per_node=cell.devices_per_node,
+        heads_q=cell.heads_q,
+        heads_kv=cell.heads_kv,
+        head_dim=cell.head_dim,
+        dtype=cell.dtype,
+        device=cell.device,
+        passes=list(cell.bench.passes),
+        mask_params=dict(cell.mask_params),
+        mask_seed=cell.mask_seed,
+        mask_samples=cell.mask_samples,
+        flop_convention=FLOP_CONVENTION,
+        cp_params=dict(cell.cp_options) if cell.cp != "none" else {},
+        config=cell.config,
+        **env,
+    )
+
+
+def fill_mask_fields(record: RunRecord, mask: AttnMask) -> None:
+    """Area, density, parameters and documents of the first mask sample."""
+    record.mask_area = mask.area()
+    record.mask_density = mask.density()
+    record.mask_params = dict(mask.params)
+    if mask.doc_lengths is not None:
+        lengths = [int(x) for x in mask.doc_lengths]
+        record.num_docs = len(lengths)
+        record.doc_lengths = lengths if len(lengths) <= MAX_LISTED_DOCS else None
+        record.doc_lengths_digest = hashlib.sha256(
+            ",".join(map(str, lengths)).encode()
+        ).hexdigest()[:16]
+
+
+def _median_quantile(samples: list[SampleMeasure], quantile: float) -> float | None:
+    if not all(quantile in s.timing.quantiles_ms for s in samples):
+        return None
+    return statistics.median(s.timing.q(quantile) for s in samples)
+
+
+def summarise(result: PassResult, samples: list[SampleMeasure], world: int) -> None:
+    """Combine mask samples: medians of per-sample figures, spread kept."""
+    if not samples:
+        return
+    p50 = [s.timing.q(0.5) for s in samples]
+    result.status = "ok"
+    result.ms_p50 = statistics.median(p50)
+    result.ms_p20 = _median_quantile(samples, 0.2)
+    result.ms_p80 = _median_quantile(samples, 0.8)
+    result.ms_samples = p50 if len(samples) > 1 else None
+    result.reps = len(samples[0].timing.times_ms)
+    result.flops = int(statistics.median(s.flops for s in samples))
+    result.tflops = statistics.median(
+        tflops_per_s(s.flops, s.timing.q(0.5) / 1e3) / world for s in samples
+    )
+    result.tflops_dense = statistics.median(
+        tflops_per_s(s.dense_flops, s.timing.q(0.5) / 1e3) / world for s in samples
+    )
+    rank_p50 = samples[0].rank_p50
+    if world > 1:
+        result.rank_ms_p50 = rank_p50
+        mean_rank = sum(rank_p50) / len(rank_p50)
+        result.tflops_mean_rank = tflops_per_s(result.flops, mean_rank / 1e3) / world
+    readings = [s.memory for s in samples if s.memory is not None]
+    if readings:
+        result.mem_peak_mib = max(r.peak_bytes for r in readings) / 2**20
+        result.mem_delta_mib = max(r.delta_bytes for r in readings) / 2**20
