@@ -1,4 +1,4 @@
-"""Independent reference semantics for the mask tests (no lcab code is used here).
+"""Independent reference semantics of every mask pattern (no lcab code is used here).
 
 Every predicate is written from the pattern definitions in the specification, as numpy over an
 (i, j) index grid, so that the tests compare lcab's slices against a brute-force ground truth.
@@ -151,7 +151,7 @@ def doc_params(draw: st.DrawFn, seqlen: int) -> dict[str, Any]:
 
 
 @st.composite
-def pattern_case(draw: st.DrawFn, name: str, max_seqlen: int = 160) -> tuple[int, dict[str, Any]]:
+def pattern_params(draw: st.DrawFn, name: str, max_seqlen: int = 160) -> tuple[int, dict[str, Any]]:
     """(seqlen, params) for pattern ``name`` with small, interesting values."""
     if name == "block_causal_document":
         B = draw(st.integers(1, 12))

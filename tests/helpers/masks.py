@@ -1,4 +1,4 @@
-"""Shared strategies and helpers for the lowering tests (this module holds no tests itself).
+"""Mask sources for property tests: every pattern, restricted windows, random slices, dense.
 
 Nothing here calls an lcab lowering: masks are built with the public mask API (`make_mask`,
 `AttnMask`, `AttnMask.from_dense`, `AttnMask.restrict`), and the ground truth of every check is
@@ -20,7 +20,6 @@ Mask sources:
 
 from __future__ import annotations
 
-import itertools
 import os
 from typing import Any
 
@@ -30,24 +29,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, list_masks, make_mask
+from tests.helpers.mask_reference import EXACT_PATTERNS, SPARSE_PATTERNS, pattern_params
 
 ALL_PATTERNS = list_masks()
 
-DOC_PATTERNS = frozenset(
-    {"full_document", "causal_document", "share_question", "causal_blockwise", "prefix_lm_document"}
-)
-#: Patterns this file knows how to parametrise; any other registered pattern uses its defaults.
-KNOWN_PATTERNS = DOC_PATTERNS | {
-    "full",
-    "causal",
-    "block_causal_document",
-    "prefix_lm_causal",
-    "block_sparse",
-    "varblock_sparse",
-    "sliding_window",
-    "sliding_window_causal",
-    "global_sliding_window",
-}
+#: Patterns the shared parameter strategy knows; any other registered pattern uses its defaults.
+KNOWN_PATTERNS = EXACT_PATTERNS | SPARSE_PATTERNS
 
 
 #: Multiply every example budget, e.g. LCAB_LOWERING_EXAMPLES=50 for a long bug hunt.
@@ -93,63 +80,6 @@ def from_dense(dense: np.ndarray) -> AttnMask:
 
 
 # ----------------------------------------------------------------------------- pattern masks
-@st.composite
-def doc_params(draw: st.DrawFn, seqlen: int) -> dict[str, Any]:
-    """Explicit or uniform document lengths giving several documents at small seqlen."""
-    if draw(st.booleans()):
-        k = draw(st.integers(1, min(seqlen, 10)))
-        cuts = sorted(
-            draw(st.sets(st.integers(1, max(seqlen - 1, 1)), min_size=k - 1, max_size=k - 1))
-        )
-        bounds = [0, *cuts, seqlen]
-        return {"doc_lengths": [b - a for a, b in itertools.pairwise(bounds)]}
-    lo = draw(st.integers(1, 30))
-    hi = draw(st.integers(lo, 70))
-    return {"doc_source": "uniform", "min_doc_len": lo, "max_doc_len": hi}
-
-
-@st.composite
-def pattern_params(draw: st.DrawFn, name: str, max_seqlen: int = 200) -> tuple[int, dict[str, Any]]:
-    """(seqlen, params) for pattern ``name`` with small but non-trivial values."""
-    if name == "block_causal_document":
-        B = draw(st.integers(1, 16))
-        n = draw(st.integers(1, max(1, max_seqlen // B)))
-        # min_blocks=1 keeps every block count splittable into documents.
-        return B * n, {"block_size": B, "min_blocks": 1, "max_blocks": draw(st.integers(1, 5))}
-    if name not in KNOWN_PATTERNS:
-        return draw(st.sampled_from([64, 128, 192])), {}
-    S = draw(st.integers(1, max_seqlen))
-    if name in DOC_PATTERNS:
-        params = draw(doc_params(S))
-        if name == "prefix_lm_document":
-            params["prefix"] = draw(st.none() | st.integers(0, S))
-        return S, params
-    if name in ("sliding_window", "sliding_window_causal"):
-        return S, {"window": draw(st.integers(0, min(S + 2, 40)) | st.integers(0, S + 2))}
-    if name == "global_sliding_window":
-        return S, {
-            "window": draw(st.integers(0, min(S + 2, 30))),
-            "global_tokens": draw(st.integers(0, min(S, 20)) | st.integers(0, S)),
-        }
-    if name == "prefix_lm_causal":
-        return S, {"prefix": draw(st.none() | st.integers(0, S))}
-    if name == "block_sparse":
-        return S, {
-            "block_size": draw(st.integers(1, 64)),
-            "density": draw(st.integers(1, 100)) / 100,
-            "heads": draw(st.integers(1, 3)),
-        }
-    if name == "varblock_sparse":
-        avg = draw(st.integers(1, max(1, S // 2)))
-        return S, {
-            "avg_block_size": avg,
-            "min_block_size": draw(st.integers(1, avg)),
-            "density": draw(st.integers(1, 100)) / 100,
-            "heads": draw(st.integers(1, 3)),
-        }
-    return S, {}  # full, causal
-
-
 def build_pattern(name: str, seqlen: int, params: dict[str, Any], seed: int) -> AttnMask:
     """make_mask, skipping (only) unknown patterns whose defaults do not fit small lengths."""
     try:

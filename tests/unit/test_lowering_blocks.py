@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import BlockTable, block_table, uniform_bounds
-from tests.unit.test_lowering_support import (
+from tests.helpers.masks import (
     ALL_PATTERNS,
     any_masks,
     dense3,

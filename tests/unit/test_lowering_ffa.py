@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import FFAArgs, NotExpressible, lowering_reason, to_ffa
-from tests.unit.test_lowering_support import (
+from tests.helpers.masks import (
     ALL_PATTERNS,
     dense3,
     dense_masks,

@@ -26,7 +26,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import flex_block_mask, flex_mask_mod
-from tests.unit.test_lowering_support import (
+from tests.helpers.masks import (
     ALL_PATTERNS,
     any_masks,
     dense3,
@@ -279,7 +279,7 @@ def test_flex_attention_end_to_end(mask: AttnMask, block: int, group: int, seed:
 @pytest.mark.parametrize("name", ALL_PATTERNS)
 def test_flex_attention_end_to_end_patterns(name: str) -> None:
     """One mid-sized example of every pattern (S = 200, default tile size 128)."""
-    from tests.unit.test_lowering_support import build_pattern
+    from tests.helpers.masks import build_pattern
 
     params = {
         "full_document": {"doc_lengths": [70, 30, 100]},

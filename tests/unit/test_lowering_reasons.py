@@ -18,7 +18,7 @@ from lcab.masks.lowering import (
     to_flashmask,
     to_varlen,
 )
-from tests.unit.test_lowering_support import any_masks, dense3, fast
+from tests.helpers.masks import any_masks, dense3, fast
 
 EXPECTED_NAMES = {"dense", "ranges", "flex", "block_table", "varlen", "flashmask", "ffa"}
 

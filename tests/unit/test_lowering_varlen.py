@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import NotExpressible, VarlenArgs, lowering_reason, to_varlen
-from tests.unit.test_lowering_support import (
+from tests.helpers.masks import (
     ALL_PATTERNS,
     dense3,
     dense_masks,

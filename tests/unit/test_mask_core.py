@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, list_masks, make_mask
-from tests.unit._mask_reference import EXACT_PATTERNS, SPARSE_PATTERNS, pattern_case
+from tests.helpers.mask_reference import EXACT_PATTERNS, SPARSE_PATTERNS, pattern_params
+from tests.helpers.masks import rectangles
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -93,7 +94,7 @@ def as3d(mask: AttnMask) -> np.ndarray:
 
 
 def make_pattern(name: str, data: st.DataObject, seed: int) -> AttnMask:
-    seqlen, params = data.draw(pattern_case(name, max_seqlen=100), label="seqlen, params")
+    seqlen, params = data.draw(pattern_params(name, max_seqlen=100), label="seqlen, params")
     try:
         return make_mask(name, seqlen, seed=seed, **params)
     except ValueError:
@@ -354,15 +355,6 @@ def test_equality_matches_dense_equality(data: st.DataObject) -> None:
 
 
 # ----------------------------------------------------------------------------- restrict / transpose
-@st.composite
-def rectangles(draw: st.DrawFn, sq: int, sk: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    q0 = draw(st.integers(0, sq - 1))
-    q1 = draw(st.integers(q0 + 1, sq))
-    k0 = draw(st.integers(0, sk - 1))
-    k1 = draw(st.integers(k0 + 1, sk))
-    return (q0, q1), (k0, k1)
-
-
 def check_restrict(
     mask: AttnMask, dense: np.ndarray, q: tuple[int, int], k: tuple[int, int]
 ) -> None:

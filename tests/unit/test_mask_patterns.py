@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, get_pattern, list_masks, make_mask
-from tests.unit._mask_reference import (
+from tests.helpers.mask_reference import (
     DOC_PATTERNS,
     EXACT_PATTERNS,
     SPARSE_PATTERNS,
     kept_blocks_expected,
-    pattern_case,
+    pattern_params,
     reference_dense,
 )
 
@@ -99,7 +99,7 @@ def test_document_patterns_share_document_params(name: str) -> None:
 @FAST
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_pattern_matches_definition(name: str, data: st.DataObject, seed: int) -> None:
-    seqlen, params = data.draw(pattern_case(name), label="seqlen, params")
+    seqlen, params = data.draw(pattern_params(name), label="seqlen, params")
     mask = build(name, seqlen, params, seed)
     dense = dense_np(mask)
     H = dense.shape[0]
@@ -315,7 +315,7 @@ def test_block_causal_document_unsplittable_rejected(
 def test_same_inputs_same_mask_and_replay_from_params(
     name: str, data: st.DataObject, seed: int
 ) -> None:
-    seqlen, params = data.draw(pattern_case(name), label="seqlen, params")
+    seqlen, params = data.draw(pattern_params(name), label="seqlen, params")
     a = build(name, seqlen, params, seed)
     b = make_mask(name, seqlen, seed=seed, **params)
     assert a == b
