@@ -8,9 +8,15 @@ every job of a run or sweep before anything is launched.
 from pathlib import Path
 
 from lcab.config.resolve import ConfigError, resolve_cell
-from lcab.config.schema import CP_CONFIGS, register_configs
+from lcab.config.schema import cp_config_classes, register_configs
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 """The repository's ``conf/`` folder (the Hydra config tree), defined once."""
 
-__all__ = ["CONF_DIR", "CP_CONFIGS", "ConfigError", "register_configs", "resolve_cell"]
+__all__ = [
+    "CONF_DIR",
+    "ConfigError",
+    "cp_config_classes",
+    "register_configs",
+    "resolve_cell",
+]

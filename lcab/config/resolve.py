@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lcab.cell import DTYPES, BenchConfig, Cell, JobInfo
+from lcab.cp import STRATEGIES
 from lcab.flops import PASSES
 from lcab.kernels import KERNELS
 from lcab.masks import get_pattern, make_params
@@ -21,7 +22,6 @@ from lcab.registry import UnknownNameError
 
 CPU_PROBLEM = {"heads_q": 8, "heads_kv": 2, "head_dim": 64, "dtype": "float32"}
 GPU_PROBLEM = {"heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16"}
-CP_NAMES = ("none", "ulysses", "ring", "ring_allgather", "usp", "loongtrain")
 BACKENDS = ("auto", "gloo", "nccl")
 #: Local ranks for cp != none when the topology leaves it open, on CPU.
 CPU_CP_RANKS = 4
@@ -65,8 +65,9 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
         raise ConfigError("kernel", kernel_options, str(err)) from err
 
     cp_name = str(cfg.cp.name)
-    if cp_name not in CP_NAMES:
-        raise ConfigError("cp", cp_name, f"valid: {', '.join(CP_NAMES)}")
+    cp_names = ("none", *STRATEGIES.names())
+    if cp_name not in cp_names:
+        raise ConfigError("cp", cp_name, f"valid: {', '.join(cp_names)}")
     cp_options = {k: v for k, v in _container(cfg.cp).items() if k != "name"}
 
     # problem: "auto" -> GPU or CPU defaults

@@ -1,11 +1,11 @@
 """Structured configs of the Hydra app, registered in Hydra's ConfigStore.
 
 Every group option's schema is a dataclass with a unique name, so typos (``mask.windw=1``) and
-type errors (``mask.window=wide``) fail at compose time with the key named. Mask and kernel
-schemas are *generated* from the registries (a pattern's parameter dataclass, a kernel's options
-dataclass): adding a pattern or a kernel adds its config fields with no second list to keep in
-sync. Schemas live under ``schema/<group>/<name>``; the YAML options in ``conf/<group>/`` extend
-them and carry a comment and an example each.
+type errors (``mask.window=wide``) fail at compose time with the key named. Mask, kernel and
+CP schemas are *generated* from the registries (a pattern's parameter dataclass, a kernel's or a
+strategy's options dataclass): registering one adds its config fields with no second list to
+keep in sync. Schemas live under ``schema/<group>/<name>``; the YAML options in
+``conf/<group>/`` extend them and carry a comment and an example each.
 
 Cross-field rules (heads divisibility, mask parameters valid at every sequence length, ...)
 are checked by `lcab.config.preflight`, which runs before anything is launched.
@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from lcab.cell import BenchConfig
+from lcab.cp import STRATEGIES
 from lcab.kernels import KERNELS
 from lcab.masks.patterns import MASK_PATTERNS
 
@@ -49,65 +50,15 @@ class MaskConfig:
 
 @dataclass
 class CPConfig:
-    """Context-parallel strategy; ``none`` is the single-device case."""
+    """Context-parallel strategy; ``none`` is the single-device case.
+
+    Each strategy's schema adds its options (generated from ``Strategy.options_cls``).
+    """
 
     name: str = "none"
-    """none | ulysses | ring | ring_allgather | usp | loongtrain."""
+    """none, or a registered strategy (ulysses, ring, ring_allgather, usp, loongtrain)."""
     balance: str = "zigzag"
     """Token placement over ranks: contiguous | zigzag (the paper's) | area (mask-aware)."""
-
-
-@dataclass
-class UlyssesCPConfig(CPConfig):
-    """Ulysses: all-to-all from sequence to head sharding and back."""
-
-    name: str = "ulysses"
-    balance: str = "contiguous"
-    """Heads are sharded, so every placement is balanced; contiguous moves the fewest tokens."""
-
-
-@dataclass
-class RingCPConfig(CPConfig):
-    """Ring P2P: K/V blocks rotate around the ring, partial outputs merged by LSE."""
-
-    name: str = "ring"
-
-
-@dataclass
-class RingAllGatherCPConfig(CPConfig):
-    """Ring All-Gather: one all-gather of K/V, reduce-scatter of dK/dV."""
-
-    name: str = "ring_allgather"
-
-
-@dataclass
-class USPCPConfig(CPConfig):
-    """USP: Ulysses inside a group of ``ulysses_degree`` ranks, ring across groups."""
-
-    name: str = "usp"
-    ulysses_degree: int | None = None
-    """Ulysses group size; None: the devices of one node (the paper's placement)."""
-
-
-@dataclass
-class LoongTrainCPConfig(CPConfig):
-    """LoongTrain: Ulysses inside, double ring (windows + outer ring with prefetch) across."""
-
-    name: str = "loongtrain"
-    ulysses_degree: int | None = None
-    """Ulysses group size; None: the devices of one node."""
-    window_count: int | None = None
-    """Windows of the double ring; None: the largest divisor w of the ring with w <= ring / w."""
-
-
-CP_CONFIGS: dict[str, type[CPConfig]] = {
-    "none": CPConfig,
-    "ulysses": UlyssesCPConfig,
-    "ring": RingCPConfig,
-    "ring_allgather": RingAllGatherCPConfig,
-    "usp": USPCPConfig,
-    "loongtrain": LoongTrainCPConfig,
-}
 
 
 @dataclass
@@ -251,6 +202,14 @@ def mask_config_classes() -> dict[str, type]:
     return out
 
 
+def cp_config_classes() -> dict[str, type]:
+    """``none`` plus one CPConfig subclass per registered strategy, with its options as fields."""
+    out: dict[str, type] = {"none": CPConfig}
+    for name in STRATEGIES.names():
+        out[name] = _generated(name, CPConfig, "CPConfig", STRATEGIES.get(name).options_cls)
+    return out
+
+
 def kernel_config_classes() -> dict[str, type]:
     """One KernelConfig subclass per registered kernel, with its options as fields."""
     return {
@@ -277,7 +236,7 @@ def register_configs() -> None:
         cs.store(group="schema/kernel", name=name, node=cls)
     for name, cls in mask_config_classes().items():
         cs.store(group="schema/mask", name=name, node=cls)
-    for name, cls in CP_CONFIGS.items():
+    for name, cls in cp_config_classes().items():
         cs.store(group="schema/cp", name=name, node=cls)
     for group, cls in (
         ("seqlen", SeqlenConfig),

@@ -129,6 +129,14 @@ def step_mask(
     return sub
 
 
+@dataclass
+class StrategyOptions:
+    """Options every strategy takes (its config group ``cp`` is generated from these)."""
+
+    balance: str = "zigzag"
+    """Token placement over ranks: contiguous | zigzag (the paper's) | area (mask-aware)."""
+
+
 class Strategy(ABC):
     """A registered context-parallel strategy."""
 
@@ -136,6 +144,8 @@ class Strategy(ABC):
     summary: ClassVar[str] = ""
     merges_partials: ClassVar[bool] = True
     """Whether partial results are merged by LSE (needs a kernel with LSE and stats backward)."""
+    options_cls: ClassVar[type] = StrategyOptions
+    """The strategy's options as a dataclass: the schema of ``conf/cp/<name>.yaml``."""
 
     def __init__(self, options: dict[str, Any], devices_per_node: int) -> None:
         self.options = dict(options)

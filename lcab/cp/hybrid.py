@@ -10,11 +10,12 @@ schedule (plain or windowed) and therefore its traffic, so that is all a subclas
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lcab.cp.base import Plan, Strategy, element_bytes
+from lcab.cp.base import Plan, Strategy, StrategyOptions, element_bytes
 from lcab.cp.prepared import CPPrepared
 from lcab.cp.ring import ring_steps
 from lcab.cp.ring_attention import RingAttention, RingSpec, Step
@@ -23,8 +24,18 @@ from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 
 
+@dataclass
+class UlyssesRingOptions(StrategyOptions):
+    """Options of the two-dimensional strategies (USP, LoongTrain)."""
+
+    ulysses_degree: int | None = None
+    """Ulysses group size; None: the devices of one node (the paper's placement)."""
+
+
 class UlyssesRing(Strategy):
     """Ulysses (``ulysses_degree``, default: devices per node) x a ring over the groups."""
+
+    options_cls = UlyssesRingOptions
 
     def ulysses_degree(self, world: int) -> int:  # noqa: D102
         degree = self.options.get("ulysses_degree")

@@ -10,13 +10,22 @@ synchronisation the paper notes). Default windows: the largest divisor w of R wi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from lcab.cp.base import Plan, accumulator_bytes, element_bytes, register_strategy
-from lcab.cp.hybrid import UlyssesRing
+from lcab.cp.hybrid import UlyssesRing, UlyssesRingOptions
 from lcab.cp.ring_attention import RingSpec, Step
 from lcab.distributed.groups import balanced_windows
 from lcab.kernels import Problem
+
+
+@dataclass
+class LoongTrainOptions(UlyssesRingOptions):
+    """USP's options plus the windows of the double ring."""
+
+    window_count: int | None = None
+    """Windows of the double ring; None: the largest divisor w of the ring with w <= ring / w."""
 
 
 @register_strategy
@@ -25,6 +34,7 @@ class LoongTrain(UlyssesRing):
 
     name = "loongtrain"
     summary = "Ulysses inside a node x double ring (windows + outer ring with prefetch)"
+    options_cls = LoongTrainOptions
 
     def windows(self, ring: int) -> int:  # noqa: D102
         count = self.options.get("window_count")

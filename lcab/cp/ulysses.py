@@ -10,12 +10,20 @@ all-to-alls, so any kernel with a backward works; no LSE merging is needed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from lcab.cp.base import HeadSplit, Plan, Strategy, register_strategy, step_mask
+from lcab.cp.base import (
+    HeadSplit,
+    Plan,
+    Strategy,
+    StrategyOptions,
+    register_strategy,
+    step_mask,
+)
 from lcab.cp.comm import all_to_all, phase
 from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
@@ -93,6 +101,14 @@ def a2a_bytes(plan: Plan, problem: Problem, elem: int) -> int:
     return 2 * q_bytes + 2 * kv_bytes
 
 
+@dataclass
+class UlyssesOptions(StrategyOptions):
+    """Ulysses shards heads, so every placement is balanced."""
+
+    balance: str = "contiguous"
+    """contiguous moves the fewest tokens (heads are sharded, so every placement balances)."""
+
+
 @register_strategy
 class Ulysses(Strategy):
     """Ulysses sequence parallelism over all ranks."""
@@ -100,6 +116,7 @@ class Ulysses(Strategy):
     name = "ulysses"
     summary = "all-to-all sequence <-> heads, one local call over the whole sequence"
     merges_partials = False
+    options_cls = UlyssesOptions
 
     def ulysses_degree(self, world: int) -> int:  # noqa: D102
         return world

@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass
 
 from lcab.config import CONF_DIR
+from lcab.cp import STRATEGIES
 from lcab.records.schema import RunRecord
 
-STRATEGIES = ("ulysses", "ring", "ring_allgather", "usp", "loongtrain")
 TOPOLOGY = "local4"
 KERNEL = "ranges"
 MASK = "causal_document"
@@ -209,7 +209,7 @@ def run() -> None:
     print(HEADER)
     print("-" * len(HEADER))
     with tempfile.TemporaryDirectory(prefix="lcab-perf-cp-") as tmp:
-        for strategy in STRATEGIES:
+        for strategy in STRATEGIES.names():
             t0 = time.perf_counter()
             for row in breakdown(strategy, tmp):
                 print(format_row(row))

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from lcab.config import CP_CONFIGS, register_configs
+from lcab.config import cp_config_classes, register_configs
 from lcab.config.preflight import check_jobs, job_overrides
 from lcab.config.resolve import ConfigError, resolve_cell
 from lcab.kernels import KERNELS
@@ -79,7 +79,7 @@ def test_every_option_of_every_group_composes(hydra_ctx, group):
 def test_registries_and_conf_agree():
     assert set(options("kernel")) == set(KERNELS.names())
     assert set(options("mask")) == set(list_masks()) | set(MASK_PATTERNS.aliases())
-    assert set(options("cp")) == set(CP_CONFIGS)
+    assert set(options("cp")) == set(cp_config_classes())
 
 
 def test_mask_parameters_are_config_fields(hydra_ctx):
