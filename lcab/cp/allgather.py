@@ -12,11 +12,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from lcab.cp.base import Plan, Strategy, element_bytes, register_strategy, step_mask
 from lcab.cp.comm import all_gather_raw, phase, reduce_scatter_raw
 from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
+from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
 from lcab.masks.core import AttnMask
 
@@ -72,7 +74,8 @@ class RingAllGather(Strategy):
     summary = "one all-gather of K/V, local queries against all keys, reduce-scatter of dK/dV"
     merges_partials = False
 
-    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:  # noqa: D102
+    @override
+    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         if plan.ring == 1:
             return {}
         shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
@@ -80,10 +83,10 @@ class RingAllGather(Strategy):
         return {"allgather_kv": moved, "allgather_kv_grad": moved}
 
     def build(
-        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, ctx: Any
+        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, dist: DistContext
     ) -> CPPrepared:
-        """The callable of ``ctx.rank``, with every step's kernel prepared."""
-        rows = plan.rank_layouts[ctx.rank]
+        """The callable of ``dist.rank``, with every step's kernel prepared."""
+        rows = plan.rank_layouts[dist.rank]
         keys = np.concatenate(plan.placement.layouts)
         heads = plan.heads if mask.num_heads > 1 else None
         sub = step_mask(mask, rows, keys, heads, 0)
@@ -97,9 +100,9 @@ class RingAllGather(Strategy):
             problem.device,
         )
         prepared = kernel.prepare(sub, local) if sub.num_slices else None
-        group = ctx.group(list(range(plan.world)))
+        group = dist.group(list(range(plan.world)))
 
         def run(q: Any, k: Any, v: Any) -> Any:
             return _AllGatherAttention.apply(q, k, v, prepared, group)
 
-        return CPPrepared(plan, ctx.rank, run, mask)
+        return CPPrepared(plan, dist.rank, run, mask)

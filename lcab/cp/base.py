@@ -15,18 +15,22 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from lcab.cp.balance import Placement, place
+from lcab.distributed.context import DistContext
 from lcab.distributed.groups import Grid
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray
 from lcab.masks.remap import remap, select_heads
 from lcab.registry import Registry
+
+if TYPE_CHECKING:  # cp.prepared imports this module
+    from lcab.cp.prepared import CPPrepared
 
 
 @dataclass(frozen=True)
@@ -253,8 +257,10 @@ class Strategy(ABC):
         """Analytic bytes one rank sends in one forward + backward, per operation name."""
 
     @abstractmethod
-    def build(self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, ctx: Any) -> Any:
-        """The `CPPrepared` of ``ctx.rank`` for ``plan``."""
+    def build(
+        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, dist: DistContext
+    ) -> CPPrepared:
+        """The callable of ``dist.rank`` for ``plan``, every step's kernel prepared."""
 
 
 STRATEGIES: Registry[type[Strategy]] = Registry("cp strategy")

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from lcab.cp.base import Plan, Strategy, StrategyOptions, element_bytes
 from lcab.cp.prepared import CPPrepared
 from lcab.cp.ring import ring_steps
 from lcab.cp.ring_attention import RingAttention, RingSpec, Step
 from lcab.cp.ulysses import a2a_bytes, heads_to_seq, replicate_kv, seq_to_heads
+from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 
@@ -37,11 +39,13 @@ class UlyssesRing(Strategy):
 
     options_cls = UlyssesRingOptions
 
-    def ulysses_degree(self, world: int) -> int:  # noqa: D102
+    @override
+    def ulysses_degree(self, world: int) -> int:
         degree = self.options.get("ulysses_degree")
         return int(degree) if degree is not None else min(self.devices_per_node, world)
 
-    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:  # noqa: D102
+    @override
+    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         out = self.ring_volume(plan, problem)
         if plan.ulysses > 1:
             one_way = a2a_bytes(plan, problem, element_bytes(problem))
@@ -59,11 +63,11 @@ class UlyssesRing(Strategy):
         """The ring schedule of ring position ``position`` over global ``ranks``."""
 
     def build(
-        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, ctx: Any
+        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, dist: DistContext
     ) -> CPPrepared:
-        """The callable of ``ctx.rank``, with every step's kernel prepared."""
-        grid = plan.grid(ctx.rank)
-        a2a_group, ring_group = grid.create_groups(ctx)
+        """The callable of ``dist.rank``, with every step's kernel prepared."""
+        grid = plan.grid(dist.rank)
+        a2a_group, ring_group = grid.create_groups(dist)
         steps = ring_steps(
             plan,
             mask,
@@ -85,4 +89,4 @@ class UlyssesRing(Strategy):
             out, _ = RingAttention.apply(q, k, v, spec)
             return (heads_to_seq(out, a2a_group, u) if u > 1 else out), None
 
-        return CPPrepared(plan, ctx.rank, run, mask)
+        return CPPrepared(plan, dist.rank, run, mask)

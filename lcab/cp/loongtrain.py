@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from lcab.cp.base import Plan, accumulator_bytes, element_bytes, register_strategy
 from lcab.cp.hybrid import UlyssesRing, UlyssesRingOptions
 from lcab.cp.ring_attention import RingSpec, Step
@@ -36,11 +38,13 @@ class LoongTrain(UlyssesRing):
     summary = "Ulysses inside a node x double ring (windows + outer ring with prefetch)"
     options_cls = LoongTrainOptions
 
-    def windows(self, ring: int) -> int:  # noqa: D102
+    @override
+    def windows(self, ring: int) -> int:
         count = self.options.get("window_count")
         return int(count) if count is not None else balanced_windows(ring)
 
-    def reasons(self, problem: Problem, world: int) -> list[str]:  # noqa: D102
+    @override
+    def reasons(self, problem: Problem, world: int) -> list[str]:
         reasons = super().reasons(problem, world)
         if not reasons:
             ring = world // self.ulysses_degree(world)
@@ -49,7 +53,8 @@ class LoongTrain(UlyssesRing):
                 reasons.append(f"window_count={windows} does not divide the ring of {ring}")
         return reasons
 
-    def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:  # noqa: D102
+    @override
+    def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         w = plan.windows
         s = plan.ring // w
         block = 2 * plan.shard_len * plan.ulysses * plan.heads.local_kv * problem.head_dim
@@ -64,7 +69,8 @@ class LoongTrain(UlyssesRing):
         }
         return {k: v for k, v in pairs.items() if v}
 
-    def ring_spec(  # noqa: D102
+    @override
+    def ring_spec(
         self, plan: Plan, ranks: list[int], position: int, group: Any, steps: list[Step]
     ) -> RingSpec:
         return RingSpec.of_steps(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing_extensions import override
+
 from lcab.cp.base import (
     Plan,
     Strategy,
@@ -21,6 +23,7 @@ from lcab.cp.base import (
 )
 from lcab.cp.prepared import CPPrepared
 from lcab.cp.ring_attention import RingAttention, RingSpec, Step
+from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 
@@ -77,23 +80,24 @@ class RingP2P(Strategy):
     name = "ring"
     summary = "K/V blocks rotate (P2P), compute overlaps the next transfer, LSE merge"
 
-    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:  # noqa: D102
+    @override
+    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         return ring_bytes(plan, problem, "ring")
 
     def build(
-        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, ctx: Any
+        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, dist: DistContext
     ) -> CPPrepared:
-        """The callable of ``ctx.rank``, with every step's kernel prepared."""
+        """The callable of ``dist.rank``, with every step's kernel prepared."""
         layouts = list(plan.placement.layouts)
         ranks = list(range(plan.world))
         spec = RingSpec.of_steps(
             ranks,
-            ctx.rank,
-            ctx.group(ranks),
-            ring_steps(plan, mask, problem, kernel, ctx.rank, 0, layouts),
+            dist.rank,
+            dist.group(ranks),
+            ring_steps(plan, mask, problem, kernel, dist.rank, 0, layouts),
         )
 
         def run(q: Any, k: Any, v: Any) -> Any:
             return RingAttention.apply(q, k, v, spec)
 
-        return CPPrepared(plan, ctx.rank, run, mask)
+        return CPPrepared(plan, dist.rank, run, mask)

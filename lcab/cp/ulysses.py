@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from lcab.cp.base import (
     HeadSplit,
@@ -27,6 +28,7 @@ from lcab.cp.base import (
 from lcab.cp.comm import all_to_all, phase
 from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
+from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
 from lcab.masks.core import AttnMask
 
@@ -118,10 +120,12 @@ class Ulysses(Strategy):
     merges_partials = False
     options_cls = UlyssesOptions
 
-    def ulysses_degree(self, world: int) -> int:  # noqa: D102
+    @override
+    def ulysses_degree(self, world: int) -> int:
         return world
 
-    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:  # noqa: D102
+    @override
+    def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         from lcab.cp.base import element_bytes
 
         if plan.ulysses == 1:
@@ -130,11 +134,11 @@ class Ulysses(Strategy):
         return {"a2a": one_way, "a2a_grad": one_way}
 
     def build(
-        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, ctx: Any
+        self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, dist: DistContext
     ) -> CPPrepared:
-        """The callable of ``ctx.rank``, with every step's kernel prepared."""
-        grid = plan.grid(ctx.rank)
-        group, _ = grid.create_groups(ctx)
+        """The callable of ``dist.rank``, with every step's kernel prepared."""
+        grid = plan.grid(dist.rank)
+        group, _ = grid.create_groups(dist)
         order = np.concatenate([plan.rank_layouts[r] for r in grid.my_ulysses_group()])
         sub = step_mask(mask, order, order, plan.heads, grid.ulysses_index)
         local = Problem(
@@ -157,4 +161,4 @@ class Ulysses(Strategy):
             out, _ = local_call(prepared, qh, kh, vh)
             return heads_to_seq(out, group, u), None
 
-        return CPPrepared(plan, ctx.rank, run, mask)
+        return CPPrepared(plan, dist.rank, run, mask)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing_extensions import override
+
 from lcab.cp.base import Plan, register_strategy
 from lcab.cp.hybrid import UlyssesRing
 from lcab.cp.ring import ring_bytes
@@ -23,10 +25,12 @@ class USP(UlyssesRing):
     name = "usp"
     summary = "Ulysses inside a node x Ring P2P across nodes"
 
-    def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:  # noqa: D102
+    @override
+    def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         return ring_bytes(plan, problem, "usp_ring")
 
-    def ring_spec(  # noqa: D102
+    @override
+    def ring_spec(
         self, plan: Plan, ranks: list[int], position: int, group: Any, steps: list[Step]
     ) -> RingSpec:
         return RingSpec.of_steps(ranks, position, group, steps, inner="usp_ring")

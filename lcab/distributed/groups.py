@@ -10,7 +10,10 @@ ring cuts each ring of R ranks into windows of R / w consecutive ring positions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lcab.distributed.context import DistContext
 
 
 @dataclass(frozen=True)
@@ -52,17 +55,17 @@ class Grid:
         """The ring of this rank."""
         return self.rings()[self.ulysses_index]
 
-    def create_groups(self, ctx: Any) -> tuple[Any, Any]:
+    def create_groups(self, dist: DistContext) -> tuple[Any, Any]:
         """(my Ulysses group, my ring group), creating every group of the grid first.
 
         ``new_group`` must be entered by every rank for every group in the same order, so all
         ranks create all Ulysses groups, then all rings, before picking their own.
         """
         for group in self.ulysses_groups():
-            ctx.group(group)
+            dist.group(group)
         for ring in self.rings():
-            ctx.group(ring)
-        return ctx.group(self.my_ulysses_group()), ctx.group(self.my_ring())
+            dist.group(ring)
+        return dist.group(self.my_ulysses_group()), dist.group(self.my_ring())
 
 
 def balanced_windows(ring: int) -> int:

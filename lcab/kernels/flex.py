@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, lse_dtype
 from lcab.kernels.registry import register_kernel
@@ -87,12 +88,14 @@ class FlexKernel(Kernel):
         per_head_masks=True,
     )
 
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:  # noqa: D102
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
         if pass_ != "fwd" and problem.device.type == "cpu":
             return ["PyTorch's FlexAttention has no backward on CPU"]
         return []
 
-    def not_supported_reasons(  # noqa: D102
+    @override
+    def not_supported_reasons(
         self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
     ) -> list[str]:
         reasons = super().not_supported_reasons(problem, mask, pass_)
@@ -103,7 +106,8 @@ class FlexKernel(Kernel):
         """No LSE from the compiled CPU path (see the module docstring)."""
         return not (self.options["compile"] and device_type == "cpu")
 
-    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         return _PreparedFlex(
             mask,
             problem,

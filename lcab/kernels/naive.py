@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+from typing_extensions import override
 
 from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
 from lcab.kernels.registry import register_kernel
@@ -67,5 +68,6 @@ class NaiveKernel(Kernel):
         stats_backward=True,
     )
 
-    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         return _PreparedNaive(mask, problem)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from typing_extensions import override
 
 from lcab.kernels.base import Kernel, PreparedAttention, Problem
 from lcab.kernels.registry import register_kernel
@@ -117,6 +118,7 @@ class RangesKernel(Kernel):
     options_cls = RangesOptions
     caps = tiled_caps("ranges")
 
-    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         tile = int(self.options["tile"])
         return PreparedTiled(plan_for(mask, problem, range_items(mask, tile)))

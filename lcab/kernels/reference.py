@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
 from lcab.kernels.registry import register_kernel
@@ -94,7 +95,8 @@ class ReferenceKernel(Kernel):
         stats_backward=True,
     )
 
-    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         return _PreparedReference(mask, problem)
 
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
@@ -156,7 +157,8 @@ class SDPAKernel(Kernel):
         """The LSE comes back on CPU only (the CUDA path calls the public F.sdpa)."""
         return self.backend is None and device_type == "cpu"
 
-    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         return _PreparedSDPA(mask, problem, self.backend)
 
 

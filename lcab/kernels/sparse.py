@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from typing_extensions import override
 
 from lcab.kernels.base import Kernel, PreparedAttention, Problem
 from lcab.kernels.registry import register_kernel
@@ -75,6 +76,7 @@ class SparseKernel(Kernel):
     options_cls = SparseOptions
     caps = tiled_caps("block_table")
 
-    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:  # noqa: D102
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         items = block_items(mask, int(self.options["block_size"]))
         return PreparedTiled(plan_for(mask, problem, items))

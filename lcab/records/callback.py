@@ -11,6 +11,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from typing_extensions import override
 
 from lcab.records.sinks import CSV_FILE, RECORDS_FILE, merge_records, read_records, write_csv
 
@@ -18,13 +19,15 @@ from lcab.records.sinks import CSV_FILE, RECORDS_FILE, merge_records, read_recor
 class MergeRecords(Callback):
     """Write merged records (JSONL + CSV) at the sweep root, or a CSV next to a single run's."""
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:  # noqa: D102
+    @override
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
         if root.exists():
             merged, csv, count = merge_records(root)
             print(f"[lcab] merged {count} records -> {merged} and {csv.name}")
 
-    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:  # noqa: D102
+    @override
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         path = Path(config.hydra.run.dir) / RECORDS_FILE
         if path.exists():
             write_csv(read_records(path), path.parent / CSV_FILE)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
+from typing_extensions import override
 
 from lcab.cell import Cell
 from lcab.records.schema import RunRecord
@@ -27,7 +28,7 @@ class RecordLogger(Protocol):
         """Finish (always called, also after failures)."""
 
 
-class WandbLogger:
+class WandbLogger(RecordLogger):
     """Logs records to a W&B run (offline by default)."""
 
     def __init__(self, cfg: DictConfig, cell: Cell) -> None:
@@ -50,7 +51,8 @@ class WandbLogger:
             reinit=True,
         )
 
-    def log(self, record: RunRecord) -> None:  # noqa: D102
+    @override
+    def log(self, record: RunRecord) -> None:
         flat = record.flat()
         metrics = {
             k: v
@@ -61,7 +63,8 @@ class WandbLogger:
         self.run.log(metrics)
         self._rows.append({k: v for k, v in flat.items() if isinstance(v, (int, float, str))})
 
-    def close(self) -> None:  # noqa: D102
+    @override
+    def close(self) -> None:
         if self._rows:
             names = sorted({k for row in self._rows for k in row})
             table = self._wandb.Table(

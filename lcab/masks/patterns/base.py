@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from typing_extensions import override
 
 from lcab.masks.doclens import DOC_SOURCES, check_doc_lengths, sample_doc_lengths
 from lcab.masks.geometry import INF, IntArray, SliceKind, canonical_slices
@@ -59,7 +60,8 @@ class DocParams(PatternParams):
     histogram_name: str | None = None
     """doc_source=histogram_file: which histogram of the file (optional if it holds one)."""
 
-    def check(self, seqlen: int) -> None:  # noqa: D102
+    @override
+    def check(self, seqlen: int) -> None:
         if self.doc_source not in DOC_SOURCES:
             raise ValueError(
                 f"doc_source={self.doc_source!r} is unknown; valid: {', '.join(DOC_SOURCES)}"
@@ -67,7 +69,8 @@ class DocParams(PatternParams):
         if self.doc_lengths is not None:
             check_doc_lengths(list(self.doc_lengths), seqlen)
 
-    def randomized(self) -> bool:  # noqa: D102
+    @override
+    def randomized(self) -> bool:
         return self.doc_lengths is None and self.doc_source != "fixed"
 
     def sample(self, seqlen: int, rng: np.random.Generator) -> IntArray:

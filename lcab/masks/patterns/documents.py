@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from typing_extensions import override
 
 from lcab.masks.geometry import SliceKind
 from lcab.masks.patterns.base import (
@@ -87,7 +88,8 @@ class BlockCausalParams(PatternParams):
     max_blocks: int = 8
     """Most blocks per document (paper: 8)."""
 
-    def check(self, seqlen: int) -> None:  # noqa: D102
+    @override
+    def check(self, seqlen: int) -> None:
         require(self.block_size >= 1, f"block_size={self.block_size} must be >= 1")
         require(
             seqlen % self.block_size == 0,
@@ -106,7 +108,8 @@ class BlockCausalParams(PatternParams):
             f"max_blocks={self.max_blocks} blocks; change block_size, min_blocks or max_blocks",
         )
 
-    def randomized(self) -> bool:  # noqa: D102
+    @override
+    def randomized(self) -> bool:
         return self.min_blocks != self.max_blocks
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from typing_extensions import override
 
 from lcab.masks.geometry import SliceKind
 from lcab.masks.patterns.base import (
@@ -25,13 +26,15 @@ class PrefixParams(PatternParams):
     prefix: int | None = None
     """Prefix length p in [0, seqlen]; None draws it uniformly from [1, seqlen] (paper)."""
 
-    def check(self, seqlen: int) -> None:  # noqa: D102
+    @override
+    def check(self, seqlen: int) -> None:
         require(
             self.prefix is None or 0 <= self.prefix <= seqlen,
             f"prefix={self.prefix} must be in [0, seqlen={seqlen}] (or None to draw it)",
         )
 
-    def randomized(self) -> bool:  # noqa: D102
+    @override
+    def randomized(self) -> bool:
         return self.prefix is None
 
 
@@ -53,14 +56,16 @@ class PrefixDocParams(DocParams):
     """Prefix length p >= 0 applied to every document; None draws it from [1, len(doc 0)]
     (paper). A document not longer than p is fully bidirectional."""
 
-    def check(self, seqlen: int) -> None:  # noqa: D102
+    @override
+    def check(self, seqlen: int) -> None:
         super().check(seqlen)
         require(
             self.prefix is None or 0 <= self.prefix <= seqlen,
             f"prefix={self.prefix} must be in [0, seqlen={seqlen}] (or None to draw it)",
         )
 
-    def randomized(self) -> bool:  # noqa: D102
+    @override
+    def randomized(self) -> bool:
         return super().randomized() or self.prefix is None
 
 

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from typing_extensions import override
 
 from lcab.masks.geometry import IntArray, SliceKind
 from lcab.masks.patterns.base import Generated, PatternParams, register_pattern, require
@@ -70,12 +71,14 @@ class BlockSparseParams(PatternParams):
     heads: int = 1
     """Number of mask heads (set to the KV head count; query heads of a group share one)."""
 
-    def check(self, seqlen: int) -> None:  # noqa: D102
+    @override
+    def check(self, seqlen: int) -> None:
         require(self.block_size >= 1, f"block_size={self.block_size} must be >= 1")
         _check_density(self.density)
         require(self.heads >= 1, f"heads={self.heads} must be >= 1")
 
-    def randomized(self) -> bool:  # noqa: D102
+    @override
+    def randomized(self) -> bool:
         return True
 
 
@@ -106,7 +109,8 @@ class VarBlockSparseParams(PatternParams):
     heads: int = 1
     """Number of mask heads (set to the KV head count)."""
 
-    def check(self, seqlen: int) -> None:  # noqa: D102
+    @override
+    def check(self, seqlen: int) -> None:
         require(
             1 <= self.min_block_size <= self.avg_block_size,
             f"need 1 <= min_block_size <= avg_block_size; got min_block_size="
@@ -115,7 +119,8 @@ class VarBlockSparseParams(PatternParams):
         _check_density(self.density)
         require(self.heads >= 1, f"heads={self.heads} must be >= 1")
 
-    def randomized(self) -> bool:  # noqa: D102
+    @override
+    def randomized(self) -> bool:
         return True
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from typing_extensions import override
 
 from lcab.masks.patterns.base import Generated, PatternParams, band, rect, register_pattern, require
 
@@ -16,7 +17,8 @@ class WindowParams(PatternParams):
     window: int = 1024
     """Window half-width w (paper: 1024); w >= seqlen gives the full (or causal) mask."""
 
-    def check(self, seqlen: int) -> None:  # noqa: D102
+    @override
+    def check(self, seqlen: int) -> None:
         require(self.window >= 0, f"window={self.window} must be >= 0")
 
 
@@ -39,7 +41,8 @@ class GlobalWindowParams(WindowParams):
     global_tokens: int = 128
     """Number g of leading global tokens (BigBird/Longformer style)."""
 
-    def check(self, seqlen: int) -> None:  # noqa: D102
+    @override
+    def check(self, seqlen: int) -> None:
         super().check(seqlen)
         require(
             0 <= self.global_tokens <= seqlen,
