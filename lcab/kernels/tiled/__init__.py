@@ -1,18 +1,14 @@
 """The tiled engine shared by the ``ranges`` and ``sparse`` kernels.
 
-Kernels describe a mask as work items (`WorkItems`), `TiledPlan` compiles them into batches at
-prepare time, the engine runs a plan forward and backward on single-threaded workers, and
-`PreparedTiled` is what a kernel's ``prepare`` returns.
+Kernels describe a mask as work items (`items`), `plan` compiles them into batches at prepare
+time, `engine` runs a plan forward and backward on single-threaded `workers` over the packed
+`buffers`, and `prepared.PreparedTiled` is what a kernel's ``prepare`` returns.
 """
 
-from lcab.kernels.tiled.engine import (
-    PreparedTiled,
-    TiledAttention,
-    plan_for,
-    tiled_attention,
-    tiled_caps,
-)
-from lcab.kernels.tiled.plan import TiledPlan, WorkItems
+from lcab.kernels.tiled.engine import TiledAttention, tiled_attention
+from lcab.kernels.tiled.items import WorkItems
+from lcab.kernels.tiled.plan import TiledPlan
+from lcab.kernels.tiled.prepared import PreparedTiled, plan_for, tiled_caps
 
 __all__ = [
     "PreparedTiled",

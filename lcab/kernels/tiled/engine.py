@@ -1,6 +1,6 @@
 """The shared tiled engine of the ``ranges`` and ``sparse`` kernels: running a plan.
 
-Kernels cut a mask into work items (`lcab.kernels.tiled.plan.WorkItems`: rows of one mask head,
+Kernels cut a mask into work items (`lcab.kernels.tiled.items.WorkItems`: rows of one mask head,
 key pieces, band or tile masks); `TiledPlan` compiles them into batches at prepare time; this
 module executes a plan forward and backward:
 
@@ -24,196 +24,25 @@ module executes a plan forward and backward:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lcab.kernels.base import KernelCaps, PreparedAttention, Problem, lse_dtype
-from lcab.kernels.tiled.plan import EMPTY_LSE, MASKED, Batch, TiledPlan, WorkItems
+from lcab.kernels.tiled.buffers import (
+    Buffers,
+    accumulator,
+    lse_out,
+    rows_out,
+    zeros_with_trash,
+)
+from lcab.kernels.tiled.plan import EMPTY_LSE, MASKED, Batch, TiledPlan
 from lcab.kernels.tiled.workers import run_queue, scratch, worker_count
-from lcab.masks.core import AttnMask
-
-__all__ = [
-    "PreparedTiled",
-    "TiledAttention",
-    "TiledPlan",
-    "WorkItems",
-    "plan_for",
-    "tiled_attention",
-    "tiled_caps",
-]
-
-
-@dataclass
-class _Buffers:
-    """One call's tensors in the packed layout: row ``s·Hkv + h`` holds KV head h's G heads.
-
-    That layout is the memory layout of q and out (S, Hq, D) themselves, so nothing is
-    repacked: gathered batches index rows directly, view batches copy their (small) q tile
-    once, and k/v views are strided matrices that GEMM reads in place. Accumulators (out,
-    lse, dq, dout) carry one extra "trash" row that padded rows write to.
-    """
-
-    plan: TiledPlan
-    scale: float
-    dtype: torch.dtype
-    acc: torch.dtype
-    q: torch.Tensor
-    """(Hkv·Sq, G·D) view of q."""
-    k: torch.Tensor
-    """(Hkv·Sk, D) view of k."""
-    v: torch.Tensor
-    lse: torch.Tensor | None = None
-    """(Hkv·Sq + 1, G) accumulated lse."""
-
-    @classmethod
-    def of(cls, plan: TiledPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> _Buffers:
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        d = q.shape[-1]
-        return cls(
-            plan,
-            1.0 / math.sqrt(d),
-            q.dtype,
-            acc,
-            q.contiguous().view(-1, plan.group * d),
-            k.contiguous().view(-1, d),
-            v.contiguous().view(-1, d),
-        )
-
-    # ---------------------------------------------------------------- views of one batch
-    def _rows(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
-        """A view batch's rows of packed x as (heads, rows, width) (strided)."""
-        p = self.plan
-        assert batch.view is not None
-        head, q0, q1, _, _ = batch.view
-        full = x[: p.heads_kv * p.seqlen_q].view(p.seqlen_q, p.heads_kv, -1)
-        rows = full[q0:q1].transpose(0, 1)
-        return rows if head < 0 else rows[head : head + 1]
-
-    def _keys(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
-        """A view batch's keys of packed x as (heads, keys, width) (strided, no copy)."""
-        p = self.plan
-        assert batch.view is not None
-        head, _, _, k0, k1 = batch.view
-        keys = x.view(p.seqlen_k, p.heads_kv, -1)[k0:k1].transpose(0, 1)
-        return keys if head < 0 else keys[head : head + 1]
-
-    # ---------------------------------------------------------------- reads
-    def fetch_q(self, batch: Batch) -> torch.Tensor:
-        """Scaled q of the batch as (N, rows·G, D), in this thread's scratch."""
-        d = self.k.shape[1]
-        if batch.view is not None:
-            rows = self._rows(batch, self.q)
-            out = scratch("q", rows.numel(), self.dtype, self.q.device).view(rows.shape)
-            torch.mul(rows, self.scale, out=out)
-        else:
-            assert batch.row_read is not None
-            out = _gather("q", self.q, batch.row_read).mul_(self.scale)
-        return out.view(-1, batch.rows * self.plan.group, d)
-
-    def fetch_kv(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k and v of the batch as (N, keys, D)."""
-        if batch.view is not None:
-            return self._keys(batch, self.k), self._keys(batch, self.v)
-        assert batch.key_index is not None
-        d = self.k.shape[1]
-        kb = _gather("k", self.k, batch.key_index).view(-1, batch.keys, d)
-        vb = _gather("v", self.v, batch.key_index).view(-1, batch.keys, d)
-        return kb, vb
-
-    def get_rows(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
-        """Rows of an accumulator (with trash row) as (N, rows·G, width / G)."""
-        width = x.shape[1] // self.plan.group
-        if batch.view is not None:
-            rows = self._rows(batch, x)
-        else:
-            assert batch.row_write is not None
-            rows = x.index_select(0, batch.row_write)  # small (rows x G·D), or rare merges
-        return rows.reshape(-1, batch.rows * self.plan.group, width)
-
-    # ---------------------------------------------------------------- writes
-    def put_rows(self, batch: Batch, x: torch.Tensor, values: torch.Tensor) -> None:
-        """x[rows of batch] = values (N, rows·G, width / G)."""
-        if batch.view is not None:
-            rows = self._rows(batch, x)
-            rows.copy_(values.view(rows.shape))
-        else:
-            assert batch.row_write is not None
-            x.index_copy_(0, batch.row_write, values.reshape(-1, x.shape[1]))
-
-    def add_rows(self, batch: Batch, x: torch.Tensor, values: torch.Tensor) -> None:
-        """x[rows of batch] += values (N, rows·G, width / G)."""
-        values = values.to(x.dtype)
-        if batch.view is not None:
-            rows = self._rows(batch, x)
-            rows.add_(values.view(rows.shape))
-        else:
-            assert batch.row_write is not None
-            x.index_add_(0, batch.row_write, values.reshape(-1, x.shape[1]))
-
-    def add_keys(self, batch: Batch, x: torch.Tensor, values: torch.Tensor) -> None:
-        """x[keys of batch] += values (N, keys, D)."""
-        values = values.to(x.dtype)
-        if batch.view is not None:
-            keys = self._keys(batch, x)
-            keys.add_(values.view(keys.shape))
-        else:
-            assert batch.key_index is not None
-            x.index_add_(0, batch.key_index, values.reshape(-1, x.shape[1]))
-
-
-def _accumulator(
-    plan: TiledPlan, width: int, dtype: torch.dtype, device: torch.device, fill: float
-) -> torch.Tensor:
-    """(Hkv·Sq + 1, width) buffer with untouched rows and the trash row set to ``fill``.
-
-    Every other row is written by a first-wave batch, so the rest needs no initialisation
-    (zero-filling tens of MiB is a measurable share of a short call).
-    """
-    rows = plan.heads_kv * plan.seqlen_q
-    buf = torch.empty(rows + 1, width, dtype=dtype, device=device)
-    buf[rows:].fill_(fill)
-    if plan.untouched.numel():
-        buf.index_fill_(0, plan.untouched, fill)
-    return buf
-
-
-def _zeros_with_trash(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(rows + 1, width) copy of (rows, width) x in ``dtype`` with a zero last row."""
-    out = torch.empty(x.shape[0] + 1, x.shape[1], dtype=dtype, device=x.device)
-    out[:-1].copy_(x)
-    out[-1].zero_()
-    return out
-
-
-def _lse_out(plan: TiledPlan, lse: torch.Tensor) -> torch.Tensor:
-    """(Hkv·Sq + 1, G) packed lse → (Hq, Sq)."""
-    rows = plan.heads_kv * plan.seqlen_q
-    return lse[:rows].view(plan.seqlen_q, plan.heads_q).t().contiguous()
-
-
-def _rows_out(plan: TiledPlan, x: torch.Tensor) -> torch.Tensor:
-    """(Hkv·Sq + 1, G·D) packed rows → (Sq, Hq, D) on the same memory, no copy.
-
-    Built with ``set_`` rather than as a view, so for autograd it is an ordinary tensor that
-    callers may modify in place (the trash row just lies past its end).
-    """
-    d = x.shape[1] // plan.group
-    shape, stride = (plan.seqlen_q, plan.heads_q, d), (plan.heads_q * d, d, 1)
-    return x.new_empty(0).set_(x.untyped_storage(), int(x.storage_offset()), shape, stride)
 
 
 # -------------------------------------------------------------------- per-batch math
 # Every per-batch temporary of more than a few KiB lives in the calling thread's scratch:
 # fresh multi-MiB allocations are mmapped and page-faulted in on every call, which measurably
 # slows a call (most of all early in a process, before glibc raises its mmap threshold).
-def _gather(slot: str, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x[index] (rows) into this thread's scratch ``slot``."""
-    out = scratch(slot, index.numel() * x.shape[1], x.dtype, x.device)
-    return torch.index_select(x, 0, index, out=out.view(index.numel(), x.shape[1]))
-
-
 def _bmm(slot: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """A @ b (same dtype) into this thread's scratch ``slot``."""
     shape = (a.shape[0], a.shape[1], b.shape[2])
@@ -268,7 +97,7 @@ def _softmax_lse(scores: torch.Tensor, with_lse: bool = True) -> tuple[torch.Ten
     return probs, peak.sub_(probs.amax(-1, keepdim=True).log_())
 
 
-def _forward_batch(buf: _Buffers, batch: Batch, out: torch.Tensor, lse: torch.Tensor) -> None:
+def _forward_batch(buf: Buffers, batch: Batch, out: torch.Tensor, lse: torch.Tensor) -> None:
     """One batch: its (out, lse) written, or merged by log-sum-exp in later waves."""
     acc = buf.acc
     qb = buf.fetch_q(batch)
@@ -294,7 +123,7 @@ def _forward_batch(buf: _Buffers, batch: Batch, out: torch.Tensor, lse: torch.Te
 
 
 def _backward_batch(
-    buf: _Buffers,
+    buf: Buffers,
     batch: Batch,
     go: torch.Tensor,
     delta: torch.Tensor,
@@ -327,20 +156,20 @@ def _backward_batch(
 # -------------------------------------------------------------------- whole calls
 def plan_forward(
     plan: TiledPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, _Buffers]:
+) -> tuple[torch.Tensor, torch.Tensor, Buffers]:
     """(out (Sq, Hq, D), lse (Hq, Sq), buffers kept for the backward).
 
     The lse is float32 — float64 for float64 inputs, so fp64 checks stay exact.
     """
-    buf = _Buffers.of(plan, q, k, v)
+    buf = Buffers.of(plan, q, k, v)
     width = buf.q.shape[1]
-    out = _accumulator(plan, width, buf.acc, q.device, 0.0)
-    lse = _accumulator(plan, plan.group, buf.acc, q.device, -math.inf)
+    out = accumulator(plan, width, buf.acc, q.device, 0.0)
+    lse = accumulator(plan, plan.group, buf.acc, q.device, -math.inf)
     workers = worker_count(q.device)
     for wave in plan.wave_batches():  # batches of a wave write disjoint rows
         run_queue(wave, lambda batch, _: _forward_batch(buf, batch, out, lse), workers)
     buf.lse = lse
-    return _rows_out(plan, out).to(q.dtype), _lse_out(plan, lse), buf
+    return rows_out(plan, out).to(q.dtype), lse_out(plan, lse), buf
 
 
 def plan_backward(
@@ -355,13 +184,13 @@ def plan_backward(
     ``external``: (out, lse) are the merged statistics of whole rows, not this plan's own.
     """
     q, k, v, out, packed_lse = saved
-    buf = _Buffers.of(plan, q, k, v)
+    buf = Buffers.of(plan, q, k, v)
     acc, g, width = buf.acc, plan.group, buf.q.shape[1]
     rows = buf.q.shape[0] + 1  # with the trash row
     if dout is None:
         go = torch.zeros(rows, width, dtype=buf.dtype, device=q.device)
     else:
-        go = _zeros_with_trash(dout.reshape(-1, width), buf.dtype)
+        go = zeros_with_trash(dout.reshape(-1, width), buf.dtype)
     delta = torch.zeros(rows, g, dtype=acc, device=q.device)
     delta[:-1] = (go[:-1].to(acc).view(rows - 1, g, -1) * out.reshape(rows - 1, g, -1)).sum(-1)
     if dlse is not None:  # d lse / d S = P, so dLSE enters dS as a shift of delta
@@ -383,7 +212,7 @@ def plan_backward(
     dq, dk, dv = (sum(x[1:], x[0]) for x in zip(*grads, strict=True))
     shape_k = (plan.seqlen_k, plan.heads_kv, -1)
     return (
-        _rows_out(plan, dq).mul(buf.scale).to(buf.dtype),
+        rows_out(plan, dq).mul(buf.scale).to(buf.dtype),
         dk.view(shape_k).to(buf.dtype),
         dv.view(shape_k).to(buf.dtype),
     )
@@ -421,69 +250,3 @@ def tiled_attention(
         return out, lse
     out, lse, _ = plan_forward(plan, q, k, v)
     return out, lse
-
-
-class PreparedTiled(PreparedAttention):
-    """A `TiledPlan` bound to its problem; ``run`` is differentiable (real backward)."""
-
-    layout = "shd"
-
-    def __init__(self, plan: TiledPlan) -> None:
-        self.plan = plan
-
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(out, lse) of packed q/k/v; autograd runs the engine's own backward."""
-        return tiled_attention(self.plan, q, k, v)
-
-    def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The engine's backward under merged statistics (out, lse) of whole rows (ring CP).
-
-        It is the same backward as after this plan's own forward, fed the merged result
-        instead: P = exp(S - lse) and delta = rowsum(dout * out) then describe every block.
-        """
-        plan = self.plan
-        rows = plan.heads_kv * plan.seqlen_q
-        packed = torch.full(
-            (rows + 1, plan.group), -math.inf, dtype=lse_dtype(q.dtype), device=q.device
-        )
-        packed[:rows] = lse.to(packed.dtype).t().reshape(rows, plan.group)
-        return plan_backward(plan, (q, k, v, out, packed), dout, None, external=True)
-
-
-def plan_for(mask: AttnMask, problem: Problem, items: WorkItems) -> TiledPlan:
-    """Compile ``items`` for ``problem`` (head-shared masks run every KV head in one batch)."""
-    return TiledPlan(
-        items,
-        seqlen_q=problem.seqlen_q,
-        seqlen_k=problem.seqlen_k,
-        heads_q=problem.heads_q,
-        heads_kv=problem.heads_kv,
-        shared=mask.num_heads == 1,
-        device=problem.device,
-    )
-
-
-def tiled_caps(lowering: str) -> KernelCaps:
-    """Capabilities of a kernel on this engine (``lowering`` is the mask form it reads).
-
-    The engine is plain torch ops, so: any device and float dtype, forward and backward, GQA,
-    per-KV-head masks, and the lse.
-    """
-    return KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16}),
-        lowering=lowering,
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
-    )

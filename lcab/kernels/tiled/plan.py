@@ -1,10 +1,7 @@
 """Planning for the tiled engine: work items → batches, all at prepare time (plain data).
 
-A *work item* is a contiguous range of query rows ``[q0, q1)`` of one mask head together with
-the key *pieces* it attends (``[k0, k1)`` column ranges), each masked either by a global band
-``lo <= j - i <= hi`` (slice geometry), by a stored boolean tile (block tables), or not at all.
-Kernels differ only in how they cut a mask into items (`WorkItems`); this module turns items
-into the batches `lcab.kernels.tiled` executes:
+Kernels differ only in how they cut a mask into work items (`lcab.kernels.tiled.items`); this
+module turns items into the batches `lcab.kernels.tiled.engine` executes:
 
 * Only the columns where a mask binds are masked: inside a band piece these are at most the
   item's height wide at each edge. Gathered items put those columns first, so one
@@ -24,7 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lcab.masks.geometry import INF, IntArray
+from lcab.kernels.tiled.items import (
+    WorkItems,
+    blocked_mask,
+    cut_pieces,
+    piece_columns,
+    pieces_in_order,
+)
+from lcab.masks.geometry import IntArray
 
 #: Largest score matrix of one batch, in float32 bytes. Each worker holds about three such
 #: matrices in the backward (P, dP/dS and a cast copy), so two workers stay near 100 MiB —
@@ -49,102 +53,6 @@ EMPTY_LSE = MASKED / 2
 #: Padding that always counts as cheap (scores): tiny items are padded to coarse buckets so
 #: that thousands of them share a handful of batches.
 CHEAP_PAD_SCORES = 1 << 15
-
-
-@dataclass(frozen=True)
-class WorkItems:
-    """Work items as flat arrays: item n owns key pieces ``ptr[n]:ptr[n+1]``.
-
-    A piece attends columns ``[k0, k1)`` for the item's rows where ``lo <= j - i <= hi``
-    (global coordinates; ±`INF` for an open edge) and, if ``tile >= 0``, where
-    ``tiles[tile][i - q0, j - k0]`` is True. Pieces of an item may come in any order.
-    """
-
-    head: IntArray
-    q0: IntArray
-    q1: IntArray
-    ptr: IntArray
-    k0: IntArray
-    k1: IntArray
-    lo: IntArray
-    hi: IntArray
-    tile: IntArray
-    tiles: np.ndarray | None = None
-
-    @property
-    def num_items(self) -> int:
-        """Number of work items."""
-        return len(self.q0)
-
-
-def _pieces_in_order(items: WorkItems, n: int) -> np.ndarray:
-    """(m, 7) int64 array of item n's pieces: k0, k1, lo, hi, tile, tile column offset, bind.
-
-    Band pieces are cut where the band stops binding: columns every row of the item can see
-    form a free middle part, the (at most item-height wide) edges are "binding" parts that need
-    a mask. Tile pieces bind entirely.
-    """
-    a, b = items.ptr[n], items.ptr[n + 1]
-    r0, r1 = int(items.q0[n]), int(items.q1[n])
-    k0, k1 = items.k0[a:b], items.k1[a:b]
-    lo, hi, tile = items.lo[a:b], items.hi[a:b], items.tile[a:b]
-    # Every row of the item sees column c when c >= (r1 - 1) + lo and c <= r0 + hi.
-    free0 = np.where(lo > -INF, np.clip(r1 - 1 + lo, k0, k1), k0)
-    free1 = np.where(hi < INF, np.clip(r0 + hi + 1, k0, k1), k1)
-    empty = (free0 >= free1) | (tile >= 0)
-    free0 = np.where(empty, k1, free0)
-    free1 = np.where(empty, k1, free1)
-    parts = []
-    for start, stop, bind in ((k0, free0, 1), (free0, free1, 0), (free1, k1, 1)):
-        parts.append(np.stack([start, stop, lo, hi, tile, start - k0, np.full_like(k0, bind)], 1))
-    out = np.concatenate(parts)
-    return out[out[:, 1] > out[:, 0]]
-
-
-def _blocked(
-    rows: IntArray, cols: IntArray, sub: np.ndarray, tiles: np.ndarray | None, q0: int
-) -> np.ndarray:
-    """Bool (len(rows), len(cols)) "masked out" for the columns of sub-pieces ``sub``.
-
-    ``cols`` are the global columns of the concatenated sub-pieces, in order.
-    """
-    lengths = sub[:, 1] - sub[:, 0]
-    owner = np.repeat(np.arange(len(sub)), lengths)
-    blocked = np.zeros((len(rows), len(cols)), dtype=bool)
-    banded = ((sub[:, 2] > -INF) | (sub[:, 3] < INF))[owner]
-    if banded.any():
-        diff = cols[None, banded] - rows[:, None]
-        lo, hi = sub[owner[banded], 2], sub[owner[banded], 3]
-        blocked[:, banded] = (diff < lo[None, :]) | (diff > hi[None, :])
-    tiled = sub[owner, 4] >= 0
-    if tiles is not None and tiled.any():
-        offset = np.arange(len(cols)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        # One tile column per key column (advanced indices on axes 0 and 2 → (n, tile rows)).
-        tile_cols = tiles[sub[owner, 4][tiled], :, (sub[owner, 5] + offset)[tiled]]
-        blocked[:, tiled] |= ~tile_cols[:, rows - q0].T
-    return blocked
-
-
-def _columns(sub: np.ndarray) -> IntArray:
-    """Global key columns of sub-pieces, concatenated in order."""
-    lengths = sub[:, 1] - sub[:, 0]
-    starts = np.repeat(sub[:, 0] - (np.cumsum(lengths) - lengths), lengths)
-    return (starts + np.arange(int(lengths.sum()))).astype(np.int64)
-
-
-def _cut(sub: np.ndarray, c0: int, c1: int) -> np.ndarray:
-    """The sub-pieces covering item columns [c0, c1) of the concatenated list ``sub``."""
-    lengths = sub[:, 1] - sub[:, 0]
-    end = np.cumsum(lengths)
-    start = end - lengths
-    keep = (end > c0) & (start < c1)
-    out = sub[keep].copy()
-    trim_lo = np.maximum(c0 - start[keep], 0)
-    trim_hi = np.maximum(end[keep] - c1, 0)
-    out[:, 0] += trim_lo
-    out[:, 5] += trim_lo
-    out[:, 1] -= trim_hi
-    return out
 
 
 def _bucket(n: int, other: int, scale: int) -> int:
@@ -246,7 +154,7 @@ class TiledPlan:
         per_row = self.rep * self.group
         parts: list[_Part] = []
         for n in range(items.num_items):
-            sub = _pieces_in_order(items, n)
+            sub = pieces_in_order(items, n)
             if len(sub) == 0:
                 continue
             head, q0, q1 = int(items.head[n]), int(items.q0[n]), int(items.q1[n])
@@ -268,7 +176,7 @@ class TiledPlan:
             for c0, c1 in itertools.pairwise(cuts):
                 wave = int(touched[head, q0:q1].max())
                 touched[head, q0:q1] = wave + 1
-                parts.append(_Part(head, q0, q1, _cut(sub, c0, c1), view, wave))
+                parts.append(_Part(head, q0, q1, cut_pieces(sub, c0, c1), view, wave))
         for p in parts:
             p.multi = bool(touched[p.head, p.q0 : p.q1].max() > 1)
         return parts
@@ -310,7 +218,7 @@ class TiledPlan:
             while j + 1 < len(sub) and sub[j + 1, 6] == 1:
                 j += 1
             run = sub[i : j + 1]
-            blocked = _blocked(rows, _columns(run), run, tiles, part.q0)
+            blocked = blocked_mask(rows, piece_columns(run), run, tiles, part.q0)
             c0 = int(offsets[i])
             windows.append((c0, c0 + blocked.shape[1], self._tensor(blocked[None])))
             i = j + 1
@@ -343,7 +251,7 @@ class TiledPlan:
         pads = []
         width = 0
         for i, p in enumerate(parts):
-            cols = _columns(p.sub)
+            cols = piece_columns(p.sub)
             nb = binding[i]
             pad = keys - len(cols)
             pads.append(pad)
@@ -359,7 +267,7 @@ class TiledPlan:
             blocked[i, :, nb : nb + pad] = True  # padded rows keep their (zero) scores
             if nb:
                 bind = p.sub[p.sub[:, 6] == 1]
-                blocked[i, :live, :nb] = _blocked(
+                blocked[i, :live, :nb] = blocked_mask(
                     row_ids[i, :live], col_ids[i, :nb], bind, tiles, p.q0
                 )
                 all_bound = nb + pad == keys

@@ -1,0 +1,83 @@
+"""`PreparedTiled`: what the ``ranges`` and ``sparse`` kernels return from ``prepare``.
+
+It binds a compiled `TiledPlan` to its problem; ``run`` is differentiable with the engine's own
+backward, and ``backward`` runs that backward under merged statistics (ring CP).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lcab.kernels.base import KernelCaps, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.tiled.engine import plan_backward, tiled_attention
+from lcab.kernels.tiled.items import WorkItems
+from lcab.kernels.tiled.plan import TiledPlan
+from lcab.masks.core import AttnMask
+
+
+class PreparedTiled(PreparedAttention):
+    """A `TiledPlan` bound to its problem; ``run`` is differentiable (real backward)."""
+
+    layout = "shd"
+
+    def __init__(self, plan: TiledPlan) -> None:
+        self.plan = plan
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(out, lse) of packed q/k/v; autograd runs the engine's own backward."""
+        return tiled_attention(self.plan, q, k, v)
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The engine's backward under merged statistics (out, lse) of whole rows (ring CP).
+
+        It is the same backward as after this plan's own forward, fed the merged result
+        instead: P = exp(S - lse) and delta = rowsum(dout * out) then describe every block.
+        """
+        plan = self.plan
+        rows = plan.heads_kv * plan.seqlen_q
+        packed = torch.full(
+            (rows + 1, plan.group), -math.inf, dtype=lse_dtype(q.dtype), device=q.device
+        )
+        packed[:rows] = lse.to(packed.dtype).t().reshape(rows, plan.group)
+        return plan_backward(plan, (q, k, v, out, packed), dout, None, external=True)
+
+
+def plan_for(mask: AttnMask, problem: Problem, items: WorkItems) -> TiledPlan:
+    """Compile ``items`` for ``problem`` (head-shared masks run every KV head in one batch)."""
+    return TiledPlan(
+        items,
+        seqlen_q=problem.seqlen_q,
+        seqlen_k=problem.seqlen_k,
+        heads_q=problem.heads_q,
+        heads_kv=problem.heads_kv,
+        shared=mask.num_heads == 1,
+        device=problem.device,
+    )
+
+
+def tiled_caps(lowering: str) -> KernelCaps:
+    """Capabilities of a kernel on this engine (``lowering`` is the mask form it reads).
+
+    The engine is plain torch ops, so: any device and float dtype, forward and backward, GQA,
+    per-KV-head masks, and the lse.
+    """
+    return KernelCaps(
+        devices=frozenset({"cpu", "cuda"}),
+        dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16}),
+        lowering=lowering,
+        backward_devices=frozenset({"cpu", "cuda"}),
+        per_head_masks=True,
+        stats_backward=True,
+    )
