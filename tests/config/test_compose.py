@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from lcab.config import cp_config_classes, register_configs
+from lcab.config import CONF_DIR, cp_config_classes
 from lcab.config.preflight import check_jobs, job_overrides
 from lcab.config.resolve import ConfigError, resolve_cell
 from lcab.kernels import KERNELS
 from lcab.masks import list_masks
 from lcab.masks.patterns import MASK_PATTERNS
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = [
     "kernel",
     "cp",
@@ -33,28 +28,15 @@ GROUPS = [
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def hydra_ctx():
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
 # A kernel that composes everywhere: ranges until the default kernel exists everywhere
 BASE = ["kernel=naive"]
 
 
-def _compose(overrides: list[str], hydra: bool = False):
-    return compose("config", overrides=overrides, return_hydra_config=hydra)
-
-
 @pytest.mark.parametrize("group", GROUPS)
-def test_every_option_of_every_group_composes(hydra_ctx, group):
+def test_every_option_of_every_group_composes(compose, group):
     found = options(group)
     assert found, f"conf/{group} has no options"
     for option in found:
@@ -64,7 +46,7 @@ def test_every_option_of_every_group_composes(hydra_ctx, group):
             overrides.append("topology=local4")
         if group == "topology" and option not in ("auto", "single"):
             overrides.append("cp=ring")  # several ranks need a CP strategy
-        cfg = _compose(overrides, hydra=True)
+        cfg = compose(overrides, hydra=True)
         if group in ("launcher", "sweep"):
             continue  # they configure Hydra itself, checked by the composition above
         cell = resolve_cell(cfg)
@@ -82,22 +64,22 @@ def test_registries_and_conf_agree():
     assert set(options("cp")) == set(cp_config_classes())
 
 
-def test_mask_parameters_are_config_fields(hydra_ctx):
+def test_mask_parameters_are_config_fields(compose):
     for name in list_masks():
-        cfg = _compose([*BASE, f"mask={name}"])
+        cfg = compose([*BASE, f"mask={name}"])
         fields = set(OmegaConf.to_container(cfg.mask)) - {"name", "seed"}
         assert fields == set(MASK_PATTERNS.get(name).param_names())
 
 
-def test_defaults_resolve_to_cpu_problem(hydra_ctx):
-    cell = resolve_cell(_compose([*BASE, "problem.device=cpu"]))
+def test_defaults_resolve_to_cpu_problem(compose):
+    cell = resolve_cell(compose([*BASE, "problem.device=cpu"]))
     assert (cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype) == (8, 2, 64, "float32")
     assert cell.world_size == 1 and cell.seqlens == (1024, 2048, 4096, 8192)
 
 
-def test_mask_heads_default_to_kv_heads(hydra_ctx):
+def test_mask_heads_default_to_kv_heads(compose):
     cell = resolve_cell(
-        _compose(
+        compose(
             [
                 *BASE,
                 "mask=block_sparse",
@@ -111,24 +93,24 @@ def test_mask_heads_default_to_kv_heads(hydra_ctx):
     assert cell.mask_samples == 3  # random pattern: bench.mask_samples
 
 
-def test_deterministic_masks_are_drawn_once(hydra_ctx):
-    assert resolve_cell(_compose([*BASE, "mask=causal"])).mask_samples == 1
+def test_deterministic_masks_are_drawn_once(compose):
+    assert resolve_cell(compose([*BASE, "mask=causal"])).mask_samples == 1
     assert (
-        resolve_cell(_compose([*BASE, "mask=document", "mask.doc_source=fixed"])).mask_samples == 1
+        resolve_cell(compose([*BASE, "mask=document", "mask.doc_source=fixed"])).mask_samples == 1
     )
 
 
-def test_per_device_seqlen_scales_with_world(hydra_ctx):
+def test_per_device_seqlen_scales_with_world(compose):
     cell = resolve_cell(
-        _compose([*BASE, "cp=ring", "topology=2x4", "seqlen=per_device_8k", "problem.device=cpu"])
+        compose([*BASE, "cp=ring", "topology=2x4", "seqlen=per_device_8k", "problem.device=cpu"])
     )
     assert cell.world_size == 8 and cell.seqlens == (8192 * 8,)
     assert cell.seqlen_per_device == (8192,)
 
 
-def test_a_subset_of_lengths_keeps_each_per_device_value_with_its_total(hydra_ctx):
+def test_a_subset_of_lengths_keeps_each_per_device_value_with_its_total(compose):
     cell = resolve_cell(
-        _compose(
+        compose(
             [
                 *BASE,
                 "cp=ring",
@@ -164,9 +146,9 @@ def test_a_subset_of_lengths_keeps_each_per_device_value_with_its_total(hydra_ct
         (["topology=local4"], "topology"),
     ],
 )
-def test_invalid_values_name_the_key(hydra_ctx, overrides, key):
+def test_invalid_values_name_the_key(compose, overrides, key):
     with pytest.raises(ConfigError) as info:
-        resolve_cell(_compose([*BASE, *overrides]))
+        resolve_cell(compose([*BASE, *overrides]))
     assert info.value.key.startswith(key)
     assert str(info.value).startswith(key)
 

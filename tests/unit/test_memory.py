@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lcab.bench.memory import SAMPLER_THREAD_NAME, MemoryReading, PeakMemory, _maxrss_bytes
+from tests.helpers.run_if import run_if
 
 CPU = torch.device("cpu")
 MB = 1_000_000
@@ -106,7 +107,7 @@ def test_maxrss_fallback_is_at_least_current_rss() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@run_if(cuda=True)
 def test_cuda_peak_counts_allocation() -> None:
     device = torch.device("cuda")
     with PeakMemory(device) as peak:

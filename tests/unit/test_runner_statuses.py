@@ -6,35 +6,29 @@ import time
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from lcab.bench.runner import run_seqlen
 from lcab.bench.targets import KernelTarget
-from lcab.config import CONF_DIR, register_configs, resolve_cell
+from lcab.config import resolve_cell
 from lcab.kernels import KernelCaps, PreparedAttention, Problem, get_kernel
 from lcab.kernels.base import Kernel
 from lcab.masks import AttnMask
 
 
 @pytest.fixture(scope="module")
-def cell():
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
+def cell(compose):
+    return resolve_cell(
+        compose(
+            [
                 "kernel=naive",
                 "mask=causal",
                 "seqlen=tiny",
                 "bench=quick",
                 "problem.device=cpu",
                 "bench.passes=[fwd,bwd]",
-            ],
+            ]
         )
-    GlobalHydra.instance().clear()
-    return resolve_cell(cfg)
+    )
 
 
 class _Prepared(PreparedAttention):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lcab.bench.timing import Timing, TimingConfig, measure, quantiles
+from tests.helpers.run_if import run_if
 
 CPU = torch.device("cpu")
 
@@ -246,7 +247,7 @@ def test_cuda_path_order_with_fake_events(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@run_if(cuda=True)
 def test_cuda_events_time_a_device_sleep() -> None:
     device = torch.device("cuda")
     calls = 0
