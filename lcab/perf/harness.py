@@ -8,31 +8,20 @@ noticeably slow the timed code, and sees a ~200 MB allocation.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch.utils import benchmark
 
 from lcab.bench.memory import PeakMemory
 from lcab.bench.timing import Timing, TimingConfig, measure, quantiles
+from lcab.kernels.tiled.workers import intra_op_threads
 
 CPU = torch.device("cpu")
 TARGET_MS = 10.0
-
-
-@contextlib.contextmanager
-def _threads(count: int) -> Iterator[None]:
-    """Run with ``count`` torch threads, restoring the previous count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _empty() -> None:
@@ -150,7 +139,7 @@ def run() -> None:
     )
     # One torch thread: with two, a core busy with someone else's work stalls the OpenMP
     # barrier and a matmul's time swings several-fold, which would hide what is compared here.
-    with _threads(1):
+    with intra_op_threads(1):
         _workload_figures()
 
 

@@ -62,7 +62,7 @@ def worker_count(device: torch.device) -> int:
 
 
 @contextmanager
-def _intra_op_threads(count: int) -> Iterator[None]:
+def intra_op_threads(count: int) -> Iterator[None]:
     """Temporarily set torch's intra-op thread count (restored even on error)."""
     keep = torch.get_num_threads()
     torch.set_num_threads(count)
@@ -86,7 +86,7 @@ def run_parallel(task: Callable[[int], T], workers: int) -> list[T]:
             return task(i)
 
     pool = _pool(workers)
-    with _intra_op_threads(1):  # BLAS thread settings are process-wide: keep them at 1 too
+    with intra_op_threads(1):  # BLAS thread settings are process-wide: keep them at 1 too
         futures = [pool.submit(run, i) for i in range(workers)]
         return [f.result() for f in futures]
 
