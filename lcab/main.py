@@ -12,42 +12,40 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from lcab.bench.scheduled import scheduled_rank
 from lcab.cell import Cell, JobInfo
-from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
+from lcab.config import CONF_DIR, ConfigError, job_info, register_configs, resolve_cell
+from lcab.launch import register_launcher
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import RECORDS_FILE, JsonlSink
 
 register_configs()
+register_launcher()
 
 
 def _job_info() -> JobInfo:
     hc = HydraConfig.get()
-    output = Path(hc.runtime.output_dir)
-    multirun = hc.mode == RunMode.MULTIRUN
-    sweep_id = Path(hc.sweep.dir).name if multirun else output.name
-    num = hc.job.num if multirun else None
-    return JobInfo(
-        output_dir=str(output),
-        run_id=f"{sweep_id}-{num}" if num is not None else sweep_id,
-        sweep_id=sweep_id,
-        job_num=num,
-        override_dirname=hc.job.override_dirname,
-    )
+    return job_info(cast(DictConfig, hc), multirun=hc.mode == RunMode.MULTIRUN)
 
 
-def _resume(path: Path, cell: Cell) -> tuple[list[RunRecord], Cell]:
-    """The records this folder already settled, and the cell reduced to the other lengths."""
+def _resume(path: Path, cell: Cell, rewrite: bool = True) -> tuple[list[RunRecord], Cell]:
+    """The records this folder already settled, and the cell reduced to the other lengths.
+
+    Every rank of a scheduled world reads the same answer: the rewrite is atomic and keeps
+    exactly the settled records, so reading before or after it gives the same lengths.
+    """
     from lcab.records.resume import split_done
     from lcab.records.sinks import write_records
 
     kept, todo = split_done(path, cell.seqlens, cell.config)
-    if path.exists():
+    if path.exists() and rewrite:
         write_records(path, kept)  # unfinished records go: their lengths get new ones
     print(
         f"lcab: resume: {len(kept)} settled record(s) kept in {path}; "
@@ -57,8 +55,12 @@ def _resume(path: Path, cell: Cell) -> tuple[list[RunRecord], Cell]:
     return kept, cell.with_seqlens(todo)
 
 
-def _run(cell: Cell, write: Callable[[RunRecord], None]) -> None:
-    if cell.bench.isolate:
+def _run(cell: Cell, write: Callable[[RunRecord], None], rank: tuple[int, int] | None) -> None:
+    if rank is not None and cell.world_size > 1:  # this task is one rank of the cell's world
+        from lcab.bench.scheduled import run_as_rank
+
+        run_as_rank(cell, write, *rank)
+    elif cell.bench.isolate:
         from lcab.bench.supervisor import run_supervised
 
         run_supervised(cell, write)
@@ -81,6 +83,14 @@ def app(cfg: DictConfig) -> None:
         print(f"lcab: {err}", file=sys.stderr)
         sys.exit(2)
     sink = JsonlSink(Path(job.output_dir) / RECORDS_FILE)
+    rank = scheduled_rank()
+    if rank is not None and rank[0] != 0 and cell.world_size > 1:
+        # another rank of a scheduled world: compute only (rank 0 records, logs and prints)
+        if cfg.resume:
+            _, cell = _resume(sink.path, cell, rewrite=False)
+        if cell.seqlens:
+            _run(cell, lambda record: None, rank)
+        return
     records: list[RunRecord] = []
     if cfg.resume:
         records, cell = _resume(sink.path, cell)
@@ -94,7 +104,7 @@ def app(cfg: DictConfig) -> None:
 
     try:
         if cell.seqlens:  # empty when a resumed job had every length settled
-            _run(cell, write)
+            _run(cell, write, rank)
     finally:
         for logger in loggers:
             logger.close()
@@ -115,14 +125,29 @@ def _unwind_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, unwind)
 
 
+def _dry_run(argv: list[str]) -> bool:
+    """Whether the command line says ``dry_run=true``."""
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") == "dry_run":
+            return value.lower() in ("true", "yes", "1")
+    return False
+
+
 def main() -> None:
-    """Pre-check the whole run or sweep, then hand over to Hydra."""
-    from lcab.config.preflight import preflight
+    """Pre-check the whole run or sweep (SLURM shapes too), then hand over to Hydra."""
+    from lcab.config.preflight import preflight, split_argv
+    from lcab.launch.checks import slurm_problems
 
     _unwind_on_sigterm()
-    code = preflight(sys.argv[1:])
+    argv = sys.argv[1:]
+    code = preflight(argv, extra=slurm_problems)
     if code:
         sys.exit(code)
+    if _dry_run(argv):
+        from lcab.launch.dry_run import print_plan
+
+        sys.exit(print_plan(*split_argv(argv)))
     app()
 
 

@@ -64,4 +64,6 @@ def environment(device: str) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "python_version": platform.python_version(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+        "slurm_tasks": int(os.environ["SLURM_NTASKS"]) if "SLURM_NTASKS" in os.environ else None,
     }

@@ -19,9 +19,9 @@ from typing_extensions import override
 
 from lcab.cell import Cell
 from lcab.cp.base import STRATEGIES, Plan
-from lcab.cp.comm import STATS, gather_floats, is_backward_op, max_over_ranks
+from lcab.cp.comm import STATS, gather_floats, gather_strings, is_backward_op, max_over_ranks
 from lcab.cp.prepared import CPPrepared
-from lcab.distributed.context import DistContext
+from lcab.distributed.context import DistContext, node_name
 from lcab.kernels import Kernel, PreparedAttention, Problem, get_kernel
 from lcab.masks.core import AttnMask
 from lcab.records.schema import RunRecord
@@ -110,6 +110,8 @@ class CPTarget(Target):
     def __init__(self, cell: Cell, dist: DistContext) -> None:
         self.dist = dist
         self.rank, self.world = dist.rank, dist.world
+        self.hosts = gather_strings(node_name())
+        """Each rank's host, as the ranks report it (records say where every rank ran)."""
         self.strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
         self.kernel = get_kernel(cell.kernel, **cell.kernel_options)
         self.plan: Plan | None = None
@@ -185,6 +187,7 @@ class CPTarget(Target):
         record.comm_bytes_by_op = {op: [int(measured[op]), analytic[op]] for op in analytic}
         record.phase_ms = phases
         assert isinstance(prepared, CPPrepared)
+        record.rank_hosts = list(self.hosts)
         record.balance_imbalance = plan.imbalance(prepared.mask)
         record.padding_tokens = plan.padding_tokens
         record.kv_replication = plan.heads.kv_replication

@@ -7,6 +7,7 @@ every job of a run or sweep before anything is launched.
 
 from pathlib import Path
 
+from lcab.config.job import job_info
 from lcab.config.resolve import ConfigError, resolve_cell
 from lcab.config.schema import cp_config_classes, register_configs
 
@@ -17,6 +18,7 @@ __all__ = [
     "CONF_DIR",
     "ConfigError",
     "cp_config_classes",
+    "job_info",
     "register_configs",
     "resolve_cell",
 ]

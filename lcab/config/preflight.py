@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 
 from hydra import compose, initialize_config_dir
 
@@ -20,9 +21,10 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lcab.cell import Cell
 from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
 
 #: Hydra flags after which lcab does not pre-check (help, info, config printing, shell completion).
@@ -105,8 +107,19 @@ def _explain(err: BaseException, job: list[str]) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def check_jobs(overrides: list[str], multirun: bool) -> list[str]:
-    """Problems of every job (empty: all jobs compose and resolve)."""
+JobCheck = Callable[[DictConfig, Cell], list[str]]
+"""An extra check of one job: its config (with the ``hydra`` node) and resolved cell."""
+
+
+def composed_jobs(overrides: list[str], multirun: bool) -> list[tuple[list[str], DictConfig]]:
+    """Every job's overrides and config, composed with its ``hydra`` node (no job runs)."""
+    jobs = job_overrides(overrides, multirun)
+    with _hydra():
+        return [(job, compose("config", overrides=job, return_hydra_config=True)) for job in jobs]
+
+
+def check_jobs(overrides: list[str], multirun: bool, extra: JobCheck | None = None) -> list[str]:
+    """Problems of every job (empty: all jobs compose, resolve and pass ``extra``)."""
     try:
         jobs = job_overrides(overrides, multirun)
     except (HydraException, OmegaConfBaseException, ValueError) as err:
@@ -117,8 +130,10 @@ def check_jobs(overrides: list[str], multirun: bool) -> list[str]:
         for job in jobs:
             where = " ".join(job) or "(defaults)"
             try:
-                cfg = compose("config", overrides=job)
-                resolve_cell(cfg)
+                cfg = compose("config", overrides=job, return_hydra_config=extra is not None)
+                cell = resolve_cell(cfg)
+                if extra is not None:
+                    problems += [f"{where}: {text}" for text in extra(cfg, cell)]
             except ConfigError as err:
                 problems.append(f"{where}: {err}")
             except (HydraException, OmegaConfBaseException, ValueError) as err:
@@ -126,13 +141,18 @@ def check_jobs(overrides: list[str], multirun: bool) -> list[str]:
     return problems
 
 
-def preflight(argv: list[str]) -> int:
+def split_argv(argv: list[str]) -> tuple[list[str], bool]:
+    """(overrides, multirun) of a command line."""
+    multirun = "-m" in argv or "--multirun" in argv
+    return [a for a in argv if a not in ("-m", "--multirun")], multirun
+
+
+def preflight(argv: list[str], extra: JobCheck | None = None) -> int:
     """0 if every job of ``argv`` is valid, else print the problems and return 2."""
     if any(a.split("=", 1)[0] in _PASSTHROUGH for a in argv):
         return 0
-    multirun = "-m" in argv or "--multirun" in argv
-    overrides = [a for a in argv if a not in ("-m", "--multirun")]
-    problems = check_jobs(overrides, multirun)
+    overrides, multirun = split_argv(argv)
+    problems = check_jobs(overrides, multirun, extra)
     if not problems:
         return 0
     unique = list(dict.fromkeys(problems))

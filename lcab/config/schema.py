@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from lcab.cell import BenchConfig
+from lcab.config.launcher import LcabSlurmConf
 from lcab.cp import STRATEGIES
 from lcab.kernels import KERNELS
 from lcab.masks.patterns import MASK_PATTERNS
@@ -142,6 +143,9 @@ class LcabConfig:
     resume: bool = False
     """Keep the lengths this job's output folder already settled (same config) and run only the
     rest; give the old folder with hydra.run.dir= / hydra.sweep.dir= (see lcab.records.resume)."""
+    dry_run: bool = False
+    """Print every job's shape (SLURM nodes x tasks, GPUs, time limit) and the sweep's GPU-hour
+    bound, then stop: nothing is submitted or run."""
 
 
 # ---------------------------------------------------------------------------- generation
@@ -246,4 +250,5 @@ def register_configs() -> None:
     ):
         cs.store(group=f"schema/{group}", name="base", node=cls)
     cs.store(group="schema/logger", name="wandb", node=WandbLoggerConfig)
+    cs.store(group="hydra/launcher", name="lcab_slurm", node=LcabSlurmConf, provider="lcab")
     _REGISTERED = True

@@ -187,6 +187,13 @@ def max_over_ranks(values: list[float], group: Any = None) -> list[float]:
     return [float(x) for x in t.tolist()]
 
 
+def gather_strings(value: str, group: Any = None) -> list[str]:
+    """Every rank's ``value``, in rank order (not counted as data; e.g. host names)."""
+    out: list[Any] = [None] * _group_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return [str(v) for v in out]
+
+
 def gather_floats(value: float, group: Any = None) -> list[float]:
     """Every rank's ``value``, in rank order (not counted as data)."""
     out = [torch.zeros(1, dtype=torch.float64) for _ in range(_group_size(group))]

@@ -9,6 +9,9 @@ Collectives time out after ``timeout_s`` so a lost peer ends in an error instead
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -58,15 +61,15 @@ class DistContext:
 
     @classmethod
     def from_environment(cls, backend: str, timeout_s: float, device: str = "cpu") -> DistContext:
-        """Join a world launched by torchrun or SLURM (env:// rendezvous)."""
-        if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
-            os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
-            os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
-            os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        """Join a world launched by torchrun or SLURM (env:// rendezvous).
+
+        torchrun's variables are used as they are; inside a SLURM task they are derived from
+        SLURM's (`scheduler_environment`), so both launchers share this one path.
+        """
+        for key, value in scheduler_environment(os.environ).items():
+            os.environ.setdefault(key, value)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local = int(
-            os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", world))
-        )
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
@@ -99,3 +102,60 @@ class DistContext:
 
 def _device(kind: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if kind == "cuda" else torch.device("cpu")
+
+
+def _first_host(nodelist: str) -> str:
+    """First host of a SLURM node list (``n[1-2]``, ``gpu-[01-04],gpu-07``, ``n1,n2``)."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        hosts = out.stdout.split()
+        if hosts:
+            return hosts[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    head = nodelist.split(",")[0]
+    if "[" in head:  # prefix[a-b,...]: the first number of the range, zero padding kept
+        prefix, rest = head.split("[", 1)
+        return prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+    return head
+
+
+def scheduler_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """torch.distributed's env:// variables derived from SLURM's, for a task of a SLURM job.
+
+    Rank, local rank and world size come from ``SLURM_PROCID``, ``SLURM_LOCALID`` and
+    ``SLURM_NTASKS``; the rendezvous is the first host of the job's node list, on a port derived
+    from the job id (20000 + id mod 20000), so two jobs sharing a node never pick the same
+    port. Variables already set (torchrun's) win. Outside SLURM this returns nothing.
+    """
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return {}
+    world = int(env["SLURM_NTASKS"])
+    nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
+    out = {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": str(max(world // max(nodes, 1), 1)),
+    }
+    job_id = env.get("SLURM_JOB_ID")
+    if job_id and job_id.isdigit():
+        out["MASTER_PORT"] = str(20000 + int(job_id) % 20000)
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if nodelist:
+        out["MASTER_ADDR"] = _first_host(nodelist)
+    return {k: v for k, v in out.items() if k not in env}
+
+
+def node_name() -> str:
+    """The node of this process: SLURM's node name inside a job, else the host name.
+
+    SLURM's name, because several emulated nodes may share one host.
+    """
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

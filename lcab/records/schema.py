@@ -138,6 +138,12 @@ class RunRecord:
     hostname: str = ""
     python_version: str = ""
     slurm_job_id: str | None = None
+    slurm_nodelist: str | None = None
+    """The job's nodes as SLURM writes them (``n[1-2]``); None outside SLURM."""
+    slurm_tasks: int | None = None
+    """Tasks (ranks) of the SLURM job."""
+    rank_hosts: list[str] | None = None
+    """Host of each rank (rank order), as the ranks themselves reported it."""
     # the fully resolved config
     config: dict[str, Any] = field(default_factory=dict)
 

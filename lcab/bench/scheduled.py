@@ -1,0 +1,177 @@
+"""Run a cell as one rank of a scheduler's job: under SLURM every task of the job is a rank.
+
+Locally, lcab's supervisor starts and watches the ranks (`lcab.bench.supervisor`). On a cluster
+the scheduler starts them — one task per rank across nodes — so each task joins the world from
+its environment and watches itself:
+
+* its output goes to ``rank-<r>.log`` in the cell folder, and ``rank-<r>.host`` says where it
+  ran, so a failure can name the rank *and* the node;
+* a watchdog gives each length ``bench.timeout_s``; collectives time out after the same, so a
+  peer that raised, died or hangs ends the waiting ranks too;
+* a rank that fails writes ``rank-<r>.failure.json`` (status, length, error, host) and exits
+  non-zero at once; ``srun --kill-on-bad-exit`` then ends every other rank. The launcher reads
+  these files when the job ends and writes the records of the lengths left unsettled.
+
+Rank 0 alone emits records; the other ranks only compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from lcab.bench.results import is_oom, short_error
+from lcab.bench.runner import run_cell
+from lcab.bench.targets import make_target
+from lcab.cell import Cell
+from lcab.distributed.context import node_name
+from lcab.records.schema import RunRecord
+
+SCHEDULED_RANKS = "LCAB_RANKS_FROM_SCHEDULER"
+"""Set (to the scheduler's name) in every task of a job whose tasks are the cell's ranks."""
+
+FAILURE_FILE = "rank-{rank}.failure.json"
+HOST_FILE = "rank-{rank}.host"
+LOG_FILE = "rank-{rank}.log"
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """Why one rank stopped (written by the rank, read by the launcher)."""
+
+    rank: int
+    host: str
+    seqlen: int | None
+    status: str
+    """timeout | oom | error."""
+    error: str
+
+
+def scheduled_rank(env: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
+    """(rank, world) of this task when the scheduler started the cell's ranks, else None."""
+    if not env.get(SCHEDULED_RANKS):
+        return None
+    if "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"]), int(env.get("SLURM_NTASKS", "1"))
+    return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+
+
+def classify(err: BaseException) -> str:
+    """The record status of a rank's exception."""
+    if is_oom(err):
+        return "oom"
+    text = str(err).lower()
+    return "timeout" if "timed out" in text or "timeout" in text else "error"
+
+
+def read_failures(cell_dir: Path) -> list[RankFailure]:
+    """Failures the ranks of a cell reported, earliest first."""
+    failures = []
+    for path in sorted(cell_dir.glob("rank-*.failure.json"), key=lambda p: p.stat().st_mtime):
+        try:
+            failures.append(RankFailure(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return failures
+
+
+def read_hosts(cell_dir: Path) -> dict[int, str]:
+    """Host of each rank that started (from its ``rank-<r>.host`` file)."""
+    hosts = {}
+    for path in cell_dir.glob("rank-*.host"):
+        try:
+            hosts[int(path.name.split("-")[1].split(".")[0])] = path.read_text().strip()
+        except (OSError, ValueError):
+            continue
+    return hosts
+
+
+class _Watchdog:
+    """Ends this rank when one length runs past ``timeout_s`` (a hang stops no one)."""
+
+    def __init__(self, timeout_s: float, on_expire: Callable[[int | None], None]) -> None:
+        self.timeout_s, self.on_expire = timeout_s, on_expire
+        self.deadline: float | None = None
+        self.seqlen: int | None = None
+        threading.Thread(target=self._watch, daemon=True, name="lcab-watchdog").start()
+
+    def arm(self, seqlen: int) -> None:
+        self.seqlen, self.deadline = seqlen, time.monotonic() + self.timeout_s
+
+    def disarm(self) -> None:
+        self.deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.on_expire(self.seqlen)
+
+
+def _redirect_output(path: Path) -> None:
+    """Send this process's stdout and stderr (also C-level output) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world: int) -> None:
+    """Run ``cell`` as ``rank`` of a world the scheduler started; never returns on failure.
+
+    Raises nothing: a failure is written to ``rank-<r>.failure.json`` and the process exits
+    with code 1 (so the scheduler ends the other ranks).
+    """
+    cell_dir = Path(cell.job.output_dir)
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    host = node_name()
+    (cell_dir / HOST_FILE.format(rank=rank)).write_text(host + "\n")
+    _redirect_output(cell_dir / LOG_FILE.format(rank=rank))
+
+    def fail(seqlen: int | None, status: str, error: str) -> None:
+        failure = RankFailure(rank, host, seqlen, status, error)
+        path = cell_dir / FAILURE_FILE.format(rank=rank)
+        path.write_text(json.dumps(asdict(failure)))
+        print(f"lcab: rank {rank} on {host} failed ({status}): {error}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+
+    if world != cell.world_size:
+        fail(None, "error", f"the job has {world} tasks, the cell needs {cell.world_size} ranks")
+    watchdog = _Watchdog(
+        cell.bench.timeout_s,
+        lambda seqlen: fail(
+            seqlen, "timeout", f"no result within bench.timeout_s={cell.bench.timeout_s:g} s"
+        ),
+    )
+    threads = cell.bench.threads
+    if threads is None and cell.device == "cpu":  # the task's CPUs, not the whole node's
+        threads = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+    if threads is not None:
+        torch.set_num_threads(threads)
+    seqlen: int | None = None
+    try:
+        target = make_target(cell, rank, None)
+        for seqlen in cell.seqlens:
+            watchdog.arm(seqlen)
+            run_cell(cell.with_seqlens([seqlen]), target, emit if rank == 0 else _drop)
+        watchdog.disarm()
+        target.close()
+    except BaseException as err:  # SystemExit/KeyboardInterrupt too: peers must not wait
+        traceback.print_exc()
+        fail(seqlen, classify(err), short_error(err))
+
+
+def _drop(record: RunRecord) -> None:
+    return None

@@ -1,0 +1,91 @@
+"""Pre-flight checks of a SLURM sweep: what can be known wrong before anything is submitted.
+
+Each problem names the key, the value and what would be valid, and the sweep exits with code 2
+before submitting: ``sbatch`` missing, a topology left to "auto" (it would count the login
+node's GPUs), a world the CP degrees do not divide, Ulysses groups that would span nodes, an
+unknown partition, or more nodes than the partition has. What can only be known later (the
+scheduler refusing a job) becomes a record per cell with the scheduler's message.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from functools import cache
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from lcab.cell import Cell
+from lcab.config.launcher import LAUNCHER_TARGET
+from lcab.cp import STRATEGIES
+from lcab.cp.hybrid import UlyssesRing
+from lcab.kernels import Problem
+from lcab.launch.slurm_launcher import composed_settings
+
+
+def uses_slurm(cfg: DictConfig) -> bool:
+    """Whether a config (composed with its ``hydra`` node) launches on SLURM via lcab."""
+    return OmegaConf.select(cfg, "hydra.launcher._target_", default=None) == LAUNCHER_TARGET
+
+
+@cache
+def partitions() -> dict[str, int] | None:
+    """Nodes per partition (the default one also under ``""``), or None if sinfo fails."""
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %D"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    nodes: dict[str, int] = {}
+    for line in out.splitlines():
+        name, count = line.split()
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        nodes[name] = nodes.get(name, 0) + int(count)
+        if default:
+            nodes[""] = nodes[name]
+    return nodes
+
+
+def slurm_problems(cfg: DictConfig, cell: Cell) -> list[str]:
+    """Why this job cannot be submitted as it is (empty: it can, or it is not a SLURM job)."""
+    if not uses_slurm(cfg):
+        return []
+    if shutil.which("sbatch") is None:
+        return [
+            "launcher=slurm needs SLURM's sbatch on PATH, and it is not there; run on a login "
+            "node, or try the local test cluster: bash launchers/slurm_local.sh up"
+        ]
+    problems = []
+    if cell.cp != "none" and OmegaConf.select(cfg, "topology.devices_per_node") is None:
+        problems.append(
+            f"topology={cfg.topology.name} leaves devices_per_node to this machine; under "
+            "launcher=slurm name the ranks per node (e.g. topology=2x8 or "
+            "topology.devices_per_node=8)"
+        )
+    if cell.cp != "none":
+        strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
+        problem = Problem(1, 1, cell.heads_q, cell.heads_kv, cell.head_dim, torch.float32)
+        for why in strategy.reasons(problem, cell.world_size):
+            problems.append(f"cp={cell.cp} on topology={cfg.topology.name}: {why}")
+        ulysses = strategy.ulysses_degree(cell.world_size)
+        if isinstance(strategy, UlyssesRing) and cell.devices_per_node % ulysses:
+            problems.append(
+                f"cp.ulysses_degree={ulysses} does not divide the {cell.devices_per_node} ranks "
+                "of a node: Ulysses groups must stay inside a node (all-to-all over NVLink)"
+            )
+    settings = composed_settings(cfg)
+    known = partitions()
+    if known is not None:
+        part = settings.partition or ""
+        if part not in known:
+            valid = ", ".join(sorted(p for p in known if p)) or "none"
+            problems.append(f"hydra.launcher.partition={part!r} is unknown; valid: {valid}")
+        elif cell.nodes > known[part]:
+            problems.append(
+                f"topology={cfg.topology.name} needs {cell.nodes} nodes; partition "
+                f"{part or '(default)'} has {known[part]}"
+            )
+    return problems

@@ -1,0 +1,225 @@
+"""`ShapedSlurmLauncher`: hydra-submitit-launcher, extended so each cell gets its own job shape.
+
+The released launcher resolves ``hydra.launcher.*`` once per sweep and submits every job with
+that one shape, so a sweep over ``topology=2x8,4x8,12x8`` would run every cell on the same
+nodes. This subclass composes each job's config first, computes its shape (`job_shape`: nodes
+x one task per rank, GPUs, time limit from its lengths), submits one job array per distinct
+shape, and returns the jobs' results in sweep order. Everything else — the sbatch options of
+``SlurmQueueConf``, the compute-node side (``__call__``: Hydra's ``run_job`` in every task) and
+submitit's pickling — is the parent's.
+
+It also makes the sweep robust: a job that SLURM ends (cancelled, node failure, time limit, out
+of memory) or whose rank fails still yields records for every length (`outcome.settle`) and a
+completed job return, so the other cells go on and the sweep is merged. With ``resume=true``
+cells whose lengths are all settled are not submitted again, and a pre-empted job is requeued
+with ``resume=true`` so nothing measured is measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from lcab.bench.scheduled import SCHEDULED_RANKS
+from lcab.cell import Cell
+from lcab.config import job_info, resolve_cell
+from lcab.launch.outcome import JobEnd, settle
+from lcab.launch.shape import JobShape, SlurmSettings, job_shape
+from lcab.records.resume import split_done
+from lcab.records.sinks import RECORDS_FILE
+
+log = logging.getLogger(__name__)
+
+JOB_FILE = "slurm.json"
+"""Written in each job folder at submission: job id, shape, overrides (`python -m lcab.sweep`)."""
+
+#: Launcher keys lcab computes per cell or reads itself (never passed to submitit as given).
+_LCAB_KEYS = {"gpus_per_rank", "mem_gb_per_rank", "startup_s", "_target_"}
+_SHAPE_KEYS = {"nodes", "tasks_per_node", "gpus_per_node", "mem_gb", "timeout_min", "partition"}
+
+
+def settings_of(params: dict[str, Any]) -> SlurmSettings:
+    """The cluster preset's settings that enter a job's shape."""
+    return SlurmSettings(
+        partition=params.get("partition"),
+        gpus_per_task=int(params.get("gpus_per_rank") or 0),
+        cpus_per_task=int(params.get("cpus_per_task") or 1),
+        mem_gb_per_task=params.get("mem_gb_per_rank"),
+        startup_s=float(params.get("startup_s", 300.0)),
+    )
+
+
+@dataclass
+class PlannedJob:
+    """One job of the sweep before submission."""
+
+    index: int
+    overrides: list[str]
+    cell: Cell
+    shape: JobShape
+    settled: bool
+
+
+class ShapedSlurmLauncher(BaseSubmititLauncher):
+    """SLURM launcher with one job shape per cell (see module docstring)."""
+
+    _EXECUTOR = "slurm"
+
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+    ) -> JobReturn:
+        """On the compute node, in every task: this task is one rank of the cell."""
+        os.environ[SCHEDULED_RANKS] = "slurm"
+        return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+    def checkpoint(self, sweep_overrides: list[str], *args: Any, **kwargs: Any) -> Any:
+        """Requeue after pre-emption with ``resume=true``: settled lengths are kept."""
+        import submitit
+
+        overrides = [o for o in sweep_overrides if not o.startswith("resume=")]
+        return submitit.helpers.DelayedSubmission(
+            self, [*overrides, "resume=true"], *args, **kwargs
+        )
+
+    # ------------------------------------------------------------------ submitting side
+    def plan(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> list[PlannedJob]:
+        """Compose every job, resolve its cell and shape (nothing is submitted)."""
+        assert self.config is not None and self.hydra_context is not None
+        settings = settings_of(self.params)
+        planned = []
+        for k, overrides in enumerate(job_overrides):
+            index = initial_job_idx + k
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(cfg.hydra.job):
+                cfg.hydra.job.num = index
+            job = job_info(cfg.hydra, multirun=True)
+            cell = resolve_cell(cfg, job)
+            settled = False
+            if cfg.resume:
+                _, todo = split_done(Path(job.output_dir) / RECORDS_FILE, cell.seqlens, cell.config)
+                settled = not todo
+            planned.append(
+                PlannedJob(index, list(overrides), cell, job_shape(cell, settings), settled)
+            )
+        return planned
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        """Submit one job array per shape; every job ends with records and a completed return."""
+        import submitit
+
+        assert self.config is not None
+        planned = self.plan(job_overrides, initial_job_idx)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        groups: dict[JobShape, list[PlannedJob]] = {}
+        for job in planned:
+            if job.settled:
+                log.info(f"\t#{job.index} : settled, not submitted ({' '.join(job.overrides)})")
+            else:
+                groups.setdefault(job.shape, []).append(job)
+        submitted: dict[int, Any] = {}
+        for shape, members in groups.items():
+            executor = submitit.AutoExecutor(
+                cluster=self._EXECUTOR,
+                folder=self.params["submitit_folder"],
+                slurm_max_num_timeout=self.params.get("max_num_timeout", 0),
+            )
+            executor.update_parameters(**self._executor_parameters(shape))
+            log.info(f"SLURM jobs of shape {shape.describe()}:")
+            args = []
+            for job in members:
+                log.info(f"\t#{job.index} : {' '.join(job.overrides)}")
+                args.append(
+                    (
+                        job.overrides,
+                        "hydra.sweep.dir",
+                        job.index,
+                        f"job_id_for_{job.index}",
+                        Singleton.get_state(),
+                    )
+                )
+            handles = executor.map_array(self, *zip(*args, strict=True))
+            for job, handle in zip(members, handles, strict=True):
+                submitted[job.index] = handle
+                _write_job_file(job, handle.job_id)
+        return [self._collect(job, submitted.get(job.index)) for job in planned]
+
+    def _executor_parameters(self, shape: JobShape) -> dict[str, Any]:
+        """The preset's sbatch options (prefixed as submitit wants) with the cell's shape."""
+        generic = set(OmegaConf.structured(BaseQueueConf).keys())
+        skip = _LCAB_KEYS | _SHAPE_KEYS | {"submitit_folder", "max_num_timeout"}
+        params = {
+            (key if key in generic else f"{self._EXECUTOR}_{key}"): value
+            for key, value in self.params.items()
+            if key not in skip and value is not None
+        }
+        return params | shape.executor_parameters()
+
+    def _collect(self, job: PlannedJob, handle: Any) -> JobReturn:
+        """Wait for ``handle``; records for whatever it left unsettled; a completed return."""
+        from submitit.core.utils import UncompletedJobError
+
+        ret = JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED)
+        ret.working_dir = job.cell.job.output_dir
+        if handle is None:  # settled before: nothing was submitted
+            return ret
+        end: JobEnd | None = None
+        try:
+            results = handle.results()
+            first = results[0]
+            if getattr(first, "status", JobStatus.COMPLETED) != JobStatus.COMPLETED:
+                end = JobEnd(str(handle.job_id), "FAILED", repr(first._return_value)[:300])
+        except UncompletedJobError as err:
+            state = handle.get_info(mode="force").get("State", "UNKNOWN").split()[0]
+            end = JobEnd(str(handle.job_id), state, str(err).strip().splitlines()[0][:300])
+        if end is None:
+            state = handle.get_info(mode="force").get("State", "COMPLETED").split()[0]
+            end = JobEnd(str(handle.job_id), state)
+        added = settle(job.cell, end)
+        if added:
+            log.warning(f"#{job.index}: {added[0].reasons[0]}")
+        ret.return_value = {"slurm_job_id": str(handle.job_id), "slurm_state": end.state}
+        return ret
+
+
+def _write_job_file(job: PlannedJob, job_id: str) -> None:
+    folder = Path(job.cell.job.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {
+        "job_id": str(job_id),
+        "index": job.index,
+        "overrides": job.overrides,
+        "shape": job.shape.to_dict(),
+        "seqlens": list(job.cell.seqlens),
+    }
+    (folder / JOB_FILE).write_text(json.dumps(data, indent=1))
+
+
+def composed_settings(cfg: DictConfig) -> SlurmSettings:
+    """Settings of the launcher in a config composed with its ``hydra`` node."""
+    node = OmegaConf.select(cfg, "hydra.launcher")
+    params = {
+        key: OmegaConf.select(node, key, default=None)
+        for key in ("partition", "gpus_per_rank", "cpus_per_task", "mem_gb_per_rank", "startup_s")
+    }
+    return settings_of({k: v for k, v in params.items() if v is not None})
