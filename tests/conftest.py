@@ -37,3 +37,11 @@ def compose() -> Iterator[Compose]:
 
         yield composed
     GlobalHydra.instance().clear()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the slurm tier's test cluster once, in the controlling process, at the very end."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests.helpers.slurm import stop_test_cluster
+
+        stop_test_cluster()

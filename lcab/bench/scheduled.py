@@ -4,8 +4,8 @@ Locally, lcab's supervisor starts and watches the ranks (`lcab.bench.supervisor`
 the scheduler starts them — one task per rank across nodes — so each task joins the world from
 its environment and watches itself:
 
-* its output goes to ``rank-<r>.log`` in the cell folder, and ``rank-<r>.host`` says where it
-  ran, so a failure can name the rank *and* the node;
+* its output goes to ``rank-<r>.log`` in the cell folder, and ``rank-<r>.json`` says where it
+  ran (node, pid), so a failure can name the rank *and* the node;
 * a watchdog gives each length ``bench.timeout_s``; collectives time out after the same, so a
   peer that raised, died or hangs ends the waiting ranks too;
 * a rank that fails writes ``rank-<r>.failure.json`` (status, length, error, host) and exits
@@ -40,7 +40,7 @@ SCHEDULED_RANKS = "LCAB_RANKS_FROM_SCHEDULER"
 """Set (to the scheduler's name) in every task of a job whose tasks are the cell's ranks."""
 
 FAILURE_FILE = "rank-{rank}.failure.json"
-HOST_FILE = "rank-{rank}.host"
+HOST_FILE = "rank-{rank}.json"
 LOG_FILE = "rank-{rank}.log"
 
 
@@ -66,11 +66,12 @@ def scheduled_rank(env: Mapping[str, str] = os.environ) -> tuple[int, int] | Non
 
 
 def classify(err: BaseException) -> str:
-    """The record status of a rank's exception."""
+    """The record status of a rank's exception (submitit's time-limit notice is a timeout)."""
     if is_oom(err):
         return "oom"
     text = str(err).lower()
-    return "timeout" if "timed out" in text or "timeout" in text else "error"
+    timed_out = ("timed out", "timed-out", "timeout")
+    return "timeout" if any(t in text for t in timed_out) else "error"
 
 
 def read_failures(cell_dir: Path) -> list[RankFailure]:
@@ -84,15 +85,15 @@ def read_failures(cell_dir: Path) -> list[RankFailure]:
     return failures
 
 
-def read_hosts(cell_dir: Path) -> dict[int, str]:
-    """Host of each rank that started (from its ``rank-<r>.host`` file)."""
-    hosts = {}
-    for path in cell_dir.glob("rank-*.host"):
+def read_ranks(cell_dir: Path) -> dict[int, dict[str, object]]:
+    """What each rank that started said about itself (``rank-<r>.json``: node, pid)."""
+    ranks = {}
+    for path in cell_dir.glob("rank-*.json"):
         try:
-            hosts[int(path.name.split("-")[1].split(".")[0])] = path.read_text().strip()
+            ranks[int(path.name.split("-")[1].split(".")[0])] = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-    return hosts
+    return ranks
 
 
 class _Watchdog:
@@ -136,7 +137,9 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
     cell_dir = Path(cell.job.output_dir)
     cell_dir.mkdir(parents=True, exist_ok=True)
     host = node_name()
-    (cell_dir / HOST_FILE.format(rank=rank)).write_text(host + "\n")
+    (cell_dir / HOST_FILE.format(rank=rank)).write_text(
+        json.dumps({"host": host, "pid": os.getpid()})
+    )
     _redirect_output(cell_dir / LOG_FILE.format(rank=rank))
 
     def fail(seqlen: int | None, status: str, error: str) -> None:
@@ -170,7 +173,10 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
         target.close()
     except BaseException as err:  # SystemExit/KeyboardInterrupt too: peers must not wait
         traceback.print_exc()
-        fail(seqlen, classify(err), short_error(err))
+        error = short_error(err)
+        if type(err).__name__ == "UncompletedJobError":  # submitit: the time limit is near
+            error = f"SLURM time limit reached ({error})"
+        fail(seqlen, classify(err), error)
 
 
 def _drop(record: RunRecord) -> None:

@@ -29,6 +29,8 @@ class LcabSlurmConf(SlurmQueueConf):
     """GPUs per rank: 0 on CPU clusters, 1 on GPU clusters (gpus_per_node = this x tasks)."""
     mem_gb_per_rank: float | None = None
     """Memory per rank in GB (None: the partition's default); the job asks tasks x this."""
+    timeout_min: int | None = None
+    """A fixed time limit in minutes; None (default): startup_s + bench.timeout_s per length."""
     startup_s: float = 300.0
     """Time allowance before the first length; the limit adds bench.timeout_s per length."""
     srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])

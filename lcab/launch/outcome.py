@@ -9,12 +9,13 @@ lengths after it are ``skipped`` as not run. Nothing is ever left without a reco
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from lcab.bench.environment import environment
 from lcab.bench.results import base_record
-from lcab.bench.scheduled import read_failures, read_hosts
+from lcab.bench.scheduled import read_failures, read_ranks
 from lcab.cell import Cell
 from lcab.records.resume import NOT_RUN
 from lcab.records.schema import RunRecord
@@ -42,31 +43,85 @@ class JobEnd:
     """sacct's state, first word (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...)."""
     detail: str = ""
     """submitit's message when the job left no result."""
+    srun_log: str = ""
+    """The job's srun messages (batch stderr): which task was killed, on which node."""
+
+
+_SRUN_TASKS = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)")
+#: What a rank reports when a *peer* failed: lost connections and communication time-outs.
+#: (A rank's own hang is reported by its watchdog, whose message has none of these.)
+_PEER_SYMPTOMS = (
+    "connection closed by peer",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "gloo",
+    "nccl",
+)
+
+
+def killed_ranks(srun_log: str) -> list[tuple[int, str, str]]:
+    """(rank, node, how) of every task srun reports as ended by a signal, not an exit code."""
+    out = []
+    for node, spec, how in _SRUN_TASKS.findall(srun_log):
+        if "exit code" in how:
+            continue
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            out += [(r, node, how.strip()) for r in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+_SCHEDULER_ENDS = (
+    "CANCELLED",
+    "TIMEOUT",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "BOOT_FAIL",
+    "PREEMPTED",
+)
 
 
 def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
-    """(status, reason) for the length that was running when the job ended."""
+    """(status, reason) for the length that was running when the job ended.
+
+    The root cause comes first: the scheduler ending the job (cancel, time limit, memory, node
+    failure); else a rank's own report of a real error (its watchdog's time-out included); else
+    a rank that died silently (srun names the task and node killed by a signal) — before the
+    peers that merely lost their connection to it or timed out waiting for it.
+    """
+    job = f"SLURM job {end.job_id} {end.state}"
+    if end.state in _SCHEDULER_ENDS:
+        return STATE_STATUS.get(end.state, "error"), f"SLURM job {end.job_id} ended {end.state}"
     failures = read_failures(cell_dir)
-    if failures:
-        first = failures[0]
-        where = f"rank {first.rank} on {first.host}"
+    real = [f for f in failures if not any(s in f.error.lower() for s in _PEER_SYMPTOMS)]
+    reported = {f.rank for f in failures}
+    killed = [k for k in killed_ranks(end.srun_log) if k[0] not in reported]
+    if real:
+        first = real[0]
         length = f" at seqlen {first.seqlen}" if first.seqlen is not None else ""
         return (
             first.status,
-            f"{where} failed{length}: {first.error} (SLURM job {end.job_id} {end.state})",
+            f"rank {first.rank} on {first.host} failed{length}: {first.error} ({job})",
         )
-    status = STATE_STATUS.get(end.state, "error")
+    if killed:
+        rank, node, how = killed[0]
+        status = "oom" if how == "Killed" else "error"
+        hint = " (SIGKILL: the out-of-memory killer, or killed by hand)" if how == "Killed" else ""
+        return status, f"rank {rank} on {node} died: {how}{hint}; its peers lost it ({job})"
+    if failures:
+        first = failures[0]
+        return first.status, f"rank {first.rank} on {first.host} failed: {first.error} ({job})"
     reason = f"SLURM job {end.job_id} ended {end.state}"
     if world > 1 and end.state == "FAILED":
-        hosts = read_hosts(cell_dir)
-        missing = [r for r in range(world) if r not in hosts]
+        started = read_ranks(cell_dir)
+        missing = [r for r in range(world) if r not in started]
         if missing:
             reason += f"; rank(s) {missing} never started"
-        else:
-            reason += "; a rank died without reporting (killed?), see rank-*.log"
     if end.detail:
         reason += f" ({end.detail[:300]})"
-    return status, reason
+    return STATE_STATUS.get(end.state, "error"), reason
 
 
 def settle(cell: Cell, end: JobEnd) -> list[RunRecord]:

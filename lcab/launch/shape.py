@@ -27,6 +27,8 @@ class SlurmSettings:
     mem_gb_per_task: float | None = None
     startup_s: float = 300.0
     """Allowance for queue-to-first-length start-up (imports, rendezvous, compilation)."""
+    timeout_min: int | None = None
+    """A fixed time limit instead of the derived one (None: derive it)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class JobShape:
 
 def time_limit_min(cell: Cell, settings: SlurmSettings) -> int:
     """Minutes a cell may run: start-up plus ``bench.timeout_s`` for each of its lengths."""
+    if settings.timeout_min is not None:
+        return settings.timeout_min
     seconds = settings.startup_s + len(cell.seqlens) * cell.bench.timeout_s
     return max(1, math.ceil(seconds / 60))
 

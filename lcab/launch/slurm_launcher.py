@@ -57,6 +57,7 @@ def settings_of(params: dict[str, Any]) -> SlurmSettings:
         cpus_per_task=int(params.get("cpus_per_task") or 1),
         mem_gb_per_task=params.get("mem_gb_per_rank"),
         startup_s=float(params.get("startup_s", 300.0)),
+        timeout_min=params.get("timeout_min"),
     )
 
 
@@ -173,6 +174,10 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
             for key, value in self.params.items()
             if key not in skip and value is not None
         }
+        # submitit's USR2 warning must come well inside the limit, or a short job would take
+        # it for a pre-emption and requeue itself at once
+        delay = int(params.get(f"{self._EXECUTOR}_signal_delay_s", 120))
+        params[f"{self._EXECUTOR}_signal_delay_s"] = min(delay, max(5, shape.timeout_min * 6))
         return params | shape.executor_parameters()
 
     def _collect(self, job: PlannedJob, handle: Any) -> JobReturn:
@@ -195,11 +200,20 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
         if end is None:
             state = handle.get_info(mode="force").get("State", "COMPLETED").split()[0]
             end = JobEnd(str(handle.job_id), state)
+        end = JobEnd(end.job_id, end.state, end.detail, _srun_log(handle))
         added = settle(job.cell, end)
         if added:
             log.warning(f"#{job.index}: {added[0].reasons[0]}")
         ret.return_value = {"slurm_job_id": str(handle.job_id), "slurm_state": end.state}
         return ret
+
+
+def _srun_log(handle: Any) -> str:
+    """The batch script's stderr (srun's own messages land there), or '' if unreadable."""
+    try:
+        return Path(handle.paths.stderr).read_text(errors="replace")[-20000:]
+    except (OSError, AttributeError):
+        return ""
 
 
 def _write_job_file(job: PlannedJob, job_id: str) -> None:
@@ -220,6 +234,13 @@ def composed_settings(cfg: DictConfig) -> SlurmSettings:
     node = OmegaConf.select(cfg, "hydra.launcher")
     params = {
         key: OmegaConf.select(node, key, default=None)
-        for key in ("partition", "gpus_per_rank", "cpus_per_task", "mem_gb_per_rank", "startup_s")
+        for key in (
+            "partition",
+            "gpus_per_rank",
+            "cpus_per_task",
+            "mem_gb_per_rank",
+            "startup_s",
+            "timeout_min",
+        )
     }
     return settings_of({k: v for k, v in params.items() if v is not None})

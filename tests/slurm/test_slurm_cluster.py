@@ -1,0 +1,315 @@
+"""Cluster sweeps on a real SLURM cluster (two emulated nodes): shapes, ranks, faults, resume.
+
+Every test runs the real CLI (``python -m lcab.main -m launcher=slurm ...``) and checks what
+SLURM itself reports (``sacct``) next to what the records say.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+
+def lcab(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lcab.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def job_folders(sweep: Path) -> list[Path]:
+    return sorted(p.parent for p in sweep.glob("*/slurm.json"))
+
+
+def job_id(folder: Path) -> str:
+    return str(json.loads((folder / "slurm.json").read_text())["job_id"])
+
+
+def step(env: dict[str, str], job: str) -> tuple[int, int]:
+    """(nodes, tasks) of the job's first srun step, as sacct reports them."""
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-j", job, "-o", "JobID,NNodes,NTasks"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for line in out.splitlines():
+        jid, nodes, tasks = line.split("|")
+        if jid.endswith(".0"):
+            return int(nodes), int(tasks)
+    raise AssertionError(f"no srun step for job {job}: {out}")
+
+
+def nothing_left(env: dict[str, str], sweep: Path) -> None:
+    """No job of the cluster queued, and no process of this sweep alive on any node."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        queued = subprocess.run(
+            ["squeue", "-h"], env=env, capture_output=True, text=True
+        ).stdout.strip()
+        alive = [
+            line
+            for line in subprocess.run(
+                ["ps", "-eo", "stat=,args="], capture_output=True, text=True
+            ).stdout.splitlines()
+            if str(sweep) in line and not line.startswith("Z")
+        ]
+        if not queued and not alive:
+            return
+        time.sleep(1)
+    raise AssertionError(f"left behind: queue {queued!r}, processes {alive}")
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_each_cell_is_one_job_over_two_nodes_with_one_task_per_rank(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    done = lcab(
+        slurm_cluster,
+        "-m",
+        "launcher=slurm",
+        "cp=ulysses,ring",
+        "kernel=ranges",
+        "mask=causal,document",
+        "topology=2x2",
+        "debug=default",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    folders = job_folders(sweep)
+    assert len(folders) == 4
+    for folder in folders:
+        assert step(slurm_cluster, job_id(folder)) == (2, 4)
+    merged = records(sweep / "records.jsonl")
+    assert len(merged) == 8  # 4 cells x 2 lengths, merged at the sweep root
+    for r in merged:
+        assert r["status"] == "ok", r["reasons"]
+        assert r["world_size"] == 4 and r["nodes"] == 2 and r["slurm_tasks"] == 4
+        assert r["rank_hosts"] == ["n1", "n1", "n2", "n2"]
+        assert r["slurm_job_id"] and r["slurm_nodelist"]
+        for p in ("fwd", "bwd"):
+            assert r[p]["max_abs_err"] is not None
+            assert r[p]["max_abs_err"] <= r["numerics_tolerance"]
+        assert r["comm_bytes_measured"] == r["comm_bytes_analytic"] > 0
+
+
+def test_a_topology_sweep_gets_one_shape_per_cell_and_ulysses_stays_in_a_node(
+    slurm_cluster, tmp_path
+):
+    sweep = tmp_path / "sweep"
+    done = lcab(
+        slurm_cluster,
+        "-m",
+        "launcher=slurm",
+        "cp=usp",
+        "cp.ulysses_degree=2",
+        "kernel=ranges",
+        "mask=causal",
+        "topology=local2,2x2",
+        "debug=default",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    shapes = sorted(step(slurm_cluster, job_id(f)) for f in job_folders(sweep))
+    assert shapes == [(1, 2), (2, 4)]
+    two_nodes = [r for r in records(sweep / "records.jsonl") if r["nodes"] == 2]
+    assert two_nodes
+    for r in two_nodes:
+        assert r["status"] == "ok", r["reasons"]
+        assert r["cp_params"]["ulysses_degree"] == 2 and r["cp_params"]["ring_degree"] == 2
+        hosts = r["rank_hosts"]  # Ulysses groups are consecutive ranks: (0, 1) and (2, 3)
+        assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2]
+
+
+SLOW_SWEEP = (
+    "-m",
+    "launcher=slurm",
+    "cp=ring",
+    "kernel=naive,ranges",
+    "mask=causal,document",
+    "seqlen.values=[1024,2048,4096]",
+    "topology=2x2",
+    "bench=quick",
+    "bench.progress=false",
+)
+
+
+def test_cancelled_and_killed_cells_end_as_records_and_resume_reruns_only_them(
+    slurm_cluster, tmp_path
+):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lcab.main", *SLOW_SWEEP, f"hydra.sweep.dir={sweep}"],
+        env=slurm_cluster,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: len(job_folders(sweep)) == 4, 120, "the sweep's submission")
+        cancel, kill = (
+            next(f for f in job_folders(sweep) if f"kernel=naive,mask={mask}," in f.name)
+            for mask in ("causal", "document")
+        )
+        wait_for(lambda: (cancel / "rank-3.json").exists(), 180, "the first cell's ranks")
+        subprocess.run(["scancel", job_id(cancel)], env=slurm_cluster, check=True)
+        wait_for(lambda: (kill / "records.jsonl").exists(), 180, "the second cell's first length")
+        victim = json.loads((kill / "rank-3.json").read_text())
+        assert victim["host"] == "n2"
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        struck = time.monotonic()
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+        assert time.monotonic() - struck < 120  # bounded: detection, not the time limit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    nothing_left(slurm_cluster, sweep)
+    by_cell: dict[tuple[str, str], list[dict]] = {}
+    for r in records(sweep / "records.jsonl"):
+        by_cell.setdefault((r["kernel"], r["mask"]), []).append(r)
+    assert all(len(v) == 3 for v in by_cell.values()) and len(by_cell) == 4
+    cancelled = by_cell[("naive", "causal")]
+    assert any(r["status"] == "error" and "CANCELLED" in r["reasons"][0] for r in cancelled)
+    killed = by_cell[("naive", "causal_document")]
+    failed = [r for r in killed if r["status"] not in ("ok", "skipped")]
+    assert len(failed) == 1 and failed[0]["status"] == "oom", failed
+    assert "rank 3 on n2" in failed[0]["reasons"][0]
+    for cell in (cancelled, killed):  # lengths after the failure: skipped, not lost
+        statuses = [r["status"] for r in sorted(cell, key=lambda r: r["seqlen"])]
+        first_bad = next(i for i, s in enumerate(statuses) if s != "ok")
+        assert all(s == "skipped" for s in statuses[first_bad + 1 :])
+    for key in (("ranges", "causal"), ("ranges", "causal_document")):
+        assert [r["status"] for r in by_cell[key]] == ["ok"] * 3  # the other cells finished
+    settled_ids = {f.name: job_id(f) for f in job_folders(sweep) if "kernel=ranges" in f.name}
+    settled_lines = {
+        f.name: (f / "records.jsonl").read_text()
+        for f in job_folders(sweep)
+        if "kernel=ranges" in f.name
+    }
+
+    again = lcab(slurm_cluster, *SLOW_SWEEP, "resume=true", f"hydra.sweep.dir={sweep}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (again.stdout + again.stderr).count("settled, not submitted") == 2
+    for folder in job_folders(sweep):
+        if "kernel=ranges" in folder.name:  # not submitted again, records untouched
+            assert job_id(folder) == settled_ids[folder.name]
+            assert (folder / "records.jsonl").read_text() == settled_lines[folder.name]
+    final = records(sweep / "records.jsonl")
+    assert len(final) == 12 and all(r["status"] == "ok" for r in final), [
+        (r["kernel"], r["mask"], r["seqlen"], r["status"]) for r in final
+    ]
+    nothing_left(slurm_cluster, sweep)
+
+
+def test_a_cell_over_its_time_limit_ends_as_timeout(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    start = time.monotonic()
+    done = lcab(
+        slurm_cluster,
+        "-m",
+        "launcher=slurm",
+        "hydra.launcher.timeout_min=1",
+        "cp=ring",
+        "kernel=naive",
+        "mask=causal",
+        "seqlen.values=[2048,8192,16384]",
+        "topology=2x2",
+        "bench=quick",
+        "bench.progress=false",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - start < 240
+    cell = sorted(records(sweep / "records.jsonl"), key=lambda r: r["seqlen"])
+    assert len(cell) == 3
+    statuses = [r["status"] for r in cell]
+    assert "timeout" in statuses, [(r["status"], r["reasons"]) for r in cell]
+    hit = statuses.index("timeout")
+    assert "time limit" in cell[hit]["reasons"][0] or "TIMEOUT" in cell[hit]["reasons"][0]
+    assert all(s == "skipped" for s in statuses[hit + 1 :])
+    nothing_left(slurm_cluster, sweep)
+
+
+def _jobs_known(env: dict[str, str]) -> int:
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-a", "-S", "now-1days", "-o", "JobID"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return len(out.split())
+
+
+def test_dry_run_prints_shapes_and_gpu_hours_and_submits_nothing(slurm_cluster, tmp_path):
+    before = _jobs_known(slurm_cluster)
+    sweep = tmp_path / "sweep"
+    done = lcab(
+        slurm_cluster,
+        "-m",
+        "launcher=slurm",
+        "cp=ulysses,ring",
+        "kernel=ranges",
+        "topology=local2,2x2",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 nodes x 2 tasks" in done.stdout and "1 node x 2 tasks" in done.stdout
+    assert "4 job(s)" in done.stdout and "GPU-hours" in done.stdout
+    assert not sweep.exists()
+    assert _jobs_known(slurm_cluster) == before
+    queued = subprocess.run(["squeue", "-h"], env=slurm_cluster, capture_output=True, text=True)
+    assert queued.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("topology=4x8",), "needs 4 nodes"),
+        (("hydra.launcher.partition=gpu",), "partition='gpu' is unknown"),
+        (("cp=usp", "cp.ulysses_degree=4"), "Ulysses groups must stay inside a node"),
+        (("topology=auto",), "devices_per_node"),
+    ],
+)
+def test_shapes_the_cluster_cannot_run_exit_2_before_submitting(
+    slurm_cluster, tmp_path, args, needle
+):
+    before = _jobs_known(slurm_cluster)
+    base = ["launcher=slurm", "cp=ring", "topology=2x2", "debug=default"]
+    done = lcab(slurm_cluster, *base, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert needle in done.stderr
+    assert _jobs_known(slurm_cluster) == before
+
+
+def test_launcher_slurm_without_sbatch_exits_2_naming_it(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # no SLURM client on PATH
+    done = lcab(env, "launcher=slurm", "debug=default", f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 2
+    assert "sbatch" in done.stderr
