@@ -1,0 +1,157 @@
+"""The SLURM pieces that need no cluster: shapes, rank environment, failure attribution, records."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lcab.bench.scheduled import FAILURE_FILE, HOST_FILE, classify
+from lcab.cell import JobInfo
+from lcab.config import resolve_cell
+from lcab.distributed.context import scheduler_environment
+from lcab.launch.outcome import JobEnd, killed_ranks, settle
+from lcab.launch.shape import SlurmSettings, job_shape
+from lcab.records.sinks import RECORDS_FILE, JsonlSink, read_records
+
+
+@pytest.fixture
+def cell_2x4(compose, tmp_path):
+    cfg = compose(
+        [
+            "kernel=ranges",
+            "cp=ring",
+            "topology=2x4",
+            "seqlen.values=[1024,2048,4096]",
+            "bench.timeout_s=600",
+            "problem.device=cpu",
+        ]
+    )
+    return resolve_cell(cfg, JobInfo(output_dir=str(tmp_path), run_id="s-0", sweep_id="s"))
+
+
+def test_shape_is_one_task_per_rank_with_a_limit_from_the_lengths(cell_2x4):
+    shape = job_shape(
+        cell_2x4,
+        SlurmSettings(
+            partition="gpu", gpus_per_task=1, cpus_per_task=6, mem_gb_per_task=40, startup_s=300
+        ),
+    )
+    assert (shape.nodes, shape.tasks_per_node, shape.tasks) == (2, 4, 8)
+    assert shape.gpus_per_node == 4 and shape.gpus == 8
+    assert shape.mem_gb == 160 and shape.cpus_per_task == 6 and shape.partition == "gpu"
+    assert shape.timeout_min == math.ceil((300 + 3 * 600) / 60) == 35
+    assert shape.gpu_hours() == pytest.approx(8 * 35 / 60)
+    params = shape.executor_parameters()
+    assert params["nodes"] == 2 and params["tasks_per_node"] == 4
+    assert params["gpus_per_node"] == 4 and params["slurm_partition"] == "gpu"
+
+
+def test_a_fixed_time_limit_wins_and_cpu_jobs_ask_for_no_gpu(cell_2x4):
+    shape = job_shape(cell_2x4, SlurmSettings(timeout_min=7))
+    assert shape.timeout_min == 7 and shape.gpus_per_node == 0
+    assert shape.executor_parameters()["gpus_per_node"] is None
+    assert "mem_gb" not in shape.executor_parameters()
+
+
+def test_ranks_and_rendezvous_come_from_slurm_and_torchrun_variables_win():
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_ID": "123457",
+        "SLURM_JOB_NODELIST": "gpu-[07-08]",
+    }
+    out = scheduler_environment(env)
+    assert out["RANK"] == "5" and out["WORLD_SIZE"] == "8" and out["LOCAL_RANK"] == "1"
+    assert out["LOCAL_WORLD_SIZE"] == "4"
+    assert out["MASTER_PORT"] == str(20000 + 123457 % 20000)
+    assert out["MASTER_ADDR"] in ("gpu-07",)  # scontrol absent here: the list's first host
+    assert (
+        scheduler_environment({**env, "RANK": "0", "MASTER_PORT": "29500"})
+        .keys()
+        .isdisjoint({"RANK", "MASTER_PORT"})
+    )
+    assert scheduler_environment({"RANK": "0", "WORLD_SIZE": "2"}) == {}
+
+
+def test_jobs_sharing_a_node_get_different_ports():
+    ports = {
+        scheduler_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": str(j)})[
+            "MASTER_PORT"
+        ]
+        for j in range(1000, 1100)
+    }
+    assert len(ports) == 100
+
+
+def test_srun_messages_name_the_ranks_killed_by_a_signal():
+    log = (
+        "srun: error: n2: task 2: Exited with exit code 1\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=6.0\n"
+        "srun: error: n2: task 3: Killed\n"
+        "srun: error: n1: tasks 0-1,4: Segmentation fault\n"
+    )
+    assert killed_ranks(log) == [
+        (3, "n2", "Killed"),
+        (0, "n1", "Segmentation fault"),
+        (1, "n1", "Segmentation fault"),
+        (4, "n1", "Segmentation fault"),
+    ]
+
+
+def test_exceptions_map_to_statuses():
+    assert classify(MemoryError()) == "oom"
+    assert classify(RuntimeError("Timed out waiting 30000ms for recv")) == "timeout"
+    assert classify(RuntimeError("Job not requeued because: timed-out too many times")) == "timeout"
+    assert classify(ValueError("bad shape")) == "error"
+
+
+def _write_failure(folder, rank, host, seqlen, status, error):
+    failure = {"rank": rank, "host": host, "seqlen": seqlen, "status": status, "error": error}
+    (folder / FAILURE_FILE.format(rank=rank)).write_text(json.dumps(failure))
+
+
+def test_settle_writes_one_record_per_unsettled_length_blaming_the_silent_rank(cell_2x4, tmp_path):
+    sink = JsonlSink(tmp_path / RECORDS_FILE)
+    from lcab.bench.results import base_record
+
+    first = base_record(cell_2x4, 1024, {})
+    first.status = "ok"
+    sink.write(first)
+    for rank in range(8):
+        host = "n1" if rank < 4 else "n2"
+        (tmp_path / HOST_FILE.format(rank=rank)).write_text(json.dumps({"host": host, "pid": 1}))
+    _write_failure(tmp_path, 2, "n1", 2048, "error", "RuntimeError: Connection closed by peer")
+    _write_failure(tmp_path, 6, "n2", 2048, "timeout", "RuntimeError: gloo Timed out")
+    added = settle(cell_2x4, JobEnd("77", "FAILED", srun_log="srun: error: n2: task 5: Killed\n"))
+    assert [(r.seqlen, r.status) for r in added] == [(2048, "oom"), (4096, "skipped")]
+    assert "rank 5 on n2" in added[0].reasons[0] and "SLURM job 77" in added[0].reasons[0]
+    assert added[1].reasons[0].startswith("not run")
+    assert [r.seqlen for r in read_records(tmp_path / RECORDS_FILE)] == [1024, 2048, 4096]
+    assert settle(cell_2x4, JobEnd("77", "FAILED")) == []  # every length has its record now
+
+
+def test_a_rank_s_own_error_outranks_the_scheduler_s_kill_of_its_peers(cell_2x4, tmp_path):
+    _write_failure(tmp_path, 3, "n1", 1024, "error", "ValueError: kernel refused the shape")
+    added = settle(cell_2x4, JobEnd("9", "FAILED", srun_log="srun: error: n2: tasks 4-7: Killed"))
+    assert added[0].status == "error" and "rank 3 on n1" in added[0].reasons[0]
+    assert "kernel refused" in added[0].reasons[0]
+
+
+@pytest.mark.parametrize(
+    ("state", "status"),
+    [
+        ("TIMEOUT", "timeout"),
+        ("OUT_OF_MEMORY", "oom"),
+        ("CANCELLED", "error"),
+        ("NODE_FAIL", "error"),
+    ],
+)
+def test_a_job_the_scheduler_ended_gets_its_state_as_the_reason(cell_2x4, tmp_path, state, status):
+    added = settle(cell_2x4, JobEnd("41", state))
+    assert [r.status for r in added] == [status, "skipped", "skipped"]
+    assert f"SLURM job 41 ended {state}" in added[0].reasons[0]
+    assert all(r.pass_result(p).status == r.status for r in added for p in r.passes)
