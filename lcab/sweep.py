@@ -66,13 +66,12 @@ def _state(slurm: str | None, counts: Counter[str], seqlens: int | None) -> str:
         return "pending"
     if slurm in ("RUNNING", "COMPLETING"):
         return "running"
-    done = sum(counts.values())
-    if counts and (seqlens is None or done >= seqlens) and set(counts) <= _SETTLED:
+    complete = bool(counts) and (seqlens is None or sum(counts.values()) >= seqlens)
+    failed = set(counts) - _SETTLED
+    if complete and not failed:
         return "finished"
-    if slurm and slurm != "COMPLETED":
-        return f"failed ({slurm})"
-    if counts and (seqlens is None or done >= seqlens):
-        return "finished"
+    if failed or (slurm and slurm != "COMPLETED"):
+        return f"failed ({slurm or ', '.join(sorted(failed))})"
     return "not started" if not counts else "incomplete"
 
 

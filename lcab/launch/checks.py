@@ -53,7 +53,7 @@ def slurm_problems(cfg: DictConfig, cell: Cell) -> list[str]:
     """Why this job cannot be submitted as it is (empty: it can, or it is not a SLURM job)."""
     if not uses_slurm(cfg):
         return []
-    if shutil.which("sbatch") is None:
+    if shutil.which("sbatch") is None and not cfg.dry_run:  # a dry run may plan anywhere
         return [
             "launcher=slurm needs SLURM's sbatch on PATH, and it is not there; run on a login "
             "node, or try the local test cluster: bash launchers/slurm_local.sh up"

@@ -155,3 +155,38 @@ def test_a_job_the_scheduler_ended_gets_its_state_as_the_reason(cell_2x4, tmp_pa
     assert [r.status for r in added] == [status, "skipped", "skipped"]
     assert f"SLURM job 41 ended {state}" in added[0].reasons[0]
     assert all(r.pass_result(p).status == r.status for r in added for p in r.passes)
+
+
+def test_sweep_status_reads_each_cell_from_its_records_when_slurm_is_silent(cell_2x4, tmp_path):
+    from lcab.bench.results import base_record
+    from lcab.sweep import sweep_status
+
+    for name, statuses in (("0_a", ["ok", "ok", "ok"]), ("1_b", ["ok", "timeout", "skipped"])):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "slurm.json").write_text(
+            json.dumps(
+                {
+                    "job_id": "999999",
+                    "seqlens": [1024, 2048, 4096],
+                    "shape": {"nodes": 2, "tasks_per_node": 4, "timeout_min": 35},
+                }
+            )
+        )
+        sink = JsonlSink(folder / RECORDS_FILE)
+        for seqlen, status in zip((1024, 2048, 4096), statuses, strict=True):
+            record = base_record(cell_2x4, seqlen, {})
+            record.status = status
+            sink.write(record)
+    (tmp_path / "2_c").mkdir()
+    (tmp_path / "2_c" / "slurm.json").write_text(
+        json.dumps(
+            {
+                "job_id": "999998",
+                "seqlens": [1024],
+                "shape": {"nodes": 1, "tasks_per_node": 1, "timeout_min": 5},
+            }
+        )
+    )
+    states = {c.folder: c.state for c in sweep_status(tmp_path)}
+    assert states == {"0_a": "finished", "1_b": "failed (timeout)", "2_c": "not started"}
