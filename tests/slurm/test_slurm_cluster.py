@@ -313,3 +313,45 @@ def test_launcher_slurm_without_sbatch_exits_2_naming_it(tmp_path):
     done = lcab(env, "launcher=slurm", "debug=default", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 2
     assert "sbatch" in done.stderr
+
+
+def test_a_preempted_cell_is_requeued_and_keeps_the_lengths_it_settled(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    args = (
+        "-m",
+        "launcher=slurm",
+        "cp=ring",
+        "kernel=naive",
+        "mask=causal",
+        "seqlen.values=[1024,2048,4096]",
+        "topology=2x2",
+        "bench=quick",
+        "bench.progress=false",
+        f"hydra.sweep.dir={sweep}",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lcab.main", *args],
+        env=slurm_cluster,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: len(job_folders(sweep)) == 1, 120, "the submission")
+        (folder,) = job_folders(sweep)
+        wait_for(lambda: (folder / "records.jsonl").exists(), 180, "the first length")
+        first = (folder / "records.jsonl").read_text()
+        # what SLURM sends before pre-empting: submitit requeues the job (with resume=true)
+        subprocess.run(["scancel", "--signal=USR2", job_id(folder)], env=slurm_cluster, check=True)
+        out, _ = proc.communicate(timeout=400)
+        assert proc.returncode == 0, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    cell = records(folder / "records.jsonl")
+    assert sorted(r["seqlen"] for r in cell) == [1024, 2048, 4096]  # no length twice
+    assert all(r["status"] == "ok" for r in cell), [(r["seqlen"], r["reasons"]) for r in cell]
+    assert (folder / "records.jsonl").read_text().startswith(first)  # kept, not measured again
+    log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_0_log.*"))
+    assert "resume: 1 settled record(s) kept" in log or "settled record(s) kept" in log
+    nothing_left(slurm_cluster, sweep)
