@@ -34,6 +34,10 @@ STATE_STATUS = {
 }
 
 
+NOT_SUBMITTED = "NOT_SUBMITTED"
+"""The state of a job sbatch refused (``detail`` holds the scheduler's message)."""
+
+
 @dataclass(frozen=True)
 class JobEnd:
     """How a SLURM job ended, as the launcher saw it."""
@@ -92,6 +96,8 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
     peers that merely lost their connection to it or timed out waiting for it.
     """
     job = f"SLURM job {end.job_id} {end.state}"
+    if end.state == NOT_SUBMITTED:
+        return "error", f"SLURM refused the job: {end.detail}"
     if end.state in _SCHEDULER_ENDS:
         return STATE_STATUS.get(end.state, "error"), f"SLURM job {end.job_id} ended {end.state}"
     failures = read_failures(cell_dir)

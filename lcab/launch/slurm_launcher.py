@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lcab.bench.scheduled import SCHEDULED_RANKS
 from lcab.cell import Cell
 from lcab.config import job_info, resolve_cell
-from lcab.launch.outcome import JobEnd, settle
+from lcab.launch.outcome import NOT_SUBMITTED, JobEnd, settle
 from lcab.launch.shape import JobShape, SlurmSettings, job_shape
 from lcab.records.resume import split_done
 from lcab.records.sinks import RECORDS_FILE
@@ -159,7 +159,13 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
                         Singleton.get_state(),
                     )
                 )
-            handles = executor.map_array(self, *zip(*args, strict=True))
+            try:
+                handles = executor.map_array(self, *zip(*args, strict=True))
+            except Exception as err:  # sbatch refused: each cell gets a record saying why
+                refusal = JobEnd("-", NOT_SUBMITTED, str(err).strip()[-500:])
+                for job in members:
+                    settle(job.cell, refusal)
+                continue
             for job, handle in zip(members, handles, strict=True):
                 submitted[job.index] = handle
                 _write_job_file(job, handle.job_id)

@@ -355,3 +355,25 @@ def test_a_preempted_cell_is_requeued_and_keeps_the_lengths_it_settled(slurm_clu
     log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_0_log.*"))
     assert "resume: 1 settled record(s) kept" in log or "settled record(s) kept" in log
     nothing_left(slurm_cluster, sweep)
+
+
+def test_a_job_sbatch_refuses_ends_as_records_with_the_scheduler_s_message(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    done = lcab(
+        slurm_cluster,
+        "-m",
+        "launcher=slurm",
+        "+hydra.launcher.additional_parameters.nodelist=n9",  # no such node
+        "cp=ring",
+        "kernel=ranges",
+        "mask=causal,document",
+        "topology=2x2",
+        "debug=default",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    merged = records(sweep / "records.jsonl")
+    assert len(merged) == 4  # 2 cells x 2 lengths: refused, but every length recorded
+    first = [r for r in merged if r["status"] == "error"]
+    assert len(first) == 2 and all("SLURM refused the job" in r["reasons"][0] for r in first)
+    assert all(r["status"] in ("error", "skipped") for r in merged)
