@@ -112,13 +112,16 @@ class LoggerConfig:
 
 @dataclass
 class WandbLoggerConfig(LoggerConfig):
-    """Weights & Biases: one run per (cell, seqlen) record, logged by rank 0."""
+    """Weights & Biases: one run per cell (job), logged by rank 0 only."""
 
     name: str = "wandb"
     project: str = "lcab"
     entity: str | None = None
-    mode: str = "offline"
-    """online | offline | disabled (offline needs no account; `wandb sync` later)."""
+    mode: str | None = None
+    """online | offline | disabled; None: $WANDB_MODE, else offline (no account needed;
+    `wandb sync` uploads later). Online falls back to offline when W&B cannot be reached."""
+    init_timeout_s: float = 20.0
+    """How long an online start may take before lcab logs offline instead."""
     group: str | None = None
     """W&B group; None: the sweep id."""
     tags: list[str] = field(default_factory=list)
