@@ -80,6 +80,8 @@ class JobInfo:
     sweep_id: str = ""
     job_num: int | None = None
     override_dirname: str = ""
+    overrides: tuple[str, ...] = ()
+    """The job's own command-line overrides (``hydra.overrides.task``)."""
 
 
 @dataclass(frozen=True)

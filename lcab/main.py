@@ -102,12 +102,14 @@ def app(cfg: DictConfig) -> None:
             logger.log(record)
         records.append(record)
 
+    failed = True  # until the cell returns: a kill or a crash closes loggers as failed
     try:
         if cell.seqlens:  # empty when a resumed job had every length settled
             _run(cell, write, rank)
+        failed = False
     finally:
         for logger in loggers:
-            logger.close()
+            logger.close(failed=failed)
     print_records(records, title=f"{job.override_dirname or 'lcab'}  ->  {sink.path}")
 
 

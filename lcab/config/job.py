@@ -33,4 +33,7 @@ def job_info(hydra: DictConfig, multirun: bool) -> JobInfo:
         sweep_id=sweep_id,
         job_num=num,
         override_dirname=str(hydra.job.override_dirname),
+        overrides=tuple(
+            str(o) for o in OmegaConf.select(hydra, "overrides.task", default=[]) or []
+        ),
     )

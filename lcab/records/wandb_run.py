@@ -1,0 +1,255 @@
+"""`WandbLogger`: one W&B run per cell, made for comparing cells in the runs table and charts.
+
+* **Identity.** group = the sweep, dated (``2026-11-23_13-40-36_ab12cd``); name = the cell's own
+  overrides without reporting keys (logger, debug, resume, ...); tags = kernel, cp, mask,
+  topology, world size, dtype, device. ``resume=true`` continues the same run id (kept in the
+  job folder), so a cell never has two partial runs.
+* **Config = what ran**: the resolved problem (dtype, device, heads, world size, lengths),
+  kernel/cp/mask parameters, the bench protocol, versions, git sha and the overrides.
+* **History**: one step per length with ``seqlen`` as the step metric of every metric, the
+  string ``status`` included.
+* **Summary**: per-length values (``fwd_tflops/8192``), the string status of each length,
+  ``status_counts``, and a *named* headline (``headline/seqlen`` and ``headline/<metric>``, the
+  largest ``ok`` length) — never a last-length value that an earlier failure could mislabel.
+* **Records table**: one schema for every run (all `RunRecord` columns; lists and dicts as JSON).
+* **Exit state**: failed when the job was killed or crashed, or every length failed.
+
+W&B trouble never costs a record: see `lcab.records.loggers`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import torch
+from omegaconf import DictConfig
+from typing_extensions import override
+
+import lcab
+from lcab.cell import Cell
+from lcab.records.loggers import RecordLogger, first_line, has_credentials
+from lcab.records.schema import RunRecord
+
+RUN_ID_FILE = "wandb-run-id"
+"""Job-folder file holding the cell's W&B run id, so ``resume=true`` continues that run."""
+#: Overrides that change how a run is reported or launched, not what it measures.
+REPORTING_KEYS = ("logger", "debug", "resume", "dry_run", "hydra", "launcher", "bench.progress")
+#: Per-length values copied into the summary under ``<name>/<seqlen>``.
+SUMMARY_METRICS = (
+    "fwd_ms_p50",
+    "bwd_ms_p50",
+    "fwd_tflops",
+    "bwd_tflops",
+    "fwd_mem_peak_mib",
+    "bwd_mem_peak_mib",
+    "fwd_max_abs_err",
+    "bwd_max_abs_err",
+)
+FAILED = ("error", "timeout", "oom", "numerics_mismatch")
+"""Statuses that count as a failed length (a capability ``skipped`` does not)."""
+#: Every records-table column, in record order (the same for every run).
+TABLE_COLUMNS = tuple(RunRecord().flat())
+
+
+def run_name(cell: Cell) -> str:
+    """The cell's own overrides without reporting keys; kernel/cp/mask when it has none."""
+    kept = [
+        o
+        for o in cell.job.overrides
+        if o.lstrip("+~").split("=", 1)[0].split(".")[0] not in REPORTING_KEYS
+        and not o.lstrip("+~").startswith("bench.progress")
+    ]
+    return ",".join(sorted(kept)) or f"{cell.kernel}/{cell.cp}/{cell.mask}"
+
+
+def run_group(cell: Cell) -> str:
+    """The sweep, dated: ``<date>_<time>_<id>`` from the sweep (or run) folder."""
+    folder = Path(cell.job.output_dir)
+    sweep = folder.parent if cell.job.job_num is not None else folder
+    return f"{sweep.parent.name}_{sweep.name}"
+
+
+def run_config(cell: Cell, versions: dict[str, Any]) -> dict[str, Any]:
+    """What ran, resolved (no ``auto``/``null`` left where lcab decided)."""
+    return {
+        "kernel": cell.kernel,
+        "kernel_options": cell.kernel_options,
+        "cp": cell.cp,
+        "cp_options": cell.cp_options,
+        "mask": cell.mask,
+        "mask_params": cell.mask_params,
+        "seqlens": list(cell.seqlens),
+        "heads_q": cell.heads_q,
+        "heads_kv": cell.heads_kv,
+        "head_dim": cell.head_dim,
+        "dtype": cell.dtype,
+        "device": cell.device,
+        "world_size": cell.world_size,
+        "nodes": cell.nodes,
+        "devices_per_node": cell.devices_per_node,
+        "backend": cell.backend,
+        "topology": cell.config.get("topology", {}).get("name"),
+        "bench": dict(vars(cell.bench)),
+        "overrides": list(cell.job.overrides),
+        "sweep_id": cell.job.sweep_id,
+        **versions,
+    }
+
+
+def _cell_value(value: Any) -> Any:
+    """A records-table cell: numbers and strings as they are, anything else as JSON."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value, default=str, sort_keys=True)
+
+
+class WandbLogger(RecordLogger):
+    """One W&B run per cell (see the module docstring); rank 0 only."""
+
+    def __init__(self, cfg: DictConfig, cell: Cell) -> None:
+        import wandb
+
+        self._wandb = wandb
+        self.cell = cell
+        self.records: list[RunRecord] = []
+        self._logged: set[str] = set()
+        self._broken = False
+        job_dir = Path(cell.job.output_dir)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        id_file = job_dir / RUN_ID_FILE
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id + "\n")
+        versions = {"lcab_version": lcab.__version__, "torch_version": torch.__version__}
+        init: dict[str, Any] = {
+            "project": cfg.logger.project,
+            "entity": cfg.logger.entity,
+            "group": cfg.logger.group or run_group(cell),
+            "name": run_name(cell),
+            "job_type": "bench",
+            "tags": [
+                cell.kernel,
+                cell.cp,
+                cell.mask,
+                str(run_config(cell, {})["topology"]),
+                f"world{cell.world_size}",
+                cell.dtype,
+                cell.device,
+                *cfg.logger.tags,
+            ],
+            "config": run_config(cell, versions),
+            "dir": str(job_dir),
+            "id": run_id,
+            "resume": "allow",
+            "reinit": "finish_previous",
+        }
+        mode = cfg.logger.mode or os.environ.get("WANDB_MODE") or "offline"
+        self.run: Any = None
+        if mode == "online":
+            why = None if has_credentials() else "no API key (set WANDB_API_KEY or `wandb login`)"
+            if why is None:
+                try:
+                    settings = wandb.Settings(init_timeout=float(cfg.logger.init_timeout_s))
+                    self.run = wandb.init(mode="online", settings=settings, **init)
+                except Exception as err:  # auth, network, time-out: all mean "not now"
+                    why = first_line(err)
+            if self.run is None:
+                print(
+                    f"lcab: W&B online unavailable ({why}); logging offline in {job_dir}/wandb "
+                    f"- upload later with: wandb sync {job_dir}/wandb/offline-run-*",
+                    file=sys.stderr,
+                )
+                mode = "offline"
+        if self.run is None:
+            if mode not in ("offline", "disabled"):
+                raise ValueError(f"logger.mode={mode!r} is invalid: online, offline or disabled")
+            self.run = wandb.init(mode=cast(Literal["offline", "disabled"], mode), **init)
+        self.run.define_metric("seqlen")
+        self.run.define_metric("*", step_metric="seqlen")
+
+    @override
+    def log(self, record: RunRecord) -> None:
+        if self._broken:
+            return
+        self.records.append(record)
+        try:
+            if len(self.records) == 1:  # the environment the records say they ran in
+                env = (
+                    "git_sha",
+                    "git_dirty",
+                    "device_name",
+                    "cuda_version",
+                    "hostname",
+                    "slurm_job_id",
+                    "slurm_nodelist",
+                    "num_threads",
+                    "python_version",
+                )
+                self.run.config.update({k: getattr(record, k) for k in env}, allow_val_change=True)
+            flat = record.flat()
+            row: dict[str, Any] = {
+                k: v
+                for k, v in flat.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            row["status"] = record.status
+            row["status_ok"] = int(record.status == "ok")
+            self._logged |= set(row) - {"seqlen"}
+            self.run.log(row)
+        except Exception as err:
+            self._give_up(err)
+
+    def _summary(self) -> dict[str, Any]:
+        summary: dict[str, Any] = {}
+        counts = Counter(r.status for r in self.records)
+        summary["status_counts"] = dict(counts)
+        for status in ("ok", "skipped", "error", "timeout", "oom", "numerics_mismatch"):
+            summary[f"n_{status}"] = counts.get(status, 0)
+        for r in self.records:
+            flat = r.flat()
+            summary[f"status/{r.seqlen}"] = r.status
+            for name in SUMMARY_METRICS:
+                if flat.get(name) is not None:
+                    summary[f"{name}/{r.seqlen}"] = flat[name]
+        ok = [r for r in self.records if r.status == "ok"]
+        if ok:
+            head = max(ok, key=lambda r: r.seqlen).flat()
+            summary["headline/seqlen"] = head["seqlen"]
+            for name in SUMMARY_METRICS:
+                summary[f"headline/{name}"] = head.get(name)
+        return summary
+
+    @override
+    def close(self, failed: bool = False) -> None:
+        if not self._broken:
+            try:
+                table = self._wandb.Table(
+                    columns=list(TABLE_COLUMNS),
+                    data=[[_cell_value(r.flat()[c]) for c in TABLE_COLUMNS] for r in self.records],
+                )
+                self.run.summary["records"] = table  # a summary value: no extra history step
+                present = set(self.run.summary.keys())
+                for key in self._logged & present:  # W&B's summary is the last step: drop it
+                    del self.run.summary[key]
+                for key, value in self._summary().items():
+                    self.run.summary[key] = value
+            except Exception as err:
+                self._give_up(err)
+        all_failed = bool(self.records) and all(r.status in FAILED for r in self.records)
+        try:
+            self.run.finish(exit_code=1 if failed or all_failed else 0)
+        except Exception as err:
+            self._give_up(err)
+
+    def _give_up(self, err: BaseException) -> None:
+        if not self._broken:
+            print(
+                f"lcab: W&B logging stopped ({first_line(err)}); records unaffected",
+                file=sys.stderr,
+            )
+        self._broken = True
