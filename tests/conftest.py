@@ -8,6 +8,7 @@ a resolved cell or a config start from the real config tree rather than a hand-m
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -37,6 +38,13 @@ def compose() -> Iterator[Compose]:
 
         yield composed
     GlobalHydra.instance().clear()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Name this test session once (the controller's id; xdist workers inherit it)."""
+    from tests.helpers.slurm import SESSION_ENV
+
+    os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.slurm import STARTED_MARK, TEST_CLUSTER_DIR, UP_SCRIPT
+from tests.helpers.slurm import SESSION_ENV, STARTED_MARK, TEST_CLUSTER_DIR, UP_SCRIPT
 
 
 def _answers(env: dict[str, str]) -> bool:
@@ -42,7 +42,9 @@ def _cluster_env() -> dict[str, str]:
     )
     if up.returncode != 0:
         pytest.skip(f"slurm tier: launchers/slurm_local.sh up failed: {up.stderr[-800:]}")
-    (TEST_CLUSTER_DIR / STARTED_MARK).touch()
+    mark = TEST_CLUSTER_DIR / STARTED_MARK
+    if "already up" not in up.stderr and not mark.exists():  # this session started it
+        mark.write_text(os.environ.get(SESSION_ENV, ""))
     env["SLURM_CONF"] = str(TEST_CLUSTER_DIR / "slurm.conf")
     return env
 
