@@ -1,7 +1,8 @@
 """Hydra callback merging a run's or a multirun's per-job records at its root.
 
 ``on_multirun_end`` runs on the submitting machine once every job has finished (also with the
-SLURM launcher), so the merged ``records.jsonl`` + ``records.csv`` appear at the sweep root.
+SLURM launcher), so the merged ``records.jsonl`` + ``records.csv`` appear at the sweep root, and
+one table of every cell ends the sweep (`lcab.records.summary`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from omegaconf import DictConfig
 from typing_extensions import override
 
 from lcab.records.sinks import CSV_FILE, RECORDS_FILE, merge_records, read_records, write_csv
+from lcab.records.summary import print_sweep_summary
 
 
 class MergeRecords(Callback):
@@ -24,6 +26,7 @@ class MergeRecords(Callback):
         root = Path(config.hydra.sweep.dir)
         if root.exists():
             merged, csv, count = merge_records(root)
+            print_sweep_summary(root, merged, csv)
             print(f"[lcab] merged {count} records -> {merged} and {csv.name}")
 
     @override

@@ -35,8 +35,9 @@ import lcab
 from lcab.cell import Cell
 from lcab.records.loggers import RecordLogger, first_line, has_credentials
 from lcab.records.schema import RunRecord
+from lcab.records.summary import WANDB_RUN_ID_FILE
 
-RUN_ID_FILE = "wandb-run-id"
+RUN_ID_FILE = WANDB_RUN_ID_FILE
 """Job-folder file holding the cell's W&B run id, so ``resume=true`` continues that run."""
 #: Overrides that change how a run is reported or launched, not what it measures.
 REPORTING_KEYS = ("logger", "debug", "resume", "dry_run", "hydra", "launcher", "bench.progress")

@@ -1,0 +1,89 @@
+"""The end-of-sweep summary: one table of every cell, then where its results are.
+
+Each job folder of a sweep is one cell. Its row gives the cell (its overrides), the status of
+its lengths, and a headline — the largest length that ran ``ok`` with its forward and backward
+TFLOP/s — so a whole sweep reads at a glance instead of one table per job. Below the table:
+the merged records files and the cell's W&B runs (and the ``wandb sync`` command for offline
+ones).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from lcab.records.schema import RunRecord
+from lcab.records.sinks import RECORDS_FILE, read_records
+
+WANDB_RUN_ID_FILE = "wandb-run-id"
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    """One cell of a sweep, summarised from its records."""
+
+    cell: str
+    statuses: str
+    headline: str
+    wandb_run: str
+
+
+def _headline(records: list[RunRecord]) -> str:
+    ok = [r for r in records if r.status == "ok"]
+    if not ok:
+        return "-"
+    best = max(ok, key=lambda r: r.seqlen)
+    parts = [f"S={best.seqlen:,}"]
+    for p in ("fwd", "bwd"):
+        tflops = best.pass_result(p).tflops
+        if tflops is not None:
+            parts.append(f"{p} {tflops:.3g} TFLOP/s")
+    return ", ".join(parts)
+
+
+def summarise_sweep(root: Path) -> list[CellSummary]:
+    """A summary per job folder of ``root`` that holds records, in job order."""
+    rows = []
+    for path in sorted(root.glob(f"*/{RECORDS_FILE}"), key=lambda p: _job_number(p.parent.name)):
+        records = read_records(path)
+        counts = Counter(r.status for r in records)
+        id_file = path.parent / WANDB_RUN_ID_FILE
+        rows.append(
+            CellSummary(
+                cell=path.parent.name,
+                statuses=", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "-",
+                headline=_headline(records),
+                wandb_run=id_file.read_text().strip() if id_file.exists() else "-",
+            )
+        )
+    return rows
+
+
+def _job_number(name: str) -> int:
+    head = name.split("_", 1)[0]
+    return int(head) if head.isdigit() else 1 << 30
+
+
+def print_sweep_summary(
+    root: Path, merged: Path, csv: Path, console: Console | None = None
+) -> None:
+    """Print the table of every cell and where the sweep's results are."""
+    console = console or Console(width=200)
+    rows = summarise_sweep(root)
+    table = Table(title=f"sweep {root.name}: {len(rows)} cells")
+    for column in ("cell", "statuses", "headline (largest ok length)", "W&B run"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row.cell, row.statuses, row.headline, row.wandb_run)
+    console.print(table)
+    console.print(f"records: {merged}  and  {csv}")
+    offline = sorted(root.glob("*/wandb/offline-run-*"))
+    if offline:
+        console.print(
+            f"W&B: {len(offline)} offline run folder(s); upload with: "
+            f"wandb sync {root}/*/wandb/offline-run-*"
+        )
