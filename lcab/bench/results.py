@@ -20,6 +20,7 @@ from lcab.bench.timing import Timing
 from lcab.cell import Cell
 from lcab.flops import FLOP_CONVENTION, tflops_per_s
 from lcab.masks import AttnMask
+from lcab.records.resume import NOT_RUN
 from lcab.records.schema import PassResult, RunRecord
 
 MAX_LISTED_DOCS = 512
@@ -136,3 +137,24 @@ def summarise(result: PassResult, samples: list[SampleMeasure], world: int) -> N
     if readings:
         result.mem_peak_mib = max(r.peak_bytes for r in readings) / 2**20
         result.mem_delta_mib = max(r.delta_bytes for r in readings) / 2**20
+
+
+def unfinished_records(
+    cell: Cell, pending: list[int], status: str, reason: str, env: dict[str, Any]
+) -> list[RunRecord]:
+    """Records for the lengths a cell did not finish, one each.
+
+    The first ended in ``status`` for ``reason``; the ones after it were never reached
+    (``skipped``, "not run", which ``resume=true`` runs again).
+    """
+    out = []
+    for i, seqlen in enumerate(pending):
+        this_status = status if i == 0 else "skipped"
+        this_reason = reason if i == 0 else f"{NOT_RUN}seqlen {pending[0]} ended in {status}"
+        record = base_record(cell, seqlen, env)
+        record.status, record.reasons = this_status, [this_reason]
+        for p in record.passes:
+            record.pass_result(p).status = this_status
+            record.pass_result(p).reason = this_reason
+        out.append(record)
+    return out

@@ -15,21 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from lcab.bench.environment import environment
-from lcab.bench.results import base_record
+from lcab.bench.results import unfinished_records
 from lcab.cell import Cell
 from lcab.distributed.launch import LaunchResult, launch
-from lcab.records.resume import NOT_RUN
 from lcab.records.schema import RunRecord
-
-
-def _failure_record(cell: Cell, seqlen: int, status: str, reason: str) -> RunRecord:
-    record = base_record(cell, seqlen, environment(cell.device))
-    record.status = status
-    record.reasons = [reason]
-    for p in record.passes:
-        record.pass_result(p).status = status
-        record.pass_result(p).reason = reason
-    return record
 
 
 def _status(result: LaunchResult) -> str:
@@ -77,14 +66,8 @@ def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[R
             reason += " (on Linux, SIGKILL is the out-of-memory killer)"
         if status == "timeout":
             reason = f"no result within bench.timeout_s={timeout:g} s; ranks killed"
-        current = pending.pop(0)
-        record = _failure_record(cell, current, status, reason)
-        record.error_msg = result.detail[-1000:] or None
-        accept(record)
-        for seqlen in pending:
-            accept(
-                _failure_record(
-                    cell, seqlen, "skipped", f"{NOT_RUN}seqlen {current} ended in {status}"
-                )
-            )
+        unfinished = unfinished_records(cell, pending, status, reason, environment(cell.device))
+        unfinished[0].error_msg = result.detail[-1000:] or None
+        for record in unfinished:
+            accept(record)
     return records

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lcab.bench.environment import environment
-from lcab.bench.results import base_record
+from lcab.bench.results import unfinished_records
 from lcab.bench.scheduled import read_failures, read_ranks
 from lcab.cell import Cell
-from lcab.records.resume import NOT_RUN
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import RECORDS_FILE, JsonlSink, read_records
 
@@ -76,15 +75,8 @@ def killed_ranks(srun_log: str) -> list[tuple[int, str, str]]:
     return out
 
 
-_SCHEDULER_ENDS = (
-    "CANCELLED",
-    "TIMEOUT",
-    "DEADLINE",
-    "OUT_OF_MEMORY",
-    "NODE_FAIL",
-    "BOOT_FAIL",
-    "PREEMPTED",
-)
+_SCHEDULER_ENDS = tuple(state for state in STATE_STATUS if state != "FAILED")
+"""States in which SLURM itself ended the job (FAILED: a task exited non-zero)."""
 
 
 def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
@@ -99,7 +91,7 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
     if end.state == NOT_SUBMITTED:
         return "error", f"SLURM refused the job: {end.detail}"
     if end.state in _SCHEDULER_ENDS:
-        return STATE_STATUS.get(end.state, "error"), f"SLURM job {end.job_id} ended {end.state}"
+        return STATE_STATUS[end.state], f"SLURM job {end.job_id} ended {end.state}"
     failures = read_failures(cell_dir)
     real = [f for f in failures if not any(s in f.error.lower() for s in _PEER_SYMPTOMS)]
     reported = {f.rank for f in failures}
@@ -141,16 +133,7 @@ def settle(cell: Cell, end: JobEnd) -> list[RunRecord]:
     status, reason = _reason(end, cell_dir, cell.world_size)
     env = environment(cell.device)
     env["slurm_job_id"] = end.job_id
-    out = []
-    for i, seqlen in enumerate(pending):
-        record = base_record(cell, seqlen, env)
-        this_status = status if i == 0 else "skipped"
-        this_reason = reason if i == 0 else f"{NOT_RUN}seqlen {pending[0]} ended in {status}"
-        record.status, record.reasons = this_status, [this_reason]
-        for p in record.passes:
-            record.pass_result(p).status = this_status
-            record.pass_result(p).reason = this_reason
-        out.append(record)
+    out = unfinished_records(cell, pending, status, reason, env)
     sink = JsonlSink(path)
     for record in out:
         sink.write(record)
