@@ -40,7 +40,7 @@ SCHEDULED_RANKS = "LCAB_RANKS_FROM_SCHEDULER"
 """Set (to the scheduler's name) in every task of a job whose tasks are the cell's ranks."""
 
 FAILURE_FILE = "rank-{rank}.failure.json"
-HOST_FILE = "rank-{rank}.json"
+RANK_FILE = "rank-{rank}.json"
 LOG_FILE = "rank-{rank}.log"
 
 
@@ -137,7 +137,7 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
     cell_dir = Path(cell.job.output_dir)
     cell_dir.mkdir(parents=True, exist_ok=True)
     host = node_name()
-    (cell_dir / HOST_FILE.format(rank=rank)).write_text(
+    (cell_dir / RANK_FILE.format(rank=rank)).write_text(
         json.dumps({"host": host, "pid": os.getpid()})
     )
     _redirect_output(cell_dir / LOG_FILE.format(rank=rank))

@@ -20,6 +20,7 @@ from lcab.records.schema import RunRecord
 from lcab.records.sinks import RECORDS_FILE, read_records
 
 WANDB_RUN_ID_FILE = "wandb-run-id"
+"""Job-folder file holding the cell's W&B run id (written by `lcab.records.wandb_run`)."""
 
 
 @dataclass(frozen=True)

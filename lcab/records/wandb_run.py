@@ -37,8 +37,6 @@ from lcab.records.loggers import RecordLogger, first_line, has_credentials
 from lcab.records.schema import RunRecord
 from lcab.records.summary import WANDB_RUN_ID_FILE
 
-RUN_ID_FILE = WANDB_RUN_ID_FILE
-"""Job-folder file holding the cell's W&B run id, so ``resume=true`` continues that run."""
 #: Overrides that change how a run is reported or launched, not what it measures.
 REPORTING_KEYS = ("logger", "debug", "resume", "dry_run", "hydra", "launcher", "bench.progress")
 #: Per-length values copied into the summary under ``<name>/<seqlen>``.
@@ -123,7 +121,7 @@ class WandbLogger(RecordLogger):
         self._broken = False
         job_dir = Path(cell.job.output_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
-        id_file = job_dir / RUN_ID_FILE
+        id_file = job_dir / WANDB_RUN_ID_FILE  # resume=true continues that run
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
         versions = {"lcab_version": lcab.__version__, "torch_version": torch.__version__}

@@ -8,32 +8,18 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.helpers.cli import read_jsonl, run_lcab
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
 
 
 def lcab_main(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "lcab.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return run_lcab(*args, cwd=cwd)
 
 
 def test_multirun_writes_one_merged_record_per_cell_and_seqlen(tmp_path):

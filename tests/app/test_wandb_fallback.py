@@ -8,57 +8,34 @@ Every W&B folder (data, cache, config, home) points into the test's temp folder.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import run_lcab, wandb_env
+
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 FAKE_KEY = "lcabfake" + "0123456789abcdef" * 2  # 40 characters, as W&B keys are
 
 
 def sweep_with_online_wandb(
     tmp_path: Path, **extra_env: str
 ) -> tuple[subprocess.CompletedProcess, float]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("WANDB_") and key != "NETRC"
-    }
-    env |= {
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-        "HOME": str(tmp_path / "home"),
-        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
-        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
-        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
-        **extra_env,
-    }
     start = time.monotonic()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lcab.main",
-            "-m",
-            "kernel=ranges,sparse",
-            "mask=causal",
-            "logger=wandb",
-            "logger.mode=online",
-            "logger.init_timeout_s=10",
-            "debug=default",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ],
+    done = run_lcab(
+        "-m",
+        "kernel=ranges,sparse",
+        "mask=causal",
+        "logger=wandb",
+        "logger.mode=online",
+        "logger.init_timeout_s=10",
+        "debug=default",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        env=wandb_env(tmp_path, **extra_env),
     )
     return done, time.monotonic() - start
 
@@ -97,29 +74,13 @@ def test_a_fake_key_and_no_server_fall_back_within_the_init_timeout(tmp_path):
 
 
 def test_wandb_mode_from_the_environment_is_honoured_when_logger_mode_is_unset(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env |= {
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-        "WANDB_MODE": "disabled",
-        "HOME": str(tmp_path / "home"),
-        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
-    }
     run = tmp_path / "run"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lcab.main",
-            "logger=wandb",
-            "debug=default",
-            f"hydra.run.dir={run}",
-        ],
+    done = run_lcab(
+        "logger=wandb",
+        "debug=default",
+        f"hydra.run.dir={run}",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        env=wandb_env(tmp_path, WANDB_MODE="disabled"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert not list(run.glob("wandb/offline-run-*"))  # disabled: W&B wrote no run

@@ -2,39 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lcab.records.schema import RunRecord
+from tests.helpers.cli import run_lcab, wandb_env
 from tests.helpers.wandb_offline import offline_runs
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def lcab_main(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env |= {
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-        "HOME": str(tmp_path / "home"),
-        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
-        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
-        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "lcab.main", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_lcab(*args, cwd=tmp_path, env=wandb_env(tmp_path))
 
 
 CELL = (

@@ -10,27 +10,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import read_jsonl, run_lcab, start_lcab
+
 pytestmark = pytest.mark.slurm
 
 
 def lcab(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lcab.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return run_lcab(*args, env=env, timeout=timeout)
 
 
 def job_folders(sweep: Path) -> list[Path]:
@@ -104,7 +95,7 @@ def test_each_cell_is_one_job_over_two_nodes_with_one_task_per_rank(slurm_cluste
     assert len(folders) == 4
     for folder in folders:
         assert step(slurm_cluster, job_id(folder)) == (2, 4)
-    merged = records(sweep / "records.jsonl")
+    merged = read_jsonl(sweep / "records.jsonl")
     assert len(merged) == 8  # 4 cells x 2 lengths, merged at the sweep root
     for r in merged:
         assert r["status"] == "ok", r["reasons"]
@@ -136,7 +127,7 @@ def test_a_topology_sweep_gets_one_shape_per_cell_and_ulysses_stays_in_a_node(
     assert done.returncode == 0, done.stderr[-3000:]
     shapes = sorted(step(slurm_cluster, job_id(f)) for f in job_folders(sweep))
     assert shapes == [(1, 2), (2, 4)]
-    two_nodes = [r for r in records(sweep / "records.jsonl") if r["nodes"] == 2]
+    two_nodes = [r for r in read_jsonl(sweep / "records.jsonl") if r["nodes"] == 2]
     assert two_nodes
     for r in two_nodes:
         assert r["status"] == "ok", r["reasons"]
@@ -162,13 +153,7 @@ def test_cancelled_and_killed_cells_end_as_records_and_resume_reruns_only_them(
     slurm_cluster, tmp_path
 ):
     sweep = tmp_path / "sweep"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lcab.main", *SLOW_SWEEP, f"hydra.sweep.dir={sweep}"],
-        env=slurm_cluster,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_lcab(*SLOW_SWEEP, f"hydra.sweep.dir={sweep}", env=slurm_cluster)
     try:
         wait_for(lambda: len(job_folders(sweep)) == 4, 120, "the sweep's submission")
         cancel, kill = (
@@ -190,7 +175,7 @@ def test_cancelled_and_killed_cells_end_as_records_and_resume_reruns_only_them(
             proc.kill()
     nothing_left(slurm_cluster, sweep)
     by_cell: dict[tuple[str, str], list[dict]] = {}
-    for r in records(sweep / "records.jsonl"):
+    for r in read_jsonl(sweep / "records.jsonl"):
         by_cell.setdefault((r["kernel"], r["mask"]), []).append(r)
     assert all(len(v) == 3 for v in by_cell.values()) and len(by_cell) == 4
     cancelled = by_cell[("naive", "causal")]
@@ -219,7 +204,7 @@ def test_cancelled_and_killed_cells_end_as_records_and_resume_reruns_only_them(
         if "kernel=ranges" in folder.name:  # not submitted again, records untouched
             assert job_id(folder) == settled_ids[folder.name]
             assert (folder / "records.jsonl").read_text() == settled_lines[folder.name]
-    final = records(sweep / "records.jsonl")
+    final = read_jsonl(sweep / "records.jsonl")
     assert len(final) == 12 and all(r["status"] == "ok" for r in final), [
         (r["kernel"], r["mask"], r["seqlen"], r["status"]) for r in final
     ]
@@ -245,7 +230,7 @@ def test_a_cell_over_its_time_limit_ends_as_timeout(slurm_cluster, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert time.monotonic() - start < 240
-    cell = sorted(records(sweep / "records.jsonl"), key=lambda r: r["seqlen"])
+    cell = sorted(read_jsonl(sweep / "records.jsonl"), key=lambda r: r["seqlen"])
     assert len(cell) == 3
     statuses = [r["status"] for r in cell]
     assert "timeout" in statuses, [(r["status"], r["reasons"]) for r in cell]
@@ -329,13 +314,7 @@ def test_a_preempted_cell_is_requeued_and_keeps_the_lengths_it_settled(slurm_clu
         "bench.progress=false",
         f"hydra.sweep.dir={sweep}",
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lcab.main", *args],
-        env=slurm_cluster,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_lcab(*args, env=slurm_cluster)
     try:
         wait_for(lambda: len(job_folders(sweep)) == 1, 120, "the submission")
         (folder,) = job_folders(sweep)
@@ -348,7 +327,7 @@ def test_a_preempted_cell_is_requeued_and_keeps_the_lengths_it_settled(slurm_clu
     finally:
         if proc.poll() is None:
             proc.kill()
-    cell = records(folder / "records.jsonl")
+    cell = read_jsonl(folder / "records.jsonl")
     assert sorted(r["seqlen"] for r in cell) == [1024, 2048, 4096]  # no length twice
     assert all(r["status"] == "ok" for r in cell), [(r["seqlen"], r["reasons"]) for r in cell]
     assert (folder / "records.jsonl").read_text().startswith(first)  # kept, not measured again
@@ -372,7 +351,7 @@ def test_a_job_sbatch_refuses_ends_as_records_with_the_scheduler_s_message(slurm
         f"hydra.sweep.dir={sweep}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    merged = records(sweep / "records.jsonl")
+    merged = read_jsonl(sweep / "records.jsonl")
     assert len(merged) == 4  # 2 cells x 2 lengths: refused, but every length recorded
     first = [r for r in merged if r["status"] == "error"]
     assert len(first) == 2 and all("SLURM refused the job" in r["reasons"][0] for r in first)

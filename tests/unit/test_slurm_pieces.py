@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lcab.bench.scheduled import FAILURE_FILE, HOST_FILE, classify
+from lcab.bench.scheduled import FAILURE_FILE, RANK_FILE, classify
 from lcab.cell import JobInfo
 from lcab.config import resolve_cell
 from lcab.distributed.context import scheduler_environment
@@ -123,7 +123,7 @@ def test_settle_writes_one_record_per_unsettled_length_blaming_the_silent_rank(c
     sink.write(first)
     for rank in range(8):
         host = "n1" if rank < 4 else "n2"
-        (tmp_path / HOST_FILE.format(rank=rank)).write_text(json.dumps({"host": host, "pid": 1}))
+        (tmp_path / RANK_FILE.format(rank=rank)).write_text(json.dumps({"host": host, "pid": 1}))
     _write_failure(tmp_path, 2, "n1", 2048, "error", "RuntimeError: Connection closed by peer")
     _write_failure(tmp_path, 6, "n2", 2048, "timeout", "RuntimeError: gloo Timed out")
     added = settle(cell_2x4, JobEnd("77", "FAILED", srun_log="srun: error: n2: task 5: Killed\n"))

@@ -1,0 +1,64 @@
+"""Running the real CLI from tests: ``python -m lcab.main`` in a subprocess, as a user would.
+
+One torch thread per run (CI has 2 cores) and this checkout first on ``PYTHONPATH``; W&B tests
+also point every W&B folder (data, cache, config, home) into the test's temp folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a CLI run, plus ``extra``."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+
+
+def wandb_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A CLI environment with no W&B settings of the caller's and W&B's folders in ``tmp_path``."""
+    env = {k: v for k, v in cli_env().items() if not k.startswith("WANDB_") and k != "NETRC"}
+    return {
+        **env,
+        "HOME": str(tmp_path / "home"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        **extra,
+    }
+
+
+def run_lcab(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``python -m lcab.main *args`` to completion, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "lcab.main", *args],
+        cwd=cwd,
+        env=env if env is not None else cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_lcab(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``python -m lcab.main *args`` in the background (stdout and stderr together)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "lcab.main", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``records.jsonl`` file, as dicts."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
