@@ -67,11 +67,16 @@ def run_name(cell: Cell) -> str:
     return ",".join(sorted(kept)) or f"{cell.kernel}/{cell.cp}/{cell.mask}"
 
 
+def group_of_folder(sweep_or_run: Path) -> str:
+    """The W&B group of a sweep (or single-run) folder: ``<date>_<time>_<id>``."""
+    folder = Path(sweep_or_run).resolve()
+    return f"{folder.parent.name}_{folder.name}"
+
+
 def run_group(cell: Cell) -> str:
     """The sweep, dated: ``<date>_<time>_<id>`` from the sweep (or run) folder."""
     folder = Path(cell.job.output_dir)
-    sweep = folder.parent if cell.job.job_num is not None else folder
-    return f"{sweep.parent.name}_{sweep.name}"
+    return group_of_folder(folder.parent if cell.job.job_num is not None else folder)
 
 
 def run_config(cell: Cell, versions: dict[str, Any]) -> dict[str, Any]:
