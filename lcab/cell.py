@@ -69,6 +69,11 @@ class BenchConfig:
     """torch threads per rank on CPU; None: torch's default for one rank, 1 per rank under CP."""
     progress: bool = True
     """Show a progress bar over lengths x passes."""
+    profile: bool = False
+    """Record a PyTorch profiler trace (Chrome JSON, ``traces/`` in the job folder) of every
+    (length, pass) on extra repetitions after the timed ones, so profiling never skews a time."""
+    profile_reps: int = 3
+    """Repetitions inside each profiled trace."""
 
 
 @dataclass(frozen=True)

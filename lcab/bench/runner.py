@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
 from lcab.bench.environment import environment
 from lcab.bench.memory import PeakMemory
 from lcab.bench.numerics import Reference, check_pass, tolerance
@@ -204,8 +205,9 @@ class _LengthRun:
         native: Tensors,
         reference: Reference | None,
         check: bool,
+        profile: bool = False,
     ) -> None:
-        """Time one pass on one sample (and check its numerics); failures end the pass."""
+        """Time one pass on one sample (check its numerics, trace it); failures end the pass."""
         target, problem = self.target, self.problem
         try:
             fn, before_each = _pass_callable(pass_, prepared, native)
@@ -239,6 +241,8 @@ class _LengthRun:
                     memory=memory.reading if isinstance(memory, PeakMemory) else None,
                 )
             )
+            if profile:
+                self._profile(pass_, fn, before_each)
             del fn, before_each
             if check:
                 errors = check_pass(pass_, prepared, native, reference)
@@ -275,7 +279,9 @@ class _LengthRun:
         for p in list(self.live):
             if on_progress:
                 on_progress(f"S={self.seqlen:,} {p} mask {sample + 1}/{cell.mask_samples}")
-            self.measure_pass(p, mask, prepared, native, reference, check)
+            self.measure_pass(
+                p, mask, prepared, native, reference, check, sample == 0 and cell.bench.profile
+            )
         if sample == 0 and target.world > 1 and self.live:
             target.describe(self.record, prepared, native, any(p != "fwd" for p in self.live))
         del prepared, native, inputs
@@ -308,6 +314,27 @@ class _LengthRun:
         record.finalise_status()
         return record
 
+    def _profile(
+        self, pass_: str, fn: Callable[[], object], before_each: Callable[[], None] | None
+    ) -> None:
+        """Trace extra repetitions of the pass; a failed trace is a reason, not a failed pass."""
+        target = self.target
+        path = trace_path(self.cell.job.output_dir, self.seqlen, pass_, target.rank)
+        try:
+            profile_pass(
+                fn,
+                label=f"lcab.{pass_}",
+                reps=self.cell.bench.profile_reps,
+                device=self.problem.device,
+                path=path,
+                before_each=before_each,
+                barrier=target.barrier if target.world > 1 else None,
+            )
+        except Exception as err:
+            if target.world > 1:
+                raise  # peers may be inside a collective of the traced loop
+            self.record.reasons.append(f"{pass_}: profiler trace failed: {short_error(err, 200)}")
+
     def _skip(self, pass_: str, why: list[str]) -> None:
         self.results[pass_].status, self.results[pass_].reason = "skipped", "; ".join(why)
 
@@ -328,6 +355,8 @@ def run_seqlen(
         mask = run.build_mask(sample)
         if mask is None:
             return run.record
+        if sample == 0 and target.rank == 0 and seqlen == max(cell.seqlens):
+            save_mask_picture_of(cell, mask, run.record)
         if sample == 0 and not run.mask_skips(mask):
             break
         run.run_sample(sample, mask, on_progress)

@@ -137,6 +137,7 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
         raise ConfigError("bench.warmup", b.warmup, "must be >= 0")
     _positive("bench.reps", b.reps)
     _positive("bench.mask_samples", b.mask_samples)
+    _positive("bench.profile_reps", b.profile_reps)
     _positive("bench.numerics_rows", b.numerics_rows)
     if any(not 0.0 <= q <= 1.0 for q in b.quantiles) or 0.5 not in list(b.quantiles):
         raise ConfigError("bench.quantiles", list(b.quantiles), "values in [0, 1], including 0.5")

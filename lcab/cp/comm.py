@@ -73,12 +73,33 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+_TRACE_PHASES = False
+"""Whether `phase` also opens a profiler range (only while a trace records: a range costs a
+dispatcher call, which timed repetitions should not pay)."""
+
+
+@contextmanager
+def traced_phases() -> Iterator[None]:
+    """Make every `phase` a ``torch.profiler.record_function`` range ``lcab.cp.<name>``."""
+    global _TRACE_PHASES
+    before, _TRACE_PHASES = _TRACE_PHASES, True
+    try:
+        yield
+    finally:
+        _TRACE_PHASES = before
+
+
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """Accumulate wall time of the block under ``name`` (compute, comm, wait, ...)."""
+    trace_range = torch.profiler.record_function(f"lcab.cp.{name}") if _TRACE_PHASES else None
     start = time.perf_counter()
     try:
-        yield
+        if trace_range is None:
+            yield
+        else:
+            with trace_range:
+                yield
     finally:
         STATS.seconds[name] += time.perf_counter() - start
 

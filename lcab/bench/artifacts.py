@@ -1,0 +1,82 @@
+"""What a cell leaves beside its records for people to look at: profiler traces, the mask.
+
+**Traces** show what a kernel or strategy spends its time on, beyond the p50. With
+``bench.profile=true`` every (length, pass) gets ``bench.profile_reps`` extra repetitions
+under ``torch.profiler`` *after* its timed ones — the timed repetitions never run under the
+profiler, whose overhead would skew them. Each repetition is one ``lcab.<pass>`` range; under
+CP the strategy's phases (``lcab.cp.compute``, ``lcab.cp.comm``, ``lcab.cp.wait``) are ranges
+inside it, so the trace shows the same split as the record's ``phase_ms``. CPU activities are
+always recorded, CUDA ones on a CUDA device.
+
+The trace is Chrome-trace JSON (``chrome://tracing``, Perfetto) in the job folder:
+``traces/S<seqlen>-<pass>-rank<r>.json`` — every rank writes its own, since under CP the
+ranks' timelines differ. The W&B logger uploads the folder as an ``lcab-trace`` artifact.
+
+**The mask picture** of the cell's largest length (first sample), ``mask-S<seqlen>.png``, so a
+reader sees what was measured; the W&B logger shows it on the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from lcab.cell import Cell
+from lcab.cp.comm import traced_phases
+from lcab.masks import AttnMask
+from lcab.records.artifacts import MASK_PICTURE, TRACES_DIR
+from lcab.records.schema import RunRecord
+
+
+def trace_path(job_dir: str | Path, seqlen: int, pass_: str, rank: int) -> Path:
+    """Where the trace of one (length, pass, rank) goes."""
+    return Path(job_dir) / TRACES_DIR / f"S{seqlen}-{pass_}-rank{rank}.json"
+
+
+def profile_pass(
+    fn: Callable[[], object],
+    *,
+    label: str,
+    reps: int,
+    device: torch.device,
+    path: Path,
+    before_each: Callable[[], None] | None = None,
+    barrier: Callable[[], None] | None = None,
+) -> Path:
+    """Run ``fn`` ``reps`` times under the profiler and write the Chrome trace to ``path``.
+
+    ``before_each`` and ``barrier`` run before every repetition, outside its range, as in the
+    timed loop; under CP every rank must call this with the same ``reps`` (the collectives
+    inside ``fn`` pair up rank by rank).
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with traced_phases(), profile(activities=activities) as prof:
+        for _ in range(reps):
+            if before_each is not None:
+                before_each()
+            if barrier is not None:
+                barrier()
+            with record_function(label):
+                fn()
+            if cuda:
+                torch.cuda.synchronize(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def save_mask_picture_of(cell: Cell, mask: AttnMask, record: RunRecord) -> Path | None:
+    """Draw ``mask`` into the job folder; a picture that fails is a reason, never a failure."""
+    from lcab.masks.picture import save_mask_picture
+
+    path = Path(cell.job.output_dir) / MASK_PICTURE.format(seqlen=mask.seqlen_q)
+    try:
+        return save_mask_picture(mask, path)
+    except Exception as err:
+        record.reasons.append(f"mask picture failed: {type(err).__name__}: {err}"[:240])
+        return None
