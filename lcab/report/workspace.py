@@ -1,0 +1,355 @@
+"""W&B dashboards as code: the standard workspace of one lcab sweep's W&B group.
+
+A workspace built here shows the runs of one sweep (one W&B run per cell, see
+`lcab.records.wandb_run`) the way lcab's questions are asked:
+
+* **Throughput** — fwd and bwd TFLOP/s per GPU against ``seqlen`` (the history's step metric),
+  one section grouped by kernel and one by CP strategy; a third grouped by mask when the view
+  holds more than one mask.
+* **Scaling** — per-GPU headline TFLOP/s against the run config's ``world_size`` (a scatter over
+  runs: each run has one world size, so no history axis can show this), and a parallel
+  coordinates plot of kernel, cp, mask, world size and the headline figures.
+* **Memory** — ``fwd/bwd_mem_peak_mib`` against seqlen; **Numerics** — ``fwd/bwd_max_abs_err``
+  against seqlen (log y).
+* **Status** — the summary counts ``n_ok`` … ``n_numerics_mismatch`` summed per kernel and per
+  CP strategy (bar charts), and the same counts pinned in the runs table next to the axes.
+
+The runset is filtered to the sweep's group (``Group = <group>``), so the view shows that sweep
+only; the runs table itself is left ungrouped so each panel's own grouping is the only one.
+
+**Faceting by mask.** wandb-workspaces 0.4.13 cannot filter per section or per panel: a
+`Workspace` has one runset (`RunsetSettings.filters`), `Section` has no filter field and a panel
+groups by a single key (`LinePlot.groupby`). A section per mask would therefore show every mask
+in every section, under a false title. Instead: (1) a "by mask" section groups the same metrics
+by mask, and (2) ``build_workspace(..., mask=m)`` (``--mask`` on the command line) narrows the
+runset to ``Group = <group> and mask = m`` — one saved view per mask gives true per-mask facets
+of the kernel and CP sections.
+
+**Aggregation.** A kernel's group mixes the sweep's other axes (cp, mask, world size, dtype), so
+the mean of a group has no meaning. Panels aggregate with ``max`` and shade ``minmax``: the line
+is the best throughput (the largest memory, the worst error) the group reached at that length and
+the band shows the spread across its configurations.
+
+**Run limit.** W&B fetches 10 runs per panel by default and computes group lines from the
+fetched runs only, so ``max_runs`` is raised to the sweep's number of cells.
+
+Building and serialising never touch the network or need a login (only ``save`` and the saved
+workspace's ``url`` call the W&B API; the unit tests check this with sockets disabled).
+``wandb_workspaces`` is imported inside the functions: importing it (and wandb) takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    from wandb_workspaces.workspaces import Section, Workspace
+
+DEFAULT_PROJECT = "lcab"
+"""Project when neither ``--project`` nor the sweep's ``logger.project`` names one."""
+STATUS_KEYS = ("n_ok", "n_skipped", "n_error", "n_timeout", "n_oom", "n_numerics_mismatch")
+"""Summary keys of `WandbLogger`: how many lengths of a run ended in each status."""
+HEADLINE_KEYS = ("headline/seqlen", "headline/fwd_tflops", "headline/bwd_tflops")
+"""Summary keys of the largest ``ok`` length of a run."""
+CONFIG_AXES = ("kernel", "cp", "mask", "world_size")
+"""Run config keys (flat, see `lcab.records.wandb_run.run_config`) shown next to the figures."""
+STEP = "seqlen"
+"""The history's step metric (``define_metric("*", step_metric="seqlen")``)."""
+
+
+@dataclass(frozen=True)
+class SweepRuns:
+    """What a sweep folder says about its W&B runs (read from its job folders' configs)."""
+
+    folder: Path
+    group: str
+    masks: tuple[str, ...]
+    cells: int
+    """Job folders: one W&B run each."""
+    logged: int
+    """Job folders whose logger was W&B (the others have no run to show)."""
+    project: str | None
+    entity: str | None
+
+
+def _job_folders(sweep: Path) -> tuple[list[Path], Path]:
+    """The job folders of ``sweep`` and the folder its W&B group is named after.
+
+    A multirun folder holds ``<n>_<overrides>/.hydra/config.yaml`` (group: the sweep folder); a
+    single run's folder holds ``.hydra/config.yaml`` itself (group: that folder), as in
+    `lcab.records.wandb_run.run_group`.
+    """
+    expected = (
+        "expected an lcab sweep folder (<sweep>/<n>_<overrides>/.hydra/config.yaml) "
+        "or a single run's folder (<run>/.hydra/config.yaml)"
+    )
+    if not sweep.is_dir():
+        raise ValueError(f"{sweep}: no such folder; {expected}")
+    if (sweep / ".hydra" / "config.yaml").is_file():
+        if (sweep.parent / "multirun.yaml").is_file():  # one cell of a sweep: its group is not
+            raise ValueError(f"{sweep}: a job folder of sweep {sweep.parent}; pass the sweep")
+        return [sweep], sweep
+    jobs = sorted(p for p in sweep.iterdir() if (p / ".hydra" / "config.yaml").is_file())
+    if not jobs:
+        raise ValueError(f"{sweep}: no job folders; {expected}")
+    return jobs, sweep
+
+
+def _select(cfg: DictConfig, key: str) -> Any:
+    """``cfg[key]`` or None (missing, or an interpolation that cannot resolve here)."""
+    return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+
+
+def read_sweep(sweep: Path) -> SweepRuns:
+    """The W&B group, masks and logger settings of ``sweep``'s cells.
+
+    Raises:
+        ValueError: ``sweep`` is not a sweep (or run) folder, or its cells name different
+            ``logger.group`` values (no one group to filter on).
+
+    """
+    from lcab.records.wandb_run import group_of_folder  # imports torch: only when needed
+
+    sweep = Path(sweep)
+    jobs, group_folder = _job_folders(sweep)
+    configs = [OmegaConf.load(job / ".hydra" / "config.yaml") for job in jobs]
+    if not all(isinstance(c, DictConfig) for c in configs):
+        raise ValueError(f"{sweep}: a job's .hydra/config.yaml is not a mapping")
+    cfgs = [c for c in configs if isinstance(c, DictConfig)]
+    groups = {_select(c, "logger.group") or group_of_folder(group_folder) for c in cfgs}
+    if len(groups) > 1:
+        raise ValueError(f"{sweep}: its cells log to several W&B groups: {sorted(groups)}")
+    wandb = [c for c in cfgs if _select(c, "logger.name") == "wandb"]
+    return SweepRuns(
+        folder=sweep,
+        group=groups.pop(),
+        masks=tuple(sorted({str(m) for c in cfgs if (m := _select(c, "mask.name"))})),
+        cells=len(cfgs),
+        logged=len(wandb),
+        project=next((p for c in wandb if (p := _select(c, "logger.project"))), None),
+        entity=next((e for c in wandb if (e := _select(c, "logger.entity"))), None),
+    )
+
+
+def sweep_group(sweep: Path) -> str:
+    """The W&B group of ``sweep``'s runs: the cells' ``logger.group``, else the dated folder.
+
+    Raises:
+        ValueError: see `read_sweep`.
+
+    """
+    return read_sweep(sweep).group
+
+
+def _by(key: str, title: str, metrics: tuple[str, ...], log_y: bool = False) -> Section:
+    """A section of one line plot per metric against seqlen, runs grouped by config ``key``."""
+    import wandb_workspaces.reports.v2 as wr
+
+    panels = [
+        wr.LinePlot(
+            title=f"{metric} by {key}",
+            x=STEP,
+            y=[metric],
+            log_x=True,  # lengths are powers of two
+            log_y=log_y or None,
+            title_x=STEP,
+            groupby=wr.Config(key),
+            groupby_aggfunc="max",
+            groupby_rangefunc="minmax",
+        )
+        for metric in metrics
+    ]
+    return _section(title, panels)
+
+
+def _section(title: str, panels: list[Any]) -> Section:
+    """An open section laid out one row of panels per page."""
+    import wandb_workspaces.workspaces as ws
+
+    layout = ws.SectionLayoutSettings(columns=min(3, len(panels)), rows=1)
+    return ws.Section(name=title, panels=panels, is_open=True, layout_settings=layout)
+
+
+def _scaling() -> Section:
+    """Per-GPU headline TFLOP/s against world size: one point per run (config x summary)."""
+    import wandb_workspaces.reports.v2 as wr
+
+    scatters = [
+        wr.ScatterPlot(
+            title=f"{pass_} TFLOP/s per GPU vs world size (headline length)",
+            x=wr.Config("world_size"),
+            y=wr.SummaryMetric(f"headline/{pass_}_tflops"),
+        )
+        for pass_ in ("fwd", "bwd")
+    ]
+    axes = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in CONFIG_AXES]
+    heads = [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(k)) for k in HEADLINE_KEYS]
+    coords = wr.ParallelCoordinatesPlot(title="headline per run", columns=[*axes, *heads])
+    return _section("Scaling with world size", [*scatters, coords])
+
+
+def _status() -> Section:
+    """How many lengths ended in each status, summed per kernel and per CP strategy."""
+    import wandb_workspaces.reports.v2 as wr
+
+    bars = [
+        wr.BarPlot(
+            title=f"status counts by {key}",
+            metrics=list(STATUS_KEYS),
+            groupby=wr.Config(key),
+            groupby_aggfunc="sum",
+        )
+        for key in ("kernel", "cp")
+    ]
+    return _section("Status counts", bars)
+
+
+def build_workspace(
+    sweep: Path, entity: str, project: str, *, name: str | None = None, mask: str | None = None
+) -> Workspace:
+    """The standard workspace of ``sweep``'s W&B group (built only: `Workspace.save` uploads).
+
+    ``mask`` narrows the view to one of the sweep's masks (see the module docstring: the
+    library cannot facet sections by mask); ``name`` defaults to ``lcab <group>``.
+
+    Raises:
+        ValueError: see `read_sweep`; or ``mask`` is not one of the sweep's masks.
+
+    """
+    import wandb_workspaces.workspaces as ws
+
+    runs = read_sweep(sweep)
+    if mask is not None and runs.masks and mask not in runs.masks:
+        raise ValueError(f"{sweep}: no mask {mask!r} in this sweep (its masks: {runs.masks})")
+    filters = [ws.Metric("Group") == runs.group]
+    if mask is not None:
+        filters.append(ws.Config("mask") == mask)
+    pair = ("fwd_tflops", "bwd_tflops")
+    sections = [
+        _by("kernel", "TFLOP/s per GPU by kernel", pair),
+        _by("cp", "TFLOP/s per GPU by CP strategy", pair),
+    ]
+    if mask is None and len(runs.masks) > 1:
+        sections.append(_by("mask", "TFLOP/s per GPU by mask", pair))
+    sections += [
+        _scaling(),
+        _by("kernel", "Peak memory (MiB)", ("fwd_mem_peak_mib", "bwd_mem_peak_mib")),
+        _by("kernel", "Numerical error", ("fwd_max_abs_err", "bwd_max_abs_err"), log_y=True),
+        _status(),
+    ]
+    columns = [f"config:{k}.value" for k in CONFIG_AXES]
+    columns += [f"summary:{k}" for k in (*HEADLINE_KEYS, *STATUS_KEYS)]
+    default_name = f"lcab {runs.group}" + (f" mask={mask}" if mask else "")
+    return ws.Workspace(
+        entity=entity,
+        project=project,
+        name=name or default_name,
+        sections=sections,
+        settings=ws.WorkspaceSettings(x_axis=STEP, max_runs=max(10, runs.cells)),
+        runset_settings=ws.RunsetSettings(filters=filters, pinned_columns=columns),
+    )
+
+
+def workspace_json(workspace: Workspace) -> dict[str, Any]:
+    """The workspace as W&B stores it: its view model, camelCase keys, ``None``s left out.
+
+    This is the spec `Workspace.save` uploads (plus entity, project and display name), so a
+    dry run shows exactly what a save would write.
+    """
+    model = workspace._to_model()
+    data: dict[str, Any] = model.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the command's arguments on ``parser`` (for ``python -m lcab.report``)."""
+    parser.add_argument("sweep", type=Path, help="sweep folder (outputs/sweeps/<date>/<time>_<id>)")
+    parser.add_argument(
+        "--entity",
+        default=os.environ.get("WANDB_ENTITY"),
+        help="W&B entity (default: $WANDB_ENTITY, else the sweep's logger.entity)",
+    )
+    parser.add_argument(
+        "--project",
+        default=None,
+        help=f"W&B project (default: the sweep's logger.project, else {DEFAULT_PROJECT})",
+    )
+    parser.add_argument(
+        "--dry-run",
+        type=Path,
+        metavar="PATH",
+        help="write the workspace JSON to PATH instead of saving (offline, no login)",
+    )
+    parser.add_argument("--name", help="workspace name (default: 'lcab <group>')")
+    parser.add_argument("--mask", help="show only this mask's runs (one view per mask)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Build the sweep's workspace; write it (``--dry-run``) or save it and print its URL.
+
+    Returns 0 on success, 1 when saving is impossible or fails, 2 for a bad sweep or
+    missing entity — each with one line on stderr saying what to do.
+    """
+    try:
+        runs = read_sweep(args.sweep)
+    except ValueError as err:
+        print(f"lcab: {err}", file=sys.stderr)
+        return 2
+    entity = args.entity or runs.entity
+    if not entity:
+        print("lcab: no W&B entity: pass --entity or set WANDB_ENTITY", file=sys.stderr)
+        return 2
+    if runs.logged == 0:
+        print(
+            f"lcab: note: no cell of {runs.folder} logged to W&B (logger=wandb); "
+            "the workspace will show no runs",
+            file=sys.stderr,
+        )
+    project = args.project or runs.project or DEFAULT_PROJECT
+    try:
+        workspace = build_workspace(args.sweep, entity, project, name=args.name, mask=args.mask)
+    except ValueError as err:
+        print(f"lcab: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run is not None:
+        args.dry_run.parent.mkdir(parents=True, exist_ok=True)
+        args.dry_run.write_text(json.dumps(workspace_json(workspace), indent=2) + "\n")
+        print(args.dry_run)
+        return 0
+    return _save(workspace)
+
+
+def _save(workspace: Workspace) -> int:
+    """Upload ``workspace`` and print its URL; 1 with one line when that cannot be done."""
+    from lcab.records.loggers import first_line, has_credentials  # imports torch
+
+    if not has_credentials():  # checked first: wandb would prompt, or fail deep in a request
+        print(
+            "lcab: saving a workspace needs a W&B login: no WANDB_API_KEY and no W&B entry in "
+            "~/.netrc. Run `wandb login` or set WANDB_API_KEY, or use --dry-run PATH to write "
+            "the workspace JSON offline",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        saved = workspace.save()
+        url = saved.url
+    except Exception as err:  # network, auth, server: one line, not a traceback
+        print(f"lcab: saving the workspace to W&B failed ({first_line(err)})", file=sys.stderr)
+        return 1
+    print(url)
+    return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m lcab.report.workspace")
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))
