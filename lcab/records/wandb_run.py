@@ -13,6 +13,12 @@
   largest ``ok`` length) — never a last-length value that an earlier failure could mislabel.
 * **Records table**: one schema for every run (all `RunRecord` columns; lists and dicts as JSON).
 * **Exit state**: failed when the job was killed or crashed, or every length failed.
+* **Artifacts**: ``lcab-records`` (the job's ``records.jsonl``, ``records.csv`` and mask
+  picture), ``lcab-trace`` (the profiler traces of ``bench.profile=true``); the mask picture of
+  the largest length also as the run's ``mask`` image. W&B stages artifact files under
+  ``$WANDB_DATA_DIR`` and writes its service logs under ``$WANDB_CACHE_DIR`` (defaults: the
+  user's home); unless set, lcab points them into ``wandb/`` of the job (data) and of the sweep
+  (cache), so a run folder holds everything ``wandb sync`` needs and nothing goes to ``$HOME``.
 
 W&B trouble never costs a record: see `lcab.records.loggers`.
 """
@@ -33,12 +39,27 @@ from typing_extensions import override
 
 import lcab
 from lcab.cell import Cell
+from lcab.records.artifacts import TRACES_DIR, mask_pictures, trace_files
 from lcab.records.loggers import RecordLogger, first_line, has_credentials
 from lcab.records.schema import RunRecord
+from lcab.records.sinks import CSV_FILE, RECORDS_FILE, read_records, write_csv
 from lcab.records.summary import WANDB_RUN_ID_FILE
 
-#: Overrides that change how a run is reported or launched, not what it measures.
-REPORTING_KEYS = ("logger", "debug", "resume", "dry_run", "hydra", "launcher", "bench.progress")
+_USER_DIRS = {key: os.environ.get(key) for key in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR")}
+"""W&B's data and cache folders as the user set them; where unset, lcab keeps them in the run
+folder (artifact staging per cell; the W&B service's logs, one service per process, per sweep)."""
+#: Overrides that change how a run is reported or launched, not what it measures (a key is one
+#: of them when it starts with one: ``logger.mode``, ``bench.profile_reps``).
+REPORTING_KEYS = (
+    "logger",
+    "debug",
+    "resume",
+    "dry_run",
+    "hydra",
+    "launcher",
+    "bench.progress",
+    "bench.profile",
+)
 #: Per-length values copied into the summary under ``<name>/<seqlen>``.
 SUMMARY_METRICS = (
     "fwd_ms_p50",
@@ -61,8 +82,7 @@ def run_name(cell: Cell) -> str:
     kept = [
         o
         for o in cell.job.overrides
-        if o.lstrip("+~").split("=", 1)[0].split(".")[0] not in REPORTING_KEYS
-        and not o.lstrip("+~").startswith("bench.progress")
+        if not o.lstrip("+~").split("=", 1)[0].startswith(REPORTING_KEYS)
     ]
     return ",".join(sorted(kept)) or f"{cell.kernel}/{cell.cp}/{cell.mask}"
 
@@ -126,6 +146,11 @@ class WandbLogger(RecordLogger):
         self._broken = False
         job_dir = Path(cell.job.output_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
+        self.job_dir = job_dir
+        sweep_dir = job_dir.parent if cell.job.job_num is not None else job_dir
+        for key, where in (("WANDB_DATA_DIR", job_dir), ("WANDB_CACHE_DIR", sweep_dir)):
+            if _USER_DIRS[key] is None:  # per cell: a multirun process runs many cells
+                os.environ[key] = str(where / "wandb" / key.split("_")[1].lower())
         id_file = job_dir / WANDB_RUN_ID_FILE  # resume=true continues that run
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
@@ -242,6 +267,7 @@ class WandbLogger(RecordLogger):
                     del self.run.summary[key]
                 for key, value in self._summary().items():
                     self.run.summary[key] = value
+                self._log_artifacts()
             except Exception as err:
                 self._give_up(err)
         all_failed = bool(self.records) and all(r.status in FAILED for r in self.records)
@@ -249,6 +275,30 @@ class WandbLogger(RecordLogger):
             self.run.finish(exit_code=1 if failed or all_failed else 0)
         except Exception as err:
             self._give_up(err)
+
+    def _log_artifacts(self) -> None:
+        """The job's records, mask picture and traces (see the module docstring)."""
+        wandb, run, job_dir = self._wandb, self.run, self.job_dir
+        jsonl = job_dir / RECORDS_FILE
+        records = wandb.Artifact(f"lcab-records-{run.id}", type="lcab-records")
+        if jsonl.exists():  # the whole job's records: kept ones of a resumed job too
+            records.add_file(str(jsonl), name=RECORDS_FILE)
+            csv = write_csv(read_records(jsonl), job_dir / CSV_FILE)
+            records.add_file(str(csv), name=CSV_FILE)
+        pictures = mask_pictures(job_dir)
+        if pictures:
+            records.add_file(str(pictures[-1]), name=pictures[-1].name)
+            seqlen = pictures[-1].stem.rsplit("S", 1)[-1]
+            run.summary["mask"] = wandb.Image(
+                str(pictures[-1]), caption=f"{self.cell.mask}, S={seqlen}"
+            )
+        run.log_artifact(records)
+        traces = trace_files(job_dir)
+        if traces:
+            artifact = wandb.Artifact(f"lcab-trace-{run.id}", type="lcab-trace")
+            for path in traces:  # immutable: written once, not copied into staging
+                artifact.add_file(str(path), name=f"{TRACES_DIR}/{path.name}", policy="immutable")
+            run.log_artifact(artifact)
 
     def _give_up(self, err: BaseException) -> None:
         if not self._broken:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from lcab.records.schema import RunRecord
-from tests.helpers.cli import run_lcab, wandb_env
+from tests.helpers.cli import read_jsonl, run_lcab, wandb_env
 from tests.helpers.wandb_offline import offline_runs
 
 pytestmark = pytest.mark.slow
@@ -76,3 +78,72 @@ def test_a_cell_whose_every_length_failed_ends_its_run_failed(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (run,) = offline_runs(sweep)
     assert run.summary["n_timeout"] == 1 and run.exit_code == 1
+
+
+SECRETS = {
+    "WANDB_API_KEY": "f" * 40,
+    "HF_TOKEN": "hf_fake_token_xyz",
+    "AWS_SECRET_ACCESS_KEY": "aws_fake_secret_q9z",
+}
+
+
+def test_profiled_cp_cell_logs_traces_records_and_mask_and_keeps_everything_in_its_folder(
+    tmp_path,
+):
+    home = tmp_path / "home"
+    # W&B's data and cache folders left to lcab (not pointed into tmp as wandb_env does)
+    env = {
+        k: v
+        for k, v in wandb_env(tmp_path).items()
+        if k not in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR")
+    }
+    env |= {**SECRETS, "WANDB_MODE": "offline", "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    run_dir = tmp_path / "run"
+    done = run_lcab(
+        "cp=ring",
+        "topology=local2",
+        "mask=causal",
+        "seqlen.values=[128,256]",
+        "bench=quick",
+        "bench.profile=true",
+        "bench.profile_reps=2",
+        "bench.progress=false",
+        "logger=wandb",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["status"] for r in read_jsonl(run_dir / "records.jsonl")] == ["ok", "ok"]
+
+    # one Chrome trace per (length, pass, rank), with the pass and the CP phases as ranges
+    traces = sorted(p.name for p in (run_dir / "traces").iterdir())
+    assert traces == [
+        f"S{s}-{p}-rank{r}.json" for s in (128, 256) for p in ("bwd", "fwd") for r in (0, 1)
+    ]
+    for name in traces:
+        events = json.loads((run_dir / "traces" / name).read_text())["traceEvents"]
+        names = Counter(e.get("name") for e in events)
+        passed = name.split("-")[1]
+        assert names[f"lcab.{passed}"] == 2  # one range per profiled repetition
+        assert names["lcab.cp.compute"] > 0 and names["lcab.cp.comm"] + names["lcab.cp.wait"] > 0
+    assert (run_dir / "mask-S256.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    (run,) = offline_runs(run_dir)
+    assert set(run.artifacts["lcab-records"]) == {"records.jsonl", "records.csv", "mask-S256.png"}
+    assert set(run.artifacts["lcab-trace"]) == {f"traces/{name}" for name in traces}
+    assert run.summary["mask"]["_type"] == "image-file"
+    # every payload W&B will upload lies inside the run folder
+    for files in run.artifacts.values():
+        for local in files.values():
+            assert (run_dir / local).resolve().is_relative_to(run_dir.resolve()), local
+    wandb_in_home = (
+        [p for p in home.rglob("*") if "wandb" in str(p).lower()] if home.exists() else []
+    )
+    assert wandb_in_home == []
+    # no secret from the environment in any file of the run folder
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            leaked = [k for k, v in SECRETS.items() if v.encode() in data]
+            assert not leaked, f"{leaked} in {path}"

@@ -69,6 +69,8 @@ class OfflineRun:
     metrics: dict[str, str] = field(default_factory=dict)
     """Metric name -> its step metric (``define_metric``)."""
     exit_code: int | None = None
+    artifacts: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Artifact type -> {path in the artifact: local file it was logged from}."""
 
     @classmethod
     def read(cls, path: Path) -> OfflineRun:
@@ -95,6 +97,10 @@ class OfflineRun:
                     run.metrics[record.metric.name or record.metric.glob_name] = (
                         record.metric.step_metric
                     )
+            elif kind == "artifact":
+                run.artifacts[record.artifact.type] = {
+                    entry.path: entry.local_path for entry in record.artifact.manifest.contents
+                }
             elif kind == "exit":
                 run.exit_code = record.exit.exit_code
         return run
