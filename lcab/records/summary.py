@@ -3,8 +3,8 @@
 Each job folder of a sweep is one cell. Its row gives the cell (its overrides), the status of
 its lengths, and a headline — the largest length that ran ``ok`` with its forward and backward
 TFLOP/s — so a whole sweep reads at a glance instead of one table per job. Below the table:
-the merged records files and the cell's W&B runs (and the ``wandb sync`` command for offline
-ones).
+the merged records files, the command that builds the sweep's report, and the cell's W&B runs
+(and the ``wandb sync`` command for offline ones).
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def print_sweep_summary(
         table.add_row(row.cell, row.statuses, row.headline, row.wandb_run)
     console.print(table)
     console.print(f"records: {merged}  and  {csv}")
+    console.print(f"report:  python -m lcab.report build {root}")
     offline = sorted(root.glob("*/wandb/offline-run-*"))
     if offline:
         console.print(
