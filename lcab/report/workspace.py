@@ -15,7 +15,9 @@ A workspace built here shows the runs of one sweep (one W&B run per cell, see
   CP strategy (bar charts), and the same counts pinned in the runs table next to the axes.
 
 The runset is filtered to the sweep's group (``Group = <group>``), so the view shows that sweep
-only; the runs table itself is left ungrouped so each panel's own grouping is the only one.
+only. The runs table is left ungrouped so each panel's own ``groupBy`` is the only grouping (the
+library always writes ``useRunsTableGroupingInPanels: true`` and does not expose it; how the live
+app combines it with panel grouping could not be checked from here, offline).
 
 **Faceting by mask.** wandb-workspaces 0.4.13 cannot filter per section or per panel: a
 `Workspace` has one runset (`RunsetSettings.filters`), `Section` has no filter field and a panel
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 if TYPE_CHECKING:
@@ -94,7 +97,7 @@ def _job_folders(sweep: Path) -> tuple[list[Path], Path]:
     if not sweep.is_dir():
         raise ValueError(f"{sweep}: no such folder; {expected}")
     if (sweep / ".hydra" / "config.yaml").is_file():
-        if (sweep.parent / "multirun.yaml").is_file():  # one cell of a sweep: its group is not
+        if (sweep.parent / "multirun.yaml").is_file():  # a cell's runs are in its sweep's group
             raise ValueError(f"{sweep}: a job folder of sweep {sweep.parent}; pass the sweep")
         return [sweep], sweep
     jobs = sorted(p for p in sweep.iterdir() if (p / ".hydra" / "config.yaml").is_file())
@@ -106,6 +109,17 @@ def _job_folders(sweep: Path) -> tuple[list[Path], Path]:
 def _select(cfg: DictConfig, key: str) -> Any:
     """``cfg[key]`` or None (missing, or an interpolation that cannot resolve here)."""
     return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+
+
+def _load(path: Path) -> DictConfig:
+    """A job's config, or a ValueError naming the file (a half-written or hand-edited job)."""
+    try:
+        cfg = OmegaConf.load(path)
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: unreadable ({type(err).__name__})") from err
+    if not isinstance(cfg, DictConfig):
+        raise ValueError(f"{path}: not a mapping")
+    return cfg
 
 
 def read_sweep(sweep: Path) -> SweepRuns:
@@ -120,10 +134,7 @@ def read_sweep(sweep: Path) -> SweepRuns:
 
     sweep = Path(sweep)
     jobs, group_folder = _job_folders(sweep)
-    configs = [OmegaConf.load(job / ".hydra" / "config.yaml") for job in jobs]
-    if not all(isinstance(c, DictConfig) for c in configs):
-        raise ValueError(f"{sweep}: a job's .hydra/config.yaml is not a mapping")
-    cfgs = [c for c in configs if isinstance(c, DictConfig)]
+    cfgs = [_load(job / ".hydra" / "config.yaml") for job in jobs]
     groups = {_select(c, "logger.group") or group_of_folder(group_folder) for c in cfgs}
     if len(groups) > 1:
         raise ValueError(f"{sweep}: its cells log to several W&B groups: {sorted(groups)}")
@@ -179,7 +190,11 @@ def _section(title: str, panels: list[Any]) -> Section:
 
 
 def _scaling() -> Section:
-    """Per-GPU headline TFLOP/s against world size: one point per run (config x summary)."""
+    """Per-GPU headline TFLOP/s against world size: one point per run (config x summary).
+
+    The headline is each run's largest ``ok`` length, so two points may stand at different
+    lengths; the parallel coordinates plot puts ``headline/seqlen`` beside them.
+    """
     import wandb_workspaces.reports.v2 as wr
 
     scatters = [
@@ -225,13 +240,14 @@ def build_workspace(
 
     """
     import wandb_workspaces.workspaces as ws
+    from wandb_workspaces.utils.validators import validate_no_emoji
 
     runs = read_sweep(sweep)
     if mask is not None and runs.masks and mask not in runs.masks:
         raise ValueError(f"{sweep}: no mask {mask!r} in this sweep (its masks: {runs.masks})")
-    filters = [ws.Metric("Group") == runs.group]
+    wanted = [ws.Metric("Group") == runs.group]
     if mask is not None:
-        filters.append(ws.Config("mask") == mask)
+        wanted.append(ws.Config("mask") == mask)
     pair = ("fwd_tflops", "bwd_tflops")
     sections = [
         _by("kernel", "TFLOP/s per GPU by kernel", pair),
@@ -247,15 +263,54 @@ def build_workspace(
     ]
     columns = [f"config:{k}.value" for k in CONFIG_AXES]
     columns += [f"summary:{k}" for k in (*HEADLINE_KEYS, *STATUS_KEYS)]
-    default_name = f"lcab {runs.group}" + (f" mask={mask}" if mask else "")
-    return ws.Workspace(
+    title = name or f"lcab {runs.group}" + (f", mask {mask}" if mask else "")
+    try:
+        validate_no_emoji(title)  # the library's own check, so the message can say what to do
+    except ValueError:
+        raise ValueError(
+            f"workspace name {title!r}: W&B refuses symbol characters in names "
+            "(= + < > | $ ^ ` and emoji, Unicode classes S*); pass another --name"
+        ) from None
+    workspace = ws.Workspace(
         entity=entity,
         project=project,
-        name=name or default_name,
+        name=title,
         sections=sections,
         settings=ws.WorkspaceSettings(x_axis=STEP, max_runs=max(10, runs.cells)),
-        runset_settings=ws.RunsetSettings(filters=filters, pinned_columns=columns),
+        runset_settings=ws.RunsetSettings(filters=ws.And(*wanted), pinned_columns=columns),
     )
+    _check_filters(workspace, [f.value for f in wanted])
+    return workspace
+
+
+def _check_filters(workspace: Workspace, values: list[str]) -> None:
+    """Refuse a workspace whose runset filter would not hold exactly ``values``.
+
+    wandb-workspaces turns filters into a Python-like string and parses it back, quoting
+    naively: a value with a quote fails to parse, a backslash or `` = `` comes back changed.
+    Such a view would show other runs or none, so a user's ``logger.group`` of that kind is an
+    error here rather than a wrong dashboard.
+    """
+    try:
+        got = _filter_values(workspace_json(workspace)["spec"]["section"]["runSets"])
+    except (SyntaxError, ValueError) as err:
+        got = [f"unparsable: {err}"]
+    if got != values:
+        raise ValueError(
+            f"wandb-workspaces cannot filter on {values} (it writes {got}); "
+            "use a W&B group (logger.group) without quotes, backslashes or '='"
+        )
+
+
+def _filter_values(node: Any) -> list[Any]:
+    """The values of every filter leaf (a dict with ``key``, ``op`` and ``value``) in ``node``."""
+    if isinstance(node, dict):
+        if {"key", "op", "value"} <= node.keys():
+            return [node["value"]]
+        return [v for child in node.values() for v in _filter_values(child)]
+    if isinstance(node, list):
+        return [v for child in node for v in _filter_values(child)]
+    return []
 
 
 def workspace_json(workspace: Workspace) -> dict[str, Any]:
