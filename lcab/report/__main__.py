@@ -1,25 +1,85 @@
-"""``python -m lcab.report support|readme``: print the support matrices, or refresh the README."""
+"""``python -m lcab.report COMMAND``: reports from lcab's registries and records.
+
+Commands:
+  support                      print the support matrices (from the registries)
+  readme                       refresh the README's generated sections
+  build PATH... [--out DIR]    the report of sweeps, run folders or records files: an offline
+                               HTML page, PNG plots, CSV and Markdown tables
+
+Each command is a subparser with its own ``run`` function (``set_defaults(run=...)``), so a
+new command is one ``_add_<name>`` function and a line in `parser`. Heavy imports (torch for
+the matrices, pandas/matplotlib/plotly for the report) happen inside the commands.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+"""Exit status for input that cannot be reported on (as argparse uses for bad arguments)."""
+
+
+def _support(args: argparse.Namespace) -> int:
+    from lcab.report.support import kernel_matrix_markdown, strategy_matrix_markdown
+
+    print(kernel_matrix_markdown(), strategy_matrix_markdown(), sep="\n\n")
+    return 0
+
+
+def _readme(args: argparse.Namespace) -> int:
+    from lcab.report.readme import README, update
+
+    print(f"{README}: {'updated' if update() else 'already current'}")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from lcab.report.build import build_report
+    from lcab.report.frame import BadInputError
+
+    try:
+        report = build_report(args.paths, out=args.out)
+    except BadInputError as err:
+        print(f"python -m lcab.report build: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"{report.num_records} records, {len(report.figures)} figures")
+    for why in report.omitted:
+        print(f"  not drawn: {why}")
+    print(f"page: {report.index}")
+    print(f"PNGs: {report.png_dir}")
+    return 0
+
+
+def _add_build(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    build = commands.add_parser(
+        "build",
+        help="HTML page, PNG plots and tables from records",
+        description="Build a report from sweep folders, run folders or records.jsonl files "
+        "(several are merged). Writes <first folder>/report/ unless --out is given.",
+    )
+    build.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    build.add_argument("--out", type=Path, default=None, metavar="DIR", help="output folder")
+    build.set_defaults(run=_build)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per report."""
+    top = argparse.ArgumentParser(prog="python -m lcab.report")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("support", help="print the support matrices").set_defaults(run=_support)
+    commands.add_parser("readme", help="refresh the README's generated sections").set_defaults(
+        run=_readme
+    )
+    _add_build(commands)
+    return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one report command."""
-    parser = argparse.ArgumentParser(prog="python -m lcab.report")
-    parser.add_argument("command", choices=["support", "readme"])
-    args = parser.parse_args(argv)
-    if args.command == "support":
-        from lcab.report.support import kernel_matrix_markdown, strategy_matrix_markdown
-
-        print(kernel_matrix_markdown(), strategy_matrix_markdown(), sep="\n\n")
-    else:
-        from lcab.report.readme import README, update
-
-        print(f"{README}: {'updated' if update() else 'already current'}")
-    return 0
+    """Run one report command; its exit status."""
+    args = parser().parse_args(argv)
+    return int(args.run(args))
 
 
 if __name__ == "__main__":

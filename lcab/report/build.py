@@ -1,0 +1,125 @@
+"""`build_report`: records in, a report folder out (HTML page, PNGs, CSV and Markdown tables).
+
+The output folder holds::
+
+    index.html           one self-contained page (plotly.js inlined, works offline)
+    png/<figure>.png     one PNG per figure (per mask where a figure is faceted)
+    summary.csv/.md      one row per cell and length
+    reasons.csv/.md      why things did not run, grouped with counts
+
+Every input is read before anything is written, so bad input leaves no half-built report.
+PNGs of figures that the records no longer produce are removed from ``png/``, so the folder
+always matches the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from lcab.records.sinks import RECORDS_FILE
+from lcab.report.figures import build_figures
+from lcab.report.frame import SOURCE, load_records
+from lcab.report.page import (
+    PageInputs,
+    markdown_table,
+    reasons_table,
+    render_page,
+    shown_columns,
+    summary_table,
+)
+
+REPORT_DIR = "report"
+"""Default output folder, inside the first input folder."""
+PNG_DIR = "png"
+
+
+@dataclass(frozen=True)
+class BuiltReport:
+    """Where a report went and what it holds."""
+
+    folder: Path
+    index: Path
+    png_dir: Path
+    figures: list[str] = field(default_factory=list)
+    """Names of the figures drawn (each is on the page and is ``png/<name>.png``)."""
+    omitted: list[str] = field(default_factory=list)
+    """Why figures were not drawn, one line each."""
+    num_records: int = 0
+
+
+def default_out(first: Path) -> Path:
+    """``<first folder>/report``; for a records file, the folder holding it."""
+    folder = first.parent if first.is_file() else first
+    return folder / REPORT_DIR
+
+
+def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> BuiltReport:
+    """Read the records under ``paths`` and write the report folder.
+
+    Args:
+        paths: sweep folders, run folders or ``records.jsonl`` files (merged, no duplicates).
+        out: the output folder; default `default_out` of the first path.
+
+    Returns:
+        The `BuiltReport` (paths of the page and the PNG folder, the figures drawn).
+
+    Raises:
+        lcab.report.frame.BadInputError: a path does not exist or holds no records.
+
+    """
+    inputs = [Path(p) for p in paths]
+    frame = load_records(inputs)
+    figures = build_figures(frame)
+    folder = Path(out) if out is not None else default_out(inputs[0])
+    png_dir = folder / PNG_DIR
+    png_dir.mkdir(parents=True, exist_ok=True)
+
+    from lcab.report.interactive import figure_div, plotly_js
+    from lcab.report.png import render_png
+
+    drawn = {f.name for f in figures.figures}
+    for stale in png_dir.glob("*.png"):
+        if stale.stem not in drawn:
+            stale.unlink()
+    for figure in figures.figures:
+        render_png(figure, png_dir / f"{figure.name}.png")
+
+    summary, reasons = summary_table(frame), reasons_table(frame)
+    summary.to_csv(folder / "summary.csv", index=False)
+    (folder / "summary.md").write_text(markdown_table(shown_columns(summary)), encoding="utf-8")
+    reasons.to_csv(folder / "reasons.csv", index=False)
+    (folder / "reasons.md").write_text(markdown_table(reasons, max_text=400), encoding="utf-8")
+
+    page = render_page(
+        figures,
+        PageInputs(
+            sources=[(str(p), _count_from(frame, p)) for p in inputs],
+            num_records=len(frame),
+            summary=summary,
+            reasons=reasons,
+            divs={f.name: figure_div(f) for f in figures.figures},
+        ),
+        plotly_js(),
+    )
+    index = folder / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return BuiltReport(
+        folder=folder,
+        index=index,
+        png_dir=png_dir,
+        figures=[f.name for f in figures.figures],
+        omitted=[f"{o.section}: {o.why}" for o in figures.omitted],
+        num_records=len(frame),
+    )
+
+
+def _count_from(frame: pd.DataFrame, path: Path) -> int:
+    """Records of ``frame`` read from ``path`` (a file, or any records file below a folder)."""
+    root = path.resolve()
+    if root.is_file() or root.name == RECORDS_FILE:
+        return int((frame[SOURCE].map(lambda s: Path(s).resolve() == root)).sum())
+    return int(frame[SOURCE].map(lambda s: root in Path(s).resolve().parents).sum())

@@ -1,0 +1,430 @@
+"""What each figure of the report shows, decided from `load_records`' frame.
+
+Per-length figures have one line per (series, world size, variant) and a panel per pass
+(forward, backward); lengths whose pass did not run ``ok`` become failed points at the panel's
+floor, marked by status. Throughput is the record's own ``tflops`` (so the plotted p50 is
+exactly what the record says) with the p20–p80 band computed the same way from the p20/p80
+times. A figure with nothing to draw is left out and named in `Figures.omitted` with why.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from lcab.report.frame import SERIES, VARIANT
+from lcab.report.plot_data import (
+    Axis,
+    FailedPoint,
+    Figures,
+    Heatmap,
+    Line,
+    LineFigure,
+    Omitted,
+    Panel,
+    RefLine,
+)
+from lcab.report.plot_style import DASHES, log2_range, log2_ticks, palette, seqlen_label, severity
+
+PLOT_PASSES = {"fwd": "forward", "bwd": "backward"}
+"""Passes drawn as panels (fwd_bwd is their sum; the tables have it)."""
+SEQLEN_AXIS = "sequence length (tokens, log2 scale)"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A per-pass value drawn against length: column suffix, y axis, statuses that count."""
+
+    suffix: str
+    y_label: str
+    y_log: bool
+    value_statuses: frozenset[str] = frozenset({"ok"})
+    """Pass statuses whose value is drawn; other statuses are failed points."""
+
+
+THROUGHPUT = Metric("tflops", "TFLOP/s per device", y_log=False)
+MEMORY = Metric("mem_peak_mib", "peak memory per device (MiB)", y_log=True)
+NUMERICS = Metric(
+    "max_abs_err",
+    "max abs error vs fp64 reference",
+    y_log=True,
+    # a mismatching pass still has its error: that value is the point of this figure
+    value_statuses=frozenset({"ok", "numerics_mismatch"}),
+)
+
+
+def tflops_band(row: pd.Series, pass_: str) -> tuple[float, float] | None:
+    """The p20–p80 TFLOP/s band of a pass, computed as `lcab.bench.results.summarise` does.
+
+    TFLOP/s = flops / (world size x time x 1e9) with the time in ms: per device under CP. The
+    slow end (the p80 time) is the band's low end. With several mask samples flops and times
+    are medians over samples while ``tflops`` is the median of per-sample values, so the band
+    is widened to include ``tflops`` if they disagree.
+    """
+    flops, world = row.get(f"{pass_}_flops"), row.get("world_size") or 1
+    p20, p80 = row.get(f"{pass_}_ms_p20"), row.get(f"{pass_}_ms_p80")
+    if not (_number(flops) and _number(p20) and _number(p80)) or p20 <= 0 or p80 <= 0:
+        return None
+    low, high = flops / (world * p80 * 1e9), flops / (world * p20 * 1e9)
+    mid = row.get(f"{pass_}_tflops")
+    if _number(mid):
+        low, high = min(low, mid), max(high, mid)
+    return low, high
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class LineStyle:
+    """Legend label, palette key, colour and dash of one line."""
+
+    label: str
+    series: str
+    colour: str
+    dash: str
+
+
+class Styler:
+    """The report's colours (one per series) and dashes (per series, world size, variant)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.colours = palette(frame[SERIES])
+        self.dashes: dict[tuple[str, int, str], str] = {}
+        keys = frame[[SERIES, "world_size", VARIANT]].drop_duplicates()
+        for series, group in keys.groupby(SERIES, sort=True):
+            pairs = sorted(zip(group["world_size"], group[VARIANT], strict=True))
+            for i, (world, variant) in enumerate(pairs):
+                self.dashes[(str(series), int(world), str(variant))] = DASHES[i % len(DASHES)]
+
+    def line(self, series: str, world: int | None, variant: str, cp: bool) -> LineStyle:
+        """The style of a line; ``world`` None: the line runs across world sizes."""
+        label = f"{series} ×{world}" if cp and world is not None else series
+        return LineStyle(
+            label=f"{label} [{variant}]" if variant else label,
+            series=series,
+            colour=self.colours[series],
+            dash="solid" if world is None else self.dashes.get((series, world, variant), "solid"),
+        )
+
+
+LINE_KEY = [SERIES, "world_size", VARIANT]
+
+
+def _reason(row: pd.Series, pass_: str) -> str:
+    reason = row.get(f"{pass_}_reason") or row.get("error_msg")
+    if not reason and row.get("reasons"):
+        reason = "; ".join(row["reasons"])
+    return str(reason or "no reason recorded")[:300]
+
+
+def _hover(row: pd.Series, y_label: str, y: float, band: tuple[float, float] | None) -> str:
+    lines = [f"S = {seqlen_label(row['seqlen'])} ({int(row['seqlen']):,} tokens)"]
+    if int(row["world_size"]) > 1:
+        lines.append(f"world size {int(row['world_size'])}")
+    lines.append(f"{y_label}: {y:.4g}")
+    if band is not None:
+        lines.append(f"p20–p80: {band[0]:.4g} – {band[1]:.4g}")
+    return "\n".join(lines)
+
+
+def _floor(lines: list[Line], refs: list[RefLine], log: bool) -> float:
+    """Where failed points sit: 0 on a linear axis, half the smallest value on a log one."""
+    if not log:
+        return 0.0
+    values = [v for line in lines for v in line.y if v > 0] + [r.y for r in refs if r.y > 0]
+    return min(values) / 2 if values else 1.0
+
+
+def metric_panel(
+    frame: pd.DataFrame,
+    styler: Styler,
+    pass_: str,
+    metric: Metric,
+    x_column: str = "seqlen",
+    refs: tuple[RefLine, ...] = (),
+) -> Panel:
+    """One pass's panel of ``metric`` against ``x_column``: lines and failed points."""
+    by_world = x_column != "world_size"
+    lines: list[Line] = []
+    failures: list[tuple[float, str, LineStyle, str]] = []
+    group_by = LINE_KEY if by_world else [SERIES, VARIANT]
+    for key, rows in frame.groupby(group_by, sort=True):
+        parts = dict(zip(group_by, key, strict=True))
+        world = int(parts["world_size"]) if by_world else None
+        cp = bool((rows["cp"] != "none").any())
+        style = styler.line(str(parts[SERIES]), world, str(parts[VARIANT]), cp)
+        xs, ys, bands, hover = [], [], [], []
+        for _, row in rows.sort_values(x_column).iterrows():
+            if pass_ not in (row["passes"] or []):
+                continue  # not asked for: neither a value nor a failure
+            status, y = row[f"{pass_}_status"], row.get(f"{pass_}_{metric.suffix}")
+            if status not in metric.value_statuses:
+                failures.append((float(row[x_column]), str(status), style, _reason(row, pass_)))
+            elif _number(y) and (y > 0 or not metric.y_log):
+                band = tflops_band(row, pass_) if metric is THROUGHPUT else None
+                xs.append(float(row[x_column]))
+                ys.append(float(y))
+                bands.append(band)
+                hover.append(_hover(row, metric.y_label, float(y), band))
+        if not xs and not any(f[2] is style for f in failures):
+            continue  # nothing asked of this line in this pass
+        banded = any(b is not None for b in bands)
+        lines.append(
+            Line(
+                x=tuple(xs),
+                y=tuple(ys),
+                low=tuple(b[0] if b else math.nan for b in bands) if banded else None,
+                high=tuple(b[1] if b else math.nan for b in bands) if banded else None,
+                hover=tuple(hover),
+                label=style.label,
+                series=style.series,
+                colour=style.colour,
+                dash=style.dash,
+            )
+        )
+    floor = _floor(lines, list(refs), metric.y_log)
+    at_x = Counter(x for x, *_ in failures)
+    seen: Counter[float] = Counter()
+    failed = []
+    for x, status, s, why in failures:
+        slot = seen[x] - (at_x[x] - 1) / 2
+        seen[x] += 1
+        failed.append(FailedPoint(x, floor, status, s.series, s.label, s.colour, why, slot))
+    return Panel(
+        PLOT_PASSES[pass_], metric.y_label, metric.y_log, tuple(lines), tuple(failed), refs
+    )
+
+
+def _passes_of(frame: pd.DataFrame) -> list[str]:
+    asked = {p for passes in frame["passes"] for p in (passes or [])}
+    return [p for p in PLOT_PASSES if p in asked]
+
+
+def _seqlen_axis(frame: pd.DataFrame) -> Axis:
+    return Axis(SEQLEN_AXIS, log2_ticks(frame["seqlen"]), log2_range(frame["seqlen"]))
+
+
+def per_length_figure(
+    frame: pd.DataFrame, styler: Styler, metric: Metric, name: str, section: str, title: str
+) -> LineFigure | None:
+    """``metric`` against length, a panel per pass; None when no line has a value."""
+    refs: tuple[RefLine, ...] = ()
+    if metric is NUMERICS:
+        tolerances = sorted(set(frame["numerics_tolerance"].dropna()))
+        refs = tuple(RefLine(float(t), f"tolerance {t:g}") for t in tolerances)
+    panels = [metric_panel(frame, styler, p, metric, refs=refs) for p in _passes_of(frame)]
+    if not any(panel.has_values for panel in panels):
+        return None
+    return LineFigure(name, section, title, _seqlen_axis(frame), tuple(panels))
+
+
+def scaling_figure(
+    frame: pd.DataFrame, styler: Styler, mask: str, name: str, section: str
+) -> LineFigure | None:
+    """Per-device TFLOP/s against world size for one mask's CP rows, at one length.
+
+    The length is the largest that every series of the mask has a record for (whatever its
+    status), so each strategy shows a point or a failure there; with none common, the largest.
+    """
+    per_series = [set(s) for _, s in frame.groupby(SERIES)["seqlen"]]
+    common = set.intersection(*per_series) if per_series else set()
+    seqlen = int(max(common) if common else frame["seqlen"].max())
+    rows = frame[frame["seqlen"] == seqlen]
+    panels = [metric_panel(rows, styler, p, THROUGHPUT, "world_size") for p in _passes_of(rows)]
+    if not any(panel.has_values for panel in panels):
+        return None
+    which = "the largest length every strategy ran" if common else "the largest length"
+    title = f"Per-device throughput vs world size: {mask}, S = {seqlen_label(seqlen)} ({which})"
+    worlds = rows["world_size"]
+    axis = Axis(
+        "world size (ranks, log2 scale)", log2_ticks(worlds, label=False), log2_range(worlds)
+    )
+    return LineFigure(name, section, title, axis, tuple(panels))
+
+
+def cp_figure(
+    frame: pd.DataFrame, styler: Styler, name: str, section: str, title: str
+) -> LineFigure | None:
+    """CP load imbalance and communication volume (measured, analytic) against length."""
+    imbalance: list[Line] = []
+    comm: list[Line] = []
+    for key, rows in frame.groupby(LINE_KEY, sort=True):
+        style = styler.line(str(key[0]), int(key[1]), str(key[2]), cp=True)
+        rows = rows.sort_values("seqlen")
+        imbalance += _column_line(rows, "balance_imbalance", 1.0, style)
+        comm += _column_line(rows, "comm_bytes_measured", 2.0**-20, style)
+        comm += _column_line(rows, "comm_bytes_analytic", 2.0**-20, style, " analytic", True)
+    panels = []
+    if imbalance:
+        # imbalance is >= 1 by definition; a fixed span keeps a perfect 1.0 off the frame edge
+        top = max(y for line in imbalance for y in line.y)
+        panel = Panel(
+            "load imbalance (1 = balanced)",
+            "max / mean attended area over ranks",
+            False,
+            tuple(imbalance),
+            y_range=(0.95, max(1.25, top * 1.05)),
+        )
+        panels.append(panel)
+    if comm:
+        what = "communication (line: measured, ×: analytic)"
+        panels.append(Panel(what, "bytes sent per rank, fwd+bwd (MiB)", True, tuple(comm)))
+    if not panels:
+        return None
+    return LineFigure(name, section, title, _seqlen_axis(frame), tuple(panels))
+
+
+def _column_line(
+    rows: pd.DataFrame,
+    column: str,
+    scale: float,
+    style: LineStyle,
+    suffix: str = "",
+    markers_only: bool = False,
+) -> list[Line]:
+    """A line of one record column against length (rows without a positive value dropped)."""
+    points = [
+        (float(r["seqlen"]), float(r[column]) * scale)
+        for _, r in rows.iterrows()
+        if _number(r.get(column)) and r[column] > 0
+    ]
+    if not points:
+        return []
+    label = style.label + suffix
+    hover = tuple(f"S = {seqlen_label(x)}\n{label}: {y:.4g}" for x, y in points)
+    return [
+        Line(
+            label=label,
+            series=style.series,
+            colour=style.colour,
+            dash=style.dash,
+            x=tuple(p[0] for p in points),
+            y=tuple(p[1] for p in points),
+            markers_only=markers_only,
+            hover=hover,
+            in_legend=not markers_only,
+        )
+    ]
+
+
+def support_heatmap(frame: pd.DataFrame, name: str, title: str, row_label: str) -> Heatmap:
+    """Series x masks coloured by the worst record status, annotated with status counts.
+
+    Passes that did not run in otherwise ``ok`` records (no backward on CPU, say) are noted
+    in the cell too, since the record status alone would hide them.
+    """
+    rows = tuple(sorted(frame[SERIES].unique()))
+    columns = tuple(sorted(frame["mask"].unique()))
+    statuses, texts = [], []
+    for series in rows:
+        status_row: list[str | None] = []
+        text_row: list[str] = []
+        for mask in columns:
+            cell = frame[(frame[SERIES] == series) & (frame["mask"] == mask)]
+            if cell.empty:
+                status_row.append(None)
+                text_row.append("no records")
+                continue
+            counts = Counter(cell["status"])
+            status_row.append(max(counts, key=severity))
+            lines = [f"{n} {s}" for s, n in sorted(counts.items(), key=lambda i: severity(i[0]))]
+            lines += _pass_notes(cell[cell["status"] == "ok"])
+            text_row.append("\n".join(lines))
+        statuses.append(tuple(status_row))
+        texts.append(tuple(text_row))
+    return Heatmap(
+        name, "support", title, row_label, "mask", rows, columns, tuple(statuses), tuple(texts)
+    )
+
+
+def _pass_notes(ok_rows: pd.DataFrame) -> list[str]:
+    notes: Counter[str] = Counter()
+    for _, row in ok_rows.iterrows():
+        for p in row["passes"] or []:
+            status = row.get(f"{p}_status")
+            if status and status != "ok":
+                notes[f"{p} {status}"] += 1
+    return [f"({note}: {n})" for note, n in sorted(notes.items())]
+
+
+def _stem(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+
+
+def build_figures(frame: pd.DataFrame) -> Figures:
+    """Every figure the records allow, in page order, and what was left out and why."""
+    styler = Styler(frame)
+    out = Figures(colours=dict(styler.colours))
+    single, cp = frame[frame["cp"] == "none"], frame[frame["cp"] != "none"]
+    masks = sorted(frame["mask"].unique())
+
+    def add(figure: Any, section: str, why: str) -> None:
+        if figure is None:
+            out.omitted.append(Omitted(section, why))
+        else:
+            out.figures.append(figure)
+
+    for rows, name, what, row_label in (
+        (single, "support_kernels", "kernel", "kernel (cp=none)"),
+        (cp, "support_strategies", "strategy", "strategy (cp/kernel)"),
+    ):
+        title = f"Support by {what} × mask (colour: worst status over lengths and world sizes)"
+        heatmap = support_heatmap(rows, name, title, row_label) if len(rows) else None
+        add(
+            heatmap,
+            "support",
+            f"{what} × mask: no {'CP' if what == 'strategy' else 'cp=none'} records",
+        )
+    for mask in masks:
+        rows = frame[frame["mask"] == mask]
+        title = f"Throughput vs sequence length: {mask} (line: p50, band: p20–p80)"
+        figure = per_length_figure(
+            rows, styler, THROUGHPUT, f"throughput_{_stem(mask)}", "throughput", title
+        )
+        add(figure, "throughput", f"{mask}: no length ran ok")
+    if cp.empty:
+        out.omitted.append(Omitted("scaling", "no CP records (cp != none)"))
+        out.omitted.append(Omitted("cp", "no CP records (cp != none)"))
+    for mask in sorted(cp["mask"].unique()):
+        rows = cp[cp["mask"] == mask]
+        add(
+            scaling_figure(rows, styler, mask, f"scaling_{_stem(mask)}", "scaling"),
+            "scaling",
+            f"{mask}: no CP length ran ok",
+        )
+    for mask in masks:
+        rows = frame[frame["mask"] == mask]
+        title = f"Peak memory vs sequence length: {mask}"
+        figure = per_length_figure(rows, styler, MEMORY, f"memory_{_stem(mask)}", "memory", title)
+        add(
+            figure,
+            "memory",
+            f"{mask}: no peak memory recorded (bench.memory off, or nothing ran ok)",
+        )
+    for mask in masks:
+        rows = frame[frame["mask"] == mask]
+        title = f"Numerical error vs sequence length: {mask} (dashed: tolerance)"
+        figure = per_length_figure(
+            rows, styler, NUMERICS, f"numerics_{_stem(mask)}", "numerics", title
+        )
+        add(
+            figure,
+            "numerics",
+            f"{mask}: no numerical error recorded (bench.check_numerics off, or nothing ran)",
+        )
+    for mask in sorted(cp["mask"].unique()):
+        rows = cp[cp["mask"] == mask]
+        title = f"CP load balance and communication vs sequence length: {mask}"
+        add(
+            cp_figure(rows, styler, f"cp_{_stem(mask)}", "cp", title),
+            "cp",
+            f"{mask}: no imbalance or communication recorded",
+        )
+    return out

@@ -1,0 +1,183 @@
+"""`load_records`: the records of sweeps, run folders or records files as one DataFrame.
+
+This is the single entry point from records on disk to anything tabular — the report's
+figures and tables, and notebooks (``from lcab.report.frame import load_records``). One row is
+one record (one cell at one length); the columns are `RunRecord.flat` keys (pass fields as
+``fwd_ms_p50``, ``bwd_tflops``, ...), plus a few derived ones every view needs:
+
+``series``
+    what a line of a plot stands for: the kernel when ``cp == "none"``, else
+    ``"<cp>/<kernel>"`` (a CP strategy with its local kernel). Every figure colours by it.
+``variant``
+    usually empty; names the settings (``dtype=bfloat16``, ``sweep_id=...``) that tell apart
+    records which would otherwise share a point — same series, mask, world size and length —
+    because the inputs mix, say, two dtypes or the same cell from two sweeps.
+``source``
+    the records file a row was read from.
+
+A sweep folder holds each job's ``records.jsonl`` *and* the merged copy at its root; only the
+job files are read (a records file whose folder has other records files below it is a merge
+of those), and rows that are the same record (same run id, length and creation time) are kept
+once, so nothing is counted twice however the inputs overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lcab.records.schema import RunRecord
+from lcab.records.sinks import RECORDS_FILE, read_records
+
+SERIES = "series"
+VARIANT = "variant"
+SOURCE = "source"
+DERIVED_COLUMNS = (SERIES, VARIANT, SOURCE)
+"""Columns `load_records` adds to the `RunRecord.flat` keys."""
+
+POINT_KEY = ("series", "mask", "world_size", "seqlen")
+"""What makes one point of a plot; rows sharing it are told apart by ``variant``."""
+VARIANT_CANDIDATES = (
+    "dtype",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "device_name",
+    "nodes",
+    "cp_balance",
+    "mask_samples",
+    "sweep_id",
+)
+"""Settings that may tell apart rows sharing a `POINT_KEY`, in the order they are tried."""
+_SAME_RECORD = ("run_id", "seqlen", "created_at", "kernel", "cp", "mask")
+
+
+class BadInputError(ValueError):
+    """An input path does not exist, holds no records, or has a line that is not a record.
+
+    The message names the path (and line), so a command can print it as it is.
+    """
+
+
+def record_files(path: Path) -> list[Path]:
+    """The records files to read for ``path`` (a records file, a run folder or a sweep).
+
+    A folder contributes its leaf records files: a ``records.jsonl`` with another records file
+    somewhere below its folder is a merged copy (a sweep root's) and is left out.
+
+    Raises:
+        BadInputError: ``path`` does not exist or has no records file.
+
+    """
+    if not path.exists():
+        raise BadInputError(
+            f"{path}: no such file or folder (expected a sweep or run folder, or a "
+            f"{RECORDS_FILE} file)"
+        )
+    if path.is_file():
+        return [path]
+    found = sorted(path.rglob(RECORDS_FILE))
+    folders = {f.parent for f in found}
+    leaves = [f for f in found if not any(d != f.parent and f.parent in d.parents for d in folders)]
+    if not leaves:
+        raise BadInputError(
+            f"{path}: no {RECORDS_FILE} in this folder or below it (expected a sweep or run "
+            f"folder written by `python -m lcab.main`)"
+        )
+    return leaves
+
+
+def series_name(kernel: str, cp: str) -> str:
+    """The ``series`` of a record: its kernel, or ``<cp>/<kernel>`` under context parallelism."""
+    return kernel if cp == "none" else f"{cp}/{kernel}"
+
+
+def load_records(paths: Sequence[Path | str]) -> pd.DataFrame:
+    """One row per record found under ``paths``, merged and de-duplicated.
+
+    Args:
+        paths: sweep folders, run folders or ``records.jsonl`` files, in any mix.
+
+    Returns:
+        A DataFrame with the `RunRecord.flat` columns plus ``series``, ``variant`` and
+        ``source`` (see the module docstring), sorted by mask, series, world size and length.
+
+    Raises:
+        BadInputError: a path does not exist, or it (or its files) holds no records, or a
+            line that is not a record; the message names the path (and the line).
+
+    """
+    if not paths:
+        raise BadInputError("no input: give at least one sweep folder, run folder or records file")
+    rows: list[dict[str, Any]] = []
+    seen_files: set[Path] = set()
+    for given in paths:
+        path = Path(given)
+        count = 0
+        for file in record_files(path):
+            resolved = file.resolve()
+            try:
+                records = read_records(file)
+            except ValueError as err:
+                raise BadInputError(
+                    f"{err} (expected lcab records, one JSON object a line)"
+                ) from err
+            count += len(records)
+            if resolved in seen_files:
+                continue
+            seen_files.add(resolved)
+            rows += [_row(record, file) for record in records]
+        if count == 0:
+            raise BadInputError(f"{path}: its {RECORDS_FILE} file(s) hold no records")
+    frame = pd.DataFrame(rows)
+    frame = frame.drop_duplicates(subset=list(_SAME_RECORD), keep="last")
+    frame[VARIANT] = variant_labels(frame)
+    order = ["mask", SERIES, "world_size", VARIANT, "seqlen"]
+    return frame.sort_values(order, kind="stable").reset_index(drop=True)
+
+
+def _row(record: RunRecord, file: Path) -> dict[str, Any]:
+    row = record.flat()
+    row[SERIES] = series_name(record.kernel, record.cp)
+    row[SOURCE] = str(file)
+    return row
+
+
+def variant_labels(frame: pd.DataFrame) -> pd.Series:
+    """Per row, the settings that separate it from rows at the same point (``""`` if none).
+
+    Candidates (`VARIANT_CANDIDATES`) are added one at a time, each only if some rows still
+    share a point and the candidate differs among them; the chosen ones label every row, so
+    the labels of one plot are consistent.
+    """
+    values = pd.DataFrame(
+        {c: _candidate(frame, c).astype(str) for c in VARIANT_CANDIDATES}, index=frame.index
+    )
+    key = frame[list(POINT_KEY)].astype(str)
+    chosen: list[str] = []
+    for column in VARIANT_CANDIDATES:
+        current = pd.concat([key, values[chosen]], axis=1)
+        if not current.duplicated(keep=False).any():
+            break
+        clashing = current.duplicated(keep=False)
+        groups = values.loc[clashing, column].groupby(
+            [current.loc[clashing, c] for c in current.columns]
+        )
+        if (groups.nunique() > 1).any():
+            chosen.append(column)
+    if not chosen:
+        return pd.Series("", index=frame.index)
+    return (
+        values[chosen]
+        .apply(lambda row: ", ".join(f"{c}={row[c]}" for c in chosen), axis=1)
+        .astype(str)
+    )
+
+
+def _candidate(frame: pd.DataFrame, column: str) -> pd.Series:
+    if column == "cp_balance":
+        return frame["cp_params"].map(lambda p: p.get("balance") if isinstance(p, dict) else None)
+    return frame[column]

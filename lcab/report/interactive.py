@@ -1,0 +1,258 @@
+"""The plotly renderer: the report's figures as interactive plots for the HTML page.
+
+It draws the same `lcab.report.plot_data` figures as the PNG renderer, with the same colours,
+dashes and status markers, and adds hover text (the numbers, the band, why a length failed).
+The page inlines plotly.js once (`plotly_js`); each figure is a ``<div>`` plus the script that
+draws it (`figure_div`), so the page works offline. plotly is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from lcab.report.plot_data import FigureData, Heatmap, LineFigure, Panel
+from lcab.report.plot_style import STATUS_SEVERITY, severity, status_style
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+FAILED_NUDGE = 0.07
+"""Octaves between failed points of different lines at one x (as in the PNGs)."""
+PANEL_HEIGHT = 470
+
+
+def plotly_js() -> str:
+    """The plotly.js library, to inline once in the page (no CDN: the page works offline)."""
+    from plotly.offline import get_plotlyjs
+
+    return str(get_plotlyjs())
+
+
+def figure_div(figure: FigureData) -> str:
+    """``figure`` as an HTML ``<div>`` and the script drawing it (plotly.js not included)."""
+    import plotly.io as pio
+
+    fig = to_plotly(figure)
+    return str(
+        pio.to_html(
+            fig,
+            full_html=False,
+            include_plotlyjs=False,
+            div_id=f"plot-{figure.name}",
+            config=PLOT_CONFIG,
+        )
+    )
+
+
+def to_plotly(figure: FigureData) -> go.Figure:
+    """The plotly figure of ``figure``."""
+    return _heatmap(figure) if isinstance(figure, Heatmap) else _line_figure(figure)
+
+
+def _rgba(colour: str, alpha: float) -> str:
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace("\n", "<br>")
+
+
+def _line_figure(figure: LineFigure) -> go.Figure:
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1,
+        cols=len(figure.panels),
+        subplot_titles=[p.title for p in figure.panels],
+        horizontal_spacing=0.09,
+    )
+    shown: set[str] = set()
+    for col, panel in enumerate(figure.panels, 1):
+        for trace in _panel_traces(panel, figure, shown):
+            fig.add_trace(trace, row=1, col=col)
+        limits = figure.x.limits
+        fig.update_xaxes(
+            type="log",
+            tickvals=[t for t, _ in figure.x.ticks],
+            ticktext=[label for _, label in figure.x.ticks],
+            range=[math.log10(limits[0]), math.log10(limits[1])] if limits else None,
+            title_text=figure.x.label,
+            row=1,
+            col=col,
+        )
+        y_range = panel.y_range
+        if y_range and panel.y_log:
+            y_range = (math.log10(y_range[0]), math.log10(y_range[1]))
+        fig.update_yaxes(
+            type="log" if panel.y_log else "linear",
+            # failed points sit at 0: "normal" leaves room so they clear the tick labels
+            rangemode="normal" if panel.y_log or panel.failed else "tozero",
+            range=list(y_range) if y_range else None,
+            title_text=panel.y_label,
+            exponentformat="power" if panel.y_log else "none",
+            dtick="D2" if panel.y_log else None,
+            row=1,
+            col=col,
+        )
+    fig.update_layout(
+        title={"text": figure.title, "x": 0.01},
+        height=PANEL_HEIGHT,
+        template="plotly_white",
+        hovermode="closest",
+        legend={"orientation": "v", "x": 1.02, "y": 1, "font": {"size": 11}},
+        margin={"l": 60, "r": 20, "t": 80, "b": 60},
+    )
+    return fig
+
+
+def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any]:
+    """Traces of one panel: bands, lines, references, failed points (legend entries once)."""
+    import plotly.graph_objects as go
+
+    traces: list[Any] = []
+
+    def first(key: str) -> bool:
+        new = key not in shown
+        shown.add(key)
+        return new
+
+    for line in panel.lines:
+        if line.low is not None and line.high is not None:
+            band = {"mode": "lines", "line": {"width": 0}, "hoverinfo": "skip", "showlegend": False}
+            traces.append(go.Scatter(x=line.x, y=line.high, legendgroup=line.label, **band))
+            traces.append(
+                go.Scatter(
+                    x=line.x,
+                    y=line.low,
+                    fill="tonexty",
+                    fillcolor=_rgba(line.colour, 0.18),
+                    legendgroup=line.label,
+                    **band,
+                )
+            )
+        marker: dict[str, Any] = {"color": line.colour, "size": 9 if line.markers_only else 6}
+        if line.markers_only:
+            marker["symbol"] = "x-thin-open"
+            marker["line"] = {"color": line.colour, "width": 2}
+        traces.append(
+            go.Scatter(
+                # plotly leaves a trace without points out of the legend: one empty point
+                x=line.x or [None],
+                y=line.y or [None],
+                mode="markers" if line.markers_only else "lines+markers",
+                name=line.label,
+                legendgroup=line.label,
+                showlegend=line.in_legend and first(f"line:{line.label}"),
+                line={"color": line.colour, "dash": line.dash, "width": 2},
+                marker=marker,
+                hovertext=[_html(h) for h in line.hover],
+                hovertemplate="%{hovertext}<extra>" + _html(line.label) + "</extra>",
+            )
+        )
+    limits = figure.x.limits or (min(figure.x.ticks)[0], max(figure.x.ticks)[0])
+    for ref in panel.refs:
+        traces.append(
+            go.Scatter(
+                x=list(limits),
+                y=[ref.y, ref.y],
+                mode="lines",
+                name=ref.label,
+                legendgroup=f"ref:{ref.label}",
+                showlegend=first(f"ref:{ref.label}"),
+                line={"color": "#444444", "dash": "dash", "width": 1},
+                hovertemplate=_html(ref.label) + "<extra></extra>",
+            )
+        )
+    for status in sorted({f.status for f in panel.failed}, key=severity):
+        points = [f for f in panel.failed if f.status == status]
+        look = status_style(status)
+        traces.append(
+            go.Scatter(
+                x=[f.x * 2 ** (FAILED_NUDGE * f.slot) for f in points],
+                y=[f.y for f in points],
+                mode="markers",
+                name=f"{status} (colour: its line)",
+                legendgroup=f"status:{status}",
+                showlegend=first(f"status:{status}"),
+                marker={
+                    "symbol": look.plotly_symbol,
+                    "size": 10,
+                    "color": [f.colour for f in points],
+                    "line": {"color": [f.colour for f in points], "width": 1.5},
+                },
+                cliponaxis=False,
+                hovertext=[
+                    _html(f"{f.label}: {f.status} at x = {f.x:g}\n{_wrap(f.reason)}")
+                    for f in points
+                ],
+                hovertemplate="%{hovertext}<extra></extra>",
+            )
+        )
+    return traces
+
+
+def _wrap(text: str, width: int = 80) -> str:
+    """Hover text broken into lines of about ``width`` characters."""
+    words, lines, current = text.split(), [], ""
+    for word in words:
+        if current and len(current) + len(word) + 1 > width:
+            lines.append(current)
+            current = word
+        else:
+            current = f"{current} {word}".strip()
+    return "\n".join([*lines, current])
+
+
+def _heatmap(figure: Heatmap) -> go.Figure:
+    import plotly.graph_objects as go
+
+    palette = [*STATUS_SEVERITY, "unknown"]
+    n = len(palette)
+    scale: list[list[Any]] = []
+    for i, status in enumerate(palette):
+        colour = status_style(status).colour
+        scale += [[i / n, colour], [(i + 1) / n, colour]]
+    z = [[None if s is None else min(severity(s), n - 1) for s in row] for row in figure.status]
+    text = [[_html(t) for t in row] for row in figure.text]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(figure.columns),
+            y=list(figure.rows),
+            text=text,
+            texttemplate="%{text}",
+            textfont={"size": 11},
+            colorscale=scale,
+            zmin=-0.5,
+            zmax=n - 0.5,
+            showscale=False,
+            xgap=2,
+            ygap=2,
+            hovertemplate="%{y} × %{x}<br>%{text}<extra></extra>",
+        )
+    )
+    present = sorted({s for row in figure.status for s in row if s}, key=severity)
+    for status in present:
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=status,
+                marker={"symbol": "square", "size": 12, "color": status_style(status).colour},
+            )
+        )
+    longest = max((len(t.split("\n")) for row in figure.text for t in row), default=1)
+    fig.update_layout(
+        title={"text": figure.title, "x": 0.01},
+        height=160 + len(figure.rows) * (30 + 16 * longest),
+        template="plotly_white",
+        xaxis={"title": {"text": figure.column_label}, "side": "bottom"},
+        yaxis={"title": {"text": figure.row_label}, "autorange": "reversed"},
+        legend={"orientation": "h", "y": -0.15 if len(figure.rows) > 2 else -0.3},
+        margin={"l": 60, "r": 20, "t": 60, "b": 60},
+    )
+    return fig

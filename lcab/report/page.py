@@ -1,0 +1,252 @@
+"""The report's tables and its one-file HTML page.
+
+Two tables come from the records: the summary (one row per cell and length: status, times,
+TFLOP/s, memory, numerical error, why it did not run) and the reasons (why lengths were
+skipped or failed, grouped with counts and where they happened). They are written as CSV and
+Markdown by `lcab.report.build` and shown on the page below the plots.
+
+The page is a single self-contained file: plotly.js is inlined once in its head and every plot
+is a ``<div>`` drawn by a short script, so it opens offline, from a laptop or a cluster's
+shared disk, without a server or a CDN.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from lcab.flops import PASSES
+from lcab.report.plot_data import SECTIONS, Figures
+from lcab.report.plot_style import severity
+
+SUMMARY_COLUMNS = (
+    "mask",
+    "series",
+    "kernel",
+    "cp",
+    "world_size",
+    "variant",
+    "seqlen",
+    "status",
+    "fwd_ms_p50",
+    "fwd_tflops",
+    "bwd_ms_p50",
+    "bwd_tflops",
+    "fwd_mem_peak_mib",
+    "bwd_mem_peak_mib",
+    "fwd_max_abs_err",
+    "bwd_max_abs_err",
+    "run_id",
+)
+"""Record columns of the summary table, in order; a ``reason`` column follows."""
+REASON_COLUMNS = ("status", "reason", "passes", "records", "where")
+MAX_WHERE = 6
+"""Cells named in a reason's ``where`` before "+N more"."""
+
+SECTION_NOTES = {
+    "support": "Each cell is one series (kernel, or CP strategy/local kernel) on one mask, "
+    "coloured by the worst status of its records; the text counts the statuses.",
+    "throughput": "Useful TFLOP/s (per device under CP) of each pass; the line is the p50 "
+    "time's throughput, the band the p20–p80 times'. Lengths that did not run are marked on "
+    "the axis by status, in their line's colour (hover for why).",
+    "scaling": "Per-device throughput of each CP strategy against the number of ranks, at one "
+    "length per mask (named in the title).",
+    "memory": "Peak memory of each pass over the timed region (per device under CP).",
+    "numerics": "Largest error of each pass against the fp64 reference (normalised), with the "
+    "tolerance a pass must meet.",
+    "cp": "Load imbalance of the CP plan (max / mean attended area over ranks) and bytes each "
+    "rank sends in one forward+backward: measured (line) and analytic (crosses).",
+}
+
+
+def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per record: cell, length, status, p50 times, TFLOP/s, memory, errors, reason."""
+    table = frame[list(SUMMARY_COLUMNS)].copy()
+    table["reason"] = [_first_reason(row) for _, row in frame.iterrows()]
+    return table.reset_index(drop=True)
+
+
+def _first_reason(row: pd.Series) -> str:
+    for status, _pass, reason in record_reasons(row):
+        if status != "ok":
+            return reason
+    return ""
+
+
+def record_reasons(row: pd.Series) -> list[tuple[str, str, str]]:
+    """(status, pass or ``cell``, reason) of everything a record says did not run or went wrong.
+
+    Pass reasons (``"bwd: a; b"``) are split into their parts and take the pass's status;
+    other reasons (a traceback, "not run: ...") are the record's, cut to their last line.
+    """
+    out: list[tuple[str, str, str]] = []
+    for text in row["reasons"] or []:
+        head, sep, rest = str(text).partition(": ")
+        if sep and head in PASSES:
+            status = str(row.get(f"{head}_status") or row["status"])
+            out += [(status, head, part.strip()) for part in rest.split("; ") if part.strip()]
+        else:
+            out.append((str(row["status"]), "cell", _last_line(str(text))))
+    if not out and row["status"] != "ok":
+        out.append((str(row["status"]), "cell", str(row.get("error_msg") or "no reason recorded")))
+    return out
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else text)[:300]
+
+
+def reasons_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Why things did not run, grouped by (status, reason): passes, record count, where.
+
+    Sorted worst status first, then by how many records share the reason.
+    """
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for index, row in frame.iterrows():
+        for status, pass_, reason in record_reasons(row):
+            group = groups.setdefault(
+                (status, reason), {"passes": set(), "records": set(), "where": set()}
+            )
+            group["passes"].add(pass_)
+            group["records"].add(index)
+            group["where"].add(f"{row['series']} × {row['mask']}")
+    rows: list[dict[str, Any]] = []
+    for (status, reason), group in groups.items():
+        where = sorted(group["where"])
+        more = len(where) - MAX_WHERE
+        rows.append(
+            {
+                "status": status,
+                "reason": reason,
+                "passes": ", ".join(p for p in (*PASSES, "cell") if p in group["passes"]),
+                "records": len(group["records"]),
+                "where": "; ".join(where[:MAX_WHERE]) + (f"; +{more} more" if more > 0 else ""),
+            }
+        )
+    rows.sort(key=lambda r: (-severity(r["status"]), -r["records"], r["reason"]))
+    return pd.DataFrame(rows, columns=list(REASON_COLUMNS))
+
+
+def format_value(value: Any) -> str:
+    """A table cell as text: 4 significant digits for floats, ``–`` for missing values."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def markdown_table(table: pd.DataFrame, max_text: int = 120) -> str:
+    """``table`` as a GitHub Markdown table (long texts cut to ``max_text`` characters)."""
+
+    def cell(value: Any) -> str:
+        text = format_value(value).replace("|", "\\|").replace("\n", " ")
+        return text if len(text) <= max_text else text[: max_text - 1] + "…"
+
+    lines = [
+        "| " + " | ".join(table.columns) + " |",
+        "|" + "|".join("---" for _ in table.columns) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def shown_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` without the columns empty in every row (``variant`` usually is)."""
+    empty = [c for c in table.columns if table[c].map(lambda v: format_value(v) in ("", "–")).all()]
+    return table.drop(columns=empty)
+
+
+def html_table(table: pd.DataFrame, max_text: int = 160) -> str:
+    """``table`` as an escaped HTML table; long texts are cut, in full on hover."""
+
+    def cell(value: Any) -> str:
+        text = format_value(value)
+        if len(text) <= max_text:
+            return f"<td>{html.escape(text)}</td>"
+        short = text[: max_text - 1] + "…"
+        return f'<td title="{html.escape(text)}">{html.escape(short)}</td>'
+
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    body = "".join(
+        "<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in table.itertuples(index=False)
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+@dataclass(frozen=True)
+class PageInputs:
+    """What the page shows besides figures: sources, record count, tables, plot divs."""
+
+    sources: Sequence[tuple[str, int]]
+    """Each input path with the number of records read from it."""
+    num_records: int
+    summary: pd.DataFrame
+    reasons: pd.DataFrame
+    divs: dict[str, str]
+    """Figure name -> its ``<div>`` and drawing script (`lcab.report.interactive`)."""
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1500px;
+       padding: 0 1rem; color: #222; }
+h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem;
+     margin-top: 2.5rem; }
+nav a { margin-right: 1rem; } .note { color: #555; max-width: 70rem; }
+.omitted { color: #8a5a00; font-style: italic; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0 1.5rem; }
+th, td { border: 1px solid #ddd; padding: 0.2rem 0.45rem; text-align: left;
+         vertical-align: top; }
+th { background: #f3f3f3; position: sticky; top: 0; } tr:nth-child(even) { background: #fafafa; }
+.plot { margin: 1rem 0 2rem; } .scroll { overflow-x: auto; }
+"""
+
+
+def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
+    """The whole HTML page: sources, plots by section (and what was left out), tables."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>lcab report</title>",
+        '<link rel="icon" href="data:,">',
+        f"<style>{STYLE}</style>",
+        f'<script type="text/javascript">{plotly_js}</script>',
+        "</head><body>",
+        "<h1>lcab report</h1>",
+        f"<p>{inputs.num_records} records from:</p><ul>",
+        *(f"<li><code>{html.escape(p)}</code> ({n} records)</li>" for p, n in inputs.sources),
+        "</ul><nav>",
+        *(f'<a href="#{key}">{title}</a>' for key, title in SECTIONS.items()),
+        '<a href="#summary">Summary table</a><a href="#reasons">Reasons</a></nav>',
+    ]
+    for key, title in SECTIONS.items():
+        parts.append(f'<section id="{key}"><h2>{html.escape(title)}</h2>')
+        parts.append(f'<p class="note">{html.escape(SECTION_NOTES[key])}</p>')
+        for figure in figures.by_section(key):
+            parts.append(f'<div class="plot">{inputs.divs[figure.name]}</div>')
+        for omitted in (o for o in figures.omitted if o.section == key):
+            parts.append(f'<p class="omitted">Not drawn: {html.escape(omitted.why)}.</p>')
+        parts.append("</section>")
+    parts += [
+        '<section id="summary"><h2>Summary table</h2>',
+        '<p class="note">One row per cell and length (also <code>summary.csv</code>, '
+        "<code>summary.md</code>). Times are p50 milliseconds, throughput TFLOP/s per device, "
+        "memory MiB.</p>",
+        f'<div class="scroll">{html_table(shown_columns(inputs.summary))}</div></section>',
+        '<section id="reasons"><h2>Reasons</h2>',
+        '<p class="note">Why passes or lengths did not run, or went wrong, grouped with the '
+        "number of records (also <code>reasons.csv</code>, <code>reasons.md</code>).</p>",
+        html_table(inputs.reasons, max_text=400)
+        if len(inputs.reasons)
+        else "<p>Every pass ran ok.</p>",
+        "</section></body></html>",
+    ]
+    return "\n".join(parts)

@@ -1,0 +1,152 @@
+"""The report's figures as plain data: what `lcab.report.figures` decides, renderers draw.
+
+A figure is either panels of lines against a log2 x axis (`LineFigure`) or a status grid
+(`Heatmap`). Everything a reader sees — titles, axis labels with units, legend text, colours,
+the p20–p80 band, failed lengths and why they failed — is fixed here, so the PNG and the
+interactive page show the same thing and tests can check numbers without parsing images.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line: its points (x ascending), the optional band around them, and its style.
+
+    A line with no points stands in the legend for a series whose every length failed there,
+    so its failed points' colour is named.
+    """
+
+    label: str
+    series: str
+    """The ``series`` (`lcab.report.frame`) it belongs to: the key of its colour."""
+    colour: str
+    dash: str
+    """One of `lcab.report.plot_style.DASHES`."""
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+    low: tuple[float, ...] | None = None
+    """Lower edge of the band per point (NaN where a point has none); None: no band."""
+    high: tuple[float, ...] | None = None
+    markers_only: bool = False
+    hover: tuple[str, ...] = ()
+    """One text per point, lines separated by ``\\n``."""
+    in_legend: bool = True
+    """False for lines the panel title explains (the analytic crosses of the CP figure)."""
+
+
+@dataclass(frozen=True)
+class FailedPoint:
+    """A length (or world size) whose pass did not run ``ok``, drawn at the panel's floor."""
+
+    x: float
+    y: float
+    status: str
+    series: str
+    label: str
+    """The label of the line it belongs to."""
+    colour: str
+    reason: str
+    slot: float = 0.0
+    """Offset among the failures at the same x (centred on 0): renderers nudge x by it so
+    failed points of several lines at one length do not hide each other."""
+
+
+@dataclass(frozen=True)
+class RefLine:
+    """A horizontal reference line (the numerics tolerance)."""
+
+    y: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot: a y axis and what is drawn against it."""
+
+    title: str
+    y_label: str
+    y_log: bool
+    lines: tuple[Line, ...]
+    failed: tuple[FailedPoint, ...] = ()
+    refs: tuple[RefLine, ...] = ()
+    y_range: tuple[float, float] | None = None
+    """Fixed y limits; None: automatic (from 0 on a linear axis)."""
+
+    @property
+    def has_values(self) -> bool:
+        """Whether any line has a point (a line may be only a legend entry for failures)."""
+        return any(line.x for line in self.lines)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """The shared x axis of a figure's panels (always log2: lengths or world sizes)."""
+
+    label: str
+    ticks: tuple[tuple[float, str], ...]
+    limits: tuple[float, float] | None
+
+
+@dataclass(frozen=True)
+class LineFigure:
+    """Panels side by side sharing an x axis; ``name`` is the PNG stem and the page id."""
+
+    name: str
+    section: str
+    title: str
+    x: Axis
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class Heatmap:
+    """Rows x columns of statuses (None: no record), each cell annotated with ``text``."""
+
+    name: str
+    section: str
+    title: str
+    row_label: str
+    column_label: str
+    rows: tuple[str, ...]
+    columns: tuple[str, ...]
+    status: tuple[tuple[str | None, ...], ...]
+    text: tuple[tuple[str, ...], ...]
+
+
+FigureData = LineFigure | Heatmap
+
+
+@dataclass(frozen=True)
+class Omitted:
+    """A figure (or a group of figures) not drawn, and why; the page says so."""
+
+    section: str
+    why: str
+
+
+@dataclass
+class Figures:
+    """Everything `lcab.report.figures.build_figures` decided, in page order."""
+
+    figures: list[FigureData] = field(default_factory=list)
+    omitted: list[Omitted] = field(default_factory=list)
+    colours: dict[str, str] = field(default_factory=dict)
+    """The palette: one colour per series, shared by every figure and both renderers."""
+
+    def by_section(self, section: str) -> list[FigureData]:
+        """The figures of one page section, in order."""
+        return [f for f in self.figures if f.section == section]
+
+
+SECTIONS = {
+    "support": "Support matrix",
+    "throughput": "Throughput",
+    "scaling": "CP scaling",
+    "memory": "Peak memory",
+    "numerics": "Numerical error",
+    "cp": "CP load balance and communication",
+}
+"""Page sections in order: key (`LineFigure.section`) -> heading."""

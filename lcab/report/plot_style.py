@@ -1,0 +1,113 @@
+"""How the report's plots look, decided once for both renderers (PNG and interactive page).
+
+A reader compares figures side by side, so one kernel (or one CP strategy) has one colour in
+every plot and in both renderers, one failure status has one marker, and sequence lengths read
+as ``1K``, ``8K``, ``128K`` on a log2 axis everywhere. The colour map is built from the sorted
+series names, so it depends only on which series the report holds, not on plot order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SERIES_COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#3182bd",
+)
+"""Qualitative colours, handed out to series in sorted-name order (cycling past 16)."""
+
+DASHES = ("solid", "dash", "dot", "dashdot")
+"""Line styles telling apart the lines of one series (world sizes, variants), in order."""
+MPL_DASHES = {"solid": "-", "dash": "--", "dot": ":", "dashdot": "-."}
+"""`DASHES` as matplotlib line styles."""
+
+
+@dataclass(frozen=True)
+class StatusStyle:
+    """How a status is drawn: a heatmap colour, and a marker for failed points."""
+
+    colour: str
+    mpl_marker: str
+    plotly_symbol: str
+
+
+STATUS_SEVERITY = ("ok", "skipped", "numerics_mismatch", "oom", "timeout", "error")
+"""Statuses from best to worst (the order `RunRecord.finalise_status` combines them in)."""
+STATUS_STYLES = {
+    "ok": StatusStyle("#4daf4a", "o", "circle"),
+    "skipped": StatusStyle("#bdbdbd", "o", "circle-open"),
+    "numerics_mismatch": StatusStyle("#984ea3", "D", "diamond"),
+    "oom": StatusStyle("#ff7f00", "v", "triangle-down"),
+    "timeout": StatusStyle("#a65628", "s", "square"),
+    "error": StatusStyle("#e41a1c", "X", "x"),
+}
+_UNKNOWN_STATUS = StatusStyle("#000000", "P", "cross")
+
+
+def status_style(status: str) -> StatusStyle:
+    """The style of ``status`` (a black cross for a status this lcab does not know)."""
+    return STATUS_STYLES.get(status, _UNKNOWN_STATUS)
+
+
+def severity(status: str) -> int:
+    """Rank of ``status`` in `STATUS_SEVERITY` (unknown statuses rank worst)."""
+    return STATUS_SEVERITY.index(status) if status in STATUS_SEVERITY else len(STATUS_SEVERITY)
+
+
+def palette(names: Iterable[str]) -> dict[str, str]:
+    """One colour per series name, assigned in sorted order so every plot agrees."""
+    return {
+        name: SERIES_COLOURS[i % len(SERIES_COLOURS)] for i, name in enumerate(sorted(set(names)))
+    }
+
+
+def seqlen_label(n: float) -> str:
+    """``1K`` for 1024, ``128K``, ``1M``, ``1.5K``; plain numbers below 1024."""
+    value = int(n)
+    if value >= 1 << 20 and value % (1 << 17) == 0:
+        return f"{value / (1 << 20):g}M"
+    if value >= 1024 and value % 128 == 0:
+        return f"{value / 1024:g}K"
+    return f"{value:,}"
+
+
+def log2_ticks(
+    values: Iterable[float], *, label: bool = True, most: int = 9
+) -> tuple[tuple[float, str], ...]:
+    """Ticks at the data's own x values (thinned to at most ``most``, the largest kept).
+
+    Args:
+        values: the x values on the axis.
+        label: True: sequence-length labels (``8K``); False: plain integers (world sizes).
+        most: the most ticks to show.
+
+    """
+    xs = sorted({float(v) for v in values if v and v > 0})
+    if len(xs) > most:
+        step = math.ceil(len(xs) / most)
+        xs = xs[::-1][::step][::-1]
+    return tuple((x, seqlen_label(x) if label else f"{int(x)}") for x in xs)
+
+
+def log2_range(values: Iterable[float], pad: float = 0.35) -> tuple[float, float] | None:
+    """Axis limits padding the data by ``pad`` octaves, so edge markers are not clipped."""
+    xs = [float(v) for v in values if v and v > 0]
+    if not xs:
+        return None
+    return min(xs) / 2**pad, max(xs) * 2**pad
