@@ -27,9 +27,13 @@ PANEL_SIZE = (5.6, 4.2)
 
 def render_png(figure: FigureData, path: Path, dpi: int = DPI) -> Path:
     """Draw ``figure`` to the PNG file ``path`` (its folder must exist); returns ``path``."""
-    fig = _heatmap(figure) if isinstance(figure, Heatmap) else _line_figure(figure)
-    fig.savefig(path, dpi=dpi, format="png")
+    draw(figure).savefig(path, dpi=dpi, format="png")
     return path
+
+
+def draw(figure: FigureData) -> Figure:
+    """The matplotlib figure of ``figure`` (Agg canvas; save it or inspect its artists)."""
+    return _heatmap(figure) if isinstance(figure, Heatmap) else _line_figure(figure)
 
 
 def _new_figure(width: float, height: float) -> Figure:
