@@ -29,7 +29,7 @@ from lcab.report.plot_data import (
     Panel,
     RefLine,
 )
-from lcab.report.plot_style import DASHES, log2_range, log2_ticks, palette, seqlen_label, severity
+from lcab.report.plot_style import LineStyle, Styler, log2_range, log2_ticks, seqlen_label, severity
 
 PLOT_PASSES = {"fwd": "forward", "bwd": "backward"}
 """Passes drawn as panels (fwd_bwd is their sum; the tables have it)."""
@@ -38,21 +38,45 @@ SEQLEN_AXIS = "sequence length (tokens, log2 scale)"
 
 @dataclass(frozen=True)
 class Metric:
-    """A per-pass value drawn against length: column suffix, y axis, statuses that count."""
+    """A per-pass value drawn against length, one figure per mask (its page section)."""
 
+    section: str
+    """`lcab.report.plot_data.SECTIONS` key, also the stem of the figure names."""
     suffix: str
+    """Record column after ``<pass>_``."""
     y_label: str
     y_log: bool
+    title: str
+    """Figure title; ``{mask}`` is replaced."""
+    missing: str
+    """Why a mask has no figure; ``{mask}`` is replaced."""
     value_statuses: frozenset[str] = frozenset({"ok"})
     """Pass statuses whose value is drawn; other statuses are failed points."""
 
 
-THROUGHPUT = Metric("tflops", "TFLOP/s per device", y_log=False)
-MEMORY = Metric("mem_peak_mib", "peak memory per device (MiB)", y_log=True)
+THROUGHPUT = Metric(
+    "throughput",
+    "tflops",
+    "TFLOP/s per device",
+    y_log=False,
+    title="Throughput vs sequence length: {mask} (line: p50, band: p20–p80)",
+    missing="{mask}: no length ran ok",
+)
+MEMORY = Metric(
+    "memory",
+    "mem_peak_mib",
+    "peak memory per device (MiB)",
+    y_log=True,
+    title="Peak memory vs sequence length: {mask}",
+    missing="{mask}: no peak memory recorded (bench.memory off, or nothing ran ok)",
+)
 NUMERICS = Metric(
+    "numerics",
     "max_abs_err",
     "max abs error vs fp64 reference",
     y_log=True,
+    title="Numerical error vs sequence length: {mask} (dashed: tolerance)",
+    missing="{mask}: no numerical error recorded (bench.check_numerics off, or nothing ran)",
     # a mismatching pass still has its error: that value is the point of this figure
     value_statuses=frozenset({"ok", "numerics_mismatch"}),
 )
@@ -79,39 +103,6 @@ def tflops_band(row: pd.Series, pass_: str) -> tuple[float, float] | None:
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True)
-class LineStyle:
-    """Legend label, palette key, colour and dash of one line."""
-
-    label: str
-    series: str
-    colour: str
-    dash: str
-
-
-class Styler:
-    """The report's colours (one per series) and dashes (per series, world size, variant)."""
-
-    def __init__(self, frame: pd.DataFrame) -> None:
-        self.colours = palette(frame[SERIES])
-        self.dashes: dict[tuple[str, int, str], str] = {}
-        keys = frame[[SERIES, "world_size", VARIANT]].drop_duplicates()
-        for series, group in keys.groupby(SERIES, sort=True):
-            pairs = sorted(zip(group["world_size"], group[VARIANT], strict=True))
-            for i, (world, variant) in enumerate(pairs):
-                self.dashes[(str(series), int(world), str(variant))] = DASHES[i % len(DASHES)]
-
-    def line(self, series: str, world: int | None, variant: str, cp: bool) -> LineStyle:
-        """The style of a line; ``world`` None: the line runs across world sizes."""
-        label = f"{series} ×{world}" if cp and world is not None else series
-        return LineStyle(
-            label=f"{label} [{variant}]" if variant else label,
-            series=series,
-            colour=self.colours[series],
-            dash="solid" if world is None else self.dashes.get((series, world, variant), "solid"),
-        )
 
 
 LINE_KEY = [SERIES, "world_size", VARIANT]
@@ -212,9 +203,9 @@ def _seqlen_axis(frame: pd.DataFrame) -> Axis:
 
 
 def per_length_figure(
-    frame: pd.DataFrame, styler: Styler, metric: Metric, name: str, section: str, title: str
+    frame: pd.DataFrame, styler: Styler, metric: Metric, mask: str
 ) -> LineFigure | None:
-    """``metric`` against length, a panel per pass; None when no line has a value."""
+    """``metric`` against length for one mask's rows, a panel per pass; None if no values."""
     refs: tuple[RefLine, ...] = ()
     if metric is NUMERICS:
         tolerances = sorted(set(frame["numerics_tolerance"].dropna()))
@@ -222,7 +213,8 @@ def per_length_figure(
     panels = [metric_panel(frame, styler, p, metric, refs=refs) for p in _passes_of(frame)]
     if not any(panel.has_values for panel in panels):
         return None
-    return LineFigure(name, section, title, _seqlen_axis(frame), tuple(panels))
+    name, title = f"{metric.section}_{_stem(mask)}", metric.title.format(mask=mask)
+    return LineFigure(name, metric.section, title, _seqlen_axis(frame), tuple(panels))
 
 
 def scaling_figure(
@@ -240,7 +232,7 @@ def scaling_figure(
     panels = [metric_panel(rows, styler, p, THROUGHPUT, "world_size") for p in _passes_of(rows)]
     if not any(panel.has_values for panel in panels):
         return None
-    which = "the largest length every strategy ran" if common else "the largest length"
+    which = "the largest length in every strategy's records" if common else "the largest length"
     title = f"Per-device throughput vs world size: {mask}, S = {seqlen_label(seqlen)} ({which})"
     worlds = rows["world_size"]
     axis = Axis(
@@ -377,54 +369,19 @@ def build_figures(frame: pd.DataFrame) -> Figures:
     ):
         title = f"Support by {what} × mask (colour: worst status over lengths and world sizes)"
         heatmap = support_heatmap(rows, name, title, row_label) if len(rows) else None
-        add(
-            heatmap,
-            "support",
-            f"{what} × mask: no {'CP' if what == 'strategy' else 'cp=none'} records",
-        )
-    for mask in masks:
-        rows = frame[frame["mask"] == mask]
-        title = f"Throughput vs sequence length: {mask} (line: p50, band: p20–p80)"
-        figure = per_length_figure(
-            rows, styler, THROUGHPUT, f"throughput_{_stem(mask)}", "throughput", title
-        )
-        add(figure, "throughput", f"{mask}: no length ran ok")
+        kind = "CP" if what == "strategy" else "cp=none"
+        add(heatmap, "support", f"{what} × mask: no {kind} records")
+    for metric in (THROUGHPUT, MEMORY, NUMERICS):
+        for mask in masks:
+            figure = per_length_figure(frame[frame["mask"] == mask], styler, metric, mask)
+            add(figure, metric.section, metric.missing.format(mask=mask))
     if cp.empty:
-        out.omitted.append(Omitted("scaling", "no CP records (cp != none)"))
-        out.omitted.append(Omitted("cp", "no CP records (cp != none)"))
+        out.omitted += [Omitted(s, "no CP records (cp != none)") for s in ("scaling", "cp")]
     for mask in sorted(cp["mask"].unique()):
         rows = cp[cp["mask"] == mask]
-        add(
-            scaling_figure(rows, styler, mask, f"scaling_{_stem(mask)}", "scaling"),
-            "scaling",
-            f"{mask}: no CP length ran ok",
-        )
-    for mask in masks:
-        rows = frame[frame["mask"] == mask]
-        title = f"Peak memory vs sequence length: {mask}"
-        figure = per_length_figure(rows, styler, MEMORY, f"memory_{_stem(mask)}", "memory", title)
-        add(
-            figure,
-            "memory",
-            f"{mask}: no peak memory recorded (bench.memory off, or nothing ran ok)",
-        )
-    for mask in masks:
-        rows = frame[frame["mask"] == mask]
-        title = f"Numerical error vs sequence length: {mask} (dashed: tolerance)"
-        figure = per_length_figure(
-            rows, styler, NUMERICS, f"numerics_{_stem(mask)}", "numerics", title
-        )
-        add(
-            figure,
-            "numerics",
-            f"{mask}: no numerical error recorded (bench.check_numerics off, or nothing ran)",
-        )
-    for mask in sorted(cp["mask"].unique()):
-        rows = cp[cp["mask"] == mask]
+        figure = scaling_figure(rows, styler, mask, f"scaling_{_stem(mask)}", "scaling")
+        add(figure, "scaling", f"{mask}: no CP length ran ok")
         title = f"CP load balance and communication vs sequence length: {mask}"
-        add(
-            cp_figure(rows, styler, f"cp_{_stem(mask)}", "cp", title),
-            "cp",
-            f"{mask}: no imbalance or communication recorded",
-        )
+        figure = cp_figure(rows, styler, f"cp_{_stem(mask)}", "cp", title)
+        add(figure, "cp", f"{mask}: no imbalance or communication recorded")
     return out

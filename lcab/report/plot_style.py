@@ -1,9 +1,11 @@
 """How the report's plots look, decided once for both renderers (PNG and interactive page).
 
 A reader compares figures side by side, so one kernel (or one CP strategy) has one colour in
-every plot and in both renderers, one failure status has one marker, and sequence lengths read
-as ``1K``, ``8K``, ``128K`` on a log2 axis everywhere. The colour map is built from the sorted
-series names, so it depends only on which series the report holds, not on plot order.
+every plot and in both renderers, the lines of one series (its world sizes, variants) differ
+by dash, one failure status has one marker, and sequence lengths read as ``1K``, ``8K``,
+``128K`` on a log2 axis everywhere. `Styler` fixes colours from the sorted series names and
+dashes from the sorted (world size, variant) pairs of each series, so they depend only on what
+the report holds, not on the order plots are drawn in.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import pandas as pd
+
+from lcab.report.frame import SERIES, VARIANT
 
 SERIES_COLOURS = (
     "#1f77b4",
@@ -111,3 +117,36 @@ def log2_range(values: Iterable[float], pad: float = 0.35) -> tuple[float, float
     if not xs:
         return None
     return min(xs) / 2**pad, max(xs) * 2**pad
+
+
+@dataclass(frozen=True)
+class LineStyle:
+    """Legend label, palette key, colour and dash of one line."""
+
+    label: str
+    series: str
+    colour: str
+    dash: str
+
+
+class Styler:
+    """The report's colours (one per series) and dashes (per series, world size, variant)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.colours = palette(frame[SERIES])
+        self.dashes: dict[tuple[str, int, str], str] = {}
+        keys = frame[[SERIES, "world_size", VARIANT]].drop_duplicates()
+        for series, group in keys.groupby(SERIES, sort=True):
+            pairs = sorted(zip(group["world_size"], group[VARIANT], strict=True))
+            for i, (world, variant) in enumerate(pairs):
+                self.dashes[(str(series), int(world), str(variant))] = DASHES[i % len(DASHES)]
+
+    def line(self, series: str, world: int | None, variant: str, cp: bool) -> LineStyle:
+        """The style of a line; ``world`` None: the line runs across world sizes."""
+        label = f"{series} ×{world}" if cp and world is not None else series
+        return LineStyle(
+            label=f"{label} [{variant}]" if variant else label,
+            series=series,
+            colour=self.colours[series],
+            dash="solid" if world is None else self.dashes.get((series, world, variant), "solid"),
+        )
