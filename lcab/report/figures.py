@@ -10,6 +10,7 @@ times. A figure with nothing to draw is left out and named in `Figures.omitted` 
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -102,7 +103,8 @@ def tflops_band(row: pd.Series, pass_: str) -> tuple[float, float] | None:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number (numpy scalars included; None, NaN and booleans are not)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 LINE_KEY = [SERIES, "world_size", VARIANT]
@@ -157,7 +159,9 @@ def metric_panel(
                 continue  # not asked for: neither a value nor a failure
             status, y = row[f"{pass_}_status"], row.get(f"{pass_}_{metric.suffix}")
             if status not in metric.value_statuses:
-                failures.append((float(row[x_column]), str(status), style, _reason(row, pass_)))
+                where = f"S = {seqlen_label(row['seqlen'])}, world size {int(row['world_size'])}"
+                why = f"{where}: {_reason(row, pass_)}"
+                failures.append((float(row[x_column]), str(status), style, why))
             elif _number(y) and (y > 0 or not metric.y_log):
                 band = tflops_band(row, pass_) if metric is THROUGHPUT else None
                 xs.append(float(row[x_column]))

@@ -184,10 +184,7 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
                     "line": {"color": [f.colour for f in points], "width": 1.5},
                 },
                 cliponaxis=False,
-                hovertext=[
-                    _html(f"{f.label}: {f.status} at x = {f.x:g}\n{_wrap(f.reason)}")
-                    for f in points
-                ],
+                hovertext=[_html(f"{f.label}: {f.status}\n{_wrap(f.reason)}") for f in points],
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )

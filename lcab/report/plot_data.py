@@ -49,6 +49,7 @@ class FailedPoint:
     """The label of the line it belongs to."""
     colour: str
     reason: str
+    """Where (length, world size) and why, for hover text."""
     slot: float = 0.0
     """Offset among the failures at the same x (centred on 0): renderers nudge x by it so
     failed points of several lines at one length do not hide each other."""

@@ -96,6 +96,16 @@ def test_a_records_file_or_a_run_folder_is_an_input_too(tmp_path):
     assert len(load_records([run / RECORDS_FILE])) == 4
 
 
+def test_a_run_of_only_ok_records_gets_its_band(tmp_path):
+    # no failure anywhere: every number column keeps its integer dtype (no NaN)
+    write_records(tmp_path / RECORDS_FILE, [measured("sdpa", "causal", s) for s in LENGTHS])
+    figures = build_figures(load_records([tmp_path]))
+    (line,) = line_figure(figures, "throughput_causal").panels[0].lines
+    assert line.low is not None and line.high is not None
+    for low, y, high in zip(line.low, line.y, line.high, strict=True):
+        assert low < y < high
+
+
 def test_rows_at_the_same_point_are_told_apart_by_the_setting_that_differs(tmp_path):
     a = [measured("sdpa", "causal", 1024, sweep="a", dtype="float32")]
     b = [measured("sdpa", "causal", 1024, sweep="b", dtype="bfloat16")]
@@ -146,7 +156,10 @@ def test_failed_lengths_are_failed_points_with_their_status_and_reason(figures):
     forward, backward = line_figure(figures, "throughput_causal").panels
     fwd_failed = {(p.series, p.x, p.status) for p in forward.failed}
     assert fwd_failed == {("sdpa", 8192.0, "oom"), ("ulysses/ranges", 2048.0, "error")}
-    assert {p.reason for p in forward.failed} == {"CUDA out of memory", "boom"}
+    assert {p.reason for p in forward.failed} == {
+        "S = 8K, world size 1: CUDA out of memory",
+        "S = 2K, world size 2: boom",
+    }
     assert all(p.y == 0 for p in forward.failed)  # on the floor of the linear axis
     assert {(p.series, p.x, p.status) for p in backward.failed} == {
         ("sdpa", 8192.0, "skipped"),
