@@ -133,7 +133,10 @@ def load_records(paths: Sequence[Path | str]) -> pd.DataFrame:
         if count == 0:
             raise BadInputError(f"{path}: its {RECORDS_FILE} file(s) hold no records")
     frame = pd.DataFrame(rows)
-    frame = frame.drop_duplicates(subset=list(_SAME_RECORD), keep="last")
+    # the same record read from two files (a job's and a merged copy given explicitly): keep
+    # the first file's; rows of one file are never dropped, whatever their identity fields
+    first = frame.groupby(list(_SAME_RECORD), dropna=False, sort=False)[SOURCE].transform("first")
+    frame = frame[frame[SOURCE] == first].copy()
     frame[VARIANT] = variant_labels(frame)
     order = ["mask", SERIES, "world_size", VARIANT, "seqlen"]
     return frame.sort_values(order, kind="stable").reset_index(drop=True)

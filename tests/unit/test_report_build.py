@@ -96,6 +96,15 @@ def test_a_records_file_or_a_run_folder_is_an_input_too(tmp_path):
     assert len(load_records([run / RECORDS_FILE])) == 4
 
 
+def test_records_of_one_file_are_all_kept_even_without_identity(tmp_path):
+    records = [measured("sdpa", "causal", 1024, dtype=d) for d in ("float32", "bfloat16")]
+    for record in records:
+        record.run_id, record.created_at = "", ""  # as hand-made records may leave them
+    write_records(tmp_path / RECORDS_FILE, records)
+    frame = load_records([tmp_path / RECORDS_FILE, tmp_path])  # the same file twice
+    assert sorted(frame["dtype"]) == ["bfloat16", "float32"]
+
+
 def test_a_run_of_only_ok_records_gets_its_band(tmp_path):
     # no failure anywhere: every number column keeps its integer dtype (no NaN)
     write_records(tmp_path / RECORDS_FILE, [measured("sdpa", "causal", s) for s in LENGTHS])
