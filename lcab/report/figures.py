@@ -13,7 +13,7 @@ import math
 import numbers
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -193,7 +193,29 @@ def metric_panel(
         seen[x] += 1
         failed.append(FailedPoint(x, floor, status, s.series, s.label, s.colour, why, slot))
     return Panel(
-        PLOT_PASSES[pass_], metric.y_label, metric.y_log, tuple(lines), tuple(failed), refs
+        PLOT_PASSES[pass_],
+        metric.y_label,
+        metric.y_log,
+        stacked(lines),
+        tuple(failed),
+        refs,
+    )
+
+
+def stacked(lines: list[Line]) -> tuple[Line, ...]:
+    """``lines`` with `Line.under` set: how many later lines lie exactly on each one."""
+
+    def same(a: Line, b: Line) -> bool:
+        return (
+            bool(a.x)
+            and a.x == b.x
+            and a.markers_only == b.markers_only
+            and all(math.isclose(u, v, rel_tol=1e-9) for u, v in zip(a.y, b.y, strict=True))
+        )
+
+    return tuple(
+        replace(line, under=sum(same(line, later) for later in lines[i + 1 :]))
+        for i, line in enumerate(lines)
     )
 
 
@@ -265,13 +287,13 @@ def cp_figure(
             "load imbalance (1 = balanced)",
             "max / mean attended area over ranks",
             False,
-            tuple(imbalance),
+            stacked(imbalance),
             y_range=(0.95, max(1.25, top * 1.05)),
         )
         panels.append(panel)
     if comm:
         what = "communication (line: measured, ×: analytic)"
-        panels.append(Panel(what, "bytes sent per rank, fwd+bwd (MiB)", True, tuple(comm)))
+        panels.append(Panel(what, "bytes sent per rank, fwd+bwd (MiB)", True, stacked(comm)))
     if not panels:
         return None
     return LineFigure(name, section, title, _seqlen_axis(frame), tuple(panels))

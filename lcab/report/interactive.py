@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from lcab.report.plot_data import FigureData, Heatmap, LineFigure, Panel
+from lcab.report.plot_data import FigureData, Heatmap, Line, LineFigure, Panel
 from lcab.report.plot_style import STATUS_SEVERITY, severity, status_style
 
 if TYPE_CHECKING:
@@ -21,6 +21,8 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 FAILED_NUDGE = 0.07
 """Octaves between failed points of different lines at one x (as in the PNGs)."""
 PANEL_HEIGHT = 470
+MAX_RIMS = 4
+"""At most this many steps wider for a line covered by later ones (`Line.under`)."""
 
 
 def plotly_js() -> str:
@@ -92,8 +94,8 @@ def _line_figure(figure: LineFigure) -> go.Figure:
             rangemode="normal" if panel.y_log or panel.failed else "tozero",
             range=list(y_range) if y_range else None,
             title_text=panel.y_label,
-            exponentformat="power" if panel.y_log else "none",
-            dtick="D2" if panel.y_log else None,
+            tickvals=[t for t, _ in panel.y_ticks] or None,
+            ticktext=[label for _, label in panel.y_ticks] or None,
             row=1,
             col=col,
         )
@@ -133,21 +135,33 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
                     **band,
                 )
             )
-        marker: dict[str, Any] = {"color": line.colour, "size": 9 if line.markers_only else 6}
-        if line.markers_only:
-            marker["symbol"] = "x-thin-open"
-            marker["line"] = {"color": line.colour, "width": 2}
+        mode = "markers" if line.markers_only else "lines+markers"
+        rim = min(line.under, MAX_RIMS)
+        if rim:
+            # a wider copy underneath, so the line shows as a rim around the ones covering it
+            traces.append(
+                go.Scatter(
+                    x=line.x,
+                    y=line.y,
+                    mode=mode,
+                    legendgroup=line.label,
+                    showlegend=False,
+                    hoverinfo="skip",
+                    line={"color": line.colour, "dash": line.dash, "width": 2 + 2 * rim},
+                    marker=_marker(line, extra=3 * rim),
+                )
+            )
         traces.append(
             go.Scatter(
                 # plotly leaves a trace without points out of the legend: one empty point
                 x=line.x or [None],
                 y=line.y or [None],
-                mode="markers" if line.markers_only else "lines+markers",
+                mode=mode,
                 name=line.label,
                 legendgroup=line.label,
                 showlegend=line.in_legend and first(f"line:{line.label}"),
                 line={"color": line.colour, "dash": line.dash, "width": 2},
-                marker=marker,
+                marker=_marker(line),
                 hovertext=[_html(h) for h in line.hover],
                 hovertemplate="%{hovertext}<extra>" + _html(line.label) + "</extra>",
             )
@@ -189,6 +203,18 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
             )
         )
     return traces
+
+
+def _marker(line: Line, extra: float = 0) -> dict[str, Any]:
+    """Point markers of a line (crosses for marker-only lines), ``extra`` px larger."""
+    if line.markers_only:
+        return {
+            "symbol": "x-thin-open",
+            "size": 9 + extra,
+            "color": line.colour,
+            "line": {"color": line.colour, "width": 2 + extra / 3},
+        }
+    return {"color": line.colour, "size": 6 + extra}
 
 
 def _wrap(text: str, width: int = 80) -> str:

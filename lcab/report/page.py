@@ -48,6 +48,12 @@ REASON_COLUMNS = ("status", "reason", "passes", "records", "where")
 MAX_WHERE = 6
 """Cells named in a reason's ``where`` before "+N more"."""
 
+READING_NOTE = (
+    "One colour per kernel (cp=none) or CP strategy/local kernel in every plot; dashes tell a "
+    "series' world sizes apart. Lines lying exactly on one another are drawn wider underneath, "
+    "so each shows as a rim. Hover a point for its numbers, a marker on the axis for why that "
+    "length did not run; click legend entries to hide lines."
+)
 SECTION_NOTES = {
     "support": "Each cell is one series (kernel, or CP strategy/local kernel) on one mask, "
     "coloured by the worst status of its records; the text counts the statuses.",
@@ -223,7 +229,8 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         "<h1>lcab report</h1>",
         f"<p>{inputs.num_records} records from:</p><ul>",
         *(f"<li><code>{html.escape(p)}</code> ({n} records)</li>" for p, n in inputs.sources),
-        "</ul><nav>",
+        "</ul>",
+        f'<p class="note">{html.escape(READING_NOTE)}</p><nav>',
         *(f'<a href="#{key}">{title}</a>' for key, title in SECTIONS.items()),
         '<a href="#summary">Summary table</a><a href="#reasons">Reasons</a></nav>',
     ]

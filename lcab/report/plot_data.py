@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lcab.report.plot_style import log_ticks
+
 
 @dataclass(frozen=True)
 class Line:
@@ -35,6 +37,9 @@ class Line:
     """One text per point, lines separated by ``\\n``."""
     in_legend: bool = True
     """False for lines the panel title explains (the analytic crosses of the CP figure)."""
+    under: int = 0
+    """How many lines drawn after it in its panel cover it exactly (same points): renderers
+    draw it that many steps wider, so a line equal to another still shows as a rim."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,16 @@ class Panel:
     refs: tuple[RefLine, ...] = ()
     y_range: tuple[float, float] | None = None
     """Fixed y limits; None: automatic (from 0 on a linear axis)."""
+
+    @property
+    def y_ticks(self) -> tuple[tuple[float, str], ...]:
+        """Ticks of a log y axis (`lcab.report.plot_style.log_ticks`); empty: automatic."""
+        if not self.y_log:
+            return ()
+        values = [y for line in self.lines for y in line.y]
+        values += [v for line in self.lines for v in (*(line.low or ()), *(line.high or ()))]
+        values += [p.y for p in self.failed] + [r.y for r in self.refs]
+        return log_ticks(values)
 
     @property
     def has_values(self) -> bool:

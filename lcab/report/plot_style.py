@@ -111,6 +111,38 @@ def log2_ticks(
     return tuple((x, seqlen_label(x) if label else f"{int(x)}") for x in xs)
 
 
+LOG_STEPS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0))
+"""Tick mantissas per decade on a log y axis, coarsest first."""
+
+
+def log_ticks(
+    values: Iterable[float], *, fewest: int = 4, most: int = 8
+) -> tuple[tuple[float, str], ...]:
+    """Ticks for a log axis over ``values``, labelled as plain numbers (``200``, ``1e-06``).
+
+    The coarsest of `LOG_STEPS` giving at least ``fewest`` ticks: decades over a wide range
+    (every other one past ``most``), 1-2-5 or finer over a narrow one, where default log ticks
+    would leave one label or none. Empty when even the finest gives too few.
+    """
+    xs = [float(v) for v in values if v and v > 0 and math.isfinite(v)]
+    if not xs:
+        return ()
+    lo, hi = min(xs) / 1.25, max(xs) * 1.25
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    for steps in LOG_STEPS:
+        ticks = [
+            float(f"{m * 10.0**k:.6g}")
+            for k in range(first, last + 1)
+            for m in steps
+            if lo <= m * 10.0**k <= hi
+        ]
+        if len(ticks) >= fewest:
+            if len(ticks) > most:
+                ticks = ticks[:: math.ceil(len(ticks) / most)]
+            return tuple((tick, f"{tick:g}") for tick in ticks)
+    return ()
+
+
 def log2_range(values: Iterable[float], pad: float = 0.35) -> tuple[float, float] | None:
     """Axis limits padding the data by ``pad`` octaves, so edge markers are not clipped."""
     xs = [float(v) for v in values if v and v > 0]

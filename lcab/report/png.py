@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 DPI = 150
 FAILED_NUDGE = 0.07
 """Octaves between failed points of different lines at one x (`FailedPoint.slot`)."""
+MAX_RIMS = 4
+"""At most this many steps wider for a line covered by later ones (`Line.under`)."""
 PANEL_SIZE = (5.6, 4.2)
 """Inches per panel (width, height) before the legend below."""
 
@@ -90,14 +92,18 @@ def _draw_panel(ax: Axes, panel: Panel, figure: LineFigure, handles: dict[str, A
     for line in panel.lines:
         if line.low is not None and line.high is not None:
             ax.fill_between(line.x, line.low, line.high, color=line.colour, alpha=0.18, lw=0)
+        rim = min(line.under, MAX_RIMS)
         style: dict[str, Any] = (
-            {"linestyle": "none", "marker": "x", "markersize": 6}
+            {"linestyle": "none", "marker": "x", "markersize": 6 + 2 * rim, "mew": 1.5}
             if line.markers_only
-            else {"linestyle": MPL_DASHES[line.dash], "marker": "o", "markersize": 3.5}
+            else {"linestyle": MPL_DASHES[line.dash], "marker": "o", "markersize": 3.5 + 1.5 * rim}
         )
-        (artist,) = ax.plot(line.x, line.y, color=line.colour, label=line.label, lw=1.6, **style)
+        ax.plot(line.x, line.y, color=line.colour, label=line.label, lw=1.6 + 1.5 * rim, **style)
         if line.in_legend:
-            handles.setdefault(f"line:{line.label}", artist)
+            key = f"line:{line.label}"
+            handles.setdefault(key, Line2D([], [], color=line.colour, label=line.label, **style))
+            # the legend shows the plain line, not a widened rim
+            handles[key].set(lw=1.6, markersize=6 if line.markers_only else 3.5)
     for ref in panel.refs:
         artist = ax.axhline(ref.y, color="#444444", linestyle="--", lw=1, label=ref.label)
         handles.setdefault(f"ref:{ref.label}", artist)
@@ -136,9 +142,15 @@ def _draw_panel(ax: Axes, panel: Panel, figure: LineFigure, handles: dict[str, A
         ax.set_xlim(*figure.x.limits)
     if panel.y_log:
         ax.set_yscale("log")
-        plain = _plain_log_formatter()
-        ax.yaxis.set_major_formatter(plain(labelOnlyBase=False))
-        ax.yaxis.set_minor_formatter(plain(labelOnlyBase=False))
+        if panel.y_ticks:
+            from matplotlib.ticker import NullFormatter
+
+            ax.set_yticks([t for t, _ in panel.y_ticks], [label for _, label in panel.y_ticks])
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            plain = _plain_log_formatter()
+            ax.yaxis.set_major_formatter(plain(labelOnlyBase=False))
+            ax.yaxis.set_minor_formatter(plain(labelOnlyBase=False))
     if panel.y_range:
         ax.set_ylim(*panel.y_range)
     elif not panel.y_log:

@@ -18,12 +18,12 @@ import pytest
 from lcab.records.sinks import RECORDS_FILE, write_records
 from lcab.report.__main__ import main
 from lcab.report.build import BuiltReport, build_report
-from lcab.report.figures import build_figures
+from lcab.report.figures import build_figures, stacked
 from lcab.report.frame import load_records, record_files, variant_labels
 from lcab.report.interactive import plotly_js, to_plotly
 from lcab.report.page import reasons_table
-from lcab.report.plot_data import Figures, Heatmap, LineFigure
-from lcab.report.plot_style import palette, seqlen_label
+from lcab.report.plot_data import Figures, Heatmap, Line, LineFigure
+from lcab.report.plot_style import log_ticks, palette, seqlen_label
 from lcab.report.png import draw
 from tests.helpers.synthetic_records import (
     LENGTHS,
@@ -242,6 +242,38 @@ def test_support_heatmap_colours_by_the_worst_status_and_counts(figures):
     (strategies,) = [f for f in figures.figures if f.name == "support_strategies"]
     assert isinstance(strategies, Heatmap)
     assert strategies.rows == ("ring/ranges", "ulysses/ranges")
+
+
+def test_lines_covered_by_later_equal_lines_are_marked_to_draw_wider():
+    def line(label: str, y: tuple[float, ...]) -> Line:
+        return Line(label, label, "#000000", "solid", (1024.0, 2048.0), y)
+
+    a, b, c, d = (
+        line("a", (1.0, 2.0)),
+        line("b", (1.0, 2.0)),
+        line("c", (1.0, 3.0)),
+        line("d", (1.0, 2.0)),
+    )
+    assert [x.under for x in stacked([a, b, c, d])] == [2, 1, 0, 0]
+
+
+def test_log_ticks_label_narrow_and_wide_ranges():
+    assert [label for _, label in log_ticks([210.0, 640.0])] == [
+        "200",
+        "300",
+        "400",
+        "500",
+        "600",
+        "800",
+    ]
+    assert [label for _, label in log_ticks([3e-8, 2e-3])] == [
+        "1e-07",
+        "1e-06",
+        "1e-05",
+        "0.0001",
+        "0.001",
+    ]
+    assert log_ticks([1.0, 1.001]) == ()  # too narrow for any set of ticks: left to the renderer
 
 
 def test_seqlen_labels():
