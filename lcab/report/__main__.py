@@ -5,6 +5,8 @@ Commands:
   readme                       refresh the README's generated sections
   build PATH... [--out DIR]    the report of sweeps, run folders or records files: an offline
                                HTML page, PNG plots, CSV and Markdown tables
+  wandb-workspace SWEEP        the sweep's standard W&B workspace (``--dry-run PATH``: its JSON,
+                               offline; without: saved, which needs a W&B login)
 
 Each command is a subparser with its own ``run`` function (``set_defaults(run=...)``), so a
 new command is one ``_add_<name>`` function and a line in `parser`. Heavy imports (torch for
@@ -64,6 +66,21 @@ def _add_build(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build.set_defaults(run=_build)
 
 
+def _add_wandb_workspace(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from lcab.report import workspace  # light: wandb_workspaces is imported when it builds
+
+    command = commands.add_parser(
+        "wandb-workspace",
+        help="the sweep's standard W&B workspace (saved; --dry-run writes its JSON offline)",
+        description="Build the standard W&B workspace of a sweep's group: TFLOP/s vs seqlen by "
+        "kernel, CP strategy and mask, per-GPU TFLOP/s vs world size, peak memory, numerical "
+        "error, status counts. Saving needs a W&B login (wandb login or WANDB_API_KEY); "
+        "--dry-run PATH writes the workspace JSON without one.",
+    )
+    workspace.add_arguments(command)
+    command.set_defaults(run=workspace.main)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per report."""
     top = argparse.ArgumentParser(prog="python -m lcab.report")
@@ -73,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
         run=_readme
     )
     _add_build(commands)
+    _add_wandb_workspace(commands)
     return top
 
 

@@ -7,6 +7,7 @@ wrote and compare it with the records the sweep wrote.
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,45 @@ def test_a_path_without_records_exits_2_and_says_which(tmp_path):
     assert done.returncode == 2
     assert str(tmp_path / "missing") in done.stderr
     assert not Path(tmp_path / "missing").exists()
+
+
+def _filter_values(node):
+    if isinstance(node, dict):
+        if {"key", "op", "value"} <= node.keys():
+            return [node["value"]]
+        return [v for child in node.values() for v in _filter_values(child)]
+    if isinstance(node, list):
+        return [v for child in node for v in _filter_values(child)]
+    return []
+
+
+def test_the_wandb_workspace_command_writes_the_sweeps_views_offline(tmp_path):
+    sweep = tmp_path / "2026-11-23" / "10-00-00_abc123"
+    done = run_lcab(
+        "-m",
+        "kernel=ranges,sdpa",
+        "mask=causal",
+        "seqlen.values=[128]",
+        "bench=quick",
+        "bench.progress=false",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "ws.json"
+    env = {k: v for k, v in cli_env().items() if not k.startswith("WANDB_")}
+    cmd = [sys.executable, "-m", "lcab.report", "wandb-workspace", str(sweep), "--entity", "team"]
+    dry = subprocess.run(
+        [*cmd, "--dry-run", str(out)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    spec = json.loads(out.read_text())
+    assert _filter_values(spec) == ["2026-11-23_10-00-00_abc123"]  # the sweep's dated group
+    text = json.dumps(spec)
+    for metric in ("fwd_tflops", "bwd_tflops", "fwd_mem_peak_mib", "n_ok"):
+        assert f'"{metric}"' in text, metric
+    # saving needs a login: without one it says how, and fails
+    saved = subprocess.run(
+        cmd, env={**env, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=120
+    )
+    assert saved.returncode == 1 and "wandb login" in saved.stderr
