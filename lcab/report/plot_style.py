@@ -3,9 +3,9 @@
 A reader compares figures side by side, so one kernel (or one CP strategy) has one colour in
 every plot and in both renderers, the lines of one series (its world sizes, variants) differ
 by dash, one failure status has one marker, and sequence lengths read as ``1K``, ``8K``,
-``128K`` on a log2 axis everywhere. `Styler` fixes colours from the sorted series names and
-dashes from the sorted (world size, variant) pairs of each series, so they depend only on what
-the report holds, not on the order plots are drawn in.
+``128K`` on a log2 axis everywhere. `Styler` fixes colours from the registries (`palette`: a
+kernel keeps its colour across reports) and dashes from the sorted (world size, variant) pairs
+of each series, so neither depends on the order plots are drawn in.
 """
 
 from __future__ import annotations
@@ -35,8 +35,12 @@ SERIES_COLOURS = (
     "#843c39",
     "#7b4173",
     "#3182bd",
+    "#e7ba52",
+    "#ad494a",
+    "#a55194",
+    "#6b6ecf",
 )
-"""Qualitative colours, handed out to series in sorted-name order (cycling past 16)."""
+"""Qualitative colours: one slot per registered kernel and CP strategy (see `palette`)."""
 
 DASHES = ("solid", "dash", "dot", "dashdot")
 """Line styles telling apart the lines of one series (world sizes, variants), in order."""
@@ -76,11 +80,36 @@ def severity(status: str) -> int:
     return STATUS_SEVERITY.index(status) if status in STATUS_SEVERITY else len(STATUS_SEVERITY)
 
 
+def _preferred_colour(series: str) -> int | None:
+    """A series' own colour slot: its kernel's (or CP strategy's) place in the registries.
+
+    Slots come from the registries, not from what a report holds, so ``ranges`` keeps its colour
+    from one report (or README figure) to the next.
+    """
+    from lcab.cp import STRATEGIES
+    from lcab.kernels import list_kernels
+
+    known = [*list_kernels(), *STRATEGIES.names()]
+    key = series.split("/", 1)[0]  # "<cp>/<kernel>": coloured by the strategy
+    return known.index(key) % len(SERIES_COLOURS) if key in known else None
+
+
 def palette(names: Iterable[str]) -> dict[str, str]:
-    """One colour per series name, assigned in sorted order so every plot agrees."""
-    return {
-        name: SERIES_COLOURS[i % len(SERIES_COLOURS)] for i, name in enumerate(sorted(set(names)))
-    }
+    """One distinct colour per series name, the same whatever else the report holds.
+
+    Each series gets its preferred slot (`_preferred_colour`) unless a series before it in
+    sorted order took that colour; those, and names the registries do not know, take the first
+    colours still free (cycling once all are used).
+    """
+    colours: dict[str, str] = {}
+    for name in sorted(set(names)):
+        slot = _preferred_colour(name)
+        if slot is not None and SERIES_COLOURS[slot] not in colours.values():
+            colours[name] = SERIES_COLOURS[slot]
+    for name in sorted(set(names) - colours.keys()):
+        free = [c for c in SERIES_COLOURS if c not in colours.values()]
+        colours[name] = free[0] if free else SERIES_COLOURS[len(colours) % len(SERIES_COLOURS)]
+    return colours
 
 
 def seqlen_label(n: float) -> str:

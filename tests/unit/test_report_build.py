@@ -23,7 +23,7 @@ from lcab.report.frame import load_records, record_files, variant_labels
 from lcab.report.interactive import plotly_js, to_plotly
 from lcab.report.page import reasons_table
 from lcab.report.plot_data import Figures, Heatmap, Line, LineFigure
-from lcab.report.plot_style import log_ticks, palette, seqlen_label
+from lcab.report.plot_style import SERIES_COLOURS, log_ticks, palette, seqlen_label
 from lcab.report.png import draw
 from tests.helpers.synthetic_records import (
     LENGTHS,
@@ -430,3 +430,22 @@ def test_no_path_at_all_is_a_usage_error(capsys):
         main(["build"])
     assert exit_.value.code == 2
     assert "PATH" in capsys.readouterr().err
+
+
+def test_a_series_keeps_its_colour_across_reports_and_colours_stay_distinct():
+    alone = palette(["ranges"])["ranges"]
+    mixed = palette(["flex", "ranges", "sdpa", "ring/ranges", "ulysses/ranges", "mine"])
+    assert mixed["ranges"] == alone == palette(["ranges", "sdpa"])["ranges"]
+    assert mixed["ring/ranges"] == palette(["ring/sdpa"])["ring/sdpa"]  # by strategy
+    assert len(set(mixed.values())) == len(mixed)  # distinct, unknown names included
+    many = palette([f"kernel{i}" for i in range(len(SERIES_COLOURS) + 3)])
+    assert len(set(many.values())) == len(SERIES_COLOURS)  # cycling once every colour is used
+
+
+def test_every_registered_kernel_and_strategy_has_a_colour_slot_of_its_own():
+    from lcab.cp import STRATEGIES
+    from lcab.kernels import list_kernels
+
+    known = [*list_kernels(), *(f"{cp}/ranges" for cp in STRATEGIES.names())]
+    together = palette(known)
+    assert all(palette([name])[name] == together[name] for name in known)
