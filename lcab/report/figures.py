@@ -30,7 +30,15 @@ from lcab.report.plot_data import (
     Panel,
     RefLine,
 )
-from lcab.report.plot_style import LineStyle, Styler, log2_range, log2_ticks, seqlen_label, severity
+from lcab.report.plot_style import (
+    LineStyle,
+    Styler,
+    hardware_label,
+    log2_range,
+    log2_ticks,
+    seqlen_label,
+    severity,
+)
 
 PLOT_PASSES = {"fwd": "forward", "bwd": "backward"}
 """Passes drawn as panels (fwd_bwd is their sum; the tables have it)."""
@@ -240,6 +248,7 @@ def per_length_figure(
     if not any(panel.has_values for panel in panels):
         return None
     name, title = f"{metric.section}_{_stem(mask)}", metric.title.format(mask=mask)
+    title = " · ".join(t for t in (title, hardware_label(frame)) if t)
     return LineFigure(name, metric.section, title, _seqlen_axis(frame), tuple(panels))
 
 
@@ -260,6 +269,7 @@ def scaling_figure(
         return None
     which = "the largest length in every strategy's records" if common else "the largest length"
     title = f"Per-device throughput vs world size: {mask}, S = {seqlen_label(seqlen)} ({which})"
+    title = " · ".join(t for t in (title, hardware_label(rows)) if t)
     worlds = rows["world_size"]
     axis = Axis(
         "world size (ranks, log2 scale)", log2_ticks(worlds, label=False), log2_range(worlds)

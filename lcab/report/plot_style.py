@@ -122,6 +122,26 @@ def seqlen_label(n: float) -> str:
     return f"{value:,}"
 
 
+def hardware_label(frame: pd.DataFrame) -> str:
+    """What the figures ran on, for titles: ``float32 on AMD EPYC (cpu)``.
+
+    A figure read without its page (a PNG in a paper or README) must say that 0.1 TFLOP/s is a
+    CPU figure; mixed inputs are counted rather than listed, unknown parts left out.
+    """
+    dtypes = sorted({str(d) for d in frame["dtype"].dropna() if d})
+    devices = sorted(
+        {
+            f"{name} ({kind})" if name else str(kind)
+            for name, kind in zip(frame["device_name"], frame["device"], strict=True)
+            if name or kind
+        }
+    )
+    parts = [dtypes[0] if len(dtypes) == 1 else f"{len(dtypes)} dtypes" if dtypes else ""]
+    if devices:
+        parts.append(devices[0] if len(devices) == 1 else f"{len(devices)} device types")
+    return " on ".join(p for p in parts if p)
+
+
 def log2_ticks(
     values: Iterable[float], *, label: bool = True, most: int = 9
 ) -> tuple[tuple[float, str], ...]:

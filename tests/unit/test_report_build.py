@@ -449,3 +449,24 @@ def test_every_registered_kernel_and_strategy_has_a_colour_slot_of_its_own():
     known = [*list_kernels(), *(f"{cp}/ranges" for cp in STRATEGIES.names())]
     together = palette(known)
     assert all(palette([name])[name] == together[name] for name in known)
+
+
+def test_figure_titles_say_what_the_numbers_ran_on(tmp_path):
+    import pandas as pd
+
+    from lcab.report.plot_style import hardware_label
+
+    one = pd.DataFrame(
+        {"dtype": ["float32"] * 2, "device": ["cpu"] * 2, "device_name": ["EPYC"] * 2}
+    )
+    assert hardware_label(one) == "float32 on EPYC (cpu)"
+    mixed = pd.DataFrame(
+        {"dtype": ["bfloat16", "float16"], "device": ["cuda", "cpu"], "device_name": ["H100", ""]}
+    )
+    assert hardware_label(mixed) == "2 dtypes on 2 device types"
+    assert hardware_label(pd.DataFrame({"dtype": [""], "device": [""], "device_name": [""]})) == ""
+    record = measured("ranges", "causal", 1024)
+    record.device, record.device_name = "cpu", "EPYC"
+    write_records(tmp_path / RECORDS_FILE, [record])
+    figures = build_figures(load_records([tmp_path / RECORDS_FILE]))
+    assert line_figure(figures, "throughput_causal").title.endswith("· float32 on EPYC (cpu)")
