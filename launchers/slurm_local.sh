@@ -226,10 +226,11 @@ install_pkgs() {
   fi
   local rc=0
   {
-    # Lock::Timeout: wait for another apt/dpkg (e.g. unattended upgrades) instead of failing.
-    apt-get update -qq -o DPkg::Lock::Timeout=120 &&
+    # Lock::Timeout: wait for another apt/dpkg (unattended upgrades, the browser tests installing
+    # Chromium) instead of failing.
+    apt-get update -qq -o DPkg::Lock::Timeout=600 &&
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        -o DPkg::Lock::Timeout=120 "${PKGS[@]}"
+        -o DPkg::Lock::Timeout=600 "${PKGS[@]}"
   } >"$D/log/apt.log" 2>&1 || rc=$?
   ((own_policy)) && rm -f /usr/sbin/policy-rc.d
   if ((rc != 0)); then tail -n 20 "$D/log/apt.log" >&2; die 1 "apt-get failed (rc=$rc)"; fi

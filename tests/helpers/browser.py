@@ -33,9 +33,11 @@ def ensure_chromium() -> str | None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install {' '.join(APT_PACKAGES)})"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", *APT_PACKAGES]
+    wait = ["-o", "DPkg::Lock::Timeout=600"]  # the slurm tier may be installing in parallel
+    install = ["apt-get", "install", "-y", "-q", *wait, *APT_PACKAGES]
     if subprocess.run(install, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+        update = ["apt-get", "update", "-q", *wait]
+        subprocess.run(update, env=env, capture_output=True, check=False)
         done = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             return f"apt-get install {' '.join(APT_PACKAGES)} failed: {done.stderr[-500:]}"
