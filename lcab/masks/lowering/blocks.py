@@ -184,9 +184,6 @@ def block_table(
     fb0 = np.where(has_full, fb0, kb1 + 1)
     fb1 = np.where(has_full, fb1, kb1)
 
-    # Full tiles: runs [fb0, fb1].
-    f_owner, f_pos = _expand(np.where(has_full, fb1 - fb0 + 1, 0))
-    full_key = (head[sid[f_owner]] * n_q + qb[f_owner]) * n_k + fb0[f_owner] + f_pos
     # Partial contributions: [kb0, fb0) and (fb1, kb1].
     left_n = np.where(has_full, fb0 - kb0, kb1 - kb0 + 1)
     right_n = np.where(has_full, kb1 - fb1, 0)
@@ -202,25 +199,70 @@ def block_table(
         s_lo[p_owner],
         s_hi[p_owner],
     )
-    p_key = (head[sid[p_owner]] * n_q + qb[p_owner]) * n_k + p_kb
+    row_of = head[sid] * n_q + qb
+    p_key = row_of[p_owner] * n_k + p_kb
+    # Several slices may share a partial tile: merge its contributions (few, one per run end).
+    p_uniq, p_inverse = np.unique(p_key, return_inverse=True)
+    p_cov = np.bincount(p_inverse.reshape(-1), weights=p_area, minlength=len(p_uniq))
+    p_row, p_col = np.divmod(p_uniq, n_k)
+    dq, dk = np.diff(qb_arr), np.diff(kb_arr)
+    p_full = p_cov.astype(np.int64) == dq[p_row % max(n_q, 1)] * dk[p_col]
+    return _assemble(
+        qb_arr,
+        kb_arr,
+        mask.num_heads,
+        full_runs=(row_of[has_full], fb0[has_full], fb1[has_full] - fb0[has_full] + 1),
+        partial=(p_row, p_col, p_cov.astype(np.int64), p_full),
+        partial_slice=sid[p_owner],
+        partial_inverse=p_inverse.reshape(-1),
+    )
 
-    tile_area = np.diff(qb_arr)[:, None] * np.diff(kb_arr)[None, :]
-    keys = np.concatenate([full_key, p_key])
-    areas = np.concatenate([tile_area.reshape(-1)[full_key % (n_q * n_k)], p_area])
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    coverage = np.bincount(inverse.reshape(-1), weights=areas, minlength=len(uniq)).astype(np.int64)
-    full = coverage == tile_area.reshape(-1)[uniq % (n_q * n_k)]
-    row = uniq // n_k
-    ptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=mask.num_heads * n_q))])
-    entry_of_partial = inverse.reshape(-1)[len(full_key) :]
+
+def _assemble(
+    qb_arr: IntArray,
+    kb_arr: IntArray,
+    num_heads: int,
+    full_runs: tuple[IntArray, IntArray, IntArray],
+    partial: tuple[IntArray, IntArray, IntArray, np.ndarray],
+    partial_slice: IntArray,
+    partial_inverse: IntArray,
+) -> BlockTable:
+    """Lay out runs of full tiles and single partial tiles as the sorted CSR table.
+
+    A full tile is covered by one slice alone (slices are disjoint) and no other slice touches
+    it, so full runs never meet each other or a partial tile: sorting the few thousand *runs*
+    by (row, first key block) orders every tile, and each per-tile array is one ``repeat`` of a
+    per-run value plus an ``arange``, instead of a sort of the millions of tiles.
+    """
+    n_q, n_k = len(qb_arr) - 1, len(kb_arr) - 1
+    f_row, f_kb, f_len = full_runs
+    p_row, p_col, p_cov, p_full = partial
+    dq, dk = np.diff(qb_arr), np.diff(kb_arr)
+    seg_row = np.concatenate([f_row, p_row])
+    seg_kb = np.concatenate([f_kb, p_col])
+    seg_len = np.concatenate([f_len, np.ones(len(p_row), dtype=np.int64)])
+    seg_full = np.concatenate([np.ones(len(f_row), dtype=bool), p_full])
+    order = np.argsort(seg_row * n_k + seg_kb, kind="stable")
+    seg_row, seg_kb, seg_len, seg_full = (x[order] for x in (seg_row, seg_kb, seg_len, seg_full))
+    seg_off = np.cumsum(seg_len) - seg_len
+    total = int(seg_len.sum())
+    kv_block = np.repeat(seg_kb - seg_off, seg_len) + np.arange(total, dtype=np.int64)
+    full = np.repeat(seg_full, seg_len)
+    # Full tiles cover their whole tile; partial tiles carry their summed areas.
+    coverage = np.repeat(dq[seg_row % max(n_q, 1)], seg_len) * dk[kv_block]
+    slot_of_partial = np.empty(len(p_row), dtype=np.int64)
+    slot_of_partial[order[order >= len(f_row)] - len(f_row)] = seg_off[order >= len(f_row)]
+    coverage[slot_of_partial] = p_cov
+    per_row = np.bincount(seg_row, weights=seg_len, minlength=num_heads * n_q).astype(np.int64)
+    ptr = np.concatenate([[0], np.cumsum(per_row)])
     return BlockTable(
         q_bounds=qb_arr,
         k_bounds=kb_arr,
-        num_heads=mask.num_heads,
+        num_heads=num_heads,
         ptr=ptr.astype(np.int64),
-        kv_block=(uniq % n_k).astype(np.int64),
+        kv_block=kv_block.astype(np.int64),
         full=full,
-        coverage=coverage,
-        partial_slice=sid[p_owner],
-        partial_entry=entry_of_partial.astype(np.int64),
+        coverage=coverage.astype(np.int64),
+        partial_slice=partial_slice,
+        partial_entry=slot_of_partial[partial_inverse].astype(np.int64),
     )
