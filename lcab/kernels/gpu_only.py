@@ -1,11 +1,12 @@
 """GPU-only kernels, registered with their capabilities so every cell gets a precise status.
 
-FlashAttention 2/3, cuDNN fused attention (TransformerEngine), FlashMask and MagiAttention's FFA
-need CUDA and packages that do not exist for CPU. Their mask lowerings (varlen, flashmask,
-ranges) are written and tested in `lcab.masks.lowering`; the calls into the packages are a
-later step, so ``adapter_ready=False``: on a machine that has CUDA and the package, the cell is
-skipped with "adapter not written yet" rather than run by an untested adapter. On any other
-machine the reasons name the missing CUDA device and package.
+cuDNN fused attention (TransformerEngine), FlashMask and MagiAttention's FFA need CUDA and
+packages that do not exist for CPU. Their mask lowerings (varlen, flashmask, ranges) are written
+and tested in `lcab.masks.lowering`; the calls into the packages are a later step, so
+``adapter_ready=False``: on a machine that has CUDA and the package, the cell is skipped with
+"adapter not written yet" rather than run by an untested adapter. On any other machine the
+reasons name the missing CUDA device and package. (FlashAttention 2/3 have adapters:
+`lcab.kernels.flash_attn`.)
 """
 
 from __future__ import annotations
@@ -45,34 +46,6 @@ class _GpuOnlyKernel(Kernel):
         raise NotImplementedError(
             f"lcab's {self.name} adapter is not written yet; not_supported_reasons() says so"
         )
-
-
-@register_kernel
-class FA2Kernel(_GpuOnlyKernel):
-    """FlashAttention 2 (``flash_attn``), varlen API for document masks."""
-
-    name = "fa2"
-    summary = "FlashAttention 2 (flash_attn), varlen + window"
-    caps = _cuda_caps(
-        lowering="varlen",
-        package="flash_attn",
-        pip_name="flash-attn",
-        sm=(8, 0),
-    )
-
-
-@register_kernel
-class FA3Kernel(_GpuOnlyKernel):
-    """FlashAttention 3 (Hopper build, ``flash_attn_interface``)."""
-
-    name = "fa3"
-    summary = "FlashAttention 3 (flash_attn_interface, Hopper), varlen + window"
-    caps = _cuda_caps(
-        lowering="varlen",
-        package="flash_attn_interface",
-        pip_name="flash-attn-3 (built from the flash-attention repo's hopper/ directory)",
-        sm=(9, 0),
-    )
 
 
 @register_kernel

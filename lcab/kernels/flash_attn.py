@@ -1,0 +1,216 @@
+"""FlashAttention 2 (``flash_attn``) and 3 (``flash_attn_interface``) adapters, varlen lowering.
+
+Written against the documented APIs (flash-attn 2.8 and the FA3 hopper build of July 2025 or
+later; see the version probe) and **CPU contract-tested only**: the tests run this adapter's
+whole path against stand-in modules that implement the documented semantics, never against
+the real CUDA kernels. The first GPU run must confirm it (numerics check of every cell).
+
+The mask is lowered once, in `prepare`, by `lcab.masks.lowering.to_varlen`:
+
+* one sequence covering all queries and keys (full, causal, sliding windows, and any CP
+  rectangle of them) → the dense ``flash_attn_func`` on (1, S, H, D) views, with ``causal`` and
+  ``window_size`` (bottom-right aligned, the same rule the lowering uses);
+* several sequences (document masks, per-document causal or windows) → ``flash_attn_varlen_func``
+  with int32 ``cu_seqlens_q/k`` on the device and ``max_seqlen_q/k`` as Python ints.
+
+Rows the lowering puts in a sequence with no keys attend nothing: the libraries write out = 0
+for them and an LSE of +inf (FA2) or -inf (FA3); the adapter sets lcab's convention (out 0,
+lse -inf) from the mask itself, so the result does not depend on that difference.
+
+LSE: both libraries return it only with ``return_attn_probs=True`` — FA2 as
+``(out, lse, S_dmask)``, FA3 as ``(out, lse)`` — in natural log, float32, laid out (B, H, S)
+for the dense call and (H, total_q) for the varlen call. `lse_to_lcab` converts both to lcab's
+(Hq, Sq) and refuses any other shape rather than guessing. The LSE is not differentiable in
+either library, so the backward is autograd through ``out`` only (GQA gradients are summed
+over the query group by the library) and there is no backward from merged statistics
+(``stats_backward=False``: ring-style CP backward needs the private ``_flash_attn_backward``,
+whose signature changes between releases).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import torch
+from typing_extensions import override
+
+from lcab.kernels.base import (
+    Kernel,
+    KernelCaps,
+    PreparedAttention,
+    Problem,
+    empty_rows,
+    lse_dtype,
+)
+from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+from lcab.masks.lowering import to_varlen
+
+#: Keywords the adapter passes to both calls (FA2 and FA3 spell them the same).
+CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_attn_probs")
+#: Extra keywords of the varlen call.
+VARLEN_KWARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+LseLayout = Literal["bhs", "ht"]
+"""How a library lays out its LSE: ``bhs`` (B, H, S) with B = 1, ``ht`` (H, total_q)."""
+
+
+def lse_to_lcab(lse: torch.Tensor, layout: LseLayout, heads: int, seqlen: int) -> torch.Tensor:
+    """A FlashAttention LSE (natural log) in ``layout`` → lcab's (Hq, Sq).
+
+    Raises:
+        RuntimeError: the shape is not the documented one for ``layout`` (an API change: better
+            a failed cell than a silently transposed LSE merged by context parallelism).
+
+    """
+    expected = (1, heads, seqlen) if layout == "bhs" else (heads, seqlen)
+    if tuple(lse.shape) != expected:
+        raise RuntimeError(
+            f"FlashAttention returned an LSE of shape {tuple(lse.shape)}; the documented "
+            f"{layout} layout is {expected} (lcab's adapter follows flash-attn 2.8 / FA3 hopper)"
+        )
+    return lse[0] if layout == "bhs" else lse
+
+
+class _PreparedFlash(PreparedAttention):
+    """The lowered call: dense or varlen, its keyword arguments, and the empty rows."""
+
+    layout = "shd"
+
+    def __init__(
+        self,
+        mask: AttnMask,
+        problem: Problem,
+        dense_fn: Callable[..., Any],
+        varlen_fn: Callable[..., Any],
+    ) -> None:
+        args = to_varlen(mask)
+        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        left, right = args.window_size
+        self.kwargs: dict[str, Any] = {
+            "softmax_scale": problem.head_dim**-0.5,
+            "causal": bool(args.causal),
+            "window_size": (int(left), int(right)),
+            "return_attn_probs": True,
+        }
+        self.varlen = not args.is_single_sequence
+        self.fn = varlen_fn if self.varlen else dense_fn
+        if self.varlen:
+            self.kwargs.update(
+                cu_seqlens_q=self._cu(args.cu_seqlens_q, problem.device),
+                cu_seqlens_k=self._cu(args.cu_seqlens_k, problem.device),
+                max_seqlen_q=int(args.max_seqlen_q),
+                max_seqlen_k=int(args.max_seqlen_k),
+            )
+        self.empty = empty_rows(mask)[0].to(problem.device)  # (Sq,): one mask for all heads
+        self.has_empty = bool(self.empty.any())
+
+    @staticmethod
+    def _cu(values: Any, device: torch.device) -> torch.Tensor:
+        """cu_seqlens as FlashAttention wants them: contiguous int32 on the inputs' device."""
+        return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.varlen:
+            result = self.fn(q, k, v, **self.kwargs)
+            out, lse = result[0], lse_to_lcab(result[1], "ht", self.heads, self.seqlen)
+        else:
+            result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
+            out = result[0].squeeze(0)
+            lse = lse_to_lcab(result[1], "bhs", self.heads, self.seqlen)
+        lse = lse.to(lse_dtype(q.dtype))
+        if self.has_empty:  # FA2 reports +inf, FA3 -inf: lcab's convention is out 0, lse -inf
+            lse = lse.masked_fill(self.empty, float("-inf"))
+            out = out.masked_fill(self.empty[:, None, None], 0.0)
+        return out, lse
+
+
+def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:
+    """CUDA fwd + bwd in fp16/bf16, head dim ≤ 256, native GQA, LSE returned."""
+    return KernelCaps(
+        devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.float16, torch.bfloat16}),
+        lowering="varlen",
+        backward_devices=frozenset({"cuda"}),
+        max_head_dim=256,
+        gqa=True,
+        returns_lse=True,
+        package=package,
+        pip_name=pip_name,
+        min_compute_capability=sm,
+        adapter_ready=True,
+    )
+
+
+def _needs() -> tuple[ApiNeed, ...]:
+    return (
+        ApiNeed("flash_attn_func", CALL_KWARGS),
+        ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS)),
+    )
+
+
+class _FlashAttnKernel(Kernel):
+    """Shared by FA2 and FA3: same keywords, same lowering, same LSE layouts."""
+
+    probe: ClassVar[PackageProbe]
+
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        return probe_reasons(self.probe, problem.device)
+
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        return _PreparedFlash(mask, problem, module.flash_attn_func, module.flash_attn_varlen_func)
+
+
+@register_kernel
+class FA2Kernel(_FlashAttnKernel):
+    """FlashAttention 2 (``flash_attn`` >= 2.8), dense or varlen call (CPU contract-tested)."""
+
+    name = "fa2"
+    summary = "FlashAttention 2 (flash_attn), varlen + window"
+    caps = _fa_caps("flash_attn", "flash-attn", (8, 0))
+    probe = PackageProbe(
+        module="flash_attn",
+        distributions=("flash-attn", "flash_attn"),
+        needs=_needs(),
+        min_version="2.8",
+        requirement=">= 2.8",
+    )
+
+
+@register_kernel
+class FA3Kernel(_FlashAttnKernel):
+    """FlashAttention 3 (hopper build, ``flash_attn_interface``), dense or varlen (CPU-tested)."""
+
+    name = "fa3"
+    summary = "FlashAttention 3 (flash_attn_interface, Hopper), varlen + window"
+    caps = _fa_caps(
+        "flash_attn_interface",
+        "flash-attn-3 (built from the flash-attention repo's hopper/ directory)",
+        (9, 0),
+    )
+    probe = PackageProbe(
+        module="flash_attn_interface",
+        distributions=("flash_attn_3", "flash-attn-3"),
+        needs=_needs(),
+        min_version="3.0",
+        requirement="a hopper build from July 2025 or later, whose calls take return_attn_probs",
+    )
+
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        reasons = super().extra_reasons(problem, pass_)
+        if problem.device.type == "cuda" and cuda_present():
+            major, minor = torch.cuda.get_device_capability(problem.device)
+            if major != 9:  # sm_90a code runs on Hopper only, not on later architectures
+                reasons.append(
+                    f"FA3's hopper build has sm_90a kernels only (this GPU is sm_{major}{minor})"
+                )
+        return reasons
