@@ -113,3 +113,15 @@ def test_flex_block_mask_equals_reference_any_mask(mask: AttnMask, block: int, f
 def test_block_table_equals_reference_at_1m_tokens(name: str) -> None:
     mask = make_mask(name, 1 << 20, seed=0)
     assert_same_table(block_table(mask, 128), block_table_reference(mask, 128))
+
+
+@fast(30)
+@given(mask=any_masks(), block=st.integers(1, 40), factor=st.integers(1, 3))
+def test_flex_block_mask_from_given_table_equals_reference(
+    mask: AttnMask, block: int, factor: int
+) -> None:
+    heads_q = heads_for(mask, factor)
+    new = flex_block_mask(mask, heads_q=heads_q, block_size=block, table=block_table(mask, block))
+    ref = flex_block_mask_reference(mask, heads_q=heads_q, block_size=block)
+    for name in BLOCK_MASK_TENSORS:
+        assert torch.equal(getattr(new, name), getattr(ref, name)), name

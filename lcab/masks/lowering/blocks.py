@@ -138,10 +138,33 @@ def _bounds(length: int, spec: IntArray | int) -> IntArray:
     return np.asarray(spec, dtype=np.int64)
 
 
-def block_table(
+@dataclass(frozen=True)
+class TileRuns:
+    """Touched tiles as runs of consecutive key blocks, sorted by (row, first key block).
+
+    Full tiles come in long runs (one per slice and query block); every partial tile is a run
+    of one. Runs never overlap, so expanding them in order gives the CSR entries of
+    `BlockTable`, and other tile layouts (Flex's) can be written from the runs directly.
+    """
+
+    row: IntArray
+    """``head * num_q_blocks + query block`` of each run."""
+    kv_block: IntArray
+    """First key block of each run."""
+    length: IntArray
+    full: np.ndarray
+    partial_run: IntArray
+    """Run index of each distinct partial tile (in key order)."""
+    partial_coverage: IntArray
+    partial_slice: IntArray
+    """Slice of each partial contribution; ``partial_inverse`` maps it to its distinct tile."""
+    partial_inverse: IntArray
+
+
+def grid_bounds(
     mask: AttnMask, q_bounds: IntArray | int, k_bounds: IntArray | int | None = None
-) -> BlockTable:
-    """Classify every tile of ``mask`` on the given block grid (offsets, or a uniform size)."""
+) -> tuple[IntArray, IntArray]:
+    """Checked (query, key) block offsets of a grid given by offsets or a uniform size."""
     if k_bounds is None:
         k_bounds = q_bounds
     qb_arr = _bounds(mask.seqlen_q, q_bounds)
@@ -149,6 +172,19 @@ def block_table(
     for name, b, n in (("q", qb_arr, mask.seqlen_q), ("k", kb_arr, mask.seqlen_k)):
         if b[0] != 0 or b[-1] != n or (np.diff(b) <= 0).any():
             raise ValueError(f"{name} block offsets must rise strictly from 0 to {n}")
+    return qb_arr, kb_arr
+
+
+def block_table(
+    mask: AttnMask, q_bounds: IntArray | int, k_bounds: IntArray | int | None = None
+) -> BlockTable:
+    """Classify every tile of ``mask`` on the given block grid (offsets, or a uniform size)."""
+    qb_arr, kb_arr = grid_bounds(mask, q_bounds, k_bounds)
+    return _assemble(tile_runs(mask, qb_arr, kb_arr), qb_arr, kb_arr, mask.num_heads)
+
+
+def tile_runs(mask: AttnMask, qb_arr: IntArray, kb_arr: IntArray) -> TileRuns:
+    """The touched tiles of ``mask`` on a checked grid (`grid_bounds`), as sorted runs."""
     n_q, n_k = len(qb_arr) - 1, len(kb_arr) - 1
     s = mask.slices
     head = np.repeat(np.arange(mask.num_heads), np.diff(mask.head_ptr))
@@ -207,53 +243,42 @@ def block_table(
     p_row, p_col = np.divmod(p_uniq, n_k)
     dq, dk = np.diff(qb_arr), np.diff(kb_arr)
     p_full = p_cov.astype(np.int64) == dq[p_row % max(n_q, 1)] * dk[p_col]
-    return _assemble(
-        qb_arr,
-        kb_arr,
-        mask.num_heads,
-        full_runs=(row_of[has_full], fb0[has_full], fb1[has_full] - fb0[has_full] + 1),
-        partial=(p_row, p_col, p_cov.astype(np.int64), p_full),
+    seg_row = np.concatenate([row_of[has_full], p_row])
+    seg_kb = np.concatenate([fb0[has_full], p_col])
+    seg_len = np.concatenate([(fb1 - fb0 + 1)[has_full], np.ones(len(p_row), dtype=np.int64)])
+    seg_full = np.concatenate([np.ones(int(has_full.sum()), dtype=bool), p_full])
+    # A full tile is covered by one slice alone (slices are disjoint) and no other slice touches
+    # it, so runs never overlap: sorting the few thousand runs orders the millions of tiles.
+    order = np.argsort(seg_row * n_k + seg_kb, kind="stable")
+    partial_run = np.empty(len(p_row), dtype=np.int64)
+    is_partial = order >= len(order) - len(p_row)
+    partial_run[order[is_partial] - (len(order) - len(p_row))] = np.flatnonzero(is_partial)
+    return TileRuns(
+        row=seg_row[order],
+        kv_block=seg_kb[order],
+        length=seg_len[order],
+        full=seg_full[order],
+        partial_run=partial_run,
+        partial_coverage=p_cov.astype(np.int64),
         partial_slice=sid[p_owner],
         partial_inverse=p_inverse.reshape(-1),
     )
 
 
-def _assemble(
-    qb_arr: IntArray,
-    kb_arr: IntArray,
-    num_heads: int,
-    full_runs: tuple[IntArray, IntArray, IntArray],
-    partial: tuple[IntArray, IntArray, IntArray, np.ndarray],
-    partial_slice: IntArray,
-    partial_inverse: IntArray,
-) -> BlockTable:
-    """Lay out runs of full tiles and single partial tiles as the sorted CSR table.
-
-    A full tile is covered by one slice alone (slices are disjoint) and no other slice touches
-    it, so full runs never meet each other or a partial tile: sorting the few thousand *runs*
-    by (row, first key block) orders every tile, and each per-tile array is one ``repeat`` of a
-    per-run value plus an ``arange``, instead of a sort of the millions of tiles.
-    """
-    n_q, n_k = len(qb_arr) - 1, len(kb_arr) - 1
-    f_row, f_kb, f_len = full_runs
-    p_row, p_col, p_cov, p_full = partial
+def _assemble(runs: TileRuns, qb_arr: IntArray, kb_arr: IntArray, num_heads: int) -> BlockTable:
+    """Expand sorted runs into the CSR table: per tile, one ``repeat`` plus an ``arange``."""
+    n_q = len(qb_arr) - 1
     dq, dk = np.diff(qb_arr), np.diff(kb_arr)
-    seg_row = np.concatenate([f_row, p_row])
-    seg_kb = np.concatenate([f_kb, p_col])
-    seg_len = np.concatenate([f_len, np.ones(len(p_row), dtype=np.int64)])
-    seg_full = np.concatenate([np.ones(len(f_row), dtype=bool), p_full])
-    order = np.argsort(seg_row * n_k + seg_kb, kind="stable")
-    seg_row, seg_kb, seg_len, seg_full = (x[order] for x in (seg_row, seg_kb, seg_len, seg_full))
+    seg_len = runs.length
     seg_off = np.cumsum(seg_len) - seg_len
     total = int(seg_len.sum())
-    kv_block = np.repeat(seg_kb - seg_off, seg_len) + np.arange(total, dtype=np.int64)
-    full = np.repeat(seg_full, seg_len)
+    kv_block = np.repeat(runs.kv_block - seg_off, seg_len) + np.arange(total, dtype=np.int64)
+    full = np.repeat(runs.full, seg_len)
     # Full tiles cover their whole tile; partial tiles carry their summed areas.
-    coverage = np.repeat(dq[seg_row % max(n_q, 1)], seg_len) * dk[kv_block]
-    slot_of_partial = np.empty(len(p_row), dtype=np.int64)
-    slot_of_partial[order[order >= len(f_row)] - len(f_row)] = seg_off[order >= len(f_row)]
-    coverage[slot_of_partial] = p_cov
-    per_row = np.bincount(seg_row, weights=seg_len, minlength=num_heads * n_q).astype(np.int64)
+    coverage = np.repeat(dq[runs.row % max(n_q, 1)], seg_len) * dk[kv_block]
+    slot_of_partial = seg_off[runs.partial_run]
+    coverage[slot_of_partial] = runs.partial_coverage
+    per_row = np.bincount(runs.row, weights=seg_len, minlength=num_heads * n_q).astype(np.int64)
     ptr = np.concatenate([[0], np.cumsum(per_row)])
     return BlockTable(
         q_bounds=qb_arr,
@@ -263,6 +288,6 @@ def _assemble(
         kv_block=kv_block.astype(np.int64),
         full=full,
         coverage=coverage.astype(np.int64),
-        partial_slice=partial_slice,
-        partial_entry=slot_of_partial[partial_inverse].astype(np.int64),
+        partial_slice=runs.partial_slice,
+        partial_entry=slot_of_partial[runs.partial_inverse].astype(np.int64),
     )

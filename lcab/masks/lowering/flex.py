@@ -26,7 +26,7 @@ import torch
 
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, SliceKind
-from lcab.masks.lowering.blocks import BlockTable, block_table
+from lcab.masks.lowering.blocks import BlockTable, TileRuns, grid_bounds, tile_runs
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -145,14 +145,55 @@ def flex_mask_mod(mask: AttnMask, heads_q: int | None = None) -> FlexMaskMod:
 
 
 def _ordered(
-    rows: IntArray, cols: IntArray, n_rows: int, width: int
+    row: IntArray, col: IntArray, length: IntArray, n_rows: int, width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """CSR entries (already sorted by row, col) → (num (n_rows,), indices (n_rows, width))."""
-    num = np.bincount(rows, minlength=n_rows).astype(np.int32)
+    """Runs sorted by (row, col), never overlapping → (num (n_rows,), indices (n_rows, width)).
+
+    Row r of the indices lists its columns left-aligned, zero padded. Written run by run: a
+    column and its flat position both grow by one along a run, so both are one ``repeat`` of a
+    per-run value plus a shared ``arange`` — no per-tile sort, no dense pass over the grid.
+    """
+    num = np.bincount(row, weights=length, minlength=n_rows).astype(np.int64)
     idx = np.zeros((n_rows, max(width, 1)), dtype=np.int32)
-    slot = np.arange(len(rows)) - np.repeat(np.cumsum(num) - num, num)
-    idx[rows, slot] = cols
-    return torch.from_numpy(num), torch.from_numpy(idx)
+    if len(row):
+        off = np.cumsum(length) - length
+        row_start = np.cumsum(num) - num
+        step = np.arange(int(length.sum()), dtype=np.int64)
+        value = np.repeat(col - off, length) + step
+        flat = value + np.repeat(row * idx.shape[1] - row_start[row] - col + off, length)
+        idx.reshape(-1)[flat] = value
+    return torch.from_numpy(num.astype(np.int32)), torch.from_numpy(idx)
+
+
+def _view(
+    runs: TileRuns, group: int, n_blocks: int, width: int, heads: int, full: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num, indices) of the full (or partial) tiles, mask head h repeated for ``group`` heads."""
+    keep = runs.full == full
+    row, col, length = runs.row[keep], runs.kv_block[keep], runs.length[keep]
+    if group > 1:  # query head h reads mask head h // group: repeat rows, keep them sorted
+        mask_head, blk = np.divmod(row, n_blocks)
+        g = np.tile(np.arange(group), len(row))
+        row = (np.repeat(mask_head, group) * group + g) * n_blocks + np.repeat(blk, group)
+        col, length = np.repeat(col, group), np.repeat(length, group)
+        order = np.lexsort((col, row))
+        row, col, length = row[order], col[order], length[order]
+    return _ordered(row, col, length, heads * n_blocks, width)
+
+
+def _table_runs(table: BlockTable) -> TileRuns:
+    """A given table's tiles as runs of one (only row, key block and full are read)."""
+    none = np.zeros(0, dtype=np.int64)
+    return TileRuns(
+        row=np.repeat(np.arange(len(table.ptr) - 1), np.diff(table.ptr)),
+        kv_block=table.kv_block,
+        length=np.ones(len(table.kv_block), dtype=np.int64),
+        full=table.full,
+        partial_run=none,
+        partial_coverage=none,
+        partial_slice=none,
+        partial_inverse=none,
+    )
 
 
 def flex_block_mask(
@@ -167,34 +208,23 @@ def flex_block_mask(
 
     Head-shared masks give a BlockMask with one head that broadcasts over query heads; per-KV-head
     masks are expanded to ``heads_q`` heads (query head h uses mask head h // (heads_q / H)).
+    ``table``, if given, must be ``block_table(mask, block_size)``.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
     group = max(_head_group(mask, heads_q), 1)
-    table = table if table is not None else block_table(mask, block_size)
-    n_q, n_k = table.num_q_blocks, table.num_k_blocks
-    rows = np.repeat(np.arange(len(table.ptr) - 1), np.diff(table.ptr))
-    cols, full, heads = table.kv_block, table.full, mask.num_heads
-    if group > 1:  # query head h reads mask head h // group: repeat rows, keep them sorted
-        mask_head, qb = np.divmod(rows, n_q)
-        g = np.tile(np.arange(group), len(rows))
-        rows = (np.repeat(mask_head, group) * group + g) * n_q + np.repeat(qb, group)
-        cols, full = np.repeat(cols, group), np.repeat(full, group)
-        order = np.lexsort((cols, rows))
-        rows, cols, full = rows[order], cols[order], full[order]
-        heads = mask.num_heads * group
-    n_rows = heads * n_q
+    qb_arr, kb_arr = grid_bounds(mask, block_size)
+    n_q, n_k = len(qb_arr) - 1, len(kb_arr) - 1
+    runs = _table_runs(table) if table is not None else tile_runs(mask, qb_arr, kb_arr)
+    # The query-major view (for the backward pass) is the key-major view of the transposed
+    # mask: the same tiles, listed per key block, again from runs instead of a sort of tiles.
+    t_runs = tile_runs(mask.transpose(), kb_arr, qb_arr)
+    heads = mask.num_heads * group
     # Flex reads the number of key blocks from the last dimension of the index tensors.
-    kv_num, kv_idx = _ordered(rows[~full], cols[~full], n_rows, n_k)
-    full_num, full_idx = _ordered(rows[full], cols[full], n_rows, n_k)
-    # The query-major view (for the backward pass), transposed from the same sparse entries
-    # rather than by BlockMask.from_kv_blocks's dense argsort over every tile.
-    head, qb = np.divmod(rows, n_q)
-    t_rows = head * n_k + cols
-    order = np.lexsort((qb, t_rows))
-    t_rows, t_cols, t_full = t_rows[order], qb[order], full[order]
-    q_num, q_idx = _ordered(t_rows[~t_full], t_cols[~t_full], heads * n_k, n_q)
-    full_q_num, full_q_idx = _ordered(t_rows[t_full], t_cols[t_full], heads * n_k, n_q)
+    kv_num, kv_idx = _view(runs, group, n_q, n_k, heads, full=False)
+    full_num, full_idx = _view(runs, group, n_q, n_k, heads, full=True)
+    q_num, q_idx = _view(t_runs, group, n_k, n_q, heads, full=False)
+    full_q_num, full_q_idx = _view(t_runs, group, n_k, n_q, heads, full=True)
     predicate = flex_mask_mod(mask, heads_q)
 
     def put(x: torch.Tensor, rows_per_head: int) -> torch.Tensor:
