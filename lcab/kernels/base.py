@@ -86,6 +86,10 @@ class KernelCaps:
     """Lowest CUDA compute capability."""
     adapter_ready: bool = True
     """False while lcab's call into the package is not written yet (the reason says so)."""
+    contract_tested: bool = False
+    """A CUDA-only adapter whose whole call path is tested on CPU against a stand-in of the
+    library's documented API (``tests/unit/test_adapter_*.py``) — evidence short of a GPU run,
+    and reported as such (`proof_on_cpu`)."""
     stats_backward: bool = False
     """Whether `PreparedAttention.backward` works: gradients of one block of keys under the
     softmax statistics (out, lse) of the whole row, which ring-style CP merges need."""
@@ -312,3 +316,17 @@ def empty_rows(mask: AttnMask) -> torch.Tensor:
     ri = mask.row_intervals()
     counts = torch.from_numpy(ri.ptr[1:] - ri.ptr[:-1])
     return (counts == 0).reshape(mask.num_heads, mask.seqlen_q)
+
+
+def proof_on_cpu(caps: KernelCaps) -> str:
+    """What lcab has shown of a kernel without a GPU, for the support tables.
+
+    A kernel that runs on CPU is run by the test suite with numerics against the fp64
+    reference; a CUDA-only adapter is at best contract-tested; anything else is untested until a
+    GPU run verifies it.
+    """
+    if "cpu" in caps.devices:
+        return "runs on CPU (numerics vs fp64)"
+    if caps.contract_tested:
+        return "CPU contract-tested"
+    return "not run (CUDA only)"

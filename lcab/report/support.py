@@ -22,6 +22,7 @@ from lcab.cell import DTYPES
 from lcab.config.resolve import CPU_PROBLEM, GPU_PROBLEM
 from lcab.cp.base import STRATEGIES
 from lcab.kernels import KERNELS, Kernel, Problem, get_kernel
+from lcab.kernels.base import proof_on_cpu
 from lcab.masks import get_pattern, list_masks, make_mask
 from lcab.masks.core import AttnMask
 
@@ -194,6 +195,7 @@ def kernel_list_markdown() -> str:
                 or "–",
                 f"`{caps.pip_name or caps.package}`" if caps.package else "torch",
                 "yes" if caps.adapter_ready else "not yet",
+                proof_on_cpu(caps),
             ]
         )
     header = [
@@ -206,5 +208,6 @@ def kernel_list_markdown() -> str:
         "LSE on",
         "needs",
         "adapter",
+        "shown here",
     ]
     return "\n".join(_table(header, rows))

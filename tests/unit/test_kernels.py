@@ -7,11 +7,13 @@ it can must match the reference: out and lse in the forward, dq/dk/dv in the bac
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from lcab.kernels import KERNELS, Problem, get_kernel
+from lcab.kernels.base import proof_on_cpu
 from lcab.masks import list_masks, make_mask
 
 S = 160
@@ -146,3 +148,26 @@ def test_compiled_flex_runs_forward_on_cpu_without_lse():
     expected, _ = get_kernel("reference")(q.double(), k.double(), v.double(), mask)
     assert lse is None
     torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
+
+
+CONTRACT_TESTS = sorted((Path(__file__).parent).glob("test_adapter_*.py"))
+
+
+@pytest.mark.parametrize(
+    "kernel_name", [n for n in KERNELS.names() if get_kernel(n).caps.contract_tested]
+)
+def test_a_kernel_reported_contract_tested_has_contract_tests(kernel_name):
+    mentioned = [p.name for p in CONTRACT_TESTS if f'"{kernel_name}"' in p.read_text()]
+    assert mentioned, f"{kernel_name} says contract_tested but no tests/unit/test_adapter_*.py"
+
+
+def test_what_is_shown_on_cpu_follows_the_capabilities():
+    for name in KERNELS.names():
+        caps = get_kernel(name).caps
+        shown = proof_on_cpu(caps)
+        if "cpu" in caps.devices:
+            assert shown.startswith("runs on CPU")
+        elif caps.contract_tested:
+            assert caps.adapter_ready and shown == "CPU contract-tested"
+        else:
+            assert shown == "not run (CUDA only)"
