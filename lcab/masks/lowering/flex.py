@@ -156,12 +156,15 @@ def _ordered(
     num = np.bincount(row, weights=length, minlength=n_rows).astype(np.int64)
     idx = np.zeros((n_rows, max(width, 1)), dtype=np.int32)
     if len(row):
+        # Per-tile arrays dominate (millions of tiles): int32 halves their memory traffic.
+        wide = idx.size >= np.iinfo(np.int32).max
+        dtype = np.int64 if wide else np.int32
         off = np.cumsum(length) - length
         row_start = np.cumsum(num) - num
-        step = np.arange(int(length.sum()), dtype=np.int64)
-        value = np.repeat(col - off, length) + step
-        flat = value + np.repeat(row * idx.shape[1] - row_start[row] - col + off, length)
-        idx.reshape(-1)[flat] = value
+        step = np.arange(int(length.sum()), dtype=dtype)
+        value = np.repeat((col - off).astype(dtype), length) + step
+        shift = (row * idx.shape[1] - row_start[row] - col + off).astype(dtype)
+        idx.reshape(-1)[value + np.repeat(shift, length)] = value
     return torch.from_numpy(num.astype(np.int32)), torch.from_numpy(idx)
 
 
