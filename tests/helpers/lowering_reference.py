@@ -2,7 +2,8 @@
 
 The fast lowerings in `lcab.masks.lowering` must return bit-for-bit what these return (same
 arrays, dtypes and shapes); `tests/unit/test_lowering_fast.py` checks that over every mask
-pattern. Kept verbatim (renamed ``*_reference``) so the check does not depend on the new code.
+pattern. Kept verbatim (renamed ``*_reference``) so the check does not depend on the new code
+(helpers they share with the new code, such as `_sequences`, are imported).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import torch
 
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, band_area, kind_bands
+from lcab.masks.lowering import flashmask as fm
+from lcab.masks.lowering import flex as fx
+from lcab.masks.lowering import varlen as v
 from lcab.masks.lowering.blocks import BlockTable, uniform_bounds
-from lcab.masks.lowering.flex import FLEX_BLOCK, _head_group, flex_mask_mod
+from lcab.masks.lowering.flex import FLEX_BLOCK, _head_group
 
 
 def _expand(counts: IntArray) -> tuple[IntArray, IntArray]:
@@ -171,7 +175,7 @@ def flex_block_mask_reference(
     t_rows, t_cols, t_full = t_rows[order], qb[order], full[order]
     q_num, q_idx = _ordered(t_rows[~t_full], t_cols[~t_full], heads * n_k, n_q)
     full_q_num, full_q_idx = _ordered(t_rows[t_full], t_cols[t_full], heads * n_k, n_q)
-    predicate = flex_mask_mod(mask, heads_q)
+    predicate = flex_mask_mod_reference(mask, heads_q)
 
     def put(x: torch.Tensor, rows_per_head: int) -> torch.Tensor:
         return x.reshape(1, heads, rows_per_head, *x.shape[1:]).to(device)
@@ -188,4 +192,196 @@ def flex_block_mask_reference(
         full_q_indices=put(full_q_idx, n_k),
         BLOCK_SIZE=(block_size, block_size),
         mask_mod=predicate.as_mask_mod(),
+    )
+
+
+def to_varlen_reference(mask: AttnMask) -> v.VarlenArgs:
+    """The varlen arguments reproducing ``mask`` exactly.
+
+    Raises:
+        v.NotExpressible: per-head masks, rows attending several separate key ranges, sequences
+            that do not pair up, or rows that do not follow one common window.
+
+    """
+    if mask.num_heads != 1:
+        raise v.NotExpressible(
+            "varlen kernels take one mask for all heads; this mask has "
+            f"{mask.num_heads} (per-KV-head block-sparse)"
+        )
+    ri = mask.row_intervals()
+    counts = np.diff(ri.ptr)
+    if counts.max(initial=0) > 1:
+        row = int(np.argmax(counts > 1))
+        raise v.NotExpressible(
+            f"query row {row} attends {int(counts[row])} separate key ranges; varlen kernels "
+            f"allow one contiguous range per row"
+        )
+    q_spans, k_spans = v._sequences(mask)
+    lens_q, lens_k = [], []
+    pos_q = pos_k = 0
+    for (q0, q1), (k0, k1) in zip(q_spans.tolist(), k_spans.tolist(), strict=True):
+        if q0 > pos_q:  # queries attending nothing: a sequence with no keys
+            lens_q.append(q0 - pos_q)
+            lens_k.append(0)
+        if k0 > pos_k:  # keys nobody attends: a sequence with no queries
+            lens_q.append(0)
+            lens_k.append(k0 - pos_k)
+        lens_q.append(q1 - q0)
+        lens_k.append(k1 - k0)
+        pos_q, pos_k = q1, k1
+    if pos_q < mask.seqlen_q:
+        lens_q.append(mask.seqlen_q - pos_q)
+        lens_k.append(0)
+    if pos_k < mask.seqlen_k:
+        lens_q.append(0)
+        lens_k.append(mask.seqlen_k - pos_k)
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int64)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int64)
+
+    # Read the window off the attended rows.
+    sq, sk = np.diff(cu_q), np.diff(cu_k)
+    seq = np.repeat(np.arange(len(sq)), sq)
+    has = counts == 1
+    rows = np.flatnonzero(has)
+    first = np.zeros(mask.seqlen_q, dtype=np.int64)
+    last = np.zeros(mask.seqlen_q, dtype=np.int64)
+    first[rows], last[rows] = ri.starts, ri.ends - 1
+    r = np.arange(mask.seqlen_q) - cu_q[seq]
+    diag = cu_k[seq] + r + sk[seq] - sq[seq]  # global key column of the aligned diagonal
+    left = int((diag - first)[has].max(initial=0))
+    right = int((last - diag)[has].max(initial=0))
+    if left < 0 or right < 0:
+        raise v.NotExpressible(
+            "some row's keys end before or start after its aligned diagonal; FlashAttention "
+            "windows always contain the diagonal"
+        )
+    # A side that never binds is unbounded (-1), the way FlashAttention spells it.
+    if left >= int(sk.max(initial=0)) - 1:
+        left = -1
+    if right != 0 and right >= int(sq.max(initial=0)) - 1:
+        right = -1
+    args = v.VarlenArgs(
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=int(sq.max(initial=0)),
+        max_seqlen_k=int(sk.max(initial=0)),
+        causal=right == 0,
+        window_size=(left, right),
+    )
+    exp_first, exp_end = v.varlen_row_intervals(args, mask.seqlen_q)
+    exp_has = exp_end > exp_first
+    same = (
+        np.array_equal(exp_has, has)
+        and np.array_equal(exp_first[has], first[has])
+        and np.array_equal(exp_end[has], last[has] + 1)
+    )
+    if not same:
+        bad = int(
+            np.flatnonzero((exp_has != has) | (exp_first != first) | (exp_end != last + 1))[0]
+        )
+        raise v.NotExpressible(
+            f"no single (causal, window_size) reproduces every sequence: query row {bad} differs "
+            f"under window_size={args.window_size}"
+        )
+    return args
+
+
+def to_flashmask_reference(mask: AttnMask) -> fm.FlashMaskArgs:
+    """The smallest FlashMask column form reproducing ``mask`` exactly.
+
+    Raises:
+        v.NotExpressible: some key column attends more than three separate row ranges, or
+            ranges in an order the column form cannot state.
+
+    """
+    sq, sk, heads = mask.seqlen_q, mask.seqlen_k, mask.num_heads
+    ci = mask.transpose().row_intervals()  # rows of the transpose = key columns
+    n = np.diff(ci.ptr)
+    col = np.arange(heads * sk) % sk
+    first = ci.ptr[:-1]
+    has = n > 0
+    idx0 = np.where(has, first, 0)
+    idx_last = np.where(has, ci.ptr[1:] - 1, 0)
+    s0 = np.where(has, ci.starts[idx0] if len(ci.starts) else 0, 0)
+    e0 = np.where(has, ci.ends[idx0] if len(ci.ends) else 0, 0)
+    s_last = np.where(has, ci.starts[idx_last] if len(ci.starts) else 0, 0)
+    e_last = np.where(has, ci.ends[idx_last] if len(ci.ends) else 0, 0)
+    shape = (1, heads, sk)
+
+    lower_triangular = bool(np.all(~has | (s0 >= col)))
+    if lower_triangular:
+        # attended = [j, LTS) ∪ [LTE, Sq)
+        one = (n == 0) | ((n == 1) & (s0 == col))
+        if one.all():
+            lts = np.where(n == 0, col, e0)
+            return fm.FlashMaskArgs(lts.reshape(*shape, 1).astype(np.int32), True)
+        head_at_diag = has & (s0 == col)
+        two = (
+            (n == 0)
+            | ((n == 1) & ((s0 == col) | (e0 == sq)))
+            | ((n == 2) & (s0 == col) & (e_last == sq))
+        )
+        if two.all():
+            lts = np.where(head_at_diag, e0, col)
+            tail = has & (e_last == sq) & ~((n == 1) & head_at_diag)
+            lte = np.where(tail, s_last, sq)
+            return fm.FlashMaskArgs(
+                np.stack([lts, lte], -1).reshape(*shape, 2).astype(np.int32), True
+            )
+    if np.all(n <= 1):
+        # attended = [UTE, LTS)
+        ute = np.where(has, s0, 0)
+        lts = np.where(has, e0, 0)
+        return fm.FlashMaskArgs(np.stack([lts, ute], -1).reshape(*shape, 2).astype(np.int32), False)
+    # attended = [0, UTS) ∪ [UTE, LTS) ∪ [LTE, Sq)
+    top = has & (s0 == 0)
+    bottom = has & (e_last == sq) & ~((n == 1) & top)
+    middle = n - top - bottom
+    if (middle > 1).any():
+        j = int(np.flatnonzero(middle > 1)[0])
+        raise v.NotExpressible(
+            f"key column {j % sk} attends {int(n[j])} separate row ranges; FlashMask allows at "
+            f"most [0, UTS), [UTE, LTS) and [LTE, Sq)"
+        )
+    uts = np.where(top, e0, 0)
+    lte = np.where(bottom, s_last, sq)
+    mid_idx = np.where(top, first + 1, first)
+    mid_idx = np.minimum(mid_idx, max(len(ci.starts) - 1, 0))
+    ute = np.where(middle == 1, ci.starts[mid_idx] if len(ci.starts) else 0, uts)
+    lts = np.where(middle == 1, ci.ends[mid_idx] if len(ci.ends) else 0, ute)
+    out = np.stack([lts, lte, uts, ute], -1).reshape(*shape, 4).astype(np.int32)
+    return fm.FlashMaskArgs(out, False)
+
+
+def flex_mask_mod_reference(mask: AttnMask, heads_q: int | None = None) -> fx.FlexMaskMod:
+    """The compact exact predicate of ``mask`` for FlexAttention."""
+    group = fx._head_group(mask, heads_q)
+    ri = mask.row_intervals()
+    width = max(ri.max_per_row(), 1)
+    interval_bytes = 2 * 4 * mask.num_heads * mask.seqlen_q * width
+    cell = fx._grid_cell(mask)
+    if cell:
+        nq, nk = -(-mask.seqlen_q // cell), -(-mask.seqlen_k // cell)
+        if mask.num_heads * nq * nk <= interval_bytes:
+            grid = np.zeros((mask.num_heads, nq, nk), dtype=bool)
+            for h in range(mask.num_heads):
+                for q0, q1, k0, k1, _ in mask.head_slices(h).tolist():
+                    grid[h, q0 // cell : -(-q1 // cell), k0 // cell : -(-k1 // cell)] = True
+            return fx.FlexMaskMod(
+                "grid", group, mask.seqlen_q, mask.seqlen_k, grid=torch.from_numpy(grid), cell=cell
+            )
+    counts = np.diff(ri.ptr)
+    rows = np.repeat(np.arange(len(counts)), counts)
+    slot = np.arange(len(rows)) - np.repeat(ri.ptr[:-1], counts)
+    starts = np.zeros((len(counts), width), dtype=np.int32)
+    ends = np.zeros((len(counts), width), dtype=np.int32)
+    starts[rows, slot] = ri.starts
+    ends[rows, slot] = ri.ends
+    return fx.FlexMaskMod(
+        "intervals",
+        group,
+        mask.seqlen_q,
+        mask.seqlen_k,
+        starts=torch.from_numpy(starts),
+        ends=torch.from_numpy(ends),
     )

@@ -3,7 +3,7 @@
 `tests/helpers/lowering_reference.py` keeps the earlier implementations verbatim; every array of
 the new results must be equal to theirs with the same dtype and shape, over every registered
 pattern (whole and restricted to a random rectangle), random slices of every kind, arbitrary
-dense masks, uniform and explicit block offsets, and two 1M-token masks.
+dense masks, uniform and explicit block offsets, and 1M-token masks.
 """
 
 from __future__ import annotations
@@ -17,8 +17,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, make_mask
-from lcab.masks.lowering import BlockTable, block_table, flex_block_mask
-from tests.helpers.lowering_reference import block_table_reference, flex_block_mask_reference
+from lcab.masks.lowering import (
+    BlockTable,
+    NotExpressible,
+    block_table,
+    flex_block_mask,
+    flex_mask_mod,
+    to_flashmask,
+    to_varlen,
+)
+from lcab.masks.lowering.rows import row_intervals
+from tests.helpers.lowering_reference import (
+    block_table_reference,
+    flex_block_mask_reference,
+    flex_mask_mod_reference,
+    to_flashmask_reference,
+    to_varlen_reference,
+)
 from tests.helpers.masks import ALL_PATTERNS, any_masks, fast, pattern_masks, restricted
 
 BLOCK_MASK_TENSORS = (
@@ -125,3 +140,63 @@ def test_flex_block_mask_from_given_table_equals_reference(
     ref = flex_block_mask_reference(mask, heads_q=heads_q, block_size=block)
     for name in BLOCK_MASK_TENSORS:
         assert torch.equal(getattr(new, name), getattr(ref, name)), name
+
+
+def assert_same_arrays(new: object, ref: object) -> None:
+    """Dataclass results: every array field equal with the same dtype and shape."""
+    assert type(new) is type(ref)
+    for f in fields(new):  # type: ignore[arg-type]
+        a, b = getattr(new, f.name), getattr(ref, f.name)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape, f.name
+            assert np.array_equal(a, b), f.name
+        elif isinstance(b, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+        else:
+            assert a == b, f.name
+
+
+def assert_same_lowering(new_fn, ref_fn, mask: AttnMask) -> None:  # type: ignore[no-untyped-def]
+    """Same result, or the same NotExpressible message."""
+    try:
+        ref = ref_fn(mask)
+    except NotExpressible as err:
+        with pytest.raises(NotExpressible) as got:
+            new_fn(mask)
+        assert str(got.value) == str(err)
+        return
+    assert_same_arrays(new_fn(mask), ref)
+
+
+@fast(150)
+@given(mask=any_masks())
+def test_row_intervals_equal_core(mask: AttnMask) -> None:
+    for m in (mask, mask.transpose()):
+        assert_same_arrays(row_intervals(m), m.row_intervals())
+
+
+@pytest.mark.parametrize("name", ALL_PATTERNS)
+@fast(15)
+@given(data=st.data())
+def test_varlen_flashmask_flex_mod_equal_reference_patterns(name: str, data: st.DataObject) -> None:
+    mask = data.draw(st.one_of(pattern_masks(name), restricted(name)))
+    assert_same_lowering(to_varlen, to_varlen_reference, mask)
+    assert_same_lowering(to_flashmask, to_flashmask_reference, mask)
+    heads_q = heads_for(mask, 2)
+    assert_same_arrays(flex_mask_mod(mask, heads_q), flex_mask_mod_reference(mask, heads_q))
+
+
+@fast(100)
+@given(mask=any_masks())
+def test_varlen_flashmask_flex_mod_equal_reference_any_mask(mask: AttnMask) -> None:
+    assert_same_lowering(to_varlen, to_varlen_reference, mask)
+    assert_same_lowering(to_flashmask, to_flashmask_reference, mask)
+    heads_q = heads_for(mask, 1)
+    assert_same_arrays(flex_mask_mod(mask, heads_q), flex_mask_mod_reference(mask, heads_q))
+
+
+@pytest.mark.parametrize("name", ["causal_document", "sliding_window"])
+def test_varlen_flashmask_equal_reference_at_1m_tokens(name: str) -> None:
+    mask = make_mask(name, 1 << 20, seed=0)
+    assert_same_lowering(to_varlen, to_varlen_reference, mask)
+    assert_same_lowering(to_flashmask, to_flashmask_reference, mask)

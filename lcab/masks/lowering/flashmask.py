@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lcab.masks.core import AttnMask
+from lcab.masks.lowering.rows import row_intervals
 from lcab.masks.lowering.varlen import NotExpressible
 
 
@@ -52,7 +53,7 @@ def to_flashmask(mask: AttnMask) -> FlashMaskArgs:
 
     """
     sq, sk, heads = mask.seqlen_q, mask.seqlen_k, mask.num_heads
-    ci = mask.transpose().row_intervals()  # rows of the transpose = key columns
+    ci = row_intervals(mask.transpose())  # rows of the transpose = key columns
     n = np.diff(ci.ptr)
     col = np.arange(heads * sk) % sk
     first = ci.ptr[:-1]

@@ -27,6 +27,7 @@ import torch
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, SliceKind
 from lcab.masks.lowering.blocks import BlockTable, TileRuns, grid_bounds, tile_runs
+from lcab.masks.lowering.rows import row_intervals
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -113,7 +114,7 @@ def _grid_cell(mask: AttnMask) -> int:
 def flex_mask_mod(mask: AttnMask, heads_q: int | None = None) -> FlexMaskMod:
     """The compact exact predicate of ``mask`` for FlexAttention."""
     group = _head_group(mask, heads_q)
-    ri = mask.row_intervals()
+    ri = row_intervals(mask)
     width = max(ri.max_per_row(), 1)
     interval_bytes = 2 * 4 * mask.num_heads * mask.seqlen_q * width
     cell = _grid_cell(mask)

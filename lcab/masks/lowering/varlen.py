@@ -23,6 +23,7 @@ import numpy as np
 
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray
+from lcab.masks.lowering.rows import row_intervals
 
 
 class NotExpressible(ValueError):  # noqa: N818  # reads as `except NotExpressible`
@@ -131,7 +132,7 @@ def to_varlen(mask: AttnMask) -> VarlenArgs:
             "varlen kernels take one mask for all heads; this mask has "
             f"{mask.num_heads} (per-KV-head block-sparse)"
         )
-    ri = mask.row_intervals()
+    ri = row_intervals(mask)
     counts = np.diff(ri.ptr)
     if counts.max(initial=0) > 1:
         row = int(np.argmax(counts > 1))
