@@ -164,16 +164,12 @@ def to_varlen(mask: AttnMask) -> VarlenArgs:
 
     # Read the window off the attended rows.
     sq, sk = np.diff(cu_q), np.diff(cu_k)
-    seq = np.repeat(np.arange(len(sq)), sq)
     has = counts == 1
     rows = np.flatnonzero(has)
-    first = np.zeros(mask.seqlen_q, dtype=np.int64)
-    last = np.zeros(mask.seqlen_q, dtype=np.int64)
-    first[rows], last[rows] = ri.starts, ri.ends - 1
-    r = np.arange(mask.seqlen_q) - cu_q[seq]
-    diag = cu_k[seq] + r + sk[seq] - sq[seq]  # global key column of the aligned diagonal
-    left = int((diag - first)[has].max(initial=0))
-    right = int((last - diag)[has].max(initial=0))
+    # Global key column of every row's aligned diagonal: one repeat of a per-sequence offset.
+    diag = np.arange(mask.seqlen_q, dtype=np.int64) + np.repeat(cu_k[:-1] - cu_q[:-1] + sk - sq, sq)
+    left = int((diag[rows] - ri.starts).max(initial=0))
+    right = int((ri.ends - 1 - diag[rows]).max(initial=0))
     if left < 0 or right < 0:
         raise NotExpressible(
             "some row's keys end before or start after its aligned diagonal; FlashAttention "
@@ -192,22 +188,32 @@ def to_varlen(mask: AttnMask) -> VarlenArgs:
         causal=right == 0,
         window_size=(left, right),
     )
-    exp_first, exp_end = varlen_row_intervals(args, mask.seqlen_q)
-    exp_has = exp_end > exp_first
+    # `varlen_row_intervals` in global columns, from the diagonal already at hand.
+    k_start, k_stop = np.repeat(cu_k[:-1], sq), np.repeat(cu_k[1:], sq)
+    exp_first = k_start if left < 0 else np.maximum(diag - left, k_start)
+    exp_last = k_stop - 1 if right < 0 else np.minimum(diag + right, k_stop - 1)
     same = (
-        np.array_equal(exp_has, has)
-        and np.array_equal(exp_first[has], first[has])
-        and np.array_equal(exp_end[has], last[has] + 1)
+        np.array_equal(exp_last >= exp_first, has)
+        and np.array_equal(exp_first[rows], ri.starts)
+        and np.array_equal(exp_last[rows] + 1, ri.ends)
     )
     if not same:
-        bad = int(
-            np.flatnonzero((exp_has != has) | (exp_first != first) | (exp_end != last + 1))[0]
-        )
         raise NotExpressible(
-            f"no single (causal, window_size) reproduces every sequence: query row {bad} differs "
+            "no single (causal, window_size) reproduces every sequence: query row "
+            f"{_first_mismatch(args, ri.starts, ri.ends, has)} differs "
             f"under window_size={args.window_size}"
         )
     return args
+
+
+def _first_mismatch(args: VarlenArgs, starts: IntArray, ends: IntArray, has: np.ndarray) -> int:
+    """First query row whose (has keys, first, end) differs from the varlen semantics."""
+    first = np.zeros(len(has), dtype=np.int64)
+    last = np.zeros(len(has), dtype=np.int64)
+    first[has], last[has] = starts, ends - 1
+    exp_first, exp_end = varlen_row_intervals(args, len(has))
+    exp_has = exp_end > exp_first
+    return int(np.flatnonzero((exp_has != has) | (exp_first != first) | (exp_end != last + 1))[0])
 
 
 def varlen_reason(mask: AttnMask) -> str | None:
