@@ -34,7 +34,14 @@ from tests.helpers.lowering_reference import (
     to_flashmask_reference,
     to_varlen_reference,
 )
-from tests.helpers.masks import ALL_PATTERNS, any_masks, fast, pattern_masks, restricted
+from tests.helpers.masks import (
+    ALL_PATTERNS,
+    any_masks,
+    fast,
+    from_dense,
+    pattern_masks,
+    restricted,
+)
 
 BLOCK_MASK_TENSORS = (
     "kv_num_blocks",
@@ -200,3 +207,13 @@ def test_varlen_flashmask_equal_reference_at_1m_tokens(name: str) -> None:
     mask = make_mask(name, 1 << 20, seed=0)
     assert_same_lowering(to_varlen, to_varlen_reference, mask)
     assert_same_lowering(to_flashmask, to_flashmask_reference, mask)
+
+
+def test_varlen_window_mismatch_message_equals_reference() -> None:
+    dense = np.zeros((8, 8), dtype=bool)
+    dense[:4, :4] = np.tril(np.ones((4, 4), dtype=bool))  # a causal document...
+    dense[4:, 4:] = True  # ...next to a bidirectional one: no common window
+    mask = from_dense(dense)
+    with pytest.raises(NotExpressible, match="no single"):
+        to_varlen_reference(mask)
+    assert_same_lowering(to_varlen, to_varlen_reference, mask)
