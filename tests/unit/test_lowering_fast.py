@@ -26,6 +26,7 @@ from lcab.masks.lowering import (
     to_flashmask,
     to_varlen,
 )
+from lcab.masks.lowering import flex as flex_module
 from lcab.masks.lowering.rows import row_intervals
 from tests.helpers.lowering_reference import (
     block_table_reference,
@@ -217,3 +218,14 @@ def test_varlen_window_mismatch_message_equals_reference() -> None:
     with pytest.raises(NotExpressible, match="no single"):
         to_varlen_reference(mask)
     assert_same_lowering(to_varlen, to_varlen_reference, mask)
+
+
+@fast(40)
+@given(mask=any_masks(), block=st.integers(1, 20), factor=st.integers(1, 2))
+def test_flex_block_mask_run_by_run_writes_equal_reference(
+    mask: AttnMask, block: int, factor: int
+) -> None:
+    # Small masks have short runs; force the long-run path so it is checked too.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flex_module, "LONG_RUN", 1)
+        assert_same_block_mask(mask, heads_for(mask, factor), block)
