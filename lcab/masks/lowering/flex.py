@@ -132,12 +132,17 @@ def flex_mask_mod(mask: AttnMask, heads_q: int | None = None) -> FlexMaskMod:
                 "grid", group, mask.seqlen_q, mask.seqlen_k, grid=torch.from_numpy(grid), cell=cell
             )
     counts = np.diff(ri.ptr)
-    rows = np.repeat(np.arange(len(counts)), counts)
-    slot = np.arange(len(rows)) - np.repeat(ri.ptr[:-1], counts)
     starts = np.zeros((len(counts), width), dtype=np.int32)
     ends = np.zeros((len(counts), width), dtype=np.int32)
-    starts[rows, slot] = ri.starts
-    ends[rows, slot] = ri.ends
+    if width == 1:  # at most one interval per row (most masks): no per-interval slot needed
+        has = counts > 0
+        starts[has, 0] = ri.starts
+        ends[has, 0] = ri.ends
+    else:
+        rows = np.repeat(np.arange(len(counts)), counts)
+        slot = np.arange(len(rows)) - np.repeat(ri.ptr[:-1], counts)
+        starts[rows, slot] = ri.starts
+        ends[rows, slot] = ri.ends
     return FlexMaskMod(
         "intervals",
         group,
