@@ -229,3 +229,12 @@ def test_flex_block_mask_run_by_run_writes_equal_reference(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(flex_module, "LONG_RUN", 1)
         assert_same_block_mask(mask, heads_for(mask, factor), block)
+
+
+def test_flex_block_mask_equals_reference_at_1m_tokens() -> None:
+    mask = make_mask("causal_document", 1 << 20, seed=0)
+    new, ref = flex_block_mask(mask), flex_block_mask_reference(mask)
+    for name in BLOCK_MASK_TENSORS:
+        a, b = getattr(new, name), getattr(ref, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), name
