@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from lcab.masks.core import AttnMask, RowIntervals
-from lcab.masks.geometry import row_spans
+from lcab.masks.geometry import IntArray, kind_bands
 
 
 def row_intervals(mask: AttnMask) -> RowIntervals:
@@ -23,7 +23,7 @@ def row_intervals(mask: AttnMask) -> RowIntervals:
         s = s[np.argsort(s[:, 0], kind="stable")]
         if (s[1:, 0] < s[:-1, 1]).any():  # some row meets two slices: spans need merging
             return mask.row_intervals()
-        rows, first, last = row_spans(s)
+        rows, first, last = _spans(s)
         rows_all.append(rows + h * mask.seqlen_q)
         first_all.append(first)
         last_all.append(last)
@@ -33,3 +33,19 @@ def row_intervals(mask: AttnMask) -> RowIntervals:
     return RowIntervals(
         ptr.astype(np.int64), np.concatenate(first_all), np.concatenate(last_all) + 1
     )
+
+
+def _spans(s: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+    """`geometry.row_spans` of slices, as per-slice ``repeat`` s instead of per-row gathers."""
+    lo, hi = kind_bands(s[:, 0], s[:, 1], s[:, 2], s[:, 3], s[:, 4])
+    counts = s[:, 1] - s[:, 0]
+    total = int(counts.sum())
+    rows = np.repeat(s[:, 0] - (np.cumsum(counts) - counts), counts) + np.arange(
+        total, dtype=np.int64
+    )
+    first = np.maximum(np.repeat(s[:, 2], counts), rows + np.repeat(lo, counts))
+    last = np.minimum(np.repeat(s[:, 3] - 1, counts), rows + np.repeat(hi, counts))
+    keep = first <= last
+    if keep.all():
+        return rows, first, last
+    return rows[keep], first[keep], last[keep]
