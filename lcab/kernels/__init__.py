@@ -8,7 +8,17 @@ Public API::
     kernel.not_supported_reasons(problem)      # [] or human-readable reasons
 """
 
-from lcab.kernels import flash_attn, flex, gpu_only, naive, ranges, reference, sdpa, sparse  # noqa: F401  (registration)
+from lcab.kernels import (  # noqa: F401  (registration)
+    flash_attn,
+    flex,
+    gpu_only,
+    magi_ffa,
+    naive,
+    ranges,
+    reference,
+    sdpa,
+    sparse,
+)
 from lcab.kernels.base import (
     Kernel,
     KernelCaps,

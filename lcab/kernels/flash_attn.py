@@ -54,25 +54,50 @@ CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_attn_probs")
 #: Extra keywords of the varlen call.
 VARLEN_KWARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
-LseLayout = Literal["bhs", "ht"]
-"""How a library lays out its LSE: ``bhs`` (B, H, S) with B = 1, ``ht`` (H, total_q)."""
+LseLayout = Literal["bhs", "ht", "th"]
+"""How a library lays out its LSE: ``bhs`` (B, H, S) with B = 1, ``ht`` (H, total_q), ``th``
+(total_q, H) (MagiAttention FFA)."""
 
 
-def lse_to_lcab(lse: torch.Tensor, layout: LseLayout, heads: int, seqlen: int) -> torch.Tensor:
-    """A FlashAttention LSE (natural log) in ``layout`` → lcab's (Hq, Sq).
+def lse_to_lcab(
+    lse: torch.Tensor,
+    layout: LseLayout,
+    heads: int,
+    seqlen: int,
+    library: str = "FlashAttention",
+    follows: str = "flash-attn 2.8 / FA3 hopper",
+) -> torch.Tensor:
+    """A library's LSE (natural log) in ``layout`` → lcab's (Hq, Sq).
+
+    Shared by every adapter whose library returns an LSE in one of these layouts.
 
     Raises:
         RuntimeError: the shape is not the documented one for ``layout`` (an API change: better
             a failed cell than a silently transposed LSE merged by context parallelism).
 
     """
-    expected = (1, heads, seqlen) if layout == "bhs" else (heads, seqlen)
+    expected = {"bhs": (1, heads, seqlen), "ht": (heads, seqlen), "th": (seqlen, heads)}[layout]
     if tuple(lse.shape) != expected:
         raise RuntimeError(
-            f"FlashAttention returned an LSE of shape {tuple(lse.shape)}; the documented "
-            f"{layout} layout is {expected} (lcab's adapter follows flash-attn 2.8 / FA3 hopper)"
+            f"{library} returned an LSE of shape {tuple(lse.shape)}; the documented "
+            f"{layout} layout is {expected} (lcab's adapter follows {follows})"
         )
-    return lse[0] if layout == "bhs" else lse
+    if layout == "bhs":
+        return lse[0]
+    return lse.t() if layout == "th" else lse
+
+
+def lcab_empty_rows(
+    out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply lcab's convention to rows attending no key: out 0 (packed (Sq, H, D)), lse -inf.
+
+    ``empty`` is (Sq,) for a mask shared by all heads or (Hq, Sq) per query head. Libraries
+    disagree on these rows (+inf, -inf, or undocumented), so adapters set them from the mask.
+    """
+    lse = lse.masked_fill(empty, float("-inf"))
+    rows = empty[:, None, None] if empty.dim() == 1 else empty.t()[:, :, None]
+    return out.masked_fill(rows, 0.0), lse
 
 
 class _PreparedFlash(PreparedAttention):
@@ -125,8 +150,7 @@ class _PreparedFlash(PreparedAttention):
             lse = lse_to_lcab(result[1], "bhs", self.heads, self.seqlen)
         lse = lse.to(lse_dtype(q.dtype))
         if self.has_empty:  # FA2 reports +inf, FA3 -inf: lcab's convention is out 0, lse -inf
-            lse = lse.masked_fill(self.empty, float("-inf"))
-            out = out.masked_fill(self.empty[:, None, None], 0.0)
+            out, lse = lcab_empty_rows(out, lse, self.empty)
         return out, lse
 
 

@@ -1,12 +1,12 @@
 """GPU-only kernels, registered with their capabilities so every cell gets a precise status.
 
-cuDNN fused attention (TransformerEngine), FlashMask and MagiAttention's FFA need CUDA and
-packages that do not exist for CPU. Their mask lowerings (varlen, flashmask, ranges) are written
+cuDNN fused attention (TransformerEngine) and FlashMask need CUDA and packages that do not
+exist for CPU. Their mask lowerings (varlen, flashmask) are written
 and tested in `lcab.masks.lowering`; the calls into the packages are a later step, so
 ``adapter_ready=False``: on a machine that has CUDA and the package, the cell is skipped with
 "adapter not written yet" rather than run by an untested adapter. On any other machine the
-reasons name the missing CUDA device and package. (FlashAttention 2/3 have adapters:
-`lcab.kernels.flash_attn`.)
+reasons name the missing CUDA device and package. (FlashAttention 2/3 and MagiAttention FFA
+have adapters: `lcab.kernels.flash_attn`, `lcab.kernels.magi_ffa`.)
 """
 
 from __future__ import annotations
@@ -74,20 +74,4 @@ class FlashMaskKernel(_GpuOnlyKernel):
         pip_name="paddlepaddle-gpu",
         sm=(8, 0),
         per_head_masks=True,
-    )
-
-
-@register_kernel
-class FFAKernel(_GpuOnlyKernel):
-    """MagiAttention Flex-Flash-Attention: consumes the slices natively."""
-
-    name = "ffa"
-    summary = "MagiAttention FFA (magi_attention), slices natively"
-    caps = _cuda_caps(
-        lowering="ffa",
-        package="magi_attention",
-        pip_name="magi_attention (source build, Hopper/Blackwell)",
-        sm=(9, 0),
-        head_dims=frozenset({64, 128}),
-        max_head_dim=None,
     )

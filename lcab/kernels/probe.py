@@ -25,6 +25,7 @@ import importlib.util
 import inspect
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,10 @@ class ApiNeed:
 
     function: str
     params: tuple[str, ...]
+    positional: int | None = None
+    """How many leading arguments the adapter passes by position; when set, a parameter
+    without a default that is neither among them nor in ``params`` is a reason too (an API
+    generation that needs an argument lcab does not pass). None: not checked."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,27 @@ def api_reasons(probe: PackageProbe, version: str | None) -> list[str]:
         missing = [p for p in need.params if p not in params and not takes_kwargs]
         if missing:
             reasons.append(f"{label} has no {', '.join(missing)} in {need.function}{needs}")
+        required = _required_unpassed(params, need)
+        if required:
+            reasons.append(
+                f"{label}'s {need.function} requires {', '.join(required)}, which lcab's "
+                f"adapter does not pass{needs}"
+            )
     return reasons
+
+
+def _required_unpassed(params: Mapping[str, inspect.Parameter], need: ApiNeed) -> list[str]:
+    """Parameters without a default that the adapter passes neither by position nor keyword."""
+    if need.positional is None:
+        return []
+    named = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return [
+        p.name
+        for index, p in enumerate(named)
+        if p.default is p.empty
+        and p.name not in need.params
+        and not (index < need.positional and p.kind is not p.KEYWORD_ONLY)
+    ]
 
 
 def probe_reasons(probe: PackageProbe, device: torch.device) -> list[str]:

@@ -1,0 +1,150 @@
+"""MagiAttention Flex-Flash-Attention (``magi_attention.functional.flex_flash_attn_func``) adapter.
+
+Written against the documented API of MagiAttention v1.1 (gpu_kernels.md §3.7) and **CPU
+contract-tested only**: the tests run this adapter's whole path against a stand-in module that
+implements the documented semantics, never against the real CUDA kernels. The first GPU run
+must confirm it (numerics check of every cell).
+
+FFA consumes lcab's slices as they are: ``q_ranges`` and ``k_ranges`` (N, 2) int32 ``[start,
+end)`` and ``attn_type_map`` (N,) int32 with the same kind codes (0 full, 1 causal bottom-right,
+2 inv_causal top-left, 3 bi_causal). The lowering (`lcab.masks.lowering.to_ffa`) is done once in
+`prepare` and the three tensors are moved to the device there, so the timed call is one
+library call. The slices of an `AttnMask` never overlap, which is what FFA's reduction of
+several ranges per query row assumes (the atomic forward reduction is left on, its default,
+because one query range may appear in several slices).
+
+Arguments are passed by keyword: releases before v1.1 took ``max_seqlen_q``/``max_seqlen_k``
+as required positional arguments after ``k_ranges`` and returned ``(out, lse)``; v1.1 returns
+``(out, meta)`` with ``meta.lse``. The probe refuses the older signature (it requires arguments
+lcab does not pass). ``max_seqlen_q`` stays at its default (None): its exact meaning in v1.1 is
+not documented beyond "optional", so lcab does not guess it.
+
+LSE: ``meta.lse`` is natural log, float32, (total_q, Hq) → transposed to lcab's (Hq, Sq) by
+`lse_to_lcab` (any other shape is an error). Its value on rows attending no key is undocumented,
+so the adapter sets lcab's convention (out 0, lse -inf) from the mask. The LSE is not
+differentiable; the backward is autograd through ``out`` (``stats_backward=False``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from typing_extensions import override
+
+from lcab.kernels.base import (
+    Kernel,
+    KernelCaps,
+    PreparedAttention,
+    Problem,
+    empty_rows,
+    lse_dtype,
+)
+from lcab.kernels.flash_attn import lcab_empty_rows, lse_to_lcab
+from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+from lcab.masks.lowering import to_ffa
+
+#: Keywords the adapter passes to ``flex_flash_attn_func`` (after q, k, v by position).
+FFA_KWARGS = ("q_ranges", "k_ranges", "attn_type_map", "softmax_scale")
+FOLLOWS = "MagiAttention v1.1 (flex_flash_attn_func returning (out, meta))"
+
+
+def lse_of(result: Any) -> torch.Tensor:
+    """The LSE of a ``flex_flash_attn_func`` result ``(out, meta)``: ``meta.lse``.
+
+    Raises:
+        RuntimeError: the second item has no ``lse`` (an API generation lcab was not written for).
+
+    """
+    lse = getattr(result[1], "lse", None)
+    if not isinstance(lse, torch.Tensor):
+        raise RuntimeError(
+            f"flex_flash_attn_func returned {type(result[1]).__name__} as its second item, "
+            f"without an lse tensor (lcab's adapter follows {FOLLOWS})"
+        )
+    return lse
+
+
+class _PreparedFFA(PreparedAttention):
+    """The slices as device tensors, the call's keywords, and the empty rows."""
+
+    layout = "shd"
+
+    def __init__(self, mask: AttnMask, problem: Problem, fn: Callable[..., Any]) -> None:
+        args = to_ffa(mask)
+        device = problem.device
+        self.fn = fn
+        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.kwargs: dict[str, Any] = {
+            "q_ranges": torch.from_numpy(args.q_ranges).to(device).contiguous(),
+            "k_ranges": torch.from_numpy(args.k_ranges).to(device).contiguous(),
+            "attn_type_map": torch.from_numpy(args.attn_type_map).to(device).contiguous(),
+            "softmax_scale": problem.head_dim**-0.5,
+        }
+        self.no_slices = args.attn_type_map.size == 0
+        self.empty = empty_rows(mask)[0].to(device)  # (Sq,): one mask for all heads
+        self.has_empty = bool(self.empty.any())
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.no_slices:  # a CP block attending nothing: no call (FFA's N = 0 is undocumented)
+            lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
+            return q * 0, lse.to(lse_dtype(q.dtype))
+        result = self.fn(q, k, v, **self.kwargs)
+        lse = lse_to_lcab(lse_of(result), "th", self.heads, self.seqlen, "FFA", FOLLOWS)
+        out, lse = result[0], lse.to(lse_dtype(q.dtype))
+        if self.has_empty:
+            out, lse = lcab_empty_rows(out, lse, self.empty)
+        return out, lse
+
+
+@register_kernel
+class FFAKernel(Kernel):
+    """MagiAttention Flex-Flash-Attention: consumes the slices natively (CPU contract-tested)."""
+
+    name = "ffa"
+    summary = "MagiAttention FFA (magi_attention), slices natively"
+    caps = KernelCaps(
+        devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.float16, torch.bfloat16}),
+        lowering="ffa",
+        backward_devices=frozenset({"cuda"}),
+        head_dims=frozenset({64, 128}),
+        gqa=True,
+        returns_lse=True,
+        package="magi_attention",
+        pip_name="magi_attention (source build, Hopper/Blackwell)",
+        min_compute_capability=(9, 0),
+        adapter_ready=True,
+    )
+    probe: ClassVar[PackageProbe] = PackageProbe(
+        module="magi_attention.functional",
+        distributions=("magi_attention", "magi-attention"),
+        needs=(ApiNeed("flex_flash_attn_func", FFA_KWARGS, positional=3),),
+        min_version="1.1",
+        requirement=(
+            "a source build of v1.1 or later; PyPI's magi-attention 0.0.1 is an empty placeholder"
+        ),
+    )
+
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        reasons = probe_reasons(self.probe, problem.device)
+        if problem.device.type == "cuda" and cuda_present():
+            major, minor = torch.cuda.get_device_capability(problem.device)
+            if major != 9:  # native FFA asserts sm90; other GPUs need its FA4 backend (not wired)
+                reasons.append(
+                    f"native FFA runs on sm90 only (this GPU is sm_{major}{minor}; MagiAttention's "
+                    "FA4 backend is not wired into lcab)"
+                )
+        return reasons
+
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        return _PreparedFFA(mask, problem, module.flex_flash_attn_func)
