@@ -272,10 +272,17 @@ def _assemble(runs: TileRuns, qb_arr: IntArray, kb_arr: IntArray, num_heads: int
     seg_len = runs.length
     seg_off = np.cumsum(seg_len) - seg_len
     total = int(seg_len.sum())
-    kv_block = np.repeat(runs.kv_block - seg_off, seg_len) + np.arange(total, dtype=np.int64)
+    # In-place updates: at 1M tokens these arrays hold millions of tiles, and every temporary
+    # costs fresh pages.
+    kv_block = np.repeat(runs.kv_block - seg_off, seg_len)
+    kv_block += np.arange(total, dtype=np.int64)
     full = np.repeat(runs.full, seg_len)
     # Full tiles cover their whole tile; partial tiles carry their summed areas.
-    coverage = np.repeat(dq[runs.row % max(n_q, 1)], seg_len) * dk[kv_block]
+    coverage = np.repeat(dq[runs.row % max(n_q, 1)], seg_len)
+    if len(dk) == 0 or (dk != dk[0]).any():
+        coverage *= dk[kv_block]
+    else:  # uniform key blocks: one width for every tile
+        coverage *= dk[0]
     slot_of_partial = seg_off[runs.partial_run]
     coverage[slot_of_partial] = runs.partial_coverage
     per_row = np.bincount(runs.row, weights=seg_len, minlength=num_heads * n_q).astype(np.int64)
@@ -285,9 +292,9 @@ def _assemble(runs: TileRuns, qb_arr: IntArray, kb_arr: IntArray, num_heads: int
         k_bounds=kb_arr,
         num_heads=num_heads,
         ptr=ptr.astype(np.int64),
-        kv_block=kv_block.astype(np.int64),
+        kv_block=kv_block.astype(np.int64, copy=False),
         full=full,
-        coverage=coverage.astype(np.int64),
+        coverage=coverage.astype(np.int64, copy=False),
         partial_slice=runs.partial_slice,
         partial_entry=slot_of_partial[runs.partial_inverse].astype(np.int64),
     )
