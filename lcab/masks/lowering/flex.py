@@ -2,9 +2,10 @@
 
 `torch.nn.attention.flex_attention.create_block_mask` evaluates a predicate at every one of the
 Sq·Sk positions to find empty, partial and full tiles. lcab already knows them from the slices
-(`block_table`, O(tiles touched)), so the BlockMask is assembled directly with
-`BlockMask.from_kv_blocks`. The `mask_mod`, which Flex evaluates only inside partial tiles, is
-one of two compact exact predicates:
+(`tile_runs`: runs of key blocks per query block, O(slices x query blocks)), so the BlockMask's
+index tensors are written directly from those runs, the query-major ones from the runs of the
+transposed mask; nothing sorts the millions of tiles of a 1M-token mask. The `mask_mod`, which
+Flex evaluates only inside partial tiles, is one of two compact exact predicates:
 
 * ``intervals`` — per query row, its K merged key intervals (K = most intervals of any row; 1
   or 2 for every static pattern): memory O(Sq·K);
