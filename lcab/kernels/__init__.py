@@ -10,6 +10,7 @@ Public API::
 
 from lcab.kernels import (  # noqa: F401  (registration)
     flash_attn,
+    flashmask,
     flex,
     gpu_only,
     magi_ffa,

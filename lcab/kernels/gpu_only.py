@@ -1,12 +1,13 @@
 """GPU-only kernels, registered with their capabilities so every cell gets a precise status.
 
-cuDNN fused attention (TransformerEngine) and FlashMask need CUDA and packages that do not
-exist for CPU. Their mask lowerings (varlen, flashmask) are written
+cuDNN fused attention (TransformerEngine) needs CUDA and a package that does not exist for
+CPU. Its mask lowering (varlen) is written
 and tested in `lcab.masks.lowering`; the calls into the packages are a later step, so
 ``adapter_ready=False``: on a machine that has CUDA and the package, the cell is skipped with
 "adapter not written yet" rather than run by an untested adapter. On any other machine the
-reasons name the missing CUDA device and package. (FlashAttention 2/3 and MagiAttention FFA
-have adapters: `lcab.kernels.flash_attn`, `lcab.kernels.magi_ffa`.)
+reasons name the missing CUDA device and package. (FlashAttention 2/3, MagiAttention FFA and
+FlashMask have adapters: `lcab.kernels.flash_attn`, `lcab.kernels.magi_ffa`,
+`lcab.kernels.flashmask`.)
 """
 
 from __future__ import annotations
@@ -59,19 +60,4 @@ class CudnnKernel(_GpuOnlyKernel):
         package="transformer_engine",
         pip_name="transformer-engine[pytorch]",
         sm=(8, 0),
-    )
-
-
-@register_kernel
-class FlashMaskKernel(_GpuOnlyKernel):
-    """PaddlePaddle FlashMask (column-wise start/end row indices)."""
-
-    name = "flashmask"
-    summary = "FlashMask (paddle), column-wise row intervals"
-    caps = _cuda_caps(
-        lowering="flashmask",
-        package="paddle",
-        pip_name="paddlepaddle-gpu",
-        sm=(8, 0),
-        per_head_masks=True,
     )

@@ -1,0 +1,251 @@
+"""flashmask adapter: CPU contract tests against a stand-in of FlashMask V3's torch module (no GPU).
+
+* lowering semantics: the adapter's recorded ``startend_row_indices`` and ``causal``, turned
+  into a dense mask by an emulator of FlashMask's documented column form
+  (``tests/helpers/standin_flashmask.py``), equal ``AttnMask.to_dense()`` for every mask the
+  adapter claims, with the diagonal in the lower *and* in the upper triangle (the docs do not
+  say which); every refusal for that ambiguity is necessary (one reading differs);
+* contract: the adapter's whole path (column indices per KV head, GQA, LSE (1, Hq, Sq), empty
+  rows, autograd) on the stand-in computing in float64, against lcab's fp64 reference kernel;
+* the version probe and the reasons (rectangles, FLAGS_flash_attn_version, the PyPI paddle).
+
+The tests call ``Kernel.prepare`` directly with a CPU float problem (``not_supported_reasons``
+would refuse it, as it should).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lcab.kernels import Problem, get_kernel, probe
+from lcab.kernels.flashmask import VERSION_FLAG
+from lcab.kernels.probe import probe_reasons
+from lcab.masks import AttnMask, make_mask
+from lcab.masks.lowering import lowering_reason
+from tests.helpers import standin_flashmask as standin
+from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted, slice_masks
+
+DIAGONAL_TEXT = "which owns the diagonal"
+#: Arbitrary block patterns: claimed when expressible; every other pattern must be (§3.6: N).
+SPARSE = {"block_sparse", "varblock_sparse"}
+
+
+def install(mp: pytest.MonkeyPatch, **overrides) -> None:
+    mp.setitem(sys.modules, "flashmask_interface", standin.flashmask_module(**overrides))
+    mp.delenv(VERSION_FLAG, raising=False)  # prepare must set it
+
+
+def run_adapter(mask: AttnMask, q, k, v):
+    """prepare + run, as the benchmark does, on a CPU float problem (test-only bypass)."""
+    prepared = get_kernel("flashmask").prepare(mask, Problem.of(q, k))
+    out, lse = prepared.run(prepared.to_native(q), prepared.to_native(k), prepared.to_native(v))
+    return prepared.from_native(out), lse
+
+
+# ----------------------------------------------------------------------------- (a) semantics
+def check_lowered_call(mask: AttnMask, must_claim: bool = False) -> None:
+    heads = mask.num_heads
+    problem = Problem(*mask.shape, 2 * heads, heads, 64, torch.bfloat16, torch.device("cuda"))
+    reasons = get_kernel("flashmask").not_supported_reasons(problem, mask)
+    lowered = lowering_reason(mask, "flashmask") is None
+    square = mask.seqlen_q == mask.seqlen_k
+    mask_refusals = [r for r in reasons if "not expressible" in r or "FlashMask documents" in r]
+    assert lowered or any("not expressible" in r for r in reasons), reasons
+    assert square or any("square score matrices" in r for r in reasons), reasons
+    claimed = not mask_refusals
+    assert claimed or not must_claim, f"{mask!r} should be claimed: {mask_refusals}"
+    if not (lowered and square):
+        return
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(mask.seqlen_q, 2 * heads, 8, generator=gen)
+    k, v = (torch.randn(mask.seqlen_k, heads, 8, generator=gen) for _ in range(2))
+    standin.CALLS.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        install(mp)
+        run_adapter(mask, q, k, v)
+    (call,) = standin.CALLS
+    want = dense3(mask)
+    readings = [standin.allowed(call["startend_row_indices"], call["causal"], mask.seqlen_q, d)
+                for d in (True, False)]  # fmt: skip
+    same = [np.array_equal(got.numpy(), want) for got in readings]
+    if claimed:
+        assert all(same), f"{mask!r}: the call differs from the mask (diagonal in lower: {same})"
+    else:  # refused for the diagonal: one reading must really differ
+        assert any(DIAGONAL_TEXT in r for r in reasons) and not all(same), reasons
+
+
+@pytest.mark.parametrize("name", ALL_PATTERNS)
+@fast(15)
+@given(data=st.data())
+def test_cpu_contract_emulated_call_mask_equals_dense_mask(name, data) -> None:
+    check_lowered_call(data.draw(pattern_masks(name)), must_claim=name not in SPARSE)
+
+
+@pytest.mark.parametrize("name", ALL_PATTERNS)
+@fast(10)
+@given(data=st.data())
+def test_cpu_contract_emulated_call_mask_equals_dense_mask_cp_rectangles(name, data) -> None:
+    check_lowered_call(data.draw(restricted(name)))
+
+
+@fast(80)
+@given(mask=slice_masks(max_heads=2))
+def test_cpu_contract_random_slices_claimed_exactly_refused_only_when_ambiguous(mask) -> None:
+    check_lowered_call(mask)
+
+
+# ----------------------------------------------------------------------------- (b) contract
+S = 96
+DOCS = {"doc_source": "uniform", "min_doc_len": 7, "max_doc_len": 40}
+CASES = {
+    "causal": make_mask("causal", S),
+    "sliding_window": make_mask("sliding_window", S, window=13),
+    "causal_document": make_mask("causal_document", S, seed=2, **DOCS),
+    "full_document": make_mask("full_document", S, seed=5, **DOCS),
+    "share_question": make_mask("share_question", S, seed=3),
+    "prefix_lm_document": make_mask("prefix_lm_document", S, seed=4),
+    "global_sliding_window": make_mask("global_sliding_window", S, window=9, global_tokens=5),
+    # a square CP diagonal block of a document mask
+    "document_block": make_mask("causal_document", S, seed=2, **DOCS).restrict((30, 80), (30, 80)),
+}
+
+
+def tensors(mask: AttnMask, hq: int, hkv: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(11)
+    sq, sk = mask.shape
+    q = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
+    k = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
+    v = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
+    dout = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
+    return q, k, v, dout
+
+
+def forward_backward(fn, q, k, v, dout):
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = fn(*leaves)
+    grads = torch.autograd.grad(out, leaves, dout)
+    return out.detach(), lse.detach(), grads
+
+
+def check_contract(mask: AttnMask, heads: tuple[int, int], monkeypatch) -> None:
+    install(monkeypatch)
+    q, k, v, dout = tensors(mask, *heads, torch.float64)
+    standin.CALLS.clear()
+    out, lse, grads = forward_backward(lambda *t: run_adapter(mask, *t), q, k, v, dout)
+    assert len(standin.CALLS) == 1
+    ref_out, ref_lse, ref_grads = forward_backward(
+        lambda *t: get_kernel("reference")(*t, mask), q, k, v, dout
+    )
+    assert out.shape == q.shape and lse.shape == (heads[0], mask.seqlen_q)
+    assert lse.dtype == torch.float64
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    assert not torch.isposinf(lse).any() and not torch.isnan(lse).any()
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-10, atol=1e-10)
+    for got, want, name in zip(grads, ref_grads, "qkv", strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("in_lower", [True, False], ids=["diag_lower", "diag_upper"])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cpu_contract_adapter_matches_fp64_reference(case, heads, in_lower, monkeypatch):
+    monkeypatch.setitem(standin.DIAGONAL, "in_lower", in_lower)
+    check_contract(CASES[case], heads, monkeypatch)
+
+
+def test_cpu_contract_per_kv_head_mask_and_empty_rows(monkeypatch) -> None:
+    """Per-KV-head masks (H_mask = Hkv) with rows attending nothing in one head only."""
+    causal = make_mask("causal", 48).slices
+    doc = make_mask("causal_document", 48, seed=1, **DOCS).slices
+    late = np.array([[20, 48, 10, 48, 0]])  # head 2: rows 0..19 attend nothing
+    parts = [causal, doc, late]
+    ptr = np.cumsum([0, *(len(p) for p in parts)])
+    mask = AttnMask(np.concatenate(parts), 48, head_ptr=ptr)
+    problem = Problem(48, 48, 6, 3, 64, torch.bfloat16, torch.device("cuda"))
+    reasons = get_kernel("flashmask").not_supported_reasons(problem, mask)
+    assert not any(w in r for r in reasons for w in ("expressible", "documents", "heads")), reasons
+    check_contract(mask, (6, 3), monkeypatch)
+
+
+@pytest.mark.parametrize("raw_empty", [float("inf"), float("-inf"), float("nan")])
+def test_cpu_contract_float32_and_empty_rows_whatever_flashmask_reports(raw_empty, monkeypatch):
+    mask = AttnMask(np.array([[20, 48, 0, 48, 0]]), 48)  # rows 0..19 attend nothing
+    install(monkeypatch)
+    monkeypatch.setitem(standin.EMPTY_LSE, "value", raw_empty)
+    q, k, v, _ = tensors(mask, 4, 2, torch.float32)
+    standin.CALLS.clear()
+    out, lse = run_adapter(mask, q, k, v)
+    assert standin.CALLS[0]["lse"].shape == (1, 4, 48)
+    assert torch.isneginf(lse[:, :20]).all() and torch.isfinite(lse[:, 20:]).all()
+    assert torch.all(out[:20] == 0) and lse.dtype == torch.float32
+    ref_out, ref_lse = get_kernel("reference")(q.double(), k.double(), v.double(), mask)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse[:, 20:].double(), ref_lse[:, 20:], rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_contract_prepare_imports_lazily_and_names_the_package() -> None:
+    assert "flashmask_interface" not in sys.modules
+    with pytest.raises(ModuleNotFoundError, match="flashmask_interface"):
+        get_kernel("flashmask").prepare(make_mask("causal", 8), Problem(8, 8, 1, 1, 8))
+
+
+# ----------------------------------------------------------------------------- reasons, probe
+CUDA_BF16 = Problem(256, 256, 8, 2, 128, torch.bfloat16, torch.device("cuda"))
+
+
+def test_reasons_on_this_machine_name_cuda_the_package_and_paddle() -> None:
+    k = get_kernel("flashmask")
+    assert k.caps.adapter_ready and k.caps.per_head_masks and not k.caps.stats_backward
+    for problem in (CUDA_BF16, Problem(256, 256, 8, 2, 128)):
+        text = " ".join(k.not_supported_reasons(problem))
+        assert "CUDA" in text and "flashmask_interface" in text and "not written" not in text
+        assert "paddlepaddle-gpu 2.6.2 predates FlashMask" in text
+
+
+def test_rectangles_are_refused() -> None:
+    mask = make_mask("causal", 64).restrict((32, 64), (0, 64))
+    problem = Problem(32, 64, 8, 2, 128, torch.bfloat16, torch.device("cuda"))
+    assert any("square score matrices only (this mask is 32 x 64)" in r
+               for r in get_kernel("flashmask").not_supported_reasons(problem, mask))  # fmt: skip
+
+
+def test_version_flag_other_than_3_is_a_reason(monkeypatch) -> None:
+    monkeypatch.setenv(VERSION_FLAG, "2")
+    assert f"{VERSION_FLAG}=2 selects a FlashMask path other than V3" in get_kernel(
+        "flashmask"
+    ).extra_reasons(CUDA_BF16, "fwd")
+
+
+@pytest.fixture
+def on_cuda(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setattr(probe, "cuda_present", lambda: True)
+    return monkeypatch
+
+
+def test_probe_accepts_the_documented_api(on_cuda) -> None:
+    install(on_cuda)
+    on_cuda.setattr(probe, "distribution_version", lambda names: "3.0.0b1")
+    assert probe_reasons(get_kernel("flashmask").probe, CUDA_BF16.device) == []
+
+
+def test_probe_refuses_a_build_without_lse(on_cuda) -> None:
+    install(on_cuda, flashmask_attention=standin.flashmask_attention_without_lse)
+    on_cuda.setattr(probe, "distribution_version", lambda names: "3.0.0b1")
+    (reason,) = probe_reasons(get_kernel("flashmask").probe, CUDA_BF16.device)
+    assert reason.startswith(
+        "flashmask_interface 3.0.0b1 has no return_softmax_lse in flashmask_attention"
+    )
+
+
+def test_probe_old_version(monkeypatch) -> None:
+    monkeypatch.setattr(probe, "distribution_version", lambda names: "2.6.2")
+    (reason,) = probe_reasons(get_kernel("flashmask").probe, CUDA_BF16.device)
+    assert "older than lcab's adapter supports" in reason
