@@ -7,6 +7,7 @@ Commands:
                                HTML page, PNG plots, CSV and Markdown tables
   wandb-workspace SWEEP        the sweep's standard W&B workspace (``--dry-run PATH``: its JSON,
                                offline; without: saved, which needs a W&B login)
+  gpu-table FILE               the GPU verification table a ``launchers/gpu_check.sh`` run wrote
 
 Each command is a subparser with its own ``run`` function (``set_defaults(run=...)``), so a
 new command is one ``_add_<name>`` function and a line in `parser`. Heavy imports (torch for
@@ -66,6 +67,18 @@ def _add_build(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build.set_defaults(run=_build)
 
 
+def _gpu_table(args: argparse.Namespace) -> int:
+    from lcab.report.gpu_verification import read_verification, verification_markdown
+
+    try:
+        rows = read_verification(args.file)
+    except (OSError, ValueError) as err:
+        print(f"python -m lcab.report gpu-table: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(verification_markdown(rows))
+    return 0
+
+
 def _add_wandb_workspace(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from lcab.report import workspace  # light: wandb_workspaces is imported when it builds
 
@@ -91,6 +104,11 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_build(commands)
     _add_wandb_workspace(commands)
+    table = commands.add_parser(
+        "gpu-table", help="the GPU verification table of a gpu_check.sh run (Markdown)"
+    )
+    table.add_argument("file", type=Path, help="the run's verification.jsonl")
+    table.set_defaults(run=_gpu_table)
     return top
 
 

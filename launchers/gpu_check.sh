@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# On a CUDA machine: install what can be installed of the GPU extras (never replacing torch), run
+# the `gpu` test tier and a small sweep, and write the GPU verification table — the only source
+# of a "GPU-verified" claim in lcab's README.
+#
+#   bash launchers/gpu_check.sh [OUT_DIR]        # default: outputs/gpu-check/<date>_<time>
+#
+# OUT_DIR receives: env.txt (GPU, driver, versions), install.log, pytest.log, junit.xml,
+# verification.jsonl (one line per kernel x mask x pass) and verification.md (the table), and the
+# sweep with its report. Each extra that fails to install only removes its kernels' cells.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+out=${1:-outputs/gpu-check/$(date +%Y-%m-%d_%H-%M-%S)}
+mkdir -p "$out"
+python=.venv/bin/python
+if [ ! -x "$python" ]; then
+  # keep the machine's CUDA torch: setup.sh installs torch only when none is importable
+  PYTHON=${PYTHON:-python3} bash launchers/setup.sh || exit 1
+fi
+"$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
+  echo "gpu_check: no CUDA device visible to torch; nothing to verify" >&2
+  exit 2
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+} >"$out/env.txt"
+
+# Pin the installed torch so that no extra can replace it.
+pin="$out/constraints.txt"
+"$python" -c "import torch; print('torch==' + torch.__version__)" >"$pin"
+for extra in ${LCAB_GPU_EXTRAS:-fa4 cudnn flashinfer}; do
+  if "$python" -m pip install -q -c "$pin" -e ".[$extra]" >>"$out/install.log" 2>&1; then
+    echo "installed: $extra" | tee -a "$out/install.log"
+  else
+    echo "not installed: $extra (see install.log)" | tee -a "$out/install.log"
+  fi
+done
+
+LCAB_GPU_VERIFICATION="$out/verification.jsonl" "$python" -m pytest -m gpu -rA \
+  --junitxml="$out/junit.xml" tests/gpu tests/unit/test_timing.py tests/unit/test_memory.py \
+  >"$out/pytest.log" 2>&1
+tests_rc=$?
+tail -n 3 "$out/pytest.log"
+
+"$python" -m lcab.main -m kernel=sdpa,flex,fa2,fa3,ffa,ranges mask=causal,causal_document \
+  problem.device=cuda problem.dtype=bfloat16 seqlen.values=[8192,32768] bench=quick \
+  bench.progress=false hydra.sweep.dir="$out/sweep" >"$out/sweep.log" 2>&1
+"$python" -m lcab.report build "$out/sweep" >>"$out/sweep.log" 2>&1
+
+if [ -s "$out/verification.jsonl" ]; then
+  "$python" -m lcab.report gpu-table "$out/verification.jsonl" >"$out/verification.md"
+  echo "verification table: $out/verification.md"
+fi
+exit "$tests_rc"
