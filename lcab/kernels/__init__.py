@@ -12,13 +12,13 @@ from lcab.kernels import (  # noqa: F401  (registration)
     flash_attn,
     flashmask,
     flex,
-    gpu_only,
     magi_ffa,
     naive,
     ranges,
     reference,
     sdpa,
     sparse,
+    te_cudnn,
 )
 from lcab.kernels.base import (
     Kernel,

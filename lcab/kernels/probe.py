@@ -36,6 +36,7 @@ class ApiNeed:
     """One function an adapter calls and the keyword arguments it passes to it."""
 
     function: str
+    """Attribute of the module, dotted for a method (``DotProductAttention.forward``)."""
     params: tuple[str, ...]
     positional: int | None = None
     """How many leading arguments the adapter passes by position; when set, a parameter
@@ -111,7 +112,7 @@ def api_reasons(probe: PackageProbe, version: str | None) -> list[str]:
         return [f"{label} is installed but fails to import: {type(err).__name__}: {err}{needs}"]
     reasons = []
     for need in probe.needs:
-        fn = getattr(module, need.function, None)
+        fn = _resolve(module, need.function)
         if not callable(fn):
             reasons.append(f"{label} has no {need.function}{needs}")
             continue
@@ -130,6 +131,16 @@ def api_reasons(probe: PackageProbe, version: str | None) -> list[str]:
                 f"adapter does not pass{needs}"
             )
     return reasons
+
+
+def _resolve(module: object, path: str) -> object:
+    """``module.a.b`` for ``path`` "a.b" (a method of a class, say); None if missing."""
+    target: object = module
+    for name in path.split("."):
+        target = getattr(target, name, None)
+        if target is None:
+            return None
+    return target
 
 
 def _required_unpassed(params: Mapping[str, inspect.Parameter], need: ApiNeed) -> list[str]:
