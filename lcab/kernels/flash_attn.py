@@ -168,6 +168,7 @@ def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:
         pip_name=pip_name,
         min_compute_capability=sm,
         adapter_ready=True,
+        contract_tested=True,  # tests/unit/test_adapter_*.py; not GPU-verified
     )
 
 

@@ -225,6 +225,7 @@ class FlashMaskKernel(Kernel):
         ),
         min_compute_capability=(9, 0),
         adapter_ready=True,
+        contract_tested=True,  # tests/unit/test_adapter_*.py; not GPU-verified
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="flashmask_interface",

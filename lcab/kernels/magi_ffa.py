@@ -121,6 +121,7 @@ class FFAKernel(Kernel):
         pip_name="magi_attention (source build, Hopper/Blackwell)",
         min_compute_capability=(9, 0),
         adapter_ready=True,
+        contract_tested=True,  # tests/unit/test_adapter_*.py; not GPU-verified
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="magi_attention.functional",

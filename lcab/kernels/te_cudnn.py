@@ -173,6 +173,7 @@ class CudnnKernel(Kernel):
         pip_name="transformer-engine[pytorch]",
         min_compute_capability=(8, 0),
         adapter_ready=True,
+        contract_tested=True,  # tests/unit/test_adapter_*.py; not GPU-verified
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="transformer_engine.pytorch",
