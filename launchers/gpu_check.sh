@@ -45,7 +45,7 @@ LCAB_GPU_VERIFICATION="$out/verification.jsonl" "$python" -m pytest -m gpu -rA \
 tests_rc=$?
 tail -n 3 "$out/pytest.log"
 
-"$python" -m lcab.main -m kernel=sdpa,flex,fa2,fa3,ffa,ranges mask=causal,causal_document \
+"$python" -m lcab.main -m kernel=sdpa,flex,torch_varlen,fa2,fa3,ffa,ranges mask=causal,causal_document \
   problem.device=cuda problem.dtype=bfloat16 "seqlen.values=[8192,32768]" bench=quick \
   bench.progress=false hydra.sweep.dir="$out/sweep" >"$out/sweep.log" 2>&1
 "$python" -m lcab.report build "$out/sweep" >>"$out/sweep.log" 2>&1

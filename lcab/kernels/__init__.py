@@ -19,6 +19,7 @@ from lcab.kernels import (  # noqa: F401  (registration)
     sdpa,
     sparse,
     te_cudnn,
+    torch_varlen,
 )
 from lcab.kernels.base import (
     Kernel,
