@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from typing_extensions import override
@@ -42,8 +42,8 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     empty_rows,
-    lse_dtype,
 )
+from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.masks.core import AttnMask
@@ -53,51 +53,6 @@ from lcab.masks.lowering import to_varlen
 CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_attn_probs")
 #: Extra keywords of the varlen call.
 VARLEN_KWARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
-
-LseLayout = Literal["bhs", "ht", "th"]
-"""How a library lays out its LSE: ``bhs`` (B, H, S) with B = 1, ``ht`` (H, total_q), ``th``
-(total_q, H) (MagiAttention FFA)."""
-
-
-def lse_to_lcab(
-    lse: torch.Tensor,
-    layout: LseLayout,
-    heads: int,
-    seqlen: int,
-    library: str = "FlashAttention",
-    follows: str = "flash-attn 2.8 / FA3 hopper",
-) -> torch.Tensor:
-    """A library's LSE (natural log) in ``layout`` → lcab's (Hq, Sq).
-
-    Shared by every adapter whose library returns an LSE in one of these layouts.
-
-    Raises:
-        RuntimeError: the shape is not the documented one for ``layout`` (an API change: better
-            a failed cell than a silently transposed LSE merged by context parallelism).
-
-    """
-    expected = {"bhs": (1, heads, seqlen), "ht": (heads, seqlen), "th": (seqlen, heads)}[layout]
-    if tuple(lse.shape) != expected:
-        raise RuntimeError(
-            f"{library} returned an LSE of shape {tuple(lse.shape)}; the documented "
-            f"{layout} layout is {expected} (lcab's adapter follows {follows})"
-        )
-    if layout == "bhs":
-        return lse[0]
-    return lse.t() if layout == "th" else lse
-
-
-def lcab_empty_rows(
-    out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply lcab's convention to rows attending no key: out 0 (packed (Sq, H, D)), lse -inf.
-
-    ``empty`` is (Sq,) for a mask shared by all heads or (Hq, Sq) per query head. Libraries
-    disagree on these rows (+inf, -inf, or undocumented), so adapters set them from the mask.
-    """
-    lse = lse.masked_fill(empty, float("-inf"))
-    rows = empty[:, None, None] if empty.dim() == 1 else empty.t()[:, :, None]
-    return out.masked_fill(rows, 0.0), lse
 
 
 class _PreparedFlash(PreparedAttention):
@@ -141,17 +96,25 @@ class _PreparedFlash(PreparedAttention):
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        layout: LseLayout
         if self.varlen:
             result = self.fn(q, k, v, **self.kwargs)
-            out, lse = result[0], lse_to_lcab(result[1], "ht", self.heads, self.seqlen)
+            out, layout = result[0], "ht"
         else:
             result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
-            out = result[0].squeeze(0)
-            lse = lse_to_lcab(result[1], "bhs", self.heads, self.seqlen)
-        lse = lse.to(lse_dtype(q.dtype))
-        if self.has_empty:  # FA2 reports +inf, FA3 -inf: lcab's convention is out 0, lse -inf
-            out, lse = lcab_empty_rows(out, lse, self.empty)
-        return out, lse
+            out, layout = result[0].squeeze(0), "bhs"
+        # FA2 reports +inf on empty rows, FA3 -inf: lcab's convention is out 0, lse -inf
+        return to_lcab_convention(
+            out,
+            result[1],
+            layout,
+            heads=self.heads,
+            seqlen=self.seqlen,
+            empty=self.empty if self.has_empty else None,
+            dtype=q.dtype,
+            library="FlashAttention",
+            follows="flash-attn 2.8 / FA3 hopper",
+        )
 
 
 def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:

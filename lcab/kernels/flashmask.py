@@ -52,9 +52,8 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     empty_rows,
-    lse_dtype,
 )
-from lcab.kernels.flash_attn import lcab_empty_rows, lse_to_lcab
+from lcab.kernels.library_results import to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.masks.core import AttnMask
@@ -194,12 +193,17 @@ class _PreparedFlashMask(PreparedAttention):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
-        out = result[0].squeeze(0)
-        lse = lse_to_lcab(result[1], "bhs", self.heads, self.seqlen, "FlashMask", FOLLOWS)
-        lse = lse.to(lse_dtype(q.dtype))
-        if self.has_empty:
-            out, lse = lcab_empty_rows(out, lse, self.empty)
-        return out, lse
+        return to_lcab_convention(
+            result[0].squeeze(0),
+            result[1],
+            "bhs",
+            heads=self.heads,
+            seqlen=self.seqlen,
+            empty=self.empty if self.has_empty else None,
+            dtype=q.dtype,
+            library="FlashMask",
+            follows=FOLLOWS,
+        )
 
 
 @register_kernel

@@ -42,7 +42,7 @@ from lcab.kernels.base import (
     empty_rows,
     lse_dtype,
 )
-from lcab.kernels.flash_attn import lcab_empty_rows, lse_to_lcab
+from lcab.kernels.library_results import to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.masks.core import AttnMask
@@ -96,11 +96,17 @@ class _PreparedFFA(PreparedAttention):
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return q * 0, lse.to(lse_dtype(q.dtype))
         result = self.fn(q, k, v, **self.kwargs)
-        lse = lse_to_lcab(lse_of(result), "th", self.heads, self.seqlen, "FFA", FOLLOWS)
-        out, lse = result[0], lse.to(lse_dtype(q.dtype))
-        if self.has_empty:
-            out, lse = lcab_empty_rows(out, lse, self.empty)
-        return out, lse
+        return to_lcab_convention(
+            result[0],
+            lse_of(result),
+            "th",
+            heads=self.heads,
+            seqlen=self.seqlen,
+            empty=self.empty if self.has_empty else None,
+            dtype=q.dtype,
+            library="FFA",
+            follows=FOLLOWS,
+        )
 
 
 @register_kernel

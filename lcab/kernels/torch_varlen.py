@@ -29,9 +29,8 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     empty_rows,
-    lse_dtype,
 )
-from lcab.kernels.flash_attn import lcab_empty_rows, lse_to_lcab
+from lcab.kernels.library_results import to_lcab_convention
 from lcab.kernels.registry import register_kernel
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import lowering_reason, to_varlen
@@ -104,11 +103,17 @@ class _PreparedTorchVarlen(PreparedAttention):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, lse = self.fn(q, k, v, *self.positional, **self.kwargs)
-        lse = lse_to_lcab(lse, "th", self.heads, self.seqlen, "varlen_attn", "torch 2.11-2.13")
-        lse = lse.to(lse_dtype(q.dtype))
-        if self.has_empty:
-            out, lse = lcab_empty_rows(out, lse, self.empty)
-        return out, lse
+        return to_lcab_convention(
+            out,
+            lse,
+            "th",
+            heads=self.heads,
+            seqlen=self.seqlen,
+            empty=self.empty if self.has_empty else None,
+            dtype=q.dtype,
+            library="varlen_attn",
+            follows="torch 2.11-2.13",
+        )
 
 
 @register_kernel

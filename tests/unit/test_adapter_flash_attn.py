@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lcab.kernels import Problem, get_kernel, probe
-from lcab.kernels.flash_attn import lse_to_lcab
+from lcab.kernels.library_results import lse_to_lcab
 from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons, release
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason

@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lcab.kernels import Problem, get_kernel, probe
-from lcab.kernels.flash_attn import lse_to_lcab
+from lcab.kernels.library_results import lse_to_lcab
 from lcab.kernels.probe import probe_reasons
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
