@@ -9,7 +9,10 @@ Public API::
 """
 
 from lcab.kernels import (  # noqa: F401  (registration)
+    block_sparse_attn,
+    fa4,
     flash_attn,
+    flashinfer,
     flashmask,
     flex,
     magi_ffa,
@@ -18,8 +21,10 @@ from lcab.kernels import (  # noqa: F401  (registration)
     reference,
     sdpa,
     sparse,
+    sparse_flex,
     te_cudnn,
     torch_varlen,
+    vsa,
 )
 from lcab.kernels.base import (
     Kernel,

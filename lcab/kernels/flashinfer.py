@@ -1,0 +1,1 @@
+"""Placeholder: filled in by the flashinfer adapter work (issue 13)."""

@@ -1,0 +1,1 @@
+"""Placeholder: filled in by the vsa adapter work (issue 13)."""
