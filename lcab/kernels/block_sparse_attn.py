@@ -1,1 +1,252 @@
-"""Placeholder: filled in by the block_sparse_attn adapter work (issue 13)."""
+"""MIT-Han-Lab Block-Sparse-Attention (``block_sparse_attn.block_sparse_attn_func``): FA2 Sparse.
+
+Written against the library's source (mit-han-lab/Block-Sparse-Attention v0.0.2, Dec 2025;
+gpu_kernels.md §3.8) and **CPU contract-tested only**: the tests run this adapter's whole path
+against a stand-in module implementing the documented semantics, never the real CUDA kernels.
+The first GPU run must confirm it (numerics check of every cell).
+
+What the library computes: per query head ``h`` with ``head_mask_type[h] = t >= 1``, the query
+block ``i`` (rows ``128 i .. 128 i + 127`` of its sequence) attends the whole key blocks ``j``
+with ``base_blockmask[b, t - 1, i, j]`` set — 128x128 is hard-coded in the Python wrapper — and
+nothing inside a block is masked (``is_causal=False``). The last block of a sequence may be
+shorter: the kernel predicates rows/columns beyond the sequence (varlen FA2 code), and the block
+grid has ``ceil(max_seqlen / 128)`` blocks per side. So the kernel is exact for a mask iff every
+128x128 tile the mask touches is completely attended (`partial_tile_reason`): ``block_sparse``
+drawn with ``block_size=128``, ``full``, and any mask made of whole tiles; everything else is
+refused with the first partial tile named.
+
+The call: one varlen sequence (``cu_seqlens = [0, S]``), ``head_mask_type`` all ones — the
+wrapper renumbers the ones into a running count 1..Hq (``replace_ones_with_count``) and asserts
+that ``base_blockmask`` has that many heads, so passing 1..Hq ourselves would fail its check —
+``streaming_info`` zeros (read only by streaming heads), ``base_blockmask`` bool
+(1, Hq, ceil(Sq/128), ceil(Sk/128)) built once in `prepare`, ``p_dropout=0``,
+``softmax_scale = D**-0.5``. The kernel indexes masks by *query* head (``head_mask_type[bidh]``)
+and keys by ``bidh // group`` (GQA), so lcab's per-KV-head masks are repeated over each query
+group. Every call converts the bool mask to the kernel's index lists inside the library's
+wrapper (forward and backward); that cost is the library's and is timed with it.
+
+LSE: with ``return_attn_probs=True`` the wrapper returns ``(out, softmax_lse, S_dmask)``;
+``softmax_lse`` is natural log, float32, (B, Hq, max_seqlen_q) = (1, Hq, Sq) here, and +inf on
+rows attending nothing (FA2 code). lcab's convention (out 0, lse -inf) is set from the mask.
+The LSE gets no gradient in the library (its backward ignores it), so it is detached here and
+there is no backward from merged statistics (``stats_backward=False``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from typing_extensions import override
+
+from lcab.kernels import probe as probe_module
+from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, empty_rows
+from lcab.kernels.block_grid import partial_tile_reason
+from lcab.kernels.library_results import to_lcab_convention
+from lcab.kernels.probe import ApiNeed, PackageProbe, distribution_version, probe_reasons, release
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+from lcab.masks.geometry import SliceKind
+from lcab.masks.lowering import lowering_reason
+from lcab.masks.lowering.blocks import block_table
+
+BLOCK = 128
+"""The library's block size (``128, 128`` hard-coded in ``block_sparse_attn_func``)."""
+BSA_KWARGS = (
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "head_mask_type",
+    "streaming_info",
+    "base_blockmask",
+    "max_seqlen_q_",
+    "max_seqlen_k_",
+    "p_dropout",
+    "softmax_scale",
+    "is_causal",
+    "return_attn_probs",
+)
+"""Keywords the adapter passes to ``block_sparse_attn_func`` (after q, k, v by position)."""
+FOLLOWS = "Block-Sparse-Attention v0.0.2 (block_sparse_attn_func, return_attn_probs=True)"
+
+
+def aligned_full_slices(mask: AttnMask, block: int = BLOCK) -> bool:
+    """Whether every slice is ``full`` with edges on the block grid (or at the sequence end).
+
+    Such a slice covers whole tiles, and slices are disjoint, so every touched tile is full —
+    decided in O(slices) without building the block table (which takes seconds for a 1M-token
+    ``block_sparse`` mask).
+    """
+    s = mask.slices
+
+    def on_grid(edge: np.ndarray, length: int) -> np.ndarray:
+        return (edge % block == 0) | (edge == length)
+
+    return bool(
+        (s[:, 4] == SliceKind.FULL).all()
+        and on_grid(s[:, 0], mask.seqlen_q).all()
+        and on_grid(s[:, 1], mask.seqlen_q).all()
+        and on_grid(s[:, 2], mask.seqlen_k).all()
+        and on_grid(s[:, 3], mask.seqlen_k).all()
+    )
+
+
+def kept_blocks(mask: AttnMask, block: int = BLOCK) -> torch.Tensor:
+    """Bool (mask heads, ceil(Sq/block), ceil(Sk/block)): the touched tiles of each mask head.
+
+    Aligned full slices are painted as rectangles of tiles (a 2-D difference array); any other
+    mask goes through the block table.
+    """
+    n_q, n_k = -(-mask.seqlen_q // block), -(-mask.seqlen_k // block)
+    if not aligned_full_slices(mask, block):
+        return block_table(mask, block, block).dense_blocks() > 0
+    s = mask.slices
+    head = np.repeat(np.arange(mask.num_heads), np.diff(mask.head_ptr))
+    q0, k0 = s[:, 0] // block, s[:, 2] // block
+    q1, k1 = -(-s[:, 1] // block), -(-s[:, 3] // block)
+    diff = np.zeros((mask.num_heads, n_q + 1, n_k + 1), dtype=np.int32)
+    for rows, cols, sign in ((q0, k0, 1), (q0, k1, -1), (q1, k0, -1), (q1, k1, 1)):
+        np.add.at(diff, (head, rows, cols), sign)
+    covered = diff.cumsum(axis=1).cumsum(axis=2)[:, :n_q, :n_k] > 0
+    return torch.from_numpy(covered)
+
+
+def full_tile_reason(mask: AttnMask) -> str | None:
+    """None when the library is exact for ``mask`` (all touched 128x128 tiles full), else why."""
+    return None if aligned_full_slices(mask) else partial_tile_reason(mask, BLOCK, BLOCK)
+
+
+class _PreparedBSA(PreparedAttention):
+    """The block mask and the call's keywords on the device, and the empty rows."""
+
+    layout = "shd"
+
+    def __init__(self, mask: AttnMask, problem: Problem, fn: Callable[..., Any]) -> None:
+        device, hq = problem.device, problem.heads_q
+        self.fn = fn
+        self.heads, self.seqlen = hq, problem.seqlen_q
+        blocks = kept_blocks(mask)  # (mask heads, nqb, nkb)
+        # one mask per query head: the kernel reads base_blockmask[:, head_mask_type[h] - 1]
+        per_query_head = blocks.repeat_interleave(hq // blocks.shape[0], dim=0)
+        cu_q = torch.tensor([0, problem.seqlen_q], dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0, problem.seqlen_k], dtype=torch.int32, device=device)
+        self.kwargs: dict[str, Any] = {
+            "cu_seqlens_q": cu_q,
+            "cu_seqlens_k": cu_k,
+            # all ones: the wrapper numbers them 1..Hq itself (see the module docstring)
+            "head_mask_type": torch.ones(hq, dtype=torch.int32, device=device),
+            "streaming_info": torch.zeros(2 * hq, dtype=torch.int32, device=device),
+            "base_blockmask": per_query_head.unsqueeze(0).to(device).contiguous(),
+            "max_seqlen_q_": int(problem.seqlen_q),
+            "max_seqlen_k_": int(problem.seqlen_k),
+            "p_dropout": 0.0,
+            "softmax_scale": problem.head_dim**-0.5,
+            "is_causal": False,
+            "return_attn_probs": True,
+        }
+        empty = empty_rows(mask).to(device)  # (mask heads, Sq)
+        self.empty = (
+            empty[0]
+            if mask.num_heads == 1
+            else empty.repeat_interleave(hq // mask.num_heads, dim=0)
+        )
+        self.has_empty = bool(self.empty.any())
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, lse, _ = self.fn(q, k, v, **self.kwargs)
+        # +inf on empty rows in the library (FA2 code): lcab's convention is out 0, lse -inf
+        return to_lcab_convention(
+            out,
+            lse.detach(),
+            "bhs",
+            heads=self.heads,
+            seqlen=self.seqlen,
+            empty=self.empty if self.has_empty else None,
+            dtype=q.dtype,
+            library="Block-Sparse-Attention",
+            follows=FOLLOWS,
+        )
+
+
+@register_kernel
+class BlockSparseAttnKernel(Kernel):
+    """FA2 Sparse: whole 128x128 tiles from a per-head block mask (CPU contract-tested)."""
+
+    name = "sparse_fa2"
+    summary = "Block-Sparse-Attention (block_sparse_attn, FA2 Sparse), 128x128 full tiles"
+    caps = KernelCaps(
+        devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.float16, torch.bfloat16}),
+        lowering="block_table",
+        backward_devices=frozenset({"cuda"}),
+        head_dims=frozenset({32, 64, 128}),  # README; HEADDIM_SWITCH builds 32/64/128 only
+        gqa=True,
+        per_head_masks=True,
+        returns_lse=True,
+        package="block_sparse_attn",
+        pip_name=(
+            "block_sparse_attn (source build of mit-han-lab/Block-Sparse-Attention, "
+            "BLOCK_SPARSE_ATTN_FORCE_BUILD=TRUE)"
+        ),
+        min_compute_capability=(8, 0),
+        adapter_ready=True,
+        contract_tested=True,  # tests/unit/test_adapter_block_sparse_attn.py; not GPU-verified
+    )
+    probe: ClassVar[PackageProbe] = PackageProbe(
+        module="block_sparse_attn",
+        distributions=("block_sparse_attn", "block-sparse-attn"),
+        needs=(ApiNeed("block_sparse_attn_func", BSA_KWARGS, positional=3),),
+        min_version="0.0.2",
+        requirement=">= 0.0.2 (the Dec 2025 source tree with Hopper/Blackwell builds)",
+    )
+
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        reasons = probe_reasons(self.probe, problem.device)
+        if reasons or distribution_version(self.probe.distributions) is not None:
+            return reasons
+        return self._module_version_reasons(problem)
+
+    def _module_version_reasons(self, problem: Problem) -> list[str]:
+        """Without distribution metadata (a source tree on the path): ``__version__``.
+
+        Read only when the cell would run (CUDA problem, CUDA present, module importable), as
+        the probe's own import-time checks are.
+        """
+        if problem.device.type != "cuda" or not probe_module.cuda_present():
+            return []
+        try:
+            version = getattr(importlib.import_module(self.probe.module), "__version__", None)
+        except Exception:  # absent or broken: environment_reasons / the probe already say so
+            return []
+        minimum = self.probe.min_version or "0"
+        if isinstance(version, str) and release(version) < release(minimum):
+            return [
+                f"{self.probe.module} {version} is older than lcab's adapter supports "
+                f"(lcab needs {self.probe.requirement})"
+            ]
+        return []
+
+    @override
+    def not_supported_reasons(
+        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
+    ) -> list[str]:
+        reasons = super().not_supported_reasons(problem, mask, pass_)
+        head_reasons = (
+            mask is not None and mask.num_heads > 1 and mask.num_heads != problem.heads_kv
+        )
+        if mask is not None and not head_reasons and lowering_reason(mask, "block_table") is None:
+            why = full_tile_reason(mask)
+            if why is not None:
+                reasons.append(f"mask not expressible as 128x128 blocks: {why}")
+        return reasons
+
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        return _PreparedBSA(mask, problem, module.block_sparse_attn_func)
