@@ -1,1 +1,259 @@
-"""Placeholder: filled in by the vsa adapter work (issue 13)."""
+"""VSA (Video Sparse Attention) kernels of ``fastvideo-kernel``: ThunderKittens and Triton.
+
+Written against ``fastvideo_kernel.block_sparse_attn`` of fastvideo-kernel 0.3.x (the
+index-native ops behind ``block_sparse_attn_from_indices``) and **CPU contract-tested only**:
+the tests run this adapter's whole path against a stand-in of the documented semantics, never
+the real kernels. The first GPU run must confirm it.
+
+Two kernels, one per backend, so both run in one process: the public
+``block_sparse_attn_from_indices`` picks the backend per call from the environment
+(``FASTVIDEO_VSA_TRITON`` / ``FASTVIDEO_VSA_TK``) and the GPU, so lcab calls the two autograd
+ops it dispatches to directly, with the same arguments:
+
+* ``sparse_vsa`` — ``block_sparse_attn_sm90`` (ThunderKittens, sm_90a only, head dim 64/128;
+  needs the compiled ``fastvideo_kernel._C``, which the probe checks);
+* ``sparse_vsa_triton`` — ``block_sparse_attn_triton`` (any CUDA GPU Triton supports).
+
+Both take q/k/v (1, H, S, D) bf16 with S padded to a multiple of 64, ``q2k_idx`` int32
+(1, H, nQb, max_kv) — the selected 64-key blocks of each 64-query block, first ``q2k_num``
+entries read — ``q2k_num`` int32 (1, H, nQb) and ``variable_block_sizes`` int32 (nKb,): the
+valid keys of each key block (all 64 but the last, S mod 64 when S is not a multiple). Keys past
+that count are masked; padded query rows are computed and dropped. Every selected tile is
+computed whole, so the kernels are exact only for masks whose touched 64x64 tiles are all full
+(`partial_tile_reason`: ``block_sparse`` with block_size=64, ``full``); one mask head per query
+head (Hq == Hkv, no GQA); non-causal; softmax scale 1/sqrt(D) fixed by the library.
+
+LSE (read from the sources of fastvideo-kernel 0.3.2): Triton returns log2 units (B, H, S)
+(``m_i + log2(l_i)`` on scores scaled by scale·log2 e), so lcab multiplies by ln 2; TK returns
+(B, H, S, 1) holding ``-sqrt(D) · lse`` in natural log (its backward's convention), so lcab divides
+by -sqrt(D). The TK forward always runs a "last" iteration on entry ``q2k_num - 1``, which reads
+out of bounds when a query block selects nothing: such blocks get one harmless block 0 instead
+(their rows attend nothing in the mask, so lcab sets them to out 0, lse -inf from the mask, and
+their zero output gradient makes them contribute nothing to dK/dV). Both backends' LSE is not
+differentiable (its gradient is dropped by the library), so lcab returns it detached and there
+is no backward from merged statistics.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from typing_extensions import override
+
+from lcab.kernels.base import (
+    Kernel,
+    KernelCaps,
+    PreparedAttention,
+    Problem,
+    empty_rows,
+    lse_dtype,
+)
+from lcab.kernels.block_grid import partial_tile_reason
+from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+from lcab.masks.lowering.blocks import BlockTable, block_table, uniform_bounds
+
+#: VSA's tile: 64 queries x 64 keys (a 4x4x4 video cube).
+VSA_BLOCK = 64
+#: The module whose autograd ops lcab calls.
+VSA_MODULE = "fastvideo_kernel.block_sparse_attn"
+PIP_NAME = "fastvideo-kernel --no-deps (0.3.x; 0.3.5 would pull torch 2.12)"
+
+
+def vsa_indices(
+    table: BlockTable, heads: int, *, fill_empty: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q2k_idx (1, H, nQb, max_kv), q2k_num (1, H, nQb)) int32 of a 64x64 block table.
+
+    A head-shared table is repeated to ``heads`` heads (the ops take one index row per head).
+    With ``fill_empty``, query blocks selecting nothing list block 0 once (see the module
+    docstring: the TK kernel needs q2k_num >= 1).
+    """
+    counts = np.diff(table.ptr)
+    n_rows = len(counts)
+    row = np.repeat(np.arange(n_rows), counts)
+    slot = np.arange(len(table.kv_block), dtype=np.int64) - np.repeat(table.ptr[:-1], counts)
+    idx = np.zeros((n_rows, max(int(counts.max(initial=0)), 1)), dtype=np.int32)
+    idx[row, slot] = table.kv_block
+    num = counts.astype(np.int32)
+    if fill_empty:
+        num = np.maximum(num, 1)  # idx is 0 in those rows
+    shape = (table.num_heads, table.num_q_blocks)
+    q2k_idx = torch.from_numpy(idx.reshape(*shape, -1))
+    q2k_num = torch.from_numpy(num.reshape(shape))
+    if table.num_heads != heads:
+        q2k_idx = q2k_idx.expand(heads, -1, -1)
+        q2k_num = q2k_num.expand(heads, -1)
+    return q2k_idx.unsqueeze(0).contiguous(), q2k_num.unsqueeze(0).contiguous()
+
+
+def variable_block_sizes(seqlen_k: int) -> torch.Tensor:
+    """Valid keys of each 64-key block: 64, ..., 64, and the remainder for the last block."""
+    return torch.from_numpy(np.diff(uniform_bounds(seqlen_k, VSA_BLOCK)).astype(np.int32))
+
+
+class _PreparedVSA(PreparedAttention):
+    """One VSA op bound to the mask's indices; pads to 64, converts the LSE, sets empty rows."""
+
+    layout = "bhsd"
+
+    def __init__(
+        self, mask: AttnMask, problem: Problem, op: Callable[..., Any], thunderkittens: bool
+    ) -> None:
+        table = block_table(mask, VSA_BLOCK, VSA_BLOCK)
+        q2k_idx, q2k_num = vsa_indices(table, problem.heads_q, fill_empty=thunderkittens)
+        device = problem.device
+        self.args = (
+            q2k_idx.to(device),
+            q2k_num.to(device),
+            variable_block_sizes(problem.seqlen_k).to(device),
+        )
+        self.op = op
+        self.seqlen_q = problem.seqlen_q
+        self.pad_q = -problem.seqlen_q % VSA_BLOCK
+        self.pad_k = -problem.seqlen_k % VSA_BLOCK
+        # natural-log LSE = native * lse_scale (module docstring)
+        self.lse_scale = -(problem.head_dim**-0.5) if thunderkittens else math.log(2.0)
+        self.thunderkittens = thunderkittens
+        empty = empty_rows(mask).to(device)  # (H_mask, Sq); H_mask is 1 or Hq (= Hkv)
+        self.has_empty = bool(empty.any())
+        self.empty_lse = empty if empty.shape[0] > 1 else empty[0]  # broadcasts over (Hq, Sq)
+        self.empty_out = self.empty_lse.unsqueeze(-1).unsqueeze(0)  # over (1, Hq, Sq, D)
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.pad_q:
+            q = F.pad(q, (0, 0, 0, self.pad_q))
+        if self.pad_k:  # padded keys are masked by variable_block_sizes
+            k, v = F.pad(k, (0, 0, 0, self.pad_k)), F.pad(v, (0, 0, 0, self.pad_k))
+        out, lse = self.op(q, k, v, *self.args)
+        expected = (1, q.shape[1], q.shape[2], 1) if self.thunderkittens else q.shape[:3]
+        if tuple(lse.shape) != tuple(expected):
+            raise RuntimeError(
+                f"VSA returned an LSE of shape {tuple(lse.shape)}; lcab's adapter follows "
+                f"fastvideo-kernel 0.3.x, whose {'TK' if self.thunderkittens else 'Triton'} "
+                f"op returns {tuple(expected)}"
+            )
+        out = out[:, :, : self.seqlen_q]
+        lse = lse.detach().reshape(lse.shape[1], -1)[:, : self.seqlen_q]
+        lse = lse.to(lse_dtype(q.dtype)) * self.lse_scale
+        if self.has_empty:  # TK computes those rows from a stand-in block; Triton gives 0/-inf
+            out = out.masked_fill(self.empty_out, 0.0)
+            lse = lse.masked_fill(self.empty_lse, float("-inf"))
+        return out, lse
+
+
+def _vsa_caps(min_cc: tuple[int, int]) -> KernelCaps:
+    return KernelCaps(
+        devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.bfloat16}),
+        lowering="block_table",
+        backward_devices=frozenset({"cuda"}),
+        head_dims=frozenset({64, 128}),
+        gqa=False,
+        per_head_masks=True,
+        returns_lse=True,
+        package="fastvideo_kernel",
+        pip_name=PIP_NAME,
+        min_compute_capability=min_cc,
+        contract_tested=True,  # tests/unit/test_adapter_vsa.py; not GPU-verified
+    )
+
+
+def _probe(op: str) -> PackageProbe:
+    return PackageProbe(
+        module=VSA_MODULE,
+        distributions=("fastvideo-kernel", "fastvideo_kernel"),
+        needs=(ApiNeed(op, (), positional=6),),
+        min_version="0.3.0",
+        requirement=">= 0.3.0, whose block-sparse ops take q2k_idx/q2k_num",
+    )
+
+
+class _VSAKernel(Kernel):
+    """Shared by both backends: 64x64 full tiles, padding, LSE conversion, empty rows."""
+
+    op_name: ClassVar[str]
+    thunderkittens: ClassVar[bool]
+    probe: ClassVar[PackageProbe]
+
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        return probe_reasons(self.probe, problem.device)
+
+    @override
+    def not_supported_reasons(
+        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
+    ) -> list[str]:
+        reasons = super().not_supported_reasons(problem, mask, pass_)
+        if mask is not None:
+            why = partial_tile_reason(mask, VSA_BLOCK, VSA_BLOCK)
+            if why is not None:
+                reasons.append(why)
+        return reasons
+
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        module = importlib.import_module(VSA_MODULE)  # lazily: CUDA-only package
+        return _PreparedVSA(mask, problem, getattr(module, self.op_name), self.thunderkittens)
+
+
+def thunderkittens_reasons() -> list[str]:
+    """Why the TK extension is unusable (the package falls back to Triton silently)."""
+    try:
+        module = importlib.import_module(VSA_MODULE)
+        forward, backward = module._get_sm90_ops()
+    except Exception as err:  # an import failure is already a probe reason; be safe
+        return [f"{VSA_MODULE} cannot report its ThunderKittens ops: {type(err).__name__}: {err}"]
+    if forward is None or backward is None:
+        return [
+            "fastvideo_kernel's ThunderKittens extension (fastvideo_kernel._C block_sparse_fwd/"
+            "bwd) did not load (a wheel built for another torch, or built without TK); build "
+            "the sdist for this torch with TORCH_CUDA_ARCH_LIST=9.0a"
+        ]
+    return []
+
+
+@register_kernel
+class VSAThunderKittensKernel(_VSAKernel):
+    """VSA's ThunderKittens kernel (sm_90a), 64x64 full tiles (CPU contract-tested)."""
+
+    name = "sparse_vsa"
+    summary = "VSA block-sparse 64x64 (fastvideo-kernel, ThunderKittens sm90a)"
+    caps = _vsa_caps((9, 0))
+    op_name = "block_sparse_attn_sm90"
+    thunderkittens = True
+    probe = _probe("block_sparse_attn_sm90")
+
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        reasons = super().extra_reasons(problem, pass_)
+        if reasons or problem.device.type != "cuda" or not cuda_present():
+            return reasons
+        major, minor = torch.cuda.get_device_capability(problem.device)
+        if (major, minor) != (9, 0):
+            return [
+                f"VSA's ThunderKittens kernel is built for sm_90a only (this GPU is "
+                f"sm_{major}{minor}); sparse_vsa_triton runs elsewhere"
+            ]
+        return thunderkittens_reasons()
+
+
+@register_kernel
+class VSATritonKernel(_VSAKernel):
+    """VSA's Triton kernel, 64x64 full tiles (CPU contract-tested)."""
+
+    name = "sparse_vsa_triton"
+    summary = "VSA block-sparse 64x64 (fastvideo-kernel, Triton)"
+    caps = _vsa_caps((8, 0))
+    op_name = "block_sparse_attn_triton"
+    thunderkittens = False
+    probe = _probe("block_sparse_attn_triton")
