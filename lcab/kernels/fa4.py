@@ -1,1 +1,212 @@
-"""Placeholder: filled in by the fa4 adapter work (issue 13)."""
+"""FlashAttention 4 (``flash-attn-4``, CuTe DSL, module ``flash_attn.cute``), varlen lowering.
+
+Written against the API of flash-attn-4 4.0.0b5 and later (read in the Dao-AILab/flash-attention
+sources of ``flash_attn/cute/interface.py``, snapshot of 2026-08, and the 4.0.0b36 wheel;
+gpu_kernels.md §3.3) and **CPU contract-tested only**: the tests run this adapter's whole path
+against a stand-in package implementing the documented semantics, never the real kernels, which
+are JIT-compiled on their first call. The first GPU run must confirm it.
+
+The call is FA2/FA3's (`lcab.kernels.flash_attn.PreparedFlash`): the mask is lowered once by
+`lcab.masks.lowering.to_varlen` to the dense ``flash_attn_func`` on (1, S, H, D) views (one
+sequence) or ``flash_attn_varlen_func`` with int32 ``cu_seqlens_q/k`` and ``max_seqlen_q/k``,
+with ``causal`` and a bottom-right aligned ``window_size``. Two spellings differ from FA2/FA3:
+
+* an unbounded window side is ``None``, not -1: FA4 reads ints literally, and only a pair whose
+  sum is negative counts as "no window" — (-1, 5) would be a window, not a causal band;
+* the LSE is asked for with ``return_lse=True``; both functions always return ``(out, lse)``.
+
+LSE: natural log, float32, (B, H, S) for the dense call and (H, total_q) for varlen (as FA2/FA3;
+with ``qv``, which lcab never passes, it would be heads-last). Empty rows are set from the mask
+(out 0, lse -inf) whatever the library writes. Unlike FA2/FA3 the LSE is **differentiable**
+(``dlse`` reaches the backward kernel when ``return_lse=True``, since 4.0.0b5), so the base
+class's backward from merged softmax statistics works (``stats_backward=True``) — except on
+sm100/sm110 at head dim 256, whose dedicated backward refuses ``dlse`` (an assertion, not a
+reason: unconfirmed, and only ring-style CP would reach it).
+
+Architectures (source): forward sm80, sm90, sm100/110, sm120; backward sm90 and later only.
+Head dims 8..256 in multiples of 8 on sm90; on sm100/sm110 8..128 or exactly 256.
+
+Installing and probing: ``pip install --pre "flash-attn-4[cu13]"`` (pure-Python wheel plus
+nvidia-cutlass-dsl). The version comes from the distribution ``flash-attn-4``
+(``flash_attn.cute.__version__`` reads a distribution named ``fa4`` and says 0.0.0). The wheel
+ships only ``flash_attn/cute``; when FA2 (``flash-attn``) is installed too, importing
+``flash_attn.cute`` first runs FA2's ``flash_attn/__init__.py``, which imports
+``flash_attn_2_cuda`` — a broken FA2 build then breaks FA4's import. That is why the package is
+looked up without importing its parent, and why a failing import (checked only where the cell
+would run: a CUDA problem with CUDA present) is reported as a reason naming the FA2 co-install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from typing import Any, ClassVar
+
+import torch
+from typing_extensions import override
+
+from lcab.kernels import probe
+from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
+from lcab.kernels.flash_attn import VARLEN_KWARGS, PreparedFlash
+from lcab.kernels.probe import ApiNeed, PackageProbe, release
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+
+MODULE = "flash_attn.cute"
+PIP_NAME = '--pre "flash-attn-4[cu13]"'
+#: Keywords the adapter passes to both calls.
+CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_lse")
+#: The first beta whose backward takes the gradient of the LSE (``dlse``).
+MIN_BETA = 5
+#: Compute capability majors flash-attn-4 dispatches to (its forward asserts the same).
+FORWARD_MAJORS = (8, 9, 10, 11, 12)
+
+
+class PreparedFA4(PreparedFlash):
+    """FA2/FA3's lowered call with FA4's spellings: ``return_lse``, ``None`` = unbounded."""
+
+    lse_kwargs: ClassVar[dict[str, Any]] = {"return_lse": True}
+    library: ClassVar[str] = "FlashAttention 4"
+    follows: ClassVar[str] = "flash-attn-4 4.0.0b5+"
+
+    @staticmethod
+    def window(left: int, right: int) -> tuple[int | None, int | None]:
+        """-1 (the lowering's unbounded side) becomes None, FA4's only unbounded spelling."""
+        return (None if left < 0 else left), (None if right < 0 else right)
+
+
+def _beta(version: str) -> int | None:
+    """The beta number of a 4.0.0 pre-release ("4.0.0b36" → 36); None for anything else."""
+    match = re.match(r"^4\.0\.0\.?b(?:eta)?\.?(\d+)", version)
+    return int(match.group(1)) if match else None
+
+
+def version_reasons(version: str | None) -> list[str]:
+    """Why an installed flash-attn-4 ``version`` is too old (empty: fits, or unknown).
+
+    `lcab.kernels.probe.release` ignores pre-release tags, and every flash-attn-4 so far is a
+    4.0.0 beta, so the beta number is compared here. ``0.0.0`` is setuptools-scm's fallback for
+    a checkout without tags: unknown, left to the signature check.
+    """
+    if version is None or release(version) in ((), (0, 0, 0)):
+        return []
+    beta = _beta(version)
+    if release(version) >= (4, 0, 0) and (beta is None or beta >= MIN_BETA):
+        return []
+    return [
+        f"flash-attn-4 {version} is older than lcab's adapter supports (lcab needs >= "
+        f"4.0.0b{MIN_BETA}, the first release whose backward takes the gradient of the LSE)"
+    ]
+
+
+def _spec_found(module: str) -> bool:
+    """Whether ``module`` can be found, without letting a broken parent package raise."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except Exception:  # the parent flash_attn (FA2's __init__) is missing or fails to import
+        return False
+
+
+@register_kernel
+class FA4Kernel(Kernel):
+    """FlashAttention 4 (``flash_attn.cute``), dense or varlen call (CPU contract-tested)."""
+
+    name = "fa4"
+    summary = "FlashAttention 4 (flash-attn-4, CuTe DSL), varlen + window"
+    caps = KernelCaps(
+        devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.float16, torch.bfloat16}),
+        lowering="varlen",
+        backward_devices=frozenset({"cuda"}),  # sm90+ only: see extra_reasons
+        max_head_dim=256,
+        gqa=True,
+        returns_lse=True,
+        package=MODULE,
+        pip_name=PIP_NAME,
+        min_compute_capability=(8, 0),
+        adapter_ready=True,
+        contract_tested=True,  # tests/unit/test_adapter_fa4.py; not GPU-verified
+        stats_backward=True,  # differentiable LSE; tested against the reference with a stand-in
+    )
+    probe: ClassVar[PackageProbe] = PackageProbe(
+        module=MODULE,
+        distributions=("flash-attn-4",),
+        needs=(
+            ApiNeed("flash_attn_func", CALL_KWARGS),
+            ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS)),
+        ),
+        min_version=f"4.0.0b{MIN_BETA}",
+        requirement=f"flash-attn-4 >= 4.0.0b{MIN_BETA}",
+    )
+
+    def installed(self) -> bool:
+        """flash-attn-4 is installed: its distribution, or a findable ``flash_attn.cute``."""
+        return probe.distribution_version(self.probe.distributions) is not None or _spec_found(
+            MODULE
+        )
+
+    @override
+    def environment_reasons(self, device: torch.device) -> list[str]:
+        """The base checks, with the package looked up without importing FA2's ``flash_attn``.
+
+        The base class's ``find_spec("flash_attn.cute")`` imports the parent package, which
+        raises when FA2 is absent (ModuleNotFoundError) or broken; here that is a reason.
+        """
+        reasons = []
+        if device.type == "cuda" and not torch.cuda.is_available():
+            reasons.append("needs CUDA, and no CUDA device is visible on this machine")
+        if not self.installed():
+            reasons.append(f"needs package '{MODULE}', not installed (pip install {PIP_NAME})")
+        if (
+            device.type == "cuda"
+            and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device) < (8, 0)
+        ):
+            reasons.append("needs compute capability >= 8.0")
+        return reasons
+
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        reasons = []
+        d = problem.head_dim
+        if d < 8 or d % 8:
+            reasons.append(f"FA4 takes head dims 8..256 in multiples of 8, not {d}")
+        if problem.device.type == "cuda" and probe.cuda_present():
+            reasons += self._device_reasons(problem, pass_)
+            if self.installed():
+                api = self._api_reasons()
+                if api:  # the precise reason: what is missing, or why the import fails
+                    return reasons + api
+        version = probe.distribution_version(self.probe.distributions)
+        return reasons + version_reasons(version)
+
+    def _device_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        major, minor = torch.cuda.get_device_capability(problem.device)
+        sm = f"sm_{major}{minor}"
+        reasons = []
+        if major not in FORWARD_MAJORS:
+            reasons.append(f"flash-attn-4 has kernels for compute capability 8.x-12.x, not {sm}")
+        if pass_ in ("bwd", "fwd_bwd") and major < 9:
+            reasons.append(f"FA4's backward needs sm90 or later (this GPU is {sm})")
+        if major in (10, 11) and 128 < problem.head_dim < 256:
+            reasons.append(f"FA4 on {sm} takes head dims 8..128 or 256, not {problem.head_dim}")
+        return reasons
+
+    def _api_reasons(self) -> list[str]:
+        """Import ``flash_attn.cute`` and check the signatures; name the FA2 co-install."""
+        version = probe.distribution_version(self.probe.distributions)
+        reasons = probe.api_reasons(self.probe, version)
+        fa2 = probe.distribution_version(("flash-attn", "flash_attn"))
+        if fa2 is None:
+            return reasons
+        hint = (
+            f"; flash-attn {fa2} (FA2) is installed too and its flash_attn/__init__.py runs "
+            "first: repair or uninstall it"
+        )
+        return [r + hint if "fails to import" in r else r for r in reasons]
+
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        module = importlib.import_module(MODULE)  # lazily: CUDA-only package
+        return PreparedFA4(mask, problem, module.flash_attn_func, module.flash_attn_varlen_func)

@@ -25,6 +25,9 @@ either library, so the backward is autograd through ``out`` only (GQA gradients 
 over the query group by the library) and there is no backward from merged statistics
 (``stats_backward=False``: ring-style CP backward needs the private ``_flash_attn_backward``,
 whose signature changes between releases).
+
+FlashAttention 4 (`lcab.kernels.fa4`) reuses `PreparedFlash`: same lowering and LSE layouts, a
+different way of asking for the LSE and of spelling an unbounded window side.
 """
 
 from __future__ import annotations
@@ -55,10 +58,21 @@ CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_attn_probs")
 VARLEN_KWARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 
-class _PreparedFlash(PreparedAttention):
-    """The lowered call: dense or varlen, its keyword arguments, and the empty rows."""
+class PreparedFlash(PreparedAttention):
+    """The lowered call: dense or varlen, its keyword arguments, and the empty rows.
+
+    Shared by every FlashAttention generation (FA2, FA3, and FA4 in `lcab.kernels.fa4`): they
+    take the same lowering, the same cu_seqlens and the same LSE layouts, and differ only in
+    how a call asks for the LSE (`lse_kwargs`) and how an unbounded window side is spelled
+    (`window`), which subclasses override.
+    """
 
     layout = "shd"
+    #: Keyword arguments that make the library return its LSE.
+    lse_kwargs: ClassVar[dict[str, Any]] = {"return_attn_probs": True}
+    #: The library and the API generation the adapter follows, for error messages.
+    library: ClassVar[str] = "FlashAttention"
+    follows: ClassVar[str] = "flash-attn 2.8 / FA3 hopper"
 
     def __init__(
         self,
@@ -73,8 +87,8 @@ class _PreparedFlash(PreparedAttention):
         self.kwargs: dict[str, Any] = {
             "softmax_scale": problem.head_dim**-0.5,
             "causal": bool(args.causal),
-            "window_size": (int(left), int(right)),
-            "return_attn_probs": True,
+            "window_size": self.window(int(left), int(right)),
+            **self.lse_kwargs,
         }
         self.varlen = not args.is_single_sequence
         self.fn = varlen_fn if self.varlen else dense_fn
@@ -89,6 +103,11 @@ class _PreparedFlash(PreparedAttention):
         self.has_empty = bool(self.empty.any())
 
     @staticmethod
+    def window(left: int, right: int) -> tuple[int | None, int | None]:
+        """The library's ``window_size`` for the lowering's (left, right), -1 = unbounded."""
+        return left, right
+
+    @staticmethod
     def _cu(values: Any, device: torch.device) -> torch.Tensor:
         """cu_seqlens as FlashAttention wants them: contiguous int32 on the inputs' device."""
         return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
@@ -96,6 +115,7 @@ class _PreparedFlash(PreparedAttention):
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One library call on packed tensors; (out, lse) in lcab's convention."""
         layout: LseLayout
         if self.varlen:
             result = self.fn(q, k, v, **self.kwargs)
@@ -103,7 +123,7 @@ class _PreparedFlash(PreparedAttention):
         else:
             result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
             out, layout = result[0].squeeze(0), "bhs"
-        # FA2 reports +inf on empty rows, FA3 -inf: lcab's convention is out 0, lse -inf
+        # libraries disagree on empty rows (FA2 +inf, FA3/FA4 -inf): lcab's is out 0, lse -inf
         return to_lcab_convention(
             out,
             result[1],
@@ -112,8 +132,8 @@ class _PreparedFlash(PreparedAttention):
             seqlen=self.seqlen,
             empty=self.empty if self.has_empty else None,
             dtype=q.dtype,
-            library="FlashAttention",
-            follows="flash-attn 2.8 / FA3 hopper",
+            library=self.library,
+            follows=self.follows,
         )
 
 
@@ -154,7 +174,7 @@ class _FlashAttnKernel(Kernel):
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
-        return _PreparedFlash(mask, problem, module.flash_attn_func, module.flash_attn_varlen_func)
+        return PreparedFlash(mask, problem, module.flash_attn_func, module.flash_attn_varlen_func)
 
 
 @register_kernel
