@@ -52,7 +52,9 @@ _PASSTHROUGH = (
 )
 
 
-def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
+def job_overrides(
+    overrides: list[str], multirun: bool, config_name: str = "config"
+) -> list[list[str]]:
     """The override list of every job the run or sweep would launch."""
     register_configs()
     if not multirun:
@@ -61,7 +63,7 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     parsed = parser.parse_overrides(overrides)
     with _hydra():
         base = compose(
-            "config",
+            config_name,
             overrides=[o for o in overrides if not _is_sweep(o, parser)],
             return_hydra_config=True,
         )
@@ -88,7 +90,7 @@ class _hydra:  # noqa: N801  (a context manager used like a function)
         GlobalHydra.instance().clear()
 
 
-def _explain(err: BaseException, job: list[str]) -> str:
+def _explain(err: BaseException, job: list[str], config_name: str = "config") -> str:
     """Hydra's message without its search-path listing, plus the cause and valid keys."""
     text = str(err).split("\nConfig search path:")[0].strip()
     cause = err.__cause__
@@ -99,7 +101,7 @@ def _explain(err: BaseException, job: list[str]) -> str:
         parent = match.group(1).rsplit(".", 1)[0]
         others = [o for o in job if not o.startswith(match.group(1) + "=")]
         try:
-            node = OmegaConf.select(compose("config", overrides=others), parent)
+            node = OmegaConf.select(compose(config_name, overrides=others), parent)
             if node is not None and hasattr(node, "keys"):
                 text += f"; valid keys of {parent}: {', '.join(map(str, node.keys()))}"
         except (HydraException, OmegaConfBaseException):
@@ -118,26 +120,31 @@ def composed_jobs(overrides: list[str], multirun: bool) -> list[tuple[list[str],
         return [(job, compose("config", overrides=job, return_hydra_config=True)) for job in jobs]
 
 
-def check_jobs(overrides: list[str], multirun: bool, extra: JobCheck | None = None) -> list[str]:
+def check_jobs(
+    overrides: list[str],
+    multirun: bool,
+    extra: JobCheck | None = None,
+    config_name: str = "config",
+) -> list[str]:
     """Problems of every job (empty: all jobs compose, resolve and pass ``extra``)."""
     try:
-        jobs = job_overrides(overrides, multirun)
+        jobs = job_overrides(overrides, multirun, config_name)
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         with _hydra():
-            return [_explain(err, overrides)]
+            return [_explain(err, overrides, config_name)]
     problems: list[str] = []
     with _hydra():
         for job in jobs:
             where = " ".join(job) or "(defaults)"
             try:
-                cfg = compose("config", overrides=job, return_hydra_config=extra is not None)
+                cfg = compose(config_name, overrides=job, return_hydra_config=extra is not None)
                 cell = resolve_cell(cfg)
                 if extra is not None:
                     problems += [f"{where}: {text}" for text in extra(cfg, cell)]
             except ConfigError as err:
                 problems.append(f"{where}: {err}")
             except (HydraException, OmegaConfBaseException, ValueError) as err:
-                problems.append(f"{where}: {_explain(err, job)}")
+                problems.append(f"{where}: {_explain(err, job, config_name)}")
     return problems
 
 
@@ -147,12 +154,12 @@ def split_argv(argv: list[str]) -> tuple[list[str], bool]:
     return [a for a in argv if a not in ("-m", "--multirun")], multirun
 
 
-def preflight(argv: list[str], extra: JobCheck | None = None) -> int:
+def preflight(argv: list[str], extra: JobCheck | None = None, config_name: str = "config") -> int:
     """0 if every job of ``argv`` is valid, else print the problems and return 2."""
     if any(a.split("=", 1)[0] in _PASSTHROUGH for a in argv):
         return 0
     overrides, multirun = split_argv(argv)
-    problems = check_jobs(overrides, multirun, extra)
+    problems = check_jobs(overrides, multirun, extra, config_name)
     if not problems:
         return 0
     unique = list(dict.fromkeys(problems))

@@ -151,6 +151,19 @@ class LcabConfig:
     bound, then stop: nothing is submitted or run."""
 
 
+@dataclass
+class PlanConfig(LcabConfig):
+    """``python -m lcab.plan``: the benchmark's groups plus a hardware profile (conf/plan.yaml)."""
+
+    hardware: Any = MISSING
+    """A hardware profile (conf/hardware/<name>.yaml): rates, links, memory, their sources."""
+    recommend: bool = False
+    """Instead of predicting the cell's strategy, rank every strategy, balancer and Ulysses
+    degree for the cell's mask, length and topology, and name the smallest world that fits."""
+    records: str | None = None
+    """A records file (JSONL): its measured points are overlaid on the sweep's plot."""
+
+
 # ---------------------------------------------------------------------------- generation
 
 _SIMPLE = {"int": int, "float": float, "str": str, "bool": bool}
@@ -239,6 +252,7 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("lcab_uid", lambda: _PROCESS_UID, use_cache=True)
     cs = ConfigStore.instance()
     cs.store(name="lcab_schema", node=LcabConfig)
+    cs.store(name="lcab_plan_schema", node=PlanConfig)
     for name, cls in kernel_config_classes().items():
         cs.store(group="schema/kernel", name=name, node=cls)
     for name, cls in mask_config_classes().items():

@@ -1,0 +1,211 @@
+"""``python -m lcab.plan``: the planner as a Hydra app (same groups as the benchmark + hardware).
+
+One job = one cell (cp x mask x topology x kernel) at each configured length; it prints the
+prediction and appends it to ``<job dir>/plan.jsonl``. A multirun ends with one table of every
+job and, when the sweep spans several world sizes, a plot of predicted per-GPU TFLOP/s against
+world size per strategy (``plan_tflops.png``), with the measured points of ``records=<file>``
+overlaid. ``recommend=true`` ranks every strategy for the cell instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+from typing_extensions import override
+
+from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
+from lcab.plan.hardware import Hardware, from_dict
+from lcab.plan.predict import CellPrediction, PlanCell, predict
+from lcab.plan.recommend import recommend, step_ms
+
+PLAN_FILE = "plan.jsonl"
+
+register_configs()
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=220)
+
+
+def predictions_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """Rich table of prediction rows (`CellPrediction.row`)."""
+    table = Table(title=title)
+    columns = [
+        ("cp", "cp"),
+        ("mask", "mask"),
+        ("world", "world"),
+        ("U x R", None),
+        ("fwd ms", "fwd_time_ms"),
+        ("fwd TFLOP/s/GPU", "fwd_tflops"),
+        ("bwd ms", "bwd_time_ms"),
+        ("bwd TFLOP/s/GPU", "bwd_tflops"),
+        ("fwd compute/comm/imbal ms", None),
+        ("inter-node MB (fwd+bwd)", None),
+        ("mem MiB", "memory_mib"),
+    ]
+    for name, _ in columns:
+        table.add_column(name, justify="right" if name not in ("cp", "mask") else "left")
+    for r in rows:
+        cells = []
+        for name, key in columns:
+            if name == "U x R":
+                cells.append(
+                    f"{r['ulysses']}x{r['ring']}"
+                    + (f"/{r['windows']}w" if r["windows"] > 1 else "")
+                )
+            elif name.startswith("fwd compute"):
+                cells.append(
+                    f"{r['fwd_compute_ms']:.2f}/{r['fwd_comm_ms']:.2f}/{r['fwd_imbalance_ms']:.2f}"
+                )
+            elif name.startswith("inter-node"):
+                cells.append(f"{(r['fwd_inter_bytes'] + r['bwd_inter_bytes']) / 1e6:.0f}")
+            else:
+                value = r[key]  # type: ignore[index]
+                cells.append(f"{value:.1f}" if isinstance(value, float) else str(value))
+        table.add_row(*cells)
+    return table
+
+
+def hardware_of(cfg: DictConfig) -> Hardware:
+    """The composed hardware node as a `Hardware` (ConfigError on a malformed profile)."""
+    data = OmegaConf.to_container(cfg.hardware, resolve=True)
+    try:
+        assert isinstance(data, dict)
+        return from_dict({str(k): v for k, v in data.items()})
+    except (TypeError, KeyError, AssertionError) as err:
+        raise ConfigError(
+            "hardware", cfg.hardware.get("name"), f"malformed profile: {err}"
+        ) from err
+
+
+def print_recommendation(cell: PlanCell, hardware: Hardware) -> None:
+    """Rank the candidates of ``cell`` and print the answer."""
+    answer = recommend(cell, hardware)
+    console = _console()
+    if not answer.ranked:
+        console.print(f"no strategy can run {cell.label()}")
+        return
+    table = Table(
+        title=f"recommendation for {cell.mask}, S={cell.seqlen}, "
+        f"{cell.nodes}x{cell.devices_per_node} on {hardware.name}"
+    )
+    for name in (
+        "rank",
+        "cp",
+        "balance",
+        "U x R",
+        "fwd+bwd ms",
+        "vs best",
+        "fwd TFLOP/s/GPU",
+        "bwd TFLOP/s/GPU",
+        "mem MiB",
+    ):
+        table.add_column(name)
+    best = step_ms(answer.ranked[0])
+    for i, p in enumerate(answer.ranked[:12], 1):
+        table.add_row(
+            str(i),
+            p.cell.cp,
+            p.balancer,
+            f"{p.ulysses}x{p.ring}",
+            f"{step_ms(p):.2f}",
+            f"+{100 * (step_ms(p) / best - 1):.0f}%",
+            f"{p.fwd.tflops:.0f}",
+            f"{p.bwd.tflops:.0f}",
+            f"{p.memory_mib:.0f}",
+        )
+    console.print(table)
+    top = answer.ranked[0]
+    degree = f", Ulysses degree {top.ulysses}" if top.ulysses > 1 else ""
+    console.print(
+        f"best: {top.cell.cp} (balance={top.balancer}{degree}), predicted "
+        f"{100 * answer.margin:.0f}% faster than the runner-up ({answer.ranked[1].cell.cp}, "
+        f"balance={answer.ranked[1].balancer})"
+        if len(answer.ranked) > 1
+        else f"best: {top.cell.cp}"
+    )
+    nodes = answer.smallest_fitting_nodes
+    console.print(
+        f"smallest world whose attention memory fits {hardware.memory_gib:g} GiB per device: "
+        + (f"{nodes} node(s) x {cell.devices_per_node}" if nodes else "none up to this topology")
+    )
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="plan", version_base="1.3")
+def app(cfg: DictConfig) -> None:
+    """Predict (or recommend for) one cell at each configured length."""
+    try:
+        cell = resolve_cell(cfg)
+        hardware = hardware_of(cfg)
+    except ConfigError as err:
+        print(f"lcab: {err}", file=sys.stderr)
+        sys.exit(2)
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    rows = []
+    for seqlen in cell.seqlens:
+        target = PlanCell.of_cell(cell, seqlen)
+        if cfg.recommend:
+            print_recommendation(target, hardware)
+            continue
+        try:
+            prediction = predict(target, hardware)
+        except ValueError as err:
+            print(f"lcab plan: skipped: {err}", file=sys.stderr)
+            continue
+        rows.append(prediction.row() | {"hardware": hardware.name})
+    if rows:
+        with (out_dir / PLAN_FILE).open("a") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        _console().print(predictions_table(rows, f"{hardware.name}  ->  {out_dir / PLAN_FILE}"))
+
+
+def read_plan_rows(root: Path) -> list[dict[str, Any]]:
+    """Every prediction row written under ``root``."""
+    rows = []
+    for path in sorted(root.rglob(PLAN_FILE)):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+class PlanSummary(Callback):
+    """At the end of a multirun: one table of every job, and the TFLOP/s-vs-world plot."""
+
+    @override
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        root = Path(config.hydra.sweep.dir)
+        rows = read_plan_rows(root)
+        if not rows:
+            return
+        rows.sort(key=lambda r: (r["mask"], r["cp"], r["world"]))
+        _console().print(predictions_table(rows, f"plan of {len(rows)} cells -> {root}"))
+        if len({r["world"] for r in rows}) > 1:
+            from lcab.plan.figure import plot_scaling
+
+            path = plot_scaling(rows, root / "plan_tflops.png", config.get("records"))
+            print(f"[lcab] plot -> {path}")
+
+
+def main(argv: list[str]) -> int:
+    """Pre-check every job (exit 2 on bad input), then hand over to Hydra."""
+    from lcab.config.preflight import preflight
+
+    code = preflight(argv, config_name="plan")
+    if code:
+        return code
+    sys.argv = [sys.argv[0], *argv]
+    app()
+    return 0
+
+
+__all__ = ["CellPrediction", "app", "main", "predictions_table", "read_plan_rows"]

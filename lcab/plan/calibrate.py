@@ -1,0 +1,139 @@
+"""Fit a profile's free parameters to measured records, and check predictions against records.
+
+Each measured record (a context-parallel cell that ran ``ok``) gives one point per timed pass:
+the cell, the pass, and its p50 time on the slowest rank — the quantity `lcab.plan.model`
+predicts. Replays depend only on the cell, so they are built once; the fit then varies the
+profile's free parameters (kernel plateau forward/backward, half-saturation length, call cost,
+link bandwidth and latency, memory bandwidth) in log space with `scipy.optimize.least_squares`
+on the log ratio predicted / measured, so a 2× miss weighs the same on a 1 ms and a 1 s cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from lcab.cp.base import STRATEGIES
+from lcab.plan.hardware import Hardware
+from lcab.plan.model import predict_pass
+from lcab.plan.predict import PlanCell, mask_for
+from lcab.plan.replay import Replay, replay
+from lcab.records.schema import RunRecord
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured pass of one cell, with the cell's replay."""
+
+    cell: PlanCell
+    pass_: str
+    measured_ms: float
+    replay: Replay
+    record: RunRecord
+
+    def predicted_ms(self, hardware: Hardware) -> float:
+        """The model's time for this pass on ``hardware``."""
+        return predict_pass(self.replay, hardware, self.cell.kernel, self.pass_).time_ms
+
+
+def points_of(records: Iterable[RunRecord]) -> list[Point]:
+    """Measured passes of every ``ok`` context-parallel record (fwd and bwd p50 times)."""
+    points = []
+    cache: dict[tuple[str, ...], Replay] = {}
+    for record in records:
+        if record.cp == "none" or record.status != "ok" or record.world_size < 2:
+            continue
+        cell = PlanCell.of_record(record)
+        key = (repr(cell),)
+        if key not in cache:
+            strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
+            cache[key] = replay(strategy, mask_for(cell), cell.problem(), cell.world)
+        for pass_ in ("fwd", "bwd"):
+            result = record.pass_result(pass_)
+            if result.status == "ok" and result.ms_p50:
+                points.append(Point(cell, pass_, float(result.ms_p50), cache[key], record))
+    return points
+
+
+def free_parameters(hardware: Hardware, kernels: Iterable[str]) -> list[str]:
+    """Dotted names of the parameters a fit may change for these kernels."""
+    names = []
+    for kernel in sorted({k if k in hardware.kernels else "default" for k in kernels}):
+        names += [
+            f"kernels.{kernel}.{p}" for p in ("fwd_tflops", "bwd_tflops", "half_keys", "call_us")
+        ]
+    names += ["intra.gbps", "intra.latency_us", "memory_gbps"]
+    return names
+
+
+def _value(hardware: Hardware, name: str) -> float:
+    node: object = hardware.to_dict()
+    for part in name.split("."):
+        node = node[part]  # type: ignore[index]
+    return float(node)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted profile and how well it fits its own points."""
+
+    hardware: Hardware
+    parameters: dict[str, float]
+    rms_log_error: float
+    points: int
+
+
+def calibrate(points: list[Point], hardware: Hardware, names: list[str] | None = None) -> Fit:
+    """Fit ``names`` (default `free_parameters`) of ``hardware`` to ``points``.
+
+    Raises:
+        ValueError: no points to fit.
+
+    """
+    from scipy.optimize import least_squares  # only the calibration needs scipy
+
+    if not points:
+        raise ValueError(
+            "no measured context-parallel passes to calibrate on (status ok, world >= 2)"
+        )
+    names = names or free_parameters(hardware, {p.cell.kernel for p in points})
+    start = np.log([_value(hardware, n) for n in names])
+    measured = np.log([p.measured_ms for p in points])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        hw = hardware.with_values(dict(zip(names, np.exp(x).tolist(), strict=True)))
+        return np.log([p.predicted_ms(hw) for p in points]) - measured
+
+    result = least_squares(residuals, start, bounds=(start - 7.0, start + 7.0), x_scale=1.0)
+    fitted = dict(zip(names, np.exp(result.x).tolist(), strict=True))
+    sources = dict(hardware.sources)
+    for name in names:
+        sources[name] = f"fitted by lcab.plan --calibrate on {len(points)} measured passes"
+    hw = hardware.with_values(fitted)
+    hw = Hardware(**{**hw.__dict__, "sources": sources})
+    rms = float(np.sqrt(np.mean(result.fun**2)))
+    return Fit(hw, fitted, rms, len(points))
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """Predicted vs measured for one pass of one record."""
+
+    label: str
+    pass_: str
+    measured_ms: float
+    predicted_ms: float
+
+    @property
+    def error(self) -> float:
+        """Relative error of the prediction ((predicted - measured) / measured)."""
+        return self.predicted_ms / self.measured_ms - 1.0
+
+
+def check(points: list[Point], hardware: Hardware) -> list[CheckRow]:
+    """Predicted vs measured for every point."""
+    return [
+        CheckRow(p.cell.label(), p.pass_, p.measured_ms, p.predicted_ms(hardware)) for p in points
+    ]

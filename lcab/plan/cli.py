@@ -1,0 +1,175 @@
+"""Command line of ``python -m lcab.plan``: Hydra predictions, or one of the record commands.
+
+* ``--calibrate RECORDS [--hardware NAME|FILE] [--where KEY=V1,V2] [--out FILE]`` fits the
+  profile's free parameters to the measured passes and writes the fitted profile (YAML);
+* ``--check RECORDS [--hardware NAME|FILE] [--where ...]`` prints predicted vs measured per
+  record pass, and the error;
+* ``--published [--hardware NAME|FILE]`` compares with the published H100 figures.
+
+Anything else is the Hydra app (`lcab.plan.app`). Bad input exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from lcab.plan.hardware import Hardware, load_profile
+from lcab.records.schema import RunRecord
+from lcab.records.sinks import read_records
+
+RECORD_COMMANDS = ("--calibrate", "--check", "--published")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lcab.plan", description=__doc__)
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--calibrate", metavar="RECORDS", help="fit the profile to these records")
+    action.add_argument("--check", metavar="RECORDS", help="predicted vs measured per record")
+    action.add_argument("--published", action="store_true", help="compare with the H100 table")
+    parser.add_argument("--hardware", help="profile name (conf/hardware) or YAML file")
+    parser.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="keep records whose field KEY is one of the values (repeatable)",
+    )
+    parser.add_argument("--out", help="where --calibrate writes the fitted profile (YAML)")
+    return parser
+
+
+def _filter(records: list[RunRecord], where: list[str]) -> list[RunRecord]:
+    for clause in where:
+        key, _, values = clause.partition("=")
+        if not values or not hasattr(RunRecord(), key):
+            raise ValueError(f"--where {clause!r}: expected FIELD=V1,V2 with a record field")
+        wanted = set(values.split(","))
+        records = [r for r in records if str(getattr(r, key)) in wanted]
+    return records
+
+
+def _hardware(name: str | None, records: list[RunRecord]) -> Hardware:
+    if name is None:
+        cpu = all(r.device == "cpu" for r in records)
+        name = "cpu_gloo_local" if cpu else "h100_nvlink_ib"
+    return load_profile(name)
+
+
+def run(argv: list[str]) -> int:
+    """Dispatch ``argv`` (see module docstring); returns the exit code."""
+    if not any(a.split("=")[0] in RECORD_COMMANDS for a in argv):
+        from lcab.plan.app import main
+
+        return main(argv)
+    args = _parser().parse_args(argv)  # argparse exits with 2 on bad flags
+    try:
+        if args.published:
+            return _published(load_profile(args.hardware or "h100_nvlink_ib"))
+        path = Path(args.calibrate or args.check)
+        if not path.exists():
+            raise ValueError(f"records file {str(path)!r} does not exist")
+        records = _filter(read_records(path), args.where)
+        hardware = _hardware(args.hardware, records)
+        from lcab.plan.calibrate import points_of
+
+        points = points_of(records)
+        if not points:
+            raise ValueError(f"{path}: no ok context-parallel records (world >= 2) to use")
+    except ValueError as err:
+        print(f"lcab plan: {err}", file=sys.stderr)
+        return 2
+    if args.calibrate:
+        return _calibrate(points, hardware, args.out)
+    return _check(points, hardware)
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _calibrate(points: list, hardware: Hardware, out: str | None) -> int:
+    from lcab.plan.calibrate import calibrate
+
+    fit = calibrate(points, hardware)
+    console = _console()
+    table = Table(title=f"calibrated {hardware.name} on {fit.points} measured passes")
+    table.add_column("parameter")
+    table.add_column("fitted", justify="right")
+    for name, value in fit.parameters.items():
+        table.add_row(name, f"{value:.4g}")
+    console.print(table)
+    console.print(
+        f"rms error (log ratio): {fit.rms_log_error:.3f} "
+        f"(~{100 * (np.exp(fit.rms_log_error) - 1):.0f} %)"
+    )
+    text = yaml.safe_dump(fit.hardware.to_dict(), sort_keys=False)
+    if out:
+        Path(out).write_text(text)
+        console.print(f"fitted profile -> {out}")
+    else:
+        print(text)
+    return 0
+
+
+def _check(points: list, hardware: Hardware) -> int:
+    from lcab.plan.calibrate import check
+
+    rows = check(points, hardware)
+    table = Table(title=f"predicted vs measured on {hardware.name}")
+    for name in ("cell", "pass", "measured ms", "predicted ms", "error"):
+        table.add_column(name, justify="left" if name in ("cell", "pass") else "right")
+    for r in rows:
+        table.add_row(
+            r.label,
+            r.pass_,
+            f"{r.measured_ms:.2f}",
+            f"{r.predicted_ms:.2f}",
+            f"{100 * r.error:+.0f}%",
+        )
+    console = _console()
+    console.print(table)
+    errors = np.abs([r.error for r in rows])
+    console.print(
+        f"{len(rows)} passes: median |error| {100 * np.median(errors):.0f} %, max "
+        f"{100 * errors.max():.0f} %, within ±30 %: {int((errors <= 0.30).sum())}/{len(rows)}"
+    )
+    return 0
+
+
+def _published(hardware: Hardware) -> int:
+    from lcab.plan.published import CP_SIZES, compare, ordering_agreement
+
+    rows = compare(hardware)
+    console = _console()
+    table = Table(
+        title=f"predicted vs published per-GPU TFLOP/s (H100 blog table) on {hardware.name}"
+    )
+    table.add_column("mask / pass")
+    table.add_column("strategy")
+    for world in CP_SIZES:
+        table.add_column(f"cp={world}", justify="right")
+    keys = list(dict.fromkeys((r.mask, r.pass_, r.cp) for r in rows))
+    for mask, pass_, cp in keys:
+        cells = [r for r in rows if (r.mask, r.pass_, r.cp) == (mask, pass_, cp)]
+        table.add_row(
+            f"{mask} {pass_}",
+            cp,
+            *(f"{r.predicted:.0f} / {r.published:.0f} ({100 * r.error:+.0f}%)" for r in cells),
+        )
+    console.print(table)
+    errors = np.abs([r.error for r in rows])
+    console.print(
+        f"{len(rows)} cells: median |error| {100 * np.median(errors):.0f} %, within ±25 %: "
+        f"{int((errors <= 0.25).sum())}/{len(rows)}"
+    )
+    for (mask, pass_), (agree, total) in ordering_agreement(rows).items():
+        console.print(f"ordering {mask} {pass_}: {agree}/{total} strategy pairs as published")
+    return 0

@@ -1,0 +1,136 @@
+"""Hardware profiles: what the planner assumes about compute and links, each number sourced.
+
+A profile (``conf/hardware/<name>.yaml``) gives, per kernel, the attention throughput a call
+reaches on long rows and how it falls for short ones; per link class (inside a node, between
+nodes) the bandwidth and latency one rank sees; and the efficiency of each collective relative
+to its link. ``sources`` says where every number comes from — a public specification, a paper's
+single-GPU figure, or `lcab.plan.calibrate` fitted to named records — so a prediction can be
+traced to its assumptions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
+
+
+@dataclass(frozen=True)
+class KernelRate:
+    """Throughput of one kernel: ``tflops · keys / (keys + half_keys)`` plus a fixed call cost."""
+
+    fwd_tflops: float
+    """Forward TFLOP/s on long rows (the plateau)."""
+    bwd_tflops: float
+    """Backward TFLOP/s on long rows."""
+    half_keys: float
+    """Keys per query row at which a call reaches half the plateau (short documents, thin
+    ring steps and small tiles run below it)."""
+    call_us: float
+    """Fixed cost of one call (launch, setup of the step, LSE merge), microseconds."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """Bandwidth and latency one rank sees on a link class."""
+
+    gbps: float
+    """GB/s one rank can send (10^9 bytes per second)."""
+    latency_us: float
+    shared: bool = False
+    """True when the ranks of a node share this bandwidth (CPU loopback), not one link each."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A hardware profile (see module docstring)."""
+
+    name: str
+    device: str
+    """cuda | cpu: which default problem (dtype, heads) the planner uses."""
+    kernels: dict[str, KernelRate]
+    intra: Link
+    inter: Link
+    efficiency: dict[str, float]
+    """Fraction of link bandwidth each communication kind reaches (p2p, a2a, allgather,
+    reduce_scatter)."""
+    memory_gib: float
+    """Memory per device, for the smallest world that fits."""
+    memory_gbps: float
+    """Memory bandwidth per device (GB/s): merges and accumulations outside the kernel."""
+    compute_slots_per_node: int | None = None
+    """Ranks of a node that compute at full speed at once (CPU cores); None: one device each."""
+    description: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def rate(self, kernel: str) -> KernelRate:
+        """The kernel's rate, or the profile's ``default`` entry.
+
+        Raises:
+            ValueError: neither exists (names the kernels the profile has).
+
+        """
+        if kernel in self.kernels:
+            return self.kernels[kernel]
+        if "default" in self.kernels:
+            return self.kernels["default"]
+        raise ValueError(
+            f"hardware profile {self.name!r} has no rate for kernel {kernel!r}; "
+            f"valid: {', '.join(self.kernels)}"
+        )
+
+    def with_values(self, values: dict[str, float]) -> Hardware:
+        """A copy with dotted parameters replaced (``kernels.ranges.fwd_tflops``: 3.1, ...)."""
+        data = self.to_dict()
+        for key, value in values.items():
+            node = data
+            *path, last = key.split(".")
+            for part in path:
+                node = node[part]
+            if last not in node:
+                raise KeyError(f"hardware parameter {key!r} does not exist")
+            node[last] = value
+        return from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (YAML-ready)."""
+        return dataclasses.asdict(self)
+
+
+def from_dict(data: dict[str, Any]) -> Hardware:
+    """A `Hardware` from plain data (a YAML file or a Hydra node)."""
+    data = dict(data)
+    data["kernels"] = {k: KernelRate(**v) for k, v in data["kernels"].items()}
+    data["intra"] = Link(**data["intra"])
+    data["inter"] = Link(**data["inter"])
+    known = {f.name for f in dataclasses.fields(Hardware)}
+    return Hardware(**{k: v for k, v in data.items() if k in known})
+
+
+def list_profiles() -> list[str]:
+    """Names of the shipped profiles."""
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> Hardware:
+    """A shipped profile by name, or a YAML file by path.
+
+    Raises:
+        ValueError: unknown name (lists the shipped profiles).
+
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = HARDWARE_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ValueError(
+            f"hardware={name_or_path!r} is unknown; valid: {', '.join(list_profiles())}"
+        )
+    data = yaml.safe_load(path.read_text())
+    data.pop("defaults", None)
+    return from_dict(data)

@@ -1,0 +1,126 @@
+"""Time, throughput and memory of a replayed plan on a hardware profile.
+
+Ranks run in lockstep, stage by stage: a ring step cannot start before the previous rank has
+sent its block, and a collective ends when its slowest member does, so every stage lasts as long
+as its slowest rank. A stage's time on one rank is ``max(compute, transfers during it) +
+transfers after it``; a window adds the transfers running in its background (LoongTrain's
+prefetch). Summed over stages this is the paper's max-rank-time convention, and it splits
+exactly into
+
+* compute — the mean rank's kernel time,
+* imbalance — what the slowest rank's kernel time adds to it,
+* exposed communication — the rest: transfers the compute did not hide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lcab.plan.hardware import Hardware, KernelRate
+from lcab.plan.replay import Replay, Stage, Transfer, Work
+
+
+@dataclass(frozen=True)
+class PassPrediction:
+    """One pass of one cell, predicted."""
+
+    time_ms: float
+    compute_ms: float
+    imbalance_ms: float
+    comm_ms: float
+    """Exposed communication."""
+    tflops: float
+    """Per-GPU TFLOP/s: global FLOPs / (world × time)."""
+    intra_bytes: int
+    """Bytes the busiest rank sends inside its node."""
+    inter_bytes: int
+    """Bytes the busiest rank sends to other nodes."""
+
+
+class CostModel:
+    """Costs of work and transfers on ``hardware`` for ``kernel``, with ``ranks_per_node``."""
+
+    def __init__(self, hardware: Hardware, kernel: str, ranks_per_node: int) -> None:
+        self.hw = hardware
+        self.rate: KernelRate = hardware.rate(kernel)
+        slots = hardware.compute_slots_per_node
+        self.compute_share = 1.0 if slots is None else min(1.0, slots / ranks_per_node)
+        self.ranks_per_node = ranks_per_node
+
+    def compute_s(self, work: Work | None, bwd: bool) -> float:
+        """Seconds of one kernel call."""
+        if work is None:
+            return 0.0
+        peak = (self.rate.bwd_tflops if bwd else self.rate.fwd_tflops) * 1e12 * self.compute_share
+        efficiency = work.mean_keys / (work.mean_keys + self.rate.half_keys)
+        traffic = work.memory_bytes / (self.hw.memory_gbps * 1e9 * self.compute_share)
+        return self.rate.call_us * 1e-6 + work.flops / (peak * max(efficiency, 1e-9)) + traffic
+
+    def transfer_s(self, transfer: Transfer) -> float:
+        """Seconds of one transfer: the slower of its intra- and inter-node parts + latency."""
+        eff = self.hw.efficiency.get(transfer.kind, 1.0)
+        intra_bytes = transfer.nbytes - transfer.inter_bytes
+        times = []
+        for nbytes, link in ((intra_bytes, self.hw.intra), (transfer.inter_bytes, self.hw.inter)):
+            if nbytes:
+                share = self.ranks_per_node if link.shared else 1
+                times.append(link.latency_us * 1e-6 + nbytes * share / (link.gbps * 1e9 * eff))
+        return max(times, default=0.0)
+
+    def stage_s(self, stage: Stage, bwd: bool) -> tuple[float, float]:
+        """(stage seconds, of which compute) on one rank."""
+        compute = self.compute_s(stage.work, bwd)
+        during = sum(self.transfer_s(t) for t in stage.during)
+        after = sum(self.transfer_s(t) for t in stage.after)
+        return max(compute, during) + after, compute
+
+
+def predict_pass(replay: Replay, hardware: Hardware, kernel: str, pass_: str) -> PassPrediction:
+    """Predict ``pass_`` ("fwd" or "bwd") of ``replay`` (see module docstring)."""
+    world = replay.plan.world
+    model = CostModel(hardware, kernel, min(replay.devices_per_node, world))
+    bwd = pass_ == "bwd"
+    ranks = replay.passes[pass_]
+    total = compute = imbalance = comm = 0.0
+    for w in range(len(ranks[0])):
+        windows = [rank[w] for rank in ranks]
+        window_s = 0.0
+        for s in range(len(windows[0].stages)):
+            costs = np.array([model.stage_s(win.stages[s], bwd) for win in windows])
+            stage_max, compute_max, compute_mean = (
+                costs[:, 0].max(),
+                costs[:, 1].max(),
+                costs[:, 1].mean(),
+            )
+            window_s += stage_max
+            compute += compute_mean
+            imbalance += compute_max - compute_mean
+            comm += stage_max - compute_max
+        background = max(sum(model.transfer_s(t) for t in win.background) for win in windows)
+        if background > window_s:
+            comm += background - window_s
+            window_s = background
+        total += window_s
+    intra, inter = _busiest_bytes(replay, pass_)
+    flops = replay.global_flops[pass_]
+    return PassPrediction(
+        time_ms=total * 1e3,
+        compute_ms=compute * 1e3,
+        imbalance_ms=imbalance * 1e3,
+        comm_ms=comm * 1e3,
+        tflops=flops / (world * total) / 1e12 if total > 0 else 0.0,
+        intra_bytes=intra,
+        inter_bytes=inter,
+    )
+
+
+def _busiest_bytes(replay: Replay, pass_: str) -> tuple[int, int]:
+    best = (0, 0)
+    for rank in range(replay.plan.world):
+        moved = replay.transfers(rank, pass_)
+        inter = sum(t.inter_bytes for t in moved)
+        intra = sum(t.nbytes for t in moved) - inter
+        best = max(best, (intra, inter), key=sum)
+    return best

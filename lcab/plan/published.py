@@ -1,0 +1,128 @@
+"""The published H100 context-parallel figures the planner is checked against.
+
+Per-GPU TFLOP/s (max-rank-time convention) of Ulysses, Ring P2P, Ring All-Gather, USP and
+LoongTrain at cp = 8 / 16 / 32 / 64, H100, 8K tokens per GPU, GQA 64:8, head dim 128, bf16, FA3
+as the local kernel — read by eye (±10) from the MagiAttention cp_benchmark blog charts, as
+transcribed in ``../shared/reference/paper_digest.md`` §8.3 (the LongCA-bench paper gives no
+numbers for its CP figures). Facts, not code: the planner never reads them to set a parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+
+from lcab.plan.hardware import Hardware
+from lcab.plan.predict import PlanCell, predict
+
+CP_SIZES = (8, 16, 32, 64)
+STRATEGY_ORDER = ("ulysses", "ring", "ring_allgather", "usp", "loongtrain")
+#: (mask, pass) -> strategy -> TFLOP/s per GPU at CP_SIZES.
+PUBLISHED: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
+    ("full", "fwd"): {
+        "ulysses": (605, 575, 583, 620),
+        "ring": (511, 535, 516, 513),
+        "ring_allgather": (605, 597, 590, 583),
+        "usp": (580, 602, 594, 606),
+        "loongtrain": (578, 601, 596, 604),
+    },
+    ("causal", "fwd"): {
+        "ulysses": (602, 557, 581, 585),
+        "ring": (420, 455, 452, 447),
+        "ring_allgather": (601, 590, 593, 583),
+        "usp": (592, 588, 594, 587),
+        "loongtrain": (594, 586, 583, 588),
+    },
+    ("full_document", "fwd"): {
+        "ulysses": (389, 305, 284, 259),
+        "ring": (159, 134, 92, 56),
+        "ring_allgather": (386, 386, 323, 248),
+        "usp": (373, 371, 373, 291),
+        "loongtrain": (370, 372, 314, 292),
+    },
+    ("causal_document", "bwd"): {
+        "ulysses": (332, 294, 276, 248),
+        "ring": (97, 86, 57, 29),
+        "ring_allgather": (179, 155, 104, 55),
+        "usp": (324, 309, 284, 194),
+        "loongtrain": (320, 253, 179, 171),
+    },
+}
+#: Reading error of the charts: differences below twice this are not an ordering.
+READING_ERROR = 10
+#: The blog's documents come from a real dataset (capped at 1/4 of the total); lcab's closest
+#: sampler is the Pile histogram (short real documents, far below that cap).
+DOCUMENTS = {"doc_source": "pile"}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Predicted vs published per-GPU TFLOP/s of one (mask, pass, strategy, cp size)."""
+
+    mask: str
+    pass_: str
+    cp: str
+    world: int
+    published: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """Relative error of the prediction."""
+        return self.predicted / self.published - 1.0
+
+
+def paper_cell(mask: str, cp: str, world: int) -> PlanCell:
+    """The blog's setting for one cell: 8K tokens per GPU, 64:8 heads, d 128, 8 GPUs a node."""
+    params = dict(DOCUMENTS) if "document" in mask else {}
+    return PlanCell(
+        cp=cp,
+        kernel="fa3",
+        mask=mask,
+        seqlen=8192 * world,
+        nodes=world // 8,
+        devices_per_node=8,
+        heads_q=64,
+        heads_kv=8,
+        head_dim=128,
+        dtype="bfloat16",
+        cp_options={} if cp == "ulysses" else {"balance": "zigzag"},
+        mask_params=params,
+        mask_seed=42,
+    )
+
+
+def compare(hardware: Hardware) -> list[Comparison]:
+    """Every published cell, predicted on ``hardware``."""
+    rows = []
+    for (mask, pass_), per_strategy in PUBLISHED.items():
+        for cp, values in per_strategy.items():
+            for world, published in zip(CP_SIZES, values, strict=True):
+                prediction = predict(paper_cell(mask, cp, world), hardware)
+                rows.append(
+                    Comparison(mask, pass_, cp, world, published, prediction.pass_(pass_).tflops)
+                )
+    return rows
+
+
+def ordering_agreement(rows: list[Comparison]) -> dict[tuple[str, str], tuple[int, int]]:
+    """Per (mask, pass): (pairs ordered as published, pairs compared).
+
+    Pairs are (strategy a, strategy b) at one cp size whose published values differ by more than
+    twice the reading error; the prediction agrees when it orders them the same way.
+    """
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for key in PUBLISHED:
+        agree = total = 0
+        for world in CP_SIZES:
+            cells = {r.cp: r for r in rows if (r.mask, r.pass_) == key and r.world == world}
+            for a, b in combinations(sorted(cells), 2):
+                gap = cells[a].published - cells[b].published
+                if abs(gap) <= 2 * READING_ERROR:
+                    continue
+                total += 1
+                agree += int(np.sign(cells[a].predicted - cells[b].predicted) == np.sign(gap))
+        out[key] = (agree, total)
+    return out

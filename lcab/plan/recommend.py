@@ -1,0 +1,74 @@
+"""Which strategy, balancer and Ulysses degree to run, and the smallest world that fits.
+
+Every registered strategy is tried with every balancer and, for the two-dimensional ones, every
+Ulysses degree that divides the devices of a node and the heads; each candidate is replayed and
+costed like any cell, and ranked by predicted forward + backward time (the training step's
+attention). The answer states the predicted margin to the runner-up, because a 3 % margin is
+inside the noise of a real cluster while a 2× margin is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lcab.cp import STRATEGIES
+from lcab.cp.balance import BALANCERS
+from lcab.masks.core import AttnMask
+from lcab.plan.hardware import Hardware
+from lcab.plan.predict import CellPrediction, PlanCell, cell_reasons, mask_for, predict
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """Ranked candidates (best first) and the smallest world whose memory fits."""
+
+    ranked: list[CellPrediction]
+    smallest_fitting_nodes: int | None
+    """Nodes of the smallest world (same devices per node) where the best strategy's attention
+    memory per device fits the profile's memory; None if none up to the topology's does."""
+
+    @property
+    def margin(self) -> float:
+        """How much slower the runner-up is than the best (0.25 = 25 %)."""
+        if len(self.ranked) < 2:
+            return float("inf")
+        return step_ms(self.ranked[1]) / step_ms(self.ranked[0]) - 1.0
+
+
+def step_ms(p: CellPrediction) -> float:
+    """Forward + backward time of a prediction."""
+    return p.fwd.time_ms + p.bwd.time_ms
+
+
+def candidates(cell: PlanCell) -> list[PlanCell]:
+    """Every strategy x balancer (x Ulysses degree for USP/LoongTrain) that can run ``cell``."""
+    out = []
+    degrees = [d for d in range(1, cell.devices_per_node + 1) if cell.devices_per_node % d == 0]
+    for name in STRATEGIES.names():
+        for balance in BALANCERS:
+            options_list: list[dict[str, object]] = [{"balance": balance}]
+            if name in ("usp", "loongtrain"):
+                options_list = [{"balance": balance, "ulysses_degree": d} for d in degrees if d > 1]
+            for options in options_list:
+                candidate = cell.with_(cp=name, cp_options=options)
+                if not cell_reasons(candidate):
+                    out.append(candidate)
+    return out
+
+
+def recommend(cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None) -> Recommendation:
+    """Rank `candidates` of ``cell`` and find the smallest world that fits (see module doc)."""
+    mask = mask if mask is not None else mask_for(cell)
+    ranked = sorted((predict(c, hardware, mask) for c in candidates(cell)), key=step_ms)
+    fitting = None
+    if ranked:
+        best = ranked[0].cell
+        limit = hardware.memory_gib * 1024
+        for nodes in range(1, best.nodes + 1):
+            smaller = best.with_(nodes=nodes)
+            if cell_reasons(smaller):
+                continue
+            if predict(smaller, hardware, mask).memory_mib <= limit:
+                fitting = nodes
+                break
+    return Recommendation(ranked, fitting)

@@ -1,0 +1,302 @@
+"""Replay a strategy's real plan, rank by rank and step by step, as work and transfers.
+
+The planner does not average: it takes the plan the runner would execute (`Strategy.plan`: the
+same balancer, shards, head split and analytic bytes) and rebuilds, for every rank and pass, the
+sequence the strategy's code performs — the Ulysses all-to-alls around one local call, every
+ring step's pair of shards, LoongTrain's windows with their prefetched outer transfer, the
+all-gather and reduce-scatter — with what each step overlaps. Step work comes from
+`lcab.plan.areas` (exact attended area of the step's shard pair), bytes from the plan's own
+per-operation volumes, so the replay moves exactly what the runner counts (tests check both).
+
+How the code overlaps, and so how the replay does (`lcab.cp.ring_attention`):
+
+* a ring step posts the next K/V transfer before its compute and waits after it (overlapped);
+* in the backward, a step's dK/dV accumulator is sent after its compute and waited at once
+  (exposed), while the next K/V block travels during the compute;
+* LoongTrain's next-window K/V travels during a whole window of inner steps; the window's dK/dV
+  accumulator moves on after the window (exposed);
+* all-to-alls, the all-gather and the reduce-scatter are blocking collectives (exposed).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lcab.cp.base import Plan, Strategy, accumulator_bytes, element_bytes
+from lcab.distributed.groups import Grid
+from lcab.flops import PASS_FACTORS
+from lcab.kernels import Problem
+from lcab.masks.core import AttnMask
+from lcab.plan.areas import PairWork, pair_work
+
+
+@dataclass(frozen=True)
+class Work:
+    """One kernel call on one rank."""
+
+    flops: float
+    """Useful FLOPs of the call (lcab's convention, this pass)."""
+    mean_keys: float
+    """Attended keys per active query row: how long the rows the kernel gets are."""
+    memory_bytes: float = 0.0
+    """Memory traffic outside the kernel: merging partial results and accumulating gradients
+    (float32 accumulators read and written once per step), bounded by memory bandwidth."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Bytes one rank sends in one communication call."""
+
+    op: str
+    """The operation name the runner counts it under (``ring_kv``, ``a2a``, ...)."""
+    kind: str
+    """p2p | a2a | allgather | reduce_scatter (collective efficiency differs)."""
+    nbytes: int
+    inter_bytes: int
+    """Part of ``nbytes`` that leaves the node."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A kernel call (or none) with the transfers it overlaps and those exposed after it."""
+
+    work: Work | None
+    during: tuple[Transfer, ...] = ()
+    after: tuple[Transfer, ...] = ()
+
+
+@dataclass(frozen=True)
+class Window:
+    """Stages in order, with transfers running in the background of all of them."""
+
+    stages: tuple[Stage, ...]
+    background: tuple[Transfer, ...] = ()
+
+
+@dataclass
+class Replay:
+    """Every rank's windows per pass ("fwd", "bwd"); ranks share the structure (lockstep)."""
+
+    plan: Plan
+    problem: Problem
+    devices_per_node: int
+    passes: dict[str, list[tuple[Window, ...]]] = field(default_factory=dict)
+    global_flops: dict[str, float] = field(default_factory=dict)
+
+    def transfers(self, rank: int, pass_: str) -> list[Transfer]:
+        """Every transfer of ``rank`` in ``pass_``."""
+        out: list[Transfer] = []
+        for window in self.passes[pass_][rank]:
+            out += window.background
+            for stage in window.stages:
+                out += stage.during + stage.after
+        return out
+
+    def bytes_by_op(self, rank: int) -> dict[str, int]:
+        """Bytes ``rank`` sends per operation over forward + backward (the plan's accounting)."""
+        total: Counter[str] = Counter()
+        for pass_ in self.passes:
+            for t in self.transfers(rank, pass_):
+                total[t.op] += t.nbytes
+        return dict(total)
+
+    def work(self, rank: int, pass_: str) -> list[Work]:
+        """The kernel calls of ``rank`` in ``pass_``, in order."""
+        return [s.work for w in self.passes[pass_][rank] for s in w.stages if s.work is not None]
+
+
+class _Links:
+    """Which peers are on another node (ranks are node-major)."""
+
+    def __init__(self, devices_per_node: int) -> None:
+        self.per_node = devices_per_node
+
+    def inter(self, a: int, b: int) -> bool:
+        return a // self.per_node != b // self.per_node
+
+    def p2p(self, op: str, nbytes: int, src: int, dst: int) -> Transfer:
+        return Transfer(op, "p2p", nbytes, nbytes if self.inter(src, dst) else 0)
+
+    def collective(self, op: str, kind: str, nbytes: int, rank: int, group: list[int]) -> Transfer:
+        """An all-to-all sends equally to every peer; ring collectives send to the next one."""
+        if kind == "a2a":
+            peers = [p for p in group if p != rank]
+            far = sum(self.inter(rank, p) for p in peers)
+            return Transfer(op, kind, nbytes, nbytes * far // max(len(peers), 1))
+        nxt = group[(group.index(rank) + 1) % len(group)]
+        return Transfer(op, kind, nbytes, nbytes if self.inter(rank, nxt) else 0)
+
+
+def replay(
+    strategy: Strategy, mask: AttnMask, problem: Problem, world: int, plan: Plan | None = None
+) -> Replay:
+    """The replay of ``strategy`` running ``mask`` on ``world`` ranks (fwd and bwd)."""
+    plan = plan or strategy.plan(mask, problem, world)
+    dpn = strategy.devices_per_node
+    out = Replay(plan, problem, dpn)
+    forward = 4 * mask.area() * (problem.heads_q // mask.num_heads) * problem.head_dim
+    for pass_ in ("fwd", "bwd"):
+        num, den = PASS_FACTORS[pass_]
+        out.global_flops[pass_] = forward * num / den
+    builder = _BUILDERS[_family(strategy.name)]
+    fwd, bwd = builder(plan, mask, problem, _Links(dpn))
+    out.passes = {"fwd": fwd, "bwd": bwd}
+    return out
+
+
+def _family(name: str) -> str:
+    families = {"ulysses": "ulysses", "ring": "ring", "usp": "ring", "loongtrain": "ring"}
+    families["ring_allgather"] = "allgather"
+    if name not in families:
+        raise ValueError(f"the planner has no replay for strategy {name!r}; valid: {families}")
+    return families[name]
+
+
+def _rank_work(
+    works: PairWork,
+    plan: Plan,
+    problem: Problem,
+    ui: int,
+    i: int,
+    j: int,
+    bwd: bool,
+    merges: bool = False,
+) -> Work | None:
+    """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing."""
+    heads = plan.heads
+    if works.area.shape[0] == 1:
+        area = works.area[0, i, j] * heads.local_q
+        keys = works.mean_keys()[0, i, j]
+    else:  # per-KV-head masks: each local KV head uses its own mask head
+        kv = heads.kv_heads_of(ui)
+        area = sum(works.area[h, i, j] for h in kv) * heads.local_q / len(kv)
+        keys = float(np.mean([works.mean_keys()[h, i, j] for h in kv]))
+    if area <= 0:
+        return None
+    factor = 2.5 if bwd else 1.0
+    traffic = 0.0
+    if merges:  # LSE merge of out (fwd) / dq and the travelling dK/dV accumulators (bwd)
+        per = 2 * accumulator_bytes(problem) + element_bytes(problem)
+        tokens = plan.shard_len * plan.ulysses
+        traffic = tokens * heads.local_q * problem.head_dim * per
+        if bwd:
+            traffic += 2 * tokens * heads.local_kv * problem.head_dim * per
+    return Work(4.0 * area * problem.head_dim * factor, float(keys), traffic)
+
+
+def _a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:
+    """(q-sized, kv-sized) bytes one rank sends in one all-to-all of its Ulysses group."""
+    u, n, h, elem = plan.ulysses, plan.shard_len, plan.heads, element_bytes(problem)
+    q = n * problem.heads_q * problem.head_dim * elem * (u - 1) // u
+    kv = n * h.heads_kv * h.kv_replication * problem.head_dim * elem * (u - 1) // u
+    return q, kv
+
+
+def _ulysses_ends(
+    plan: Plan, problem: Problem, links: _Links, rank: int, bwd: bool
+) -> tuple[Stage, Stage]:
+    """The exposed all-to-alls before and after the local work of a Ulysses group."""
+    grid = Grid(plan.world, plan.ulysses, rank)
+    group = grid.my_ulysses_group()
+    q, kv = _a2a_bytes(plan, problem)
+    op = "a2a_grad" if bwd else "a2a"
+    before = [q] if bwd else [q, kv, kv]  # fwd: q, k, v in; bwd: dout in
+    after = [q, kv, kv] if bwd else [q]  # fwd: out back; bwd: dq, dk, dv back
+
+    def stage(sizes: list[int]) -> Stage:
+        return Stage(None, after=tuple(links.collective(op, "a2a", b, rank, group) for b in sizes))
+
+    return stage(before), stage(after)
+
+
+def _ulysses(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> tuple[list, list]:
+    order = np.concatenate(plan.rank_layouts)  # every token (a group holds the whole sequence)
+    works = pair_work(mask, [order], [order])
+    passes: tuple[list, list] = ([], [])
+    for bwd, ranks in enumerate(passes):
+        for rank in range(plan.world):
+            work = _rank_work(works, plan, problem, rank % plan.ulysses, 0, 0, bool(bwd))
+            before, after = _ulysses_ends(plan, problem, links, rank, bool(bwd))
+            ranks.append((Window((before, Stage(work), after)),))
+    return passes
+
+
+def _allgather(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> tuple[list, list]:
+    everything = np.concatenate(plan.placement.layouts)
+    works = pair_work(mask, list(plan.rank_layouts), [everything])
+    shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
+    moved = 2 * (plan.ring - 1) * shard
+    group = list(range(plan.world))
+    fwd, bwd = [], []
+    for rank in range(plan.world):
+        gather = links.collective("allgather_kv", "allgather", moved, rank, group)
+        scatter = links.collective("allgather_kv_grad", "reduce_scatter", moved, rank, group)
+        comm_f = (Stage(None, after=(gather,)),) if moved else ()
+        comm_b = (Stage(None, after=(scatter,)),) if moved else ()
+        work_f = _rank_work(works, plan, problem, 0, rank, 0, False)
+        work_b = _rank_work(works, plan, problem, 0, rank, 0, True)
+        fwd.append((Window((*comm_f, Stage(work_f))),))
+        bwd.append((Window((Stage(work_b), *comm_b)),))
+    return fwd, bwd
+
+
+def _ring(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> tuple[list, list]:
+    """Ring P2P, USP and LoongTrain: (Ulysses ends around) a windowed ring of R positions."""
+    shards = list(plan.placement.layouts)
+    works = pair_work(mask, shards, shards)
+    r, w = plan.ring, plan.windows
+    s = r // w
+    prefix = {"ring": "ring", "usp": "usp_ring", "loongtrain": "loong"}[plan.strategy]
+    inner, outer = (f"{prefix}_inner", f"{prefix}_outer") if w > 1 else (prefix, prefix)
+    if plan.strategy == "loongtrain" and w == 1:
+        inner = outer = "loong_inner"
+    block = 2 * plan.shard_len * plan.ulysses * plan.heads.local_kv * problem.head_dim
+    kv, acc = block * element_bytes(problem), block * accumulator_bytes(problem)
+    passes: tuple[list, list] = ([], [])
+    for bwd, ranks in enumerate(passes):
+        for rank in range(plan.world):
+            grid = Grid(plan.world, plan.ulysses, rank)
+            ring = grid.my_ring()
+            p, ui = grid.ring_index, grid.ulysses_index
+            window, slot = divmod(p, s)
+
+            def at(win: int, sl: int, ring: list[int] = ring) -> int:
+                return ring[(win % w) * s + sl % s]
+
+            nxt_inner, nxt_outer = at(window, slot + 1), at(window + 1, slot)
+            windows = []
+            for o in range(w):
+                stages = []
+                for t in range(s):
+                    source = ((window - o) % w) * s + (slot - t) % s
+                    work = _rank_work(works, plan, problem, ui, p, source, bool(bwd), merges=True)
+                    during = (
+                        (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner),)
+                        if t < s - 1
+                        else ()
+                    )
+                    after = (
+                        (links.p2p(f"{inner}_dkv", acc, rank, nxt_inner),) if bwd and s > 1 else ()
+                    )
+                    stages.append(Stage(work, during, after))
+                if bwd and w > 1:  # the window's accumulator moves on to the next window
+                    stages.append(
+                        Stage(None, after=(links.p2p(f"{outer}_dkv", acc, rank, nxt_outer),))
+                    )
+                background = (
+                    (links.p2p(f"{outer}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_outer),)
+                    if o < w - 1
+                    else ()
+                )
+                windows.append(Window(tuple(stages), background))
+            if plan.ulysses > 1:
+                before, after_a2a = _ulysses_ends(plan, problem, links, rank, bool(bwd))
+                windows = [Window((before,)), *windows, Window((after_a2a,))]
+            ranks.append(tuple(windows))
+    return passes
+
+
+_BUILDERS = {"ulysses": _ulysses, "allgather": _allgather, "ring": _ring}

@@ -1,0 +1,114 @@
+"""The planner's cost model against hand-computed times, and the calibration against known truth."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lcab.cp import STRATEGIES
+from lcab.kernels import Problem
+from lcab.masks import make_mask
+from lcab.plan.calibrate import Point, calibrate, free_parameters
+from lcab.plan.hardware import Hardware, KernelRate, Link, load_profile
+from lcab.plan.model import predict_pass
+from lcab.plan.predict import PlanCell
+from lcab.plan.replay import replay
+
+S, HQ, HKV, D = 1024, 8, 8, 64
+PROBLEM = Problem(S, S, HQ, HKV, D, torch.float32)
+
+
+def simple_hardware(**changes) -> Hardware:
+    """1 TFLOP/s, no saturation, no call cost; 1 GB/s links without latency; no merge cost."""
+    hw = Hardware(
+        name="hand",
+        device="cpu",
+        kernels={"default": KernelRate(1.0, 0.5, 1e-9, 0.0)},
+        intra=Link(1.0, 0.0),
+        inter=Link(0.25, 0.0),
+        efficiency={},
+        memory_gib=1.0,
+        memory_gbps=1e12,
+    )
+    return dataclasses.replace(hw, **changes)
+
+
+def test_ring_of_two_overlaps_the_transfer_with_the_first_step():
+    mask = make_mask("full", S)
+    strategy = STRATEGIES.get("ring")({"balance": "contiguous"}, 2)
+    r = replay(strategy, mask, PROBLEM, 2)
+    step_flops = 4 * (S // 2) * (S // 2) * HQ * D  # every pair is a full S/2 x S/2 block
+    compute = step_flops / 1e12
+    kv_block = 2 * (S // 2) * HKV * D * 4  # k and v of one shard, float32
+    transfer = kv_block / 1e9
+    fwd = predict_pass(r, simple_hardware(), "ranges", "fwd")
+    assert fwd.time_ms == pytest.approx(1e3 * (max(compute, transfer) + compute))
+    assert fwd.compute_ms == pytest.approx(2e3 * compute)
+    assert fwd.imbalance_ms == pytest.approx(0.0, abs=1e-12)
+    # backward: 2.5x the work at half the rate; K/V overlapped, the dK/dV accumulator exposed
+    bwd = predict_pass(r, simple_hardware(), "ranges", "bwd")
+    c_b = 2.5 * step_flops / 0.5e12
+    dkv = kv_block / 1e9  # float32 accumulators: same bytes as the float32 block
+    assert bwd.time_ms == pytest.approx(1e3 * ((max(c_b, transfer) + dkv) + (c_b + dkv)))
+
+
+def test_ulysses_pays_its_all_to_alls_in_full_and_inter_node_bytes_at_the_inter_rate():
+    mask = make_mask("full", S)
+    strategy = STRATEGIES.get("ulysses")({}, 2)  # world 4 on two nodes of 2
+    r = replay(strategy, mask, PROBLEM, 4)
+    compute = 4 * S * S * (HQ // 4) * D / 1e12
+    shard = S // 4
+    q = shard * HQ * D * 4 * 3 // 4  # bytes for the 3 peers
+    kv = shard * HKV * D * 4 * 3 // 4
+    sent_in, sent_out = q + 2 * kv, q  # q, k, v in; out back
+    # 2 of 3 peers are on the other node: max(intra 1/3 at 1 GB/s, inter 2/3 at 0.25 GB/s)
+    cost = lambda b: max(b / 3 / 1e9, 2 * b / 3 / 0.25e9)  # noqa: E731
+    fwd = predict_pass(r, simple_hardware(), "ranges", "fwd")
+    assert fwd.time_ms == pytest.approx(1e3 * (cost(sent_in) + compute + cost(sent_out)), rel=1e-6)
+    assert fwd.inter_bytes == pytest.approx((sent_in + sent_out) * 2 / 3, rel=1e-6)
+
+
+def test_ranks_beyond_the_compute_slots_of_a_node_share_them():
+    mask = make_mask("full", S)
+    strategy = STRATEGIES.get("ulysses")({}, 4)
+    r = replay(strategy, mask, PROBLEM, 4)
+    alone = predict_pass(r, simple_hardware(), "ranges", "fwd").compute_ms
+    shared = predict_pass(r, simple_hardware(compute_slots_per_node=2), "ranges", "fwd").compute_ms
+    assert shared == pytest.approx(2 * alone)
+
+
+def test_calibration_recovers_the_parameters_that_generated_the_times():
+    truth = load_profile("cpu_gloo_local").with_values(
+        {
+            "kernels.default.fwd_tflops": 0.03,
+            "kernels.default.bwd_tflops": 0.012,
+            "kernels.default.half_keys": 64.0,
+            "kernels.default.call_us": 800.0,
+            "intra.gbps": 0.9,
+            "intra.latency_us": 300.0,
+            "memory_gbps": 4.0,
+        }
+    )
+    points = []
+    docs = {"doc_source": "uniform", "min_doc_len": 30, "max_doc_len": 400}
+    for cp in ("ulysses", "ring", "ring_allgather", "usp"):
+        for world in (2, 4, 8):
+            for mask_name, params in (("causal", {}), ("causal_document", docs)):
+                cell = PlanCell(cp, "ranges", mask_name, 256 * world, 1, world, 24, 8, 32, "float32",
+                                mask_params=params)
+                strategy = STRATEGIES.get(cp)({}, world)
+                mask = make_mask(mask_name, cell.seqlen, **params)
+                r = replay(strategy, mask, cell.problem(), world)
+                for pass_ in ("fwd", "bwd"):
+                    ms = predict_pass(r, truth, "ranges", pass_).time_ms
+                    points.append(Point(cell, pass_, ms, r, None))  # type: ignore[arg-type]
+    start = load_profile("cpu_gloo_local")
+    fit = calibrate(points, start)
+    assert fit.rms_log_error < 1e-3
+    for name in free_parameters(start, ["ranges"]):
+        node = truth.to_dict()
+        for part in name.split("."):
+            node = node[part]
+        assert fit.parameters[name] == pytest.approx(node, rel=0.05), name

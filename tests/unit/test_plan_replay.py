@@ -1,0 +1,125 @@
+"""The planner's replay moves what the runner's plans move and computes what their steps compute.
+
+Expectations come from the runner's own code paths, not from the planner: bytes from
+``Strategy.plan(...).comm_bytes`` (the figure the gloo tests prove equal to the measured
+traffic), and each step's work from ``lcab.cp.base.step_mask`` — the sub-mask the runner builds
+for that step, whose exact area is counted by the mask engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lcab.cp import STRATEGIES
+from lcab.cp.base import step_mask
+from lcab.distributed.groups import Grid
+from lcab.kernels import Problem
+from lcab.masks import make_mask
+from lcab.masks.remap import remap
+from lcab.plan.areas import pair_work
+from lcab.plan.replay import replay
+
+DOCS = {"doc_source": "uniform", "min_doc_len": 40, "max_doc_len": 300}
+MASKS = {
+    "causal": lambda s: make_mask("causal", s),
+    "causal_document": lambda s: make_mask("causal_document", s, seed=3, **DOCS),
+    "share_question": lambda s: make_mask("share_question", s, seed=4, **DOCS),
+    "block_sparse": lambda s: make_mask("block_sparse", s, seed=5, block_size=32, heads=4),
+}
+# (world, devices per node): one node, two nodes, and a world of 6 (non-power of two)
+TOPOLOGIES = [(4, 4), (8, 4), (6, 2)]
+PROBLEM = Problem(960, 960, 24, 4, 16, torch.float32)
+
+
+def strategies():
+    return [
+        (name, balance)
+        for name in STRATEGIES.names()
+        for balance in (("contiguous",) if name == "ulysses" else ("zigzag", "area"))
+    ]
+
+
+def runnable(name: str, balance: str, world: int, dpn: int):
+    strategy = STRATEGIES.get(name)({"balance": balance}, dpn)
+    return strategy, strategy.reasons(PROBLEM, world)
+
+
+@pytest.mark.parametrize(("world", "dpn"), TOPOLOGIES)
+@pytest.mark.parametrize("mask_name", list(MASKS))
+@pytest.mark.parametrize(("name", "balance"), strategies())
+def test_replay_sends_exactly_the_plan_bytes_per_rank(name, balance, mask_name, world, dpn):
+    strategy, reasons = runnable(name, balance, world, dpn)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    mask = MASKS[mask_name](PROBLEM.seqlen_q)
+    plan = strategy.plan(mask, PROBLEM, world)
+    replayed = replay(strategy, mask, PROBLEM, world, plan)
+    want = {op: b for op, b in plan.comm_bytes.items() if b}
+    for rank in range(world):
+        assert replayed.bytes_by_op(rank) == want, f"rank {rank}"
+
+
+def runner_step_areas(name, strategy, plan, mask, rank):
+    """Per step, the attended area × local query heads of the sub-mask the runner builds."""
+    grid = Grid(plan.world, plan.ulysses, rank)
+    ui = grid.ulysses_index
+    if name == "ulysses":
+        order = np.concatenate([plan.rank_layouts[r] for r in grid.my_ulysses_group()])
+        subs = [step_mask(mask, order, order, plan.heads, ui)]
+    elif name == "ring_allgather":
+        keys = np.concatenate(plan.placement.layouts)
+        heads = plan.heads if mask.num_heads > 1 else None
+        subs = [step_mask(mask, plan.rank_layouts[rank], keys, heads, 0)]
+    else:  # the ring family: position p meets source (p - i) mod R at step i (window order)
+        layouts = list(plan.placement.layouts)
+        s = plan.ring // plan.windows
+        window, slot = divmod(grid.ring_index, s)
+        heads = plan.heads if plan.ulysses > 1 or mask.num_heads > 1 else None
+        subs = []
+        for o in range(plan.windows):
+            for t in range(s):
+                source = ((window - o) % plan.windows) * s + (slot - t) % s
+                subs.append(step_mask(mask, layouts[grid.ring_index], layouts[source], heads, ui))
+    # AttnMask.area() sums over mask heads; each mask head serves local_q / heads query heads
+    return [
+        sub.area() * plan.heads.local_q // sub.num_heads if sub.num_slices else 0 for sub in subs
+    ]
+
+
+@pytest.mark.parametrize(("world", "dpn"), TOPOLOGIES)
+@pytest.mark.parametrize("mask_name", list(MASKS))
+@pytest.mark.parametrize(("name", "balance"), strategies())
+def test_replay_work_per_rank_and_step_equals_the_runner_steps(name, balance, mask_name, world, dpn):
+    strategy, reasons = runnable(name, balance, world, dpn)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    mask = MASKS[mask_name](PROBLEM.seqlen_q)
+    plan = strategy.plan(mask, PROBLEM, world)
+    replayed = replay(strategy, mask, PROBLEM, world, plan)
+    d = PROBLEM.head_dim
+    for rank in range(world):
+        want = runner_step_areas(name, strategy, plan, mask, rank)
+        stages = [s for w in replayed.passes["fwd"][rank] for s in w.stages]
+        got = [s.work.flops / (4 * d) if s.work else 0 for s in stages if s.work or not s.after]
+        assert np.allclose(got, want), (rank, got, want)
+        bwd = [w.flops for w in replayed.work(rank, "bwd")]
+        assert np.allclose(bwd, [2.5 * 4 * d * a for a in want if a]), rank
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+def test_pair_work_equals_the_areas_and_rows_of_remapped_sub_masks(mask_name):
+    mask = MASKS[mask_name](500)
+    rng = np.random.default_rng(0)
+    tokens = rng.permutation(500)
+    rows = [np.sort(tokens[:170]), np.sort(tokens[170:330]), np.append(np.sort(tokens[330:]), -1)]
+    cols = [np.sort(tokens[:250]), np.sort(tokens[250:])]
+    work = pair_work(mask, rows, cols)
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            for h in range(mask.num_heads):
+                sub = remap(mask.head(h), r, c)
+                dense = sub.to_dense()
+                assert work.area[h, i, j] == dense.sum()
+                assert work.rows[h, i, j] == dense.any(1).sum()
