@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import reduce
 
@@ -28,12 +30,15 @@ import torch
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, SliceKind
 from lcab.masks.lowering.blocks import BlockTable, TileRuns, grid_bounds, tile_runs
-from lcab.masks.lowering.rows import row_intervals
+from lcab.masks.lowering.rows import row_intervals, single_row_bounds
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 #: Flex's default tile size.
 FLEX_BLOCK = 128
+
+#: Index-tensor size (bytes) from which the query-major half is built on a second thread.
+PARALLEL_BYTES = 1 << 25
 
 #: Mean run length (tiles) from which index rows are written run by run instead of scattered.
 LONG_RUN = 64
@@ -118,8 +123,11 @@ def _grid_cell(mask: AttnMask) -> int:
 def flex_mask_mod(mask: AttnMask, heads_q: int | None = None) -> FlexMaskMod:
     """The compact exact predicate of ``mask`` for FlexAttention."""
     group = _head_group(mask, heads_q)
-    ri = row_intervals(mask)
-    width = max(ri.max_per_row(), 1)
+    # Rows meeting one slice each (documents, causal, windows) have one interval per row,
+    # written straight into the int32 table without building `RowIntervals` first.
+    single = single_row_bounds(mask)
+    ri = row_intervals(mask) if single is None else None
+    width = 1 if ri is None else max(ri.max_per_row(), 1)
     interval_bytes = 2 * 4 * mask.num_heads * mask.seqlen_q * width
     cell = _grid_cell(mask)
     if cell:
@@ -132,14 +140,13 @@ def flex_mask_mod(mask: AttnMask, heads_q: int | None = None) -> FlexMaskMod:
             return FlexMaskMod(
                 "grid", group, mask.seqlen_q, mask.seqlen_k, grid=torch.from_numpy(grid), cell=cell
             )
-    counts = np.diff(ri.ptr)
-    starts = np.zeros((len(counts), width), dtype=np.int32)
-    ends = np.zeros((len(counts), width), dtype=np.int32)
-    if width == 1:  # at most one interval per row (most masks): no per-interval slot needed
-        has = counts > 0
-        starts[has, 0] = ri.starts
-        ends[has, 0] = ri.ends
+    if ri is None:
+        assert single is not None
+        starts, ends = single[0].reshape(-1, 1), single[1].reshape(-1, 1)
     else:
+        counts = np.diff(ri.ptr)
+        starts = np.zeros((len(counts), width), dtype=np.int32)
+        ends = np.zeros((len(counts), width), dtype=np.int32)
         rows = np.repeat(np.arange(len(counts)), counts)
         slot = np.arange(len(rows)) - np.repeat(ri.ptr[:-1], counts)
         starts[rows, slot] = ri.starts
@@ -168,10 +175,11 @@ def _ordered(
     if len(row) and len(row) * LONG_RUN <= int(length.sum()):
         # Few long runs (full tiles of large documents): one slice write per run beats building
         # millions of per-tile positions for a scatter.
-        flat = idx.reshape(-1)
+        # Every run is a slice of one shared arange: a copy per run, no allocation per run.
+        flat, base = idx.reshape(-1), np.arange(idx.shape[1], dtype=np.int32)
         dest = row * idx.shape[1] + np.cumsum(length) - length - (np.cumsum(num) - num)[row]
         for d, c, n in zip(dest.tolist(), col.tolist(), length.tolist(), strict=True):
-            flat[d : d + n] = np.arange(c, c + n, dtype=np.int32)
+            flat[d : d + n] = base[c : c + n]
     elif len(row):
         # Per-tile arrays dominate (millions of tiles): int32 halves their memory traffic.
         wide = idx.size >= np.iinfo(np.int32).max
@@ -235,17 +243,32 @@ def flex_block_mask(
     group = max(_head_group(mask, heads_q), 1)
     qb_arr, kb_arr = grid_bounds(mask, block_size)
     n_q, n_k = len(qb_arr) - 1, len(kb_arr) - 1
-    runs = _table_runs(table) if table is not None else tile_runs(mask, qb_arr, kb_arr)
-    # The query-major view (for the backward pass) is the key-major view of the transposed
-    # mask: the same tiles, listed per key block, again from runs instead of a sort of tiles.
-    t_runs = tile_runs(mask.transpose(), kb_arr, qb_arr)
     heads = mask.num_heads * group
-    # Flex reads the number of key blocks from the last dimension of the index tensors.
-    kv_num, kv_idx = _view(runs, group, n_q, n_k, heads, full=False)
-    full_num, full_idx = _view(runs, group, n_q, n_k, heads, full=True)
-    q_num, q_idx = _view(t_runs, group, n_k, n_q, heads, full=False)
-    full_q_num, full_q_idx = _view(t_runs, group, n_k, n_q, heads, full=True)
-    predicate = flex_mask_mod(mask, heads_q)
+
+    def query_major() -> tuple[
+        tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+    ]:
+        # The query-major view (for the backward pass) is the key-major view of the transposed
+        # mask: the same tiles, listed per key block, again from runs instead of a sort.
+        t_runs = tile_runs(mask.transpose(), kb_arr, qb_arr)
+        partial = _view(t_runs, group, n_k, n_q, heads, full=False)
+        return partial, _view(t_runs, group, n_k, n_q, heads, full=True)
+
+    # Flex's index tensors are dense (heads * blocks, blocks) int32, and their fresh pages cost
+    # more than what is written into them (~23 ms per 8192 x 8192 tensor on the CI machine).
+    # Large ones are therefore built half on a second thread: numpy and the kernel's page
+    # clearing run without the GIL, so the two halves overlap when a second core is free.
+    parallel = heads * n_q * n_k * 4 >= PARALLEL_BYTES
+    with ThreadPoolExecutor(1) if parallel else nullcontext() as pool:
+        later = pool.submit(query_major) if pool is not None else None
+        runs = _table_runs(table) if table is not None else tile_runs(mask, qb_arr, kb_arr)
+        # Flex reads the number of key blocks from the last dimension of the index tensors.
+        kv_num, kv_idx = _view(runs, group, n_q, n_k, heads, full=False)
+        full_num, full_idx = _view(runs, group, n_q, n_k, heads, full=True)
+        predicate = flex_mask_mod(mask, heads_q)
+        (q_num, q_idx), (full_q_num, full_q_idx) = (
+            later.result() if later is not None else query_major()
+        )
 
     def put(x: torch.Tensor, rows_per_head: int) -> torch.Tensor:
         return x.reshape(1, heads, rows_per_head, *x.shape[1:]).to(device)
