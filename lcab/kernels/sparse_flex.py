@@ -1,1 +1,186 @@
-"""Placeholder: filled in by the sparse_flex adapter work (issue 13)."""
+"""FlexAttention as a plain block-sparse kernel: whole tiles from lcab's block table, no mask_mod.
+
+This is the paper's "Flex" block-sparse entry, not lcab's exact ``flex`` kernel: the BlockMask is
+built with the documented ``BlockMask.from_kv_blocks`` from lcab's block table on the kernel's
+grid (option ``block_size``, Flex's default 128), every selected tile listed as a *full* block and
+``mask_mod=None``, so Flex computes each selected tile whole, as a block-sparse library does.
+That is exact only for masks whose touched tiles are all full (`partial_tile_reason`: lcab's
+``block_sparse`` pattern drawn with the same block size, or ``full``); every other mask is
+refused with the first partial tile named, instead of measuring a fast wrong answer.
+
+Heads follow FlexAttention's broadcasting: a mask shared by all heads gives a BlockMask with one
+head; per-KV-head masks are expanded to the query heads (query head h reads mask head
+h // (Hq / Hkv)), as ``flex`` does.
+
+Compilation and CPU limits are those of ``flex`` (its `_flex_fn` is reused): ``compile=True``
+(default) runs ``torch.compile(flex_attention)``; PyTorch has no FlexAttention backward on CPU,
+and its compiled CPU path returns no log-sum-exp. Flex's LSE is natural log, (B, Hq, Sq).
+Flex's eager path (``compile=False``, for tests) ignores the block lists and evaluates only the
+``mask_mod`` at every position, so there the BlockMask carries a tile-lookup ``mask_mod`` that
+selects the same tiles (`full_tile_block_mask`); the compiled kernel never evaluates it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from typing_extensions import override
+
+from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.block_grid import partial_tile_reason_of
+from lcab.kernels.flex import _flex_fn
+from lcab.kernels.registry import register_kernel
+from lcab.masks.core import AttnMask
+from lcab.masks.lowering.blocks import BlockTable, block_table
+from lcab.masks.lowering.flex import FLEX_BLOCK, MaskMod
+
+
+def selected_tiles(table: BlockTable, heads_q: int) -> torch.Tensor:
+    """Bool (H, nq, nk): the tiles the kernel computes, per BlockMask head.
+
+    A per-head table is repeated to ``heads_q`` heads (query head h uses mask head h // group);
+    a head-shared one keeps one head, which Flex broadcasts over the query heads.
+    """
+    selected = table.dense_blocks() > 0  # every touched tile (callers check they are full)
+    if table.num_heads > 1:
+        selected = selected.repeat_interleave(heads_q // table.num_heads, 0)
+    return selected
+
+
+def full_block_indices(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flex's (full_kv_num_blocks (1, H, nq), full_kv_indices (1, H, nq, nk)) of tiles.
+
+    The selected key blocks of each query block come first, in ascending order, as Flex reads
+    the first ``num`` entries of an index row; the other entries are never read.
+    """
+    num = selected.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True)
+    return num.unsqueeze(0), order.to(torch.int32).unsqueeze(0)
+
+
+def tile_lookup_mask_mod(selected: torch.Tensor, block: int) -> MaskMod:
+    """A ``mask_mod`` that is True exactly on the selected tiles (for Flex's eager path only)."""
+    shared = selected.shape[0] == 1
+
+    def tile_selected(
+        b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        return selected[0 if shared else h, q_idx // block, kv_idx // block]
+
+    return tile_selected
+
+
+def full_tile_block_mask(
+    mask: AttnMask,
+    table: BlockTable,
+    heads_q: int,
+    block_size: int,
+    device: torch.device,
+    *,
+    eager: bool = False,
+) -> torch.nn.attention.flex_attention.BlockMask:
+    """The BlockMask of ``table``: every selected tile a full block, no partial blocks.
+
+    Compiled Flex skips the ``mask_mod`` in full blocks, so it gets none (``noop_mask``): a pure
+    block-sparse kernel. Flex's eager path (``compile=False``) ignores the block lists and
+    evaluates only the ``mask_mod`` at every position (torch's ``math_attention``), so there the
+    BlockMask carries `tile_lookup_mask_mod`, which selects the same tiles.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    selected = selected_tiles(table, heads_q)
+    full_num, full_idx = full_block_indices(selected)
+    return BlockMask.from_kv_blocks(
+        torch.zeros_like(full_num).to(device),  # no partial tiles: nothing for a mask_mod
+        torch.zeros_like(full_idx).to(device),
+        full_num.to(device),
+        full_idx.to(device),
+        BLOCK_SIZE=(block_size, block_size),
+        mask_mod=tile_lookup_mask_mod(selected.to(device), block_size) if eager else None,
+        seq_lengths=(mask.seqlen_q, mask.seqlen_k),
+    )
+
+
+class _PreparedSparseFlex(PreparedAttention):
+    layout = "bhsd"
+
+    def __init__(self, mask: AttnMask, problem: Problem, compiled: bool, block: int) -> None:
+        table = block_table(mask, block, block)
+        self.block_mask = full_tile_block_mask(
+            mask, table, problem.heads_q, block, problem.device, eager=not compiled
+        )
+        self.fn = _flex_fn(compiled)
+        self.scale = problem.head_dim**-0.5
+        self.gqa = problem.heads_q != problem.heads_kv
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        self.aux = AuxRequest(lse=True)
+        self.with_lse = not (compiled and problem.device.type == "cpu")
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if q.device.type == "cpu":  # forward only on CPU; Flex refuses inputs that need grad
+            q, k, v = q.detach(), k.detach(), v.detach()
+        args = {"block_mask": self.block_mask, "scale": self.scale, "enable_gqa": self.gqa}
+        if not self.with_lse:
+            return self.fn(q, k, v, **args), None
+        out, aux = self.fn(q, k, v, **args, return_aux=self.aux)
+        return out, aux.lse[0].to(lse_dtype(q.dtype))
+
+
+@dataclass
+class SparseFlexOptions:
+    """Options of the sparse_flex kernel."""
+
+    compile: bool = True
+    """Run torch.compile(flex_attention) (the intended use); False runs eager (slow, tests)."""
+    block_size: int = FLEX_BLOCK
+    """Query and key tile size of the BlockMask (Flex's default 128)."""
+
+
+@register_kernel
+class SparseFlexKernel(Kernel):
+    """FlexAttention on full tiles only (block-sparse); options: compile, block_size (128)."""
+
+    name = "sparse_flex"
+    summary = "FlexAttention block-sparse: full tiles from the block table, no mask_mod"
+    options_cls = SparseFlexOptions
+    caps = KernelCaps(
+        devices=frozenset({"cpu", "cuda"}),
+        dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64}),
+        lowering="block_table",
+        backward_devices=frozenset({"cuda"}),
+        per_head_masks=True,
+    )
+
+    @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        if pass_ != "fwd" and problem.device.type == "cpu":
+            return ["PyTorch's FlexAttention has no backward on CPU"]
+        return []
+
+    @override
+    def not_supported_reasons(
+        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
+    ) -> list[str]:
+        reasons = super().not_supported_reasons(problem, mask, pass_)
+        # the precise CPU reason replaces the generic "no backward on cpu" one
+        reasons = [r for r in reasons if not r.startswith("no backward pass on cpu")]
+        if mask is not None:
+            block = int(self.options["block_size"])
+            why = partial_tile_reason_of(block_table(mask, block, block), block, block)
+            if why is not None:
+                reasons.append(why)
+        return reasons
+
+    def returns_lse(self, device_type: str) -> bool:
+        """No LSE from the compiled CPU path (see the module docstring)."""
+        return not (self.options["compile"] and device_type == "cpu")
+
+    @override
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        return _PreparedSparseFlex(
+            mask, problem, bool(self.options["compile"]), int(self.options["block_size"])
+        )

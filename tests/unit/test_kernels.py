@@ -29,7 +29,7 @@ PARAMS = {
 DOCS = {"doc_source": "uniform", "min_doc_len": 5, "max_doc_len": 70}
 HEADS = [(4, 4), (4, 2)]  # MHA and GQA
 # Options that make a kernel testable on CPU in CI (compiling Flex takes ~30 s per shape).
-OPTIONS = {"flex": {"compile": False}}
+OPTIONS = {"flex": {"compile": False}, "sparse_flex": {"compile": False}}
 
 
 def mask_for(name: str, heads_kv: int):
