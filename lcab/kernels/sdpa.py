@@ -6,6 +6,16 @@ as in the paper. On CPU the kernel is the CPU flash-attention op that ``F.sdpa``
 called directly so the log-sum-exp comes back (needed by context parallelism). The pinned
 variants (``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn``; ``sdpa_math`` also on CPU) force one
 backend through ``torch.nn.attention.sdpa_kernel`` and return no LSE.
+
+The unpinned ``sdpa`` kernel on CUDA is pinned too, to the backend PyTorch itself would pick for
+the problem, so every cell names the backend that ran (cuDNN may be PyTorch's first choice on
+H100, ahead of flash). `prepare` asks PyTorch's own selection, ``torch._fused_sdp_choice``
+(priority order, enabled backends, each backend's constraints), on fake tensors of the problem's
+exact shapes, strides and dtype in the native layout (``FakeTensorMode``: no memory, even at 1M
+tokens), once without and once with ``requires_grad`` (a backward can rule backends out); `run`
+pins the choice for the call's grad mode and sets ``backend_used`` (also set at prepare, to the
+forward choice). Should the fake-tensor selection fail, the choice is made on the real tensors
+at the first call instead (``backend_resolved_at`` says which).
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from typing_extensions import override
 
 from lcab.kernels.base import (
@@ -42,6 +53,11 @@ def _whole_mask_kind(mask: AttnMask) -> str | None:
     return {SliceKind.FULL: "full", SliceKind.CAUSAL: "causal"}.get(SliceKind(kind))
 
 
+def calls_cpu_flash_op(backend: str | None, device: torch.device) -> bool:
+    """Whether the kernel calls the CPU flash-attention op directly (the unpinned CPU path)."""
+    return backend is None and device.type == "cpu"
+
+
 class _PreparedSDPA(PreparedAttention):
     layout = "bhsd"
 
@@ -65,7 +81,53 @@ class _PreparedSDPA(PreparedAttention):
         rows = empty_rows(mask)
         self.empty = rows.repeat_interleave(problem.heads_q // mask.num_heads, 0).to(problem.device)
         self.has_empty = bool(self.empty.any())
-        self.cpu_lse = backend is None and problem.device.type == "cpu"
+        self.cpu_lse = calls_cpu_flash_op(backend, problem.device)
+        self.backend_used: str | None = "FLASH_ATTENTION" if self.cpu_lse else backend
+        """The SDPA backend of the latest call (for the default kernel: PyTorch's choice)."""
+        self.choices: dict[bool, str] = {}
+        """Default kernel: PyTorch's choice without / with a backward (key: requires grad)."""
+        self.backend_resolved_at: str | None = None
+        if backend is None and not self.cpu_lse:
+            self.choices = self._choose_at_prepare(problem)
+            self.backend_used = self.choices.get(False)
+            self.backend_resolved_at = "prepare" if self.choices else None
+
+    def _choose_at_prepare(self, problem: Problem) -> dict[bool, str]:
+        """PyTorch's choice for this problem on fake tensors ({} when that fails)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        def packed(seqlen: int, heads: int, grad: bool) -> torch.Tensor:
+            x = torch.empty(seqlen, heads, problem.head_dim, dtype=problem.dtype, device=dev)
+            return self.to_native(x.requires_grad_(grad))
+
+        dev, choices = problem.device, {}
+        try:
+            with FakeTensorMode() as mode:
+                bias = None if self.bias is None else mode.from_tensor(self.bias)
+                for grad in (False, True):
+                    q = packed(problem.seqlen_q, problem.heads_q, grad)
+                    k, v = (packed(problem.seqlen_k, problem.heads_kv, grad) for _ in "kv")
+                    choices[grad] = self._default_backend(q, k, v, bias)
+        except Exception:  # no fake-tensor route in this torch: choose at the first call
+            return {}
+        return choices
+
+    def _default_backend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
+    ) -> str:
+        """The backend F.sdpa would dispatch these arguments to, by name (e.g. CUDNN_ATTENTION)."""
+        choice = torch._fused_sdp_choice(
+            q, k, v, bias, 0.0, self.is_causal, scale=self.scale, enable_gqa=self.group > 1
+        )
+        return SDPBackend(choice).name
+
+    def _pin_default(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+        """The default kernel's backend for this call's grad mode (chosen now if still open)."""
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if grad not in self.choices:
+            self.choices[grad] = self._default_backend(q, k, v, self.bias)
+            self.backend_resolved_at = self.backend_resolved_at or "first call"
+        return self.choices[grad]
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -81,13 +143,10 @@ class _PreparedSDPA(PreparedAttention):
             if self.has_empty:  # the CPU op reports lse 0 for rows with no key
                 lse = lse.masked_fill(self.empty, float("-inf"))
             return out, lse
-        mask = None if self.bias is None else self.bias
-        if self.backend is None:
-            return self._call(q, k, v, mask), None
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(getattr(SDPBackend, self.backend)):
-            return self._call(q, k, v, mask), None
+        name = self.backend or self._pin_default(q, k, v)
+        self.backend_used = name
+        with sdpa_kernel(getattr(SDPBackend, name)):
+            return self._call(q, k, v, self.bias), None
 
     def backward(
         self,
