@@ -96,8 +96,19 @@ def test_calibration_recovers_the_parameters_that_generated_the_times():
     for cp in ("ulysses", "ring", "ring_allgather", "usp"):
         for world in (2, 4, 8):
             for mask_name, params in (("causal", {}), ("causal_document", docs)):
-                cell = PlanCell(cp, "ranges", mask_name, 256 * world, 1, world, 24, 8, 32, "float32",
-                                mask_params=params)
+                cell = PlanCell(
+                    cp,
+                    "ranges",
+                    mask_name,
+                    256 * world,
+                    1,
+                    world,
+                    24,
+                    8,
+                    32,
+                    "float32",
+                    mask_params=params,
+                )
                 strategy = STRATEGIES.get(cp)({}, world)
                 mask = make_mask(mask_name, cell.seqlen, **params)
                 r = replay(strategy, mask, cell.problem(), world)

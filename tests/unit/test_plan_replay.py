@@ -91,7 +91,9 @@ def runner_step_areas(name, strategy, plan, mask, rank):
 @pytest.mark.parametrize(("world", "dpn"), TOPOLOGIES)
 @pytest.mark.parametrize("mask_name", list(MASKS))
 @pytest.mark.parametrize(("name", "balance"), strategies())
-def test_replay_work_per_rank_and_step_equals_the_runner_steps(name, balance, mask_name, world, dpn):
+def test_replay_work_per_rank_and_step_equals_the_runner_steps(
+    name, balance, mask_name, world, dpn
+):
     strategy, reasons = runnable(name, balance, world, dpn)
     if reasons:
         pytest.skip("; ".join(reasons))

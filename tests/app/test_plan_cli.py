@@ -1,0 +1,79 @@
+"""``python -m lcab.plan`` as a user runs it: predictions, a topology sweep with its plot, bad
+input (exit 2), the record commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers.cli import ROOT, cli_env
+
+
+def plan(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lcab.plan", *args],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_topology_sweep_predicts_every_world_and_plots_them(tmp_path):
+    sweep = tmp_path / "sweep"
+    done = plan(
+        "-m",
+        "cp=ulysses,usp",
+        "topology=2x8,4x8",
+        "mask=causal",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [
+        json.loads(line) for p in sweep.rglob("plan.jsonl") for line in p.read_text().splitlines()
+    ]
+    assert sorted((r["cp"], r["world"]) for r in rows) == [
+        ("ulysses", 16),
+        ("ulysses", 32),
+        ("usp", 16),
+        ("usp", 32),
+    ]
+    for r in rows:
+        assert r["seqlen"] == 8192 * r["world"]  # per_device_8k: weak scaling
+        assert 0 < r["fwd_tflops"] < 989  # below the H100's dense bf16 peak
+        parts = r["fwd_compute_ms"] + r["fwd_comm_ms"] + r["fwd_imbalance_ms"]
+        assert abs(parts - r["fwd_time_ms"]) < 1e-3  # rows are rounded to 4 decimals
+    usp = {r["world"]: r for r in rows if r["cp"] == "usp"}
+    assert usp[16]["ulysses"] == 8 and usp[16]["ring"] == 2  # Ulysses inside the node
+    assert (sweep / "plan_tflops.png").stat().st_size > 10_000
+
+
+def test_recommend_names_the_best_strategy_its_margin_and_the_smallest_world():
+    done = plan("recommend=true", "mask=causal_document", "topology=2x8")
+    assert done.returncode == 0, done.stderr
+    assert "best:" in done.stdout and "faster than the runner-up" in done.stdout
+    assert "smallest world" in done.stdout
+
+
+def test_bad_input_exits_2_naming_the_key_and_the_valid_options():
+    bad_hw = plan("hardware=tpu")
+    assert bad_hw.returncode == 2
+    assert "hardware" in bad_hw.stderr and "h100_nvlink_ib" in bad_hw.stderr
+    bad_cp = plan("cp=none")
+    assert bad_cp.returncode == 2 and "cp=none runs on one device" in bad_cp.stderr
+    missing = plan("--check", "no/such/records.jsonl")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    flag = plan("--check")
+    assert flag.returncode == 2
+
+
+def test_check_on_records_without_context_parallel_cells_says_so(tmp_path: Path):
+    from lcab.records.schema import RunRecord
+
+    path = tmp_path / "records.jsonl"
+    path.write_text(RunRecord(kernel="ranges", cp="none", status="ok").to_json() + "\n")
+    done = plan("--check", str(path))
+    assert done.returncode == 2 and "no ok context-parallel records" in done.stderr
