@@ -8,7 +8,9 @@ GPU-verified):
   indices, M, N, R, C, num_qo_heads, num_kv_heads, head_dim, mask=None, ...)``: a BSR matrix of
   MB = ceil(M / R) row blocks; row block i attends column blocks ``indices[indptr[i]:
   indptr[i+1]]`` (N divisible by C); ``mask`` (nnz, R, C) bool restricts each block to its True
-  elements (a shorter last row block uses its first rows); ``run(q, k, v, return_lse=True)``
+  elements (a shorter last row block uses its first rows); without a mask, ``causal=True``
+  applies FlashInfer's bottom-right causal rule to each row block over its gathered keys (row r
+  of qo_len rows sees gathered key j <= r + kv_len - qo_len); ``run(q, k, v, return_lse=True)``
   with q (M, Hq, D), k/v (N, Hkv, D) → out (M, Hq, D), lse (M, Hq);
 * ``VariableBlockSparseAttentionWrapper``; ``plan(block_mask_map (Hkv, MB, NB) bool,
   block_row_sz (Hkv, MB), block_col_sz (Hkv, NB) int32, ...)``: per KV head, row block i (sizes
@@ -45,15 +47,20 @@ def bsr_allowed(
     R: int,
     C: int,
     mask: torch.Tensor | None,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """(M, N) bool: the BSR pattern with its per-block element masks."""
+    """(M, N) bool: the BSR pattern with its per-block element masks or causal flag."""
     allowed = torch.zeros(M, N, dtype=torch.bool)
     ptr, cols = indptr.cpu().tolist(), indices.cpu().tolist()
     for i in range(len(ptr) - 1):
         r0, r1 = i * R, min((i + 1) * R, M)
-        for e in range(ptr[i], ptr[i + 1]):
+        qo_len, kv_len = r1 - r0, (ptr[i + 1] - ptr[i]) * C
+        for n, e in enumerate(range(ptr[i], ptr[i + 1])):
             c0 = cols[e] * C
             block = torch.ones(R, C, dtype=torch.bool) if mask is None else mask[e].cpu()
+            if causal and mask is None:  # gathered key index n*C + c <= r + kv_len - qo_len
+                r, c = torch.arange(R)[:, None], torch.arange(C)[None, :]
+                block = n * C + c <= r + kv_len - qo_len
             allowed[r0:r1, c0 : c0 + C] = block[: r1 - r0]
     return allowed
 
@@ -110,7 +117,7 @@ class BlockSparseAttentionWrapper:
         q_data_type="float16", kv_data_type=None, o_data_type="float16", non_blocking=True,
         block_mask=None,
     ) -> None:  # fmt: skip
-        assert packed_mask is None and not causal and block_mask is None
+        assert packed_mask is None and block_mask is None
         assert indptr.dtype == torch.int32 and indices.dtype == torch.int32
         assert N % C == 0, "N must be divisible by C"
         assert len(indptr) == -(-M // R) + 1 and int(indptr[0]) == 0
@@ -126,6 +133,7 @@ class BlockSparseAttentionWrapper:
             "indices": indices.clone(),
             "M": M, "N": N, "R": R, "C": C,
             "mask": None if mask is None else mask.clone(),
+            "causal": causal,
             "heads": (num_qo_heads, num_kv_heads, head_dim),
             "sm_scale": sm_scale,
             "dtypes": (_dtype(q_data_type), _dtype(kv_data_type), _dtype(o_data_type)),
@@ -141,7 +149,9 @@ class BlockSparseAttentionWrapper:
         hq, hkv, d = p["heads"]
         assert q.shape == (p["M"], hq, d) and k.shape == v.shape == (p["N"], hkv, d)
         assert q.dtype == p["dtypes"][0]
-        allowed = bsr_allowed(p["indptr"], p["indices"], p["M"], p["N"], p["R"], p["C"], p["mask"])
+        allowed = bsr_allowed(
+            p["indptr"], p["indices"], p["M"], p["N"], p["R"], p["C"], p["mask"], p["causal"]
+        )
         scale = p["sm_scale"] if p["sm_scale"] is not None else 1.0 / math.sqrt(d)
         o, lse2 = attend(
             q.transpose(0, 1),

@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lcab.kernels import Problem, get_kernel, probe
-from lcab.kernels.flashinfer import refine
+from lcab.kernels.flashinfer_lowering import refine
 from lcab.kernels.probe import probe_reasons
 from lcab.masks import AttnMask, make_mask
 from tests.helpers import standin_flashinfer as standin
@@ -54,8 +54,10 @@ def emulated_mask(call: dict, seqlen_q: int, seqlen_k: int) -> np.ndarray:
             call["block_mask_map"], call["block_row_sz"], call["block_col_sz"]
         ).numpy()
     dense = standin.bsr_allowed(
-        call["indptr"], call["indices"], call["M"], call["N"], call["R"], call["C"], call["mask"]
-    )
+        call["indptr"], call["indices"], call["M"], call["N"], call["R"], call["C"], call["mask"],
+        call["causal"],
+    )  # fmt: skip
+    assert not (call["causal"] and call["mask"] is not None)
     assert call["M"] % call["R"] == 0 and call["N"] % call["C"] == 0
     assert not dense[:seqlen_q, seqlen_k:].any(), "a real row attends a padded key"
     return dense[:seqlen_q, :seqlen_k].numpy()[None]
@@ -143,18 +145,25 @@ def test_refine_splits_blocks_without_empty_ones(sizes, extra) -> None:
 S = 96
 DOCS = {"doc_source": "uniform", "min_doc_len": 7, "max_doc_len": 40}
 CASES = {
-    # (mask, block size, wrapper, element mask expected)
-    "full": (make_mask("full", S), 32, "bsr", False),
-    "causal": (make_mask("causal", S), 32, "bsr", True),  # diagonal tiles partial
-    "causal_document": (make_mask("causal_document", S, seed=2, **DOCS), 16, "bsr", True),
-    "sliding_window": (make_mask("sliding_window", S, window=13), 16, "bsr", True),
+    # (mask, block size, BSR form: plain (whole tiles), causal flag, element mask)
+    "full": (make_mask("full", S), 32, "plain"),
+    "causal": (make_mask("causal", S), 32, "causal"),  # diagonal tiles: FlashInfer's flag
+    "causal_document": (make_mask("causal_document", S, seed=2, **DOCS), 16, "element"),
+    "sliding_window": (make_mask("sliding_window", S, window=13), 16, "element"),
     # S = 90: not a multiple of the block: padded keys masked, padded rows dropped
-    "full_not_multiple": (make_mask("full", 90), 32, "bsr", True),
-    "causal_not_multiple": (make_mask("causal", 90), 32, "bsr", True),
-    "block_sparse_shared": (make_mask("block_sparse", S, block_size=16, seed=3), 16, "bsr", False),
+    "full_not_multiple": (make_mask("full", 90), 32, "element"),
+    "causal_not_multiple": (make_mask("causal", 90), 32, "causal"),
+    "block_sparse_shared": (make_mask("block_sparse", S, block_size=16, seed=3), 16, "plain"),
     # a CP rectangle with rows attending nothing (out 0, lse -inf from the mask)
-    "causal_empty_rows": (make_mask("causal", S).restrict((0, S), (30, S)), 16, "bsr", True),
-    "causal_rect": (make_mask("causal", S).restrict((40, S), (0, 70)), 16, "bsr", True),
+    "causal_empty_rows": (make_mask("causal", S).restrict((0, S), (30, S)), 16, "element"),
+    "causal_rect": (make_mask("causal", S).restrict((32, S), (0, S)), 16, "causal"),
+    "causal_rect_offset": (make_mask("causal", S).restrict((40, S), (0, 70)), 16, "element"),
+    # r + 1 keys per row, but the last ones of the tile, not the first: not the causal flag
+    "anti_diagonal": (
+        AttnMask.from_dense(np.add.outer(np.arange(32), np.arange(32)) >= 31),
+        16,
+        "element",
+    ),
 }
 PER_HEAD = {
     "block_sparse_heads": make_mask("block_sparse", S, block_size=16, heads=2, seed=4),
@@ -191,13 +200,14 @@ def check_against_reference(mask: AttnMask, out, lse, q, k, v) -> None:
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_cpu_contract_bsr_matches_fp64_reference(case, heads, monkeypatch) -> None:
-    mask, block, wrapper, with_mask = CASES[case]
+    mask, block, form = CASES[case]
     install(monkeypatch)
     q, k, v = tensors(mask, *heads)
     standin.CALLS.clear()
     out, lse = run_adapter(mask, q, k, v, block)
     plan, run = standin.CALLS
-    assert plan["wrapper"] == wrapper and (plan["mask"] is not None) == with_mask
+    assert plan["wrapper"] == "bsr" and (plan["mask"] is not None) == (form == "element")
+    assert plan["causal"] == (form == "causal")
     assert plan["R"] == plan["C"] == block and plan["sm_scale"] == 16**-0.5
     assert plan["M"] == -(-mask.seqlen_q // block) * block
     assert run["lse"].shape == (plan["M"], heads[0])  # the library's (M, Hq) layout
@@ -278,8 +288,10 @@ def test_element_mask_too_large_is_a_reason(monkeypatch) -> None:
 
     monkeypatch.setattr(adapter, "ELEMENT_MASK_LIMIT", 1000)
     kernel = get_kernel(NAME, block_size=16)
-    partial = kernel.not_supported_reasons(CUDA_BF16, make_mask("causal", 256))
+    partial = kernel.not_supported_reasons(CUDA_BF16, make_mask("sliding_window", 256, window=9))
     assert any("element mask" in r for r in partial)
+    causal = make_mask("causal", 256)  # diagonal tiles: the causal flag, no element mask
+    assert not any("element mask" in r for r in kernel.not_supported_reasons(CUDA_BF16, causal))
     whole_tiles = make_mask("block_sparse", 256, block_size=16, seed=1)  # no mask needed
     assert not any(
         "element mask" in r for r in kernel.not_supported_reasons(CUDA_BF16, whole_tiles)
