@@ -45,7 +45,7 @@ LCAB_GPU_VERIFICATION="$out/verification.jsonl" "$python" -m pytest -m gpu -rA \
 tests_rc=$?
 tail -n 3 "$out/pytest.log"
 
-"$python" -m lcab.main -m kernel=sdpa,flex,torch_varlen,fa2,fa3,ffa,ranges mask=causal,causal_document \
+"$python" -m lcab.main -m kernel=sdpa,flex,torch_varlen,fa2,fa3,fa4,ffa,ranges mask=causal,causal_document \
   problem.device=cuda problem.dtype=bfloat16 "seqlen.values=[8192,32768]" bench=quick \
   bench.progress=false hydra.sweep.dir="$out/sweep" >"$out/sweep.log" 2>&1
 "$python" -m lcab.report build "$out/sweep" >>"$out/sweep.log" 2>&1
@@ -53,5 +53,9 @@ tail -n 3 "$out/pytest.log"
 if [ -s "$out/verification.jsonl" ]; then
   "$python" -m lcab.report gpu-table "$out/verification.jsonl" >"$out/verification.md"
   echo "verification table: $out/verification.md"
+  # the support matrix's GPU-verified marks are read from here: commit it with the README
+  mkdir -p notebooks/data
+  cp "$out/verification.jsonl" notebooks/data/gpu_verification.jsonl
+  echo "commit notebooks/data/gpu_verification.jsonl, then: python -m lcab.report readme"
 fi
 exit "$tests_rc"

@@ -241,6 +241,9 @@ class _LengthRun:
                     memory=memory.reading if isinstance(memory, PeakMemory) else None,
                 )
             )
+            backend = getattr(prepared, "backend_used", None)
+            if backend is not None:  # chosen at run time (SDPA on CUDA): the record names it
+                self.results[pass_].backend = str(backend)
             if profile:
                 self._profile(pass_, fn, before_each)
             del fn, before_each

@@ -201,9 +201,16 @@ def reduce_scatter_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- control traffic
+def scalar_device(group: Any = None) -> torch.device:
+    """Where small control tensors must live for ``group``: NCCL only moves CUDA tensors."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def max_over_ranks(values: list[float], group: Any = None) -> list[float]:
     """Element-wise max over ranks (e.g. per-repetition times); not counted as data."""
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=scalar_device(group))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return [float(x) for x in t.tolist()]
 
@@ -217,6 +224,7 @@ def gather_strings(value: str, group: Any = None) -> list[str]:
 
 def gather_floats(value: float, group: Any = None) -> list[float]:
     """Every rank's ``value``, in rank order (not counted as data)."""
-    out = [torch.zeros(1, dtype=torch.float64) for _ in range(_group_size(group))]
-    dist.all_gather(out, torch.tensor([value], dtype=torch.float64), group=group)
+    device = scalar_device(group)
+    out = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(_group_size(group))]
+    dist.all_gather(out, torch.tensor([value], dtype=torch.float64, device=device), group=group)
     return [float(t.item()) for t in out]

@@ -9,10 +9,7 @@ Public API::
 """
 
 from lcab.kernels import (  # noqa: F401  (registration)
-    block_sparse_attn,
-    fa4,
     flash_attn,
-    flashinfer,
     flashmask,
     flex,
     magi_ffa,
@@ -21,9 +18,17 @@ from lcab.kernels import (  # noqa: F401  (registration)
     reference,
     sdpa,
     sparse,
-    sparse_flex,
     te_cudnn,
     torch_varlen,
+)
+
+# isort: split
+# Registered after the first group so the older kernels keep their table rows and colour slots.
+from lcab.kernels import (  # noqa: F401  (registration)
+    block_sparse_attn,
+    fa4,
+    flashinfer,
+    sparse_flex,
     vsa,
 )
 from lcab.kernels.base import (

@@ -1,4 +1,4 @@
-"""The one mask check every library block-sparse kernel shares: are all touched tiles full?
+"""The mask check every library block-sparse kernel shares: whether all touched tiles are full.
 
 A block-sparse kernel without per-element masks (Block-Sparse-Attention, VSA, Flex with only full
 blocks) computes every selected (query block, key block) tile whole. It is exact for a mask only

@@ -57,6 +57,9 @@ class PassResult:
     """Per tensor: normalised max error (out, lse, dq, dk, dv)."""
     rank_ms_p50: list[float] | None = None
     """Under CP: each rank's own p50 time (the time split per pass is the record's phase_ms)."""
+    backend: str | None = None
+    """The library path that ran, when the kernel chooses one at run time (SDPA on CUDA names
+    the backend it pinned: FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH)."""
 
 
 @dataclass

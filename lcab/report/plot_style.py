@@ -39,6 +39,18 @@ SERIES_COLOURS = (
     "#ad494a",
     "#a55194",
     "#6b6ecf",
+    "#9c9ede",
+    "#cedb9c",
+    "#e7969c",
+    "#de9ed6",
+    "#31a354",
+    "#756bb1",
+    "#636363",
+    "#fd8d3c",
+    "#3b5b92",
+    "#b5cf6b",
+    "#d6616b",
+    "#8ca252",
 )
 """Qualitative colours: one slot per registered kernel and CP strategy (see `palette`)."""
 

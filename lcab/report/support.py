@@ -13,7 +13,9 @@ drift from what the runner actually skips; tests keep the README copy current.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +34,41 @@ CP_WORLD = 4
 """World size of the strategy matrix (the CPU default for cp != none)."""
 SHOWN_PASSES = ("fwd", "bwd")
 """Passes the matrices show (fwd_bwd runs whenever both do)."""
+VERIFICATION_FILE = (
+    Path(__file__).resolve().parents[2] / "notebooks" / "data" / "gpu_verification.jsonl"
+)
+"""The committed GPU verification records (written only by ``launchers/gpu_check.sh`` on a GPU
+machine); the support matrix's GPU-verified marks come from here and nowhere else."""
+EVIDENCE = {"verified": "G", "failed": "G!"}
+"""Marks of a GPU run's verdict on a supported pass."""
+
+
+def gpu_verdicts(path: Path = VERIFICATION_FILE) -> dict[tuple[str, str, str], str]:
+    """(kernel, mask, pass) -> verdict of the committed GPU run ({} when none is committed)."""
+    if not path.exists():
+        return {}
+    from lcab.report.gpu_verification import read_verification
+
+    return {(r["kernel"], r["mask"], r["pass"]): r["verdict"] for r in read_verification(path)}
+
+
+def evidence(
+    kernel: Kernel, mask_name: str, verdict: Verdict, gpu: dict[tuple[str, str, str], str]
+) -> str:
+    """What backs a supported cell beyond the declaration, per shown pass.
+
+    CPU kernels are run against the fp64 reference by the test suite (no mark); a CUDA-only
+    kernel is ``c`` when CPU contract-tested, ``G`` when a committed GPU run verified the pass,
+    ``G!`` when that run failed it, ``n`` when nothing has run it yet (torch's own CUDA
+    backends, which no stand-in could test). Two different marks read ``fwd/bwd``.
+    """
+    if "cpu" in kernel.caps.devices or not verdict.passes:
+        return ""
+    marks = []
+    for pass_ in verdict.passes:
+        mark = EVIDENCE.get(gpu.get((kernel.name, mask_name, pass_), ""), "")
+        marks.append(mark or ("c" if kernel.caps.contract_tested else "n"))
+    return marks[0] if len(set(marks)) == 1 else "/".join(marks)
 
 
 @dataclass(frozen=True)
@@ -51,6 +88,8 @@ def home_problem(kernel: Kernel, heads_kv: int | None = None) -> Problem:
     """The problem a kernel is judged on: CPU defaults if it runs on CPU, else the GPU shape."""
     on_cpu = "cpu" in kernel.caps.devices
     shape: dict[str, Any] = CPU_PROBLEM if on_cpu else GPU_PROBLEM
+    if not kernel.caps.gqa:  # judged on MHA (the paper's 64:64 runs), not refused for GQA
+        shape = {**shape, "heads_kv": shape["heads_q"]}
     return Problem(
         MATRIX_SEQLEN,
         MATRIX_SEQLEN,
@@ -116,12 +155,17 @@ def kernel_matrix_markdown() -> str:
     """Markdown: kernels (rows) x masks (columns); ✓ = fwd+bwd, ``fwd`` = forward only."""
     masks = list_masks()
     rows, notes = [], []
+    gpu = gpu_verdicts()
     for name in KERNELS.names():
         kernel = get_kernel(name)
         home = "CPU" if "cpu" in kernel.caps.devices else "GPU"
         label = f"`{name}` ({home}{'*' if not kernel.caps.adapter_ready else ''})"
         verdicts = {m: kernel_verdict(kernel, m) for m in masks}
-        rows.append([label] + [SYMBOLS.get(verdicts[m].passes, "?") for m in masks])
+        cells = [
+            f"{SYMBOLS.get(v.passes, '?')} {evidence(kernel, m, v, gpu)}".strip()
+            for m, v in verdicts.items()
+        ]
+        rows.append([label, *cells])
         by_reason: dict[str, list[str]] = {}
         for m, v in verdicts.items():
             for reason in v.reasons:
@@ -135,7 +179,27 @@ def kernel_matrix_markdown() -> str:
             ]
             notes.append(f"- `{name}`: " + "; ".join(parts))
     out = _table(["kernel"] + [f"`{m}`" for m in masks], rows)
-    out += ["", "Why a cell is not ✓:", "", *notes]
+    verified = sum(v == "verified" for v in gpu.values())
+    out += [
+        "",
+        "Cells: `✓` forward and backward, `fwd` forward only, `–` unsupported (reasons below). "
+        "CPU kernels' supported cells run in the test suite against the fp64 reference. For "
+        "GPU kernels the mark after the passes says what backs them: `c` CPU contract-tested "
+        "(the adapter's whole call path against a stand-in of the library's documented API, "
+        "`tests/unit/test_adapter_*.py` — not a GPU result), `G` GPU-verified and `G!` failed "
+        "on a GPU, both only from the committed run of `launchers/gpu_check.sh` "
+        "(`notebooks/data/gpu_verification.jsonl`), `n` not run anywhere yet (torch's own CUDA "
+        "backends, no stand-in). GPU kernels without GQA are judged on 64:64 heads. "
+        + (
+            f"GPU-verified passes: {verified}."
+            if gpu
+            else "GPU-verified: none yet — no GPU run has been committed."
+        ),
+        "",
+        "Why a cell is not ✓:",
+        "",
+        *notes,
+    ]
     if any(not get_kernel(name).caps.adapter_ready for name in KERNELS.names()):
         out += [
             "",
@@ -153,6 +217,9 @@ def _category(reason: str) -> str:
         return "no per-KV-head masks"
     if reason.startswith("SDPA's"):
         return reason.split(", not")[0]
+    tiles = re.search(r"touched (\d+x\d+) tiles are only partly attended", reason)
+    if tiles:  # block_grid.partial_tile_reason: the count and first tile are instance detail
+        return f"computes whole {tiles.group(1)} tiles: the mask has partly attended ones"
     return reason
 
 

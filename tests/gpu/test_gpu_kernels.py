@@ -93,7 +93,7 @@ def _record(kernel_name: str, mask_name: str, pass_: str, verdict: str, **fields
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "package": package,
-        "package_version": _version(package),
+        "package_version": _version(package, getattr(kernel, "probe", None)),
         "python": platform.python_version(),
         **fields,
     }
@@ -101,12 +101,15 @@ def _record(kernel_name: str, mask_name: str, pass_: str, verdict: str, **fields
         fh.write(json.dumps(line, default=str) + "\n")
 
 
-def _version(package: str | None) -> str | None:
+def _version(package: str | None, probe=None) -> str | None:
+    """The installed distribution's version: the adapter's probe knows its distribution names
+    (``flash-attn-4`` for ``flash_attn.cute``), else the import name is tried as one."""
     if package is None:
         return None
     from importlib import metadata
 
-    for dist in (package, package.replace("_", "-")):
+    names = tuple(probe.distributions) if probe is not None else ()
+    for dist in (*names, package, package.replace("_", "-")):
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
