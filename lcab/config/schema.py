@@ -14,6 +14,7 @@ are checked by `lcab.config.preflight`, which runs before anything is launched.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import typing
 import uuid
 from dataclasses import dataclass, field
@@ -239,6 +240,18 @@ def kernel_config_classes() -> dict[str, type]:
 
 
 _REGISTERED = False
+#: Longest job-folder name kept whole (file systems refuse names over 255 bytes).
+DIRNAME_MAX = 160
+
+
+def short_dirname(name: str) -> str:
+    """``name`` if short enough, else its start plus a hash of the whole (still unique)."""
+    if len(name.encode()) <= DIRNAME_MAX:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+    return f"{name.encode()[: DIRNAME_MAX - 13].decode(errors='ignore')}_{digest}"
+
+
 _PROCESS_UID = uuid.uuid4().hex[:6]
 
 
@@ -250,6 +263,9 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("lcab_uid"):
         # a short id fixed for this process, suffixed to run/sweep folders
         OmegaConf.register_new_resolver("lcab_uid", lambda: _PROCESS_UID, use_cache=True)
+    if not OmegaConf.has_resolver("lcab_dirname"):
+        # a job folder named by its overrides, cut to fit file systems' 255-byte names
+        OmegaConf.register_new_resolver("lcab_dirname", short_dirname)
     cs = ConfigStore.instance()
     cs.store(name="lcab_schema", node=LcabConfig)
     cs.store(name="lcab_plan_schema", node=PlanConfig)

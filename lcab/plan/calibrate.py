@@ -1,10 +1,12 @@
 """Fit a profile's free parameters to measured records, and check predictions against records.
 
-Each measured record (a context-parallel cell that ran ``ok``) gives one point per timed pass:
-the cell, the pass, and its p50 time on the slowest rank — the quantity `lcab.plan.model`
-predicts. Replays depend only on the cell, so they are built once; the fit then varies the
-profile's free parameters (kernel plateau forward/backward, half-saturation length, call cost,
-link bandwidth and latency, memory bandwidth) in log space with `scipy.optimize.least_squares`
+Each measured record that ran ``ok`` gives one point per timed pass: the cell, the pass, and
+its p50 time (on the slowest rank under CP) — the quantity `lcab.plan.model` predicts. Records of
+single-device kernel runs (``cp=none``) are points too: one kernel call over the whole mask, so a
+GPU machine's own kernel sweep fits the profile's kernel rates, and CP records add the links.
+Replays depend only on the cell, so they are built once; the fit then varies the profile's free
+parameters (kernel plateau forward/backward, half-saturation length, call cost, link bandwidth
+and latency, memory bandwidth) in log space with `scipy.optimize.least_squares`
 on the log ratio predicted / measured, so a 2× miss weighs the same on a 1 ms and a 1 s cell.
 """
 
@@ -16,10 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from lcab.cp.base import STRATEGIES
+from lcab.plan.areas import pair_work
 from lcab.plan.hardware import Hardware
-from lcab.plan.model import predict_pass
+from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell, mask_for
-from lcab.plan.replay import Replay, replay
+from lcab.plan.replay import Replay, Work, replay
 from lcab.records.schema import RunRecord
 
 
@@ -30,11 +33,16 @@ class Point:
     cell: PlanCell
     pass_: str
     measured_ms: float
-    replay: Replay
-    record: RunRecord
+    replay: Replay | None
+    """The CP cell's replay; None for a single-device kernel call (``single``)."""
+    record: RunRecord | None
+    single: Work | None = None
 
     def predicted_ms(self, hardware: Hardware) -> float:
         """The model's time for this pass on ``hardware``."""
+        if self.replay is None:
+            model = CostModel(hardware, self.cell.kernel, 1)
+            return 1e3 * model.compute_s(self.single, self.pass_ == "bwd")
         return predict_pass(self.replay, hardware, self.cell.kernel, self.pass_).time_ms
 
 
@@ -43,7 +51,12 @@ def points_of(records: Iterable[RunRecord]) -> list[Point]:
     points = []
     cache: dict[tuple[str, ...], Replay] = {}
     for record in records:
-        if record.cp == "none" or record.status != "ok" or record.world_size < 2:
+        if record.status != "ok":
+            continue
+        if record.cp == "none":
+            points += _kernel_points(record)
+            continue
+        if record.world_size < 2:
             continue
         cell = PlanCell.of_record(record)
         key = (repr(cell),)
@@ -57,14 +70,31 @@ def points_of(records: Iterable[RunRecord]) -> list[Point]:
     return points
 
 
-def free_parameters(hardware: Hardware, kernels: Iterable[str]) -> list[str]:
-    """Dotted names of the parameters a fit may change for these kernels."""
+def _kernel_points(record: RunRecord) -> list[Point]:
+    """One call over the whole mask per measured pass of a single-device kernel record."""
+    cell = PlanCell.of_record(record)
+    mask = mask_for(cell)
+    work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)])
+    keys = float(np.mean(work.mean_keys()[:, 0, 0]))
+    forward = 4.0 * mask.area() * (cell.heads_q // mask.num_heads) * cell.head_dim
+    points = []
+    for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
+        result = record.pass_result(pass_)
+        if result.status == "ok" and result.ms_p50:
+            single = Work(forward * factor, keys)
+            points.append(Point(cell, pass_, float(result.ms_p50), None, record, single))
+    return points
+
+
+def free_parameters(hardware: Hardware, kernels: Iterable[str], links: bool = True) -> list[str]:
+    """Dotted names of the parameters a fit may change for these kernels (and the links)."""
     names = []
     for kernel in sorted({k if k in hardware.kernels else "default" for k in kernels}):
         names += [
             f"kernels.{kernel}.{p}" for p in ("fwd_tflops", "bwd_tflops", "half_keys", "call_us")
         ]
-    names += ["intra.gbps", "intra.latency_us", "memory_gbps"]
+    if links:
+        names += ["intra.gbps", "intra.latency_us", "memory_gbps"]
     return names
 
 
@@ -98,7 +128,8 @@ def calibrate(points: list[Point], hardware: Hardware, names: list[str] | None =
         raise ValueError(
             "no measured context-parallel passes to calibrate on (status ok, world >= 2)"
         )
-    names = names or free_parameters(hardware, {p.cell.kernel for p in points})
+    has_cp = any(p.replay is not None for p in points)
+    names = names or free_parameters(hardware, {p.cell.kernel for p in points}, links=has_cp)
     start = np.log([_value(hardware, n) for n in names])
     measured = np.log([p.measured_ms for p in points])
 
@@ -106,7 +137,9 @@ def calibrate(points: list[Point], hardware: Hardware, names: list[str] | None =
         hw = hardware.with_values(dict(zip(names, np.exp(x).tolist(), strict=True)))
         return np.log([p.predicted_ms(hw) for p in points]) - measured
 
-    result = least_squares(residuals, start, bounds=(start - 7.0, start + 7.0), x_scale=1.0)
+    result = least_squares(
+        residuals, start, bounds=(start - 12.0, start + 12.0), xtol=1e-10, ftol=1e-10, gtol=1e-10
+    )
     fitted = dict(zip(names, np.exp(result.x).tolist(), strict=True))
     sources = dict(hardware.sources)
     for name in names:

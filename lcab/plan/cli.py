@@ -81,7 +81,9 @@ def run(argv: list[str]) -> int:
 
         points = points_of(records)
         if not points:
-            raise ValueError(f"{path}: no ok context-parallel records (world >= 2) to use")
+            raise ValueError(
+                f"{path}: no ok records (kernel runs or context-parallel cells) to use"
+            )
     except ValueError as err:
         print(f"lcab plan: {err}", file=sys.stderr)
         return 2

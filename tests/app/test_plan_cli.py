@@ -70,10 +70,10 @@ def test_bad_input_exits_2_naming_the_key_and_the_valid_options():
     assert flag.returncode == 2
 
 
-def test_check_on_records_without_context_parallel_cells_says_so(tmp_path: Path):
+def test_check_on_records_without_a_usable_record_says_so(tmp_path: Path):
     from lcab.records.schema import RunRecord
 
     path = tmp_path / "records.jsonl"
-    path.write_text(RunRecord(kernel="ranges", cp="none", status="ok").to_json() + "\n")
+    path.write_text(RunRecord(kernel="ranges", cp="ring", status="error").to_json() + "\n")
     done = plan("--check", str(path))
-    assert done.returncode == 2 and "no ok context-parallel records" in done.stderr
+    assert done.returncode == 2 and "no ok records" in done.stderr

@@ -123,3 +123,54 @@ def test_calibration_recovers_the_parameters_that_generated_the_times():
         for part in name.split("."):
             node = node[part]
         assert fit.parameters[name] == pytest.approx(node, rel=0.05), name
+
+
+def test_single_device_kernel_records_fit_the_kernel_rate_alone():
+    """A GPU machine's own kernel sweep (cp=none records) gives the profile's kernel numbers."""
+    from lcab.flops import attention_flops
+    from lcab.plan.calibrate import points_of
+    from lcab.records.schema import PassResult, RunRecord
+
+    truth = load_profile("h100_nvlink_ib").with_values(
+        {
+            "kernels.fa3.fwd_tflops": 650.0,
+            "kernels.fa3.bwd_tflops": 480.0,
+            "kernels.fa3.half_keys": 700.0,
+            "kernels.fa3.call_us": 12.0,
+        }
+    )
+    records = []
+    docs = {"doc_source": "uniform", "min_doc_len": 256, "max_doc_len": 8192}
+    for mask_name, params in (("full", {}), ("causal", {}), ("causal_document", docs)):
+        for seqlen in (2048, 8192, 32768):
+            record = RunRecord(
+                kernel="fa3",
+                cp="none",
+                mask=mask_name,
+                seqlen=seqlen,
+                status="ok",
+                heads_q=64,
+                heads_kv=8,
+                head_dim=128,
+                dtype="bfloat16",
+                mask_seed=1,
+                config={"mask": dict(params), "cp": {}},
+            )
+            for pass_ in ("fwd", "bwd"):
+                record.pass_result(pass_).status = "ok"
+                record.pass_result(pass_).ms_p50 = 1.0  # replaced by the true profile's time
+            records.append(record)
+    points = points_of(records)
+    assert len(points) == 2 * len(records)
+    for point in points:  # the measured time: what the true profile says
+        mask = make_mask(point.cell.mask, point.cell.seqlen, seed=1, **point.cell.mask_params)
+        assert point.single.flops == attention_flops(mask, 64, 128, point.pass_)
+        result: PassResult = point.record.pass_result(point.pass_)
+        result.ms_p50 = point.predicted_ms(truth)
+    points = points_of(records)
+    fit = calibrate(points, load_profile("h100_nvlink_ib"))
+    assert set(fit.parameters) == {
+        f"kernels.fa3.{p}" for p in ("fwd_tflops", "bwd_tflops", "half_keys", "call_us")
+    }
+    for name, want in (("fwd_tflops", 650.0), ("bwd_tflops", 480.0), ("half_keys", 700.0)):
+        assert fit.parameters[f"kernels.fa3.{name}"] == pytest.approx(want, rel=0.02), name
