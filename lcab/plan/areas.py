@@ -27,6 +27,9 @@ class PairWork:
     """(H_mask, I, J) attended (query, key) positions."""
     rows: np.ndarray
     """(H_mask, I, J) query rows of shard i with at least one key in shard j."""
+    runs: np.ndarray
+    """(H_mask, I, J) runs of consecutive such rows (cut at shard and document edges): the
+    query tiles a kernel starts, each padded to its tile height."""
 
     def mean_keys(self) -> np.ndarray:
         """(H_mask, I, J) keys per active row: the length of the rows a kernel call gets."""
@@ -53,6 +56,12 @@ def pair_work(
     row_owner = owners(row_sets, mask.seqlen_q)
     area = np.zeros((mask.num_heads, n_i, n_j))
     rows = np.zeros((mask.num_heads, n_i, n_j))
+    runs = np.zeros((mask.num_heads, n_i, n_j))
+    docs = (
+        np.repeat(np.arange(len(mask.doc_lengths)), mask.doc_lengths)
+        if mask.doc_lengths is not None and len(mask.doc_lengths) and mask.seqlen_q == mask.seqlen_k
+        else np.zeros(mask.seqlen_q, dtype=np.int64)
+    )
     counts = [_prefix_count(layout, mask.seqlen_k) for layout in col_sets]
     for head in range(mask.num_heads):
         row, first, last = row_spans(mask.head_slices(head))
@@ -66,8 +75,13 @@ def pair_work(
             inside = (prefix[last + 1] - prefix[first]).astype(np.float64)
             area[head, :, j] = np.bincount(owner, weights=inside, minlength=n_i)
             per_row = np.bincount(span_row.reshape(-1), weights=inside, minlength=len(unique_rows))
-            rows[head, :, j] = np.bincount(unique_owner, weights=per_row > 0, minlength=n_i)
-    return PairWork(area, rows)
+            active = per_row > 0
+            rows[head, :, j] = np.bincount(unique_owner, weights=active, minlength=n_i)
+            r, o = unique_rows[active], unique_owner[active]
+            start = np.ones(len(r), dtype=bool)
+            start[1:] = (r[1:] != r[:-1] + 1) | (o[1:] != o[:-1]) | (docs[r[1:]] != docs[r[:-1]])
+            runs[head, :, j] = np.bincount(o[start], minlength=n_i)
+    return PairWork(area, rows, runs)
 
 
 def _prefix_count(layout: IntArray, length: int) -> IntArray:

@@ -76,12 +76,13 @@ def _kernel_points(record: RunRecord) -> list[Point]:
     mask = mask_for(cell)
     work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)])
     keys = float(np.mean(work.mean_keys()[:, 0, 0]))
+    rows, runs = float(np.mean(work.rows[:, 0, 0])), float(np.mean(work.runs[:, 0, 0]))
     forward = 4.0 * mask.area() * (cell.heads_q // mask.num_heads) * cell.head_dim
     points = []
     for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
         result = record.pass_result(pass_)
         if result.status == "ok" and result.ms_p50:
-            single = Work(forward * factor, keys)
+            single = Work(forward * factor, keys, rows, runs)
             points.append(Point(cell, pass_, float(result.ms_p50), None, record, single))
     return points
 

@@ -33,6 +33,9 @@ class KernelRate:
     ring steps and small tiles run below it)."""
     call_us: float
     """Fixed cost of one call (launch, setup of the step, LSE merge), microseconds."""
+    tile_rows: float = 0.0
+    """Query tile height: every run of consecutive query rows (a document, a zigzag chunk) is
+    padded to whole tiles, on average (tile_rows - 1) / 2 wasted rows per run; 0: no tiles."""
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,9 @@ class CostModel:
             return 0.0
         peak = (self.rate.bwd_tflops if bwd else self.rate.fwd_tflops) * 1e12 * self.compute_share
         efficiency = work.mean_keys / (work.mean_keys + self.rate.half_keys)
+        if self.rate.tile_rows > 0 and work.rows > 0:  # query tiles padded at every run's end
+            padding = work.runs * (self.rate.tile_rows - 1) / 2
+            efficiency *= work.rows / (work.rows + padding)
         traffic = work.memory_bytes / (self.hw.memory_gbps * 1e9 * self.compute_share)
         return self.rate.call_us * 1e-6 + work.flops / (peak * max(efficiency, 1e-9)) + traffic
 

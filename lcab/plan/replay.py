@@ -41,6 +41,10 @@ class Work:
     """Useful FLOPs of the call (lcab's convention, this pass)."""
     mean_keys: float
     """Attended keys per active query row: how long the rows the kernel gets are."""
+    rows: float = 0.0
+    """Query rows with work (per head)."""
+    runs: float = 0.0
+    """Runs of consecutive such rows: each starts a query tile, padded to the tile height."""
     memory_bytes: float = 0.0
     """Memory traffic outside the kernel: merging partial results and accumulating gradients
     (float32 accumulators read and written once per step), bounded by memory bandwidth."""
@@ -167,13 +171,12 @@ def _rank_work(
 ) -> Work | None:
     """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing."""
     heads = plan.heads
-    if works.area.shape[0] == 1:
-        area = works.area[0, i, j] * heads.local_q
-        keys = works.mean_keys()[0, i, j]
-    else:  # per-KV-head masks: each local KV head uses its own mask head
-        kv = heads.kv_heads_of(ui)
-        area = sum(works.area[h, i, j] for h in kv) * heads.local_q / len(kv)
-        keys = float(np.mean([works.mean_keys()[h, i, j] for h in kv]))
+    mask_heads = [0] if works.area.shape[0] == 1 else heads.kv_heads_of(ui)
+    # per-KV-head masks: each local KV head uses its own mask head
+    area = sum(works.area[h, i, j] for h in mask_heads) * heads.local_q / len(mask_heads)
+    keys = float(np.mean([works.mean_keys()[h, i, j] for h in mask_heads]))
+    rows = float(np.mean([works.rows[h, i, j] for h in mask_heads]))
+    runs = float(np.mean([works.runs[h, i, j] for h in mask_heads]))
     if area <= 0:
         return None
     factor = 2.5 if bwd else 1.0
@@ -184,7 +187,7 @@ def _rank_work(
         traffic = tokens * heads.local_q * problem.head_dim * per
         if bwd:
             traffic += 2 * tokens * heads.local_kv * problem.head_dim * per
-    return Work(4.0 * area * problem.head_dim * factor, float(keys), traffic)
+    return Work(4.0 * area * problem.head_dim * factor, keys, rows, runs, traffic)
 
 
 def _a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:

@@ -124,4 +124,11 @@ def test_pair_work_equals_the_areas_and_rows_of_remapped_sub_masks(mask_name):
                 sub = remap(mask.head(h), r, c)
                 dense = sub.to_dense()
                 assert work.area[h, i, j] == dense.sum()
-                assert work.rows[h, i, j] == dense.any(1).sum()
+                active = dense.any(1).numpy()
+                assert work.rows[h, i, j] == active.sum()
+                # runs: maximal stretches of consecutive active tokens inside one document
+                ids = r[r >= 0][active[: (r >= 0).sum()]]
+                lengths = [500] if mask.doc_lengths is None else list(mask.doc_lengths)
+                doc = np.searchsorted(np.cumsum(lengths), ids, side="right")
+                breaks = (np.diff(ids) != 1) | (np.diff(doc) != 0)
+                assert work.runs[h, i, j] == (len(ids) > 0) + breaks.sum()
