@@ -34,9 +34,9 @@ class PassPrediction:
     tflops: float
     """Per-GPU TFLOP/s: global FLOPs / (world × time)."""
     intra_bytes: int
-    """Bytes the busiest rank sends inside its node."""
+    """Most bytes any rank sends inside its node."""
     inter_bytes: int
-    """Bytes the busiest rank sends to other nodes."""
+    """Most bytes any rank sends to other nodes."""
 
 
 class CostModel:
@@ -120,10 +120,11 @@ def predict_pass(replay: Replay, hardware: Hardware, kernel: str, pass_: str) ->
 
 
 def _busiest_bytes(replay: Replay, pass_: str) -> tuple[int, int]:
-    best = (0, 0)
+    """(most bytes any rank sends inside its node, most any rank sends to other nodes)."""
+    intra = inter = 0
     for rank in range(replay.plan.world):
         moved = replay.transfers(rank, pass_)
-        inter = sum(t.inter_bytes for t in moved)
-        intra = sum(t.nbytes for t in moved) - inter
-        best = max(best, (intra, inter), key=sum)
-    return best
+        far = sum(t.inter_bytes for t in moved)
+        intra = max(intra, sum(t.nbytes for t in moved) - far)
+        inter = max(inter, far)
+    return intra, inter

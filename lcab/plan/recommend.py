@@ -45,7 +45,8 @@ def candidates(cell: PlanCell) -> list[PlanCell]:
     out = []
     degrees = [d for d in range(1, cell.devices_per_node + 1) if cell.devices_per_node % d == 0]
     for name in STRATEGIES.names():
-        for balance in BALANCERS:
+        # Ulysses shards heads: every placement computes and moves the same, so try one
+        for balance in ("contiguous",) if name == "ulysses" else BALANCERS:
             options_list: list[dict[str, object]] = [{"balance": balance}]
             if name in ("usp", "loongtrain"):
                 options_list = [{"balance": balance, "ulysses_degree": d} for d in degrees if d > 1]
