@@ -10,6 +10,7 @@ no LSE (numerics then check the output only; strategies that merge by LSE refuse
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -36,13 +37,13 @@ def _flex_fn(compiled: bool) -> Callable[..., Any]:
     return torch.compile(flex_attention, dynamic=False)
 
 
-class _PreparedFlex(PreparedAttention):
+class PreparedFlex(PreparedAttention):
+    """One FlexAttention call with a ready BlockMask (shared by ``flex`` and ``sparse_flex``)."""
+
     layout = "bhsd"
 
-    def __init__(self, mask: AttnMask, problem: Problem, compiled: bool, block: int) -> None:
-        self.block_mask = flex_block_mask(
-            mask, heads_q=problem.heads_q, block_size=block, device=problem.device
-        )
+    def __init__(self, block_mask: Any, problem: Problem, compiled: bool) -> None:
+        self.block_mask = block_mask
         self.fn = _flex_fn(compiled)
         self.scale = problem.head_dim**-0.5
         self.gqa = problem.heads_q != problem.heads_kv
@@ -51,6 +52,7 @@ class _PreparedFlex(PreparedAttention):
         self.aux = AuxRequest(lse=True)
         self.with_lse = not (compiled and problem.device.type == "cpu")
 
+    @override
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -65,7 +67,7 @@ class _PreparedFlex(PreparedAttention):
 
 @dataclass
 class FlexOptions:
-    """Options of the flex kernel."""
+    """Options of the flex kernels."""
 
     compile: bool = True
     """Run torch.compile(flex_attention) (the intended use); False runs eager (slow, tests)."""
@@ -73,20 +75,21 @@ class FlexOptions:
     """Tile size of the BlockMask (FlexAttention's default is 128)."""
 
 
-@register_kernel
-class FlexKernel(Kernel):
-    """torch FlexAttention; options: compile (bool, default True), block_size (default 128)."""
+FLEX_CAPS = KernelCaps(
+    devices=frozenset({"cpu", "cuda"}),
+    dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64}),
+    lowering="flex",
+    backward_devices=frozenset({"cuda"}),
+    per_head_masks=True,
+)
+"""What FlexAttention runs: any device, any float dtype, backward on CUDA only."""
 
-    name = "flex"
-    summary = "FlexAttention, BlockMask from slices, compiled"
+
+class FlexFamily(Kernel):
+    """FlexAttention kernels: they differ only in how the BlockMask is built (`block_mask`)."""
+
     options_cls = FlexOptions
-    caps = KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64}),
-        lowering="flex",
-        backward_devices=frozenset({"cuda"}),
-        per_head_masks=True,
-    )
+    caps = FLEX_CAPS
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
@@ -106,11 +109,27 @@ class FlexKernel(Kernel):
         """No LSE from the compiled CPU path (see the module docstring)."""
         return not (self.options["compile"] and device_type == "cpu")
 
+    @abstractmethod
+    def block_mask(self, mask: AttnMask, problem: Problem) -> Any:
+        """The BlockMask this kernel calls FlexAttention with."""
+
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        return _PreparedFlex(
+        return PreparedFlex(self.block_mask(mask, problem), problem, bool(self.options["compile"]))
+
+
+@register_kernel
+class FlexKernel(FlexFamily):
+    """torch FlexAttention; options: compile (bool, default True), block_size (default 128)."""
+
+    name = "flex"
+    summary = "FlexAttention, BlockMask from slices, compiled"
+
+    @override
+    def block_mask(self, mask: AttnMask, problem: Problem) -> Any:
+        return flex_block_mask(
             mask,
-            problem,
-            bool(self.options["compile"]),
-            int(self.options["block_size"]),
+            heads_q=problem.heads_q,
+            block_size=int(self.options["block_size"]),
+            device=problem.device,
         )

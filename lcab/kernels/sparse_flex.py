@@ -12,9 +12,10 @@ Heads follow FlexAttention's broadcasting: a mask shared by all heads gives a Bl
 head; per-KV-head masks are expanded to the query heads (query head h reads mask head
 h // (Hq / Hkv)), as ``flex`` does.
 
-Compilation and CPU limits are those of ``flex`` (its `_flex_fn` is reused): ``compile=True``
-(default) runs ``torch.compile(flex_attention)``; PyTorch has no FlexAttention backward on CPU,
-and its compiled CPU path returns no log-sum-exp. Flex's LSE is natural log, (B, Hq, Sq).
+Compilation, CPU limits and the call are those of ``flex`` (`FlexFamily`, `PreparedFlex`):
+``compile=True`` (default) runs ``torch.compile(flex_attention)``; PyTorch has no FlexAttention
+backward on CPU, and its compiled CPU path returns no log-sum-exp. Flex's LSE is natural log,
+(B, Hq, Sq).
 Flex's eager path (``compile=False``, for tests) ignores the block lists and evaluates only the
 ``mask_mod`` at every position, so there the BlockMask carries a tile-lookup ``mask_mod`` that
 selects the same tiles (`full_tile_block_mask`); the compiled kernel never evaluates it.
@@ -22,18 +23,19 @@ selects the same tiles (`full_tile_block_mask`); the compiled kernel never evalu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from typing import Any
 
 import torch
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.base import Problem
 from lcab.kernels.block_grid import partial_tile_reason_of
-from lcab.kernels.flex import _flex_fn
+from lcab.kernels.flex import FLEX_CAPS, FlexFamily
 from lcab.kernels.registry import register_kernel
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.blocks import BlockTable, block_table
-from lcab.masks.lowering.flex import FLEX_BLOCK, MaskMod
+from lcab.masks.lowering.flex import MaskMod
 
 
 def selected_tiles(table: BlockTable, heads_q: int) -> torch.Tensor:
@@ -102,72 +104,19 @@ def full_tile_block_mask(
     )
 
 
-class _PreparedSparseFlex(PreparedAttention):
-    layout = "bhsd"
-
-    def __init__(self, mask: AttnMask, problem: Problem, compiled: bool, block: int) -> None:
-        table = block_table(mask, block, block)
-        self.block_mask = full_tile_block_mask(
-            mask, table, problem.heads_q, block, problem.device, eager=not compiled
-        )
-        self.fn = _flex_fn(compiled)
-        self.scale = problem.head_dim**-0.5
-        self.gqa = problem.heads_q != problem.heads_kv
-        from torch.nn.attention.flex_attention import AuxRequest
-
-        self.aux = AuxRequest(lse=True)
-        self.with_lse = not (compiled and problem.device.type == "cpu")
-
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if q.device.type == "cpu":  # forward only on CPU; Flex refuses inputs that need grad
-            q, k, v = q.detach(), k.detach(), v.detach()
-        args = {"block_mask": self.block_mask, "scale": self.scale, "enable_gqa": self.gqa}
-        if not self.with_lse:
-            return self.fn(q, k, v, **args), None
-        out, aux = self.fn(q, k, v, **args, return_aux=self.aux)
-        return out, aux.lse[0].to(lse_dtype(q.dtype))
-
-
-@dataclass
-class SparseFlexOptions:
-    """Options of the sparse_flex kernel."""
-
-    compile: bool = True
-    """Run torch.compile(flex_attention) (the intended use); False runs eager (slow, tests)."""
-    block_size: int = FLEX_BLOCK
-    """Query and key tile size of the BlockMask (Flex's default 128)."""
-
-
 @register_kernel
-class SparseFlexKernel(Kernel):
+class SparseFlexKernel(FlexFamily):
     """FlexAttention on full tiles only (block-sparse); options: compile, block_size (128)."""
 
     name = "sparse_flex"
     summary = "FlexAttention block-sparse: full tiles from the block table, no mask_mod"
-    options_cls = SparseFlexOptions
-    caps = KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64}),
-        lowering="block_table",
-        backward_devices=frozenset({"cuda"}),
-        per_head_masks=True,
-    )
-
-    @override
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        if pass_ != "fwd" and problem.device.type == "cpu":
-            return ["PyTorch's FlexAttention has no backward on CPU"]
-        return []
+    caps = dataclasses.replace(FLEX_CAPS, lowering="block_table")
 
     @override
     def not_supported_reasons(
         self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
     ) -> list[str]:
         reasons = super().not_supported_reasons(problem, mask, pass_)
-        # the precise CPU reason replaces the generic "no backward on cpu" one
-        reasons = [r for r in reasons if not r.startswith("no backward pass on cpu")]
         if mask is not None:
             block = int(self.options["block_size"])
             why = partial_tile_reason_of(block_table(mask, block, block), block, block)
@@ -175,12 +124,11 @@ class SparseFlexKernel(Kernel):
                 reasons.append(why)
         return reasons
 
-    def returns_lse(self, device_type: str) -> bool:
-        """No LSE from the compiled CPU path (see the module docstring)."""
-        return not (self.options["compile"] and device_type == "cpu")
-
     @override
-    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        return _PreparedSparseFlex(
-            mask, problem, bool(self.options["compile"]), int(self.options["block_size"])
+    def block_mask(self, mask: AttnMask, problem: Problem) -> Any:
+        block = int(self.options["block_size"])
+        table = block_table(mask, block, block)
+        eager = not self.options["compile"]
+        return full_tile_block_mask(
+            mask, table, problem.heads_q, block, problem.device, eager=eager
         )

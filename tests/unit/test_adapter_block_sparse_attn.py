@@ -33,6 +33,7 @@ from lcab.kernels.probe import probe_reasons
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering.blocks import block_table
 from tests.helpers import standin_block_sparse_attn as standin
+from tests.helpers.contract import forward_backward, tensors
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, from_dense, pattern_masks, restricted
 
 KERNEL = "sparse_fa2"
@@ -208,23 +209,6 @@ CASES = {
     # a CP step: Sq != Sk, queries after the keys, 128-aligned offsets
     "cp_rectangle": lambda hkv: bs(640, hkv, seed=6).restrict((256, 640), (0, 384)),
 }
-
-
-def tensors(mask: AttnMask, hq: int, hkv: int, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(11)
-    sq, sk = mask.shape
-    q = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
-    k = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
-    v = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
-    dout = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
-    return q, k, v, dout
-
-
-def forward_backward(fn, q, k, v, dout):
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out, lse = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, dout)
-    return out.detach(), lse.detach(), grads
 
 
 @pytest.mark.parametrize("heads", list(HEADS.values()), ids=list(HEADS))

@@ -31,6 +31,7 @@ from lcab.kernels.fa4 import version_reasons
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_fa4 as standin
+from tests.helpers.contract import forward_backward
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted
 
 NATIVE = {
@@ -139,13 +140,6 @@ def tensors(shape: tuple[int, int], hq: int, hkv: int, dtype: torch.dtype, seed:
     v = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
     dout = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
     return q, k, v, dout
-
-
-def forward_backward(fn, q, k, v, dout):
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out, lse = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, dout)
-    return out.detach(), lse.detach(), grads
 
 
 def assert_matches_reference(out, lse, grads, ref_out, ref_lse, ref_grads) -> None:

@@ -29,6 +29,7 @@ from lcab.kernels.probe import probe_reasons
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_flashmask as standin
+from tests.helpers.contract import forward_backward, tensors
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted, slice_masks
 
 DIAGONAL_TEXT = "which owns the diagonal"
@@ -114,23 +115,6 @@ CASES = {
     # a square CP diagonal block of a document mask
     "document_block": make_mask("causal_document", S, seed=2, **DOCS).restrict((30, 80), (30, 80)),
 }
-
-
-def tensors(mask: AttnMask, hq: int, hkv: int, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(11)
-    sq, sk = mask.shape
-    q = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
-    k = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
-    v = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
-    dout = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
-    return q, k, v, dout
-
-
-def forward_backward(fn, q, k, v, dout):
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out, lse = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, dout)
-    return out.detach(), lse.detach(), grads
 
 
 def check_contract(mask: AttnMask, heads: tuple[int, int], monkeypatch) -> None:

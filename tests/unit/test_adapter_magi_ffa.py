@@ -29,6 +29,7 @@ from lcab.kernels.probe import probe_reasons
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_magi_ffa as standin
+from tests.helpers.contract import forward_backward, tensors
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted, slice_masks
 
 
@@ -118,23 +119,6 @@ CASES = {
     "causal_empty_rows": make_mask("causal", S).restrict((0, S), (30, S)),
     "kinds": KINDS,
 }
-
-
-def tensors(mask: AttnMask, hq: int, hkv: int, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(11)
-    sq, sk = mask.shape
-    q = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
-    k = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
-    v = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
-    dout = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
-    return q, k, v, dout
-
-
-def forward_backward(fn, q, k, v, dout):
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out, lse = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, dout)
-    return out.detach(), lse.detach(), grads
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])

@@ -27,6 +27,7 @@ from lcab.kernels.te_cudnn import BACKEND_ENV
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_te as standin
+from tests.helpers.contract import tensors
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted
 
 NATIVE = {
@@ -103,16 +104,6 @@ CASES = {
     "full_rect": make_mask("full", S).restrict((40, S), (0, 70)),
     "document_block": make_mask("causal_document", S, seed=2, **DOCS).restrict((30, 80), (30, 80)),
 }
-
-
-def tensors(mask: AttnMask, hq: int, hkv: int, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(11)
-    sq, sk = mask.shape
-    q = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
-    k = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
-    v = torch.randn(sk, hkv, 16, generator=gen, dtype=dtype)
-    dout = torch.randn(sq, hq, 16, generator=gen, dtype=dtype)
-    return q, k, v, dout
 
 
 def forward_backward(fn, q, k, v, dout):

@@ -29,6 +29,7 @@ from lcab.kernels import Problem, get_kernel, probe, vsa
 from lcab.kernels.probe import probe_reasons
 from lcab.masks import AttnMask, make_mask
 from tests.helpers import standin_vsa as standin
+from tests.helpers.contract import forward_backward
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted
 
 KERNELS = ["sparse_vsa", "sparse_vsa_triton"]
@@ -178,13 +179,6 @@ def tensors(mask: AttnMask, dtype: torch.dtype):
     v = torch.randn(sk, h, D, generator=gen, dtype=dtype)
     dout = torch.randn(sq, h, D, generator=gen, dtype=dtype)
     return q, k, v, dout
-
-
-def forward_backward(fn, q, k, v, dout):
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out, lse = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, dout)
-    return out.detach(), lse.detach(), grads
 
 
 @pytest.mark.parametrize("case", list(CASES))
