@@ -1,7 +1,8 @@
 """``python -m lcab.plan``: the planner as a Hydra app (same groups as the benchmark + hardware).
 
 One job = one cell (cp x mask x topology x kernel) at each configured length; it prints the
-prediction and appends it to ``<job dir>/plan.jsonl``. A multirun ends with one table of every
+prediction (the median of ``bench.mask_samples`` mask samples, as the runner reports) and appends
+it to ``<job dir>/plan.jsonl``. A multirun ends with one table of every
 job and, when the sweep spans several world sizes, a plot of predicted per-GPU TFLOP/s against
 world size per strategy (``plan_tflops.png``), with the measured points of ``records=<file>``
 overlaid. ``recommend=true`` ranks every strategy for the cell instead.
@@ -24,7 +25,7 @@ from typing_extensions import override
 
 from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
 from lcab.plan.hardware import Hardware, from_dict
-from lcab.plan.predict import CellPrediction, PlanCell, predict
+from lcab.plan.predict import CellPrediction, PlanCell, predict_median
 from lcab.plan.recommend import recommend, step_ms
 
 PLAN_FILE = "plan.jsonl"
@@ -158,11 +159,11 @@ def app(cfg: DictConfig) -> None:
             print_recommendation(target, hardware)
             continue
         try:
-            prediction = predict(target, hardware)
+            prediction = predict_median(target, hardware, cell.mask_samples)
         except ValueError as err:
             print(f"lcab plan: skipped: {err}", file=sys.stderr)
             continue
-        rows.append(prediction.row() | {"hardware": hardware.name})
+        rows.append(prediction.row() | {"hardware": hardware.name, "samples": cell.mask_samples})
     if rows:
         with (out_dir / PLAN_FILE).open("a") as fh:
             for row in rows:

@@ -157,9 +157,9 @@ def strategy_for(cell: PlanCell) -> Any:
     return STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
 
 
-def mask_for(cell: PlanCell) -> AttnMask:
-    """The first mask sample the runner would build for this cell."""
-    return make_mask(cell.mask, cell.seqlen, seed=cell.mask_seed, **cell.mask_params)
+def mask_for(cell: PlanCell, sample: int = 0) -> AttnMask:
+    """Mask sample ``sample`` as the runner builds it for this cell (seed = mask_seed + sample)."""
+    return make_mask(cell.mask, cell.seqlen, seed=cell.mask_seed + sample, **cell.mask_params)
 
 
 def cell_reasons(cell: PlanCell) -> list[str]:
@@ -197,3 +197,22 @@ def predict(cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None) ->
         imbalance=plan.imbalance(mask),
         padding_tokens=plan.padding_tokens,
     )
+
+
+def predict_median(cell: PlanCell, hardware: Hardware, samples: int = 1) -> CellPrediction:
+    """The prediction of the median of ``samples`` mask samples by throughput.
+
+    The runner reports the median over mask samples of each sample's TFLOP/s; the planner
+    predicts the same samples and keeps the one of median forward + backward throughput whole
+    (its time split stays that of one real mask). Document masks vary a lot between samples —
+    a 64K pack may hold two documents or twenty — which is why one sample is not enough.
+    """
+    predictions = [predict(cell, hardware, mask_for(cell, s)) for s in range(max(samples, 1))]
+    predictions.sort(key=_step_tflops)
+    return predictions[(len(predictions) - 1) // 2]
+
+
+def _step_tflops(p: CellPrediction) -> float:
+    """Forward + backward throughput per GPU (time-weighted mean of the two passes)."""
+    work = p.fwd.tflops * p.fwd.time_ms + p.bwd.tflops * p.bwd.time_ms
+    return work / (p.fwd.time_ms + p.bwd.time_ms)

@@ -174,3 +174,32 @@ def test_single_device_kernel_records_fit_the_kernel_rate_alone():
     }
     for name, want in (("fwd_tflops", 650.0), ("bwd_tflops", 480.0), ("half_keys", 700.0)):
         assert fit.parameters[f"kernels.fa3.{name}"] == pytest.approx(want, rel=0.02), name
+
+
+def test_the_median_of_mask_samples_is_one_real_sample_of_median_throughput():
+    from lcab.plan.predict import mask_for, predict, predict_median
+
+    cell = PlanCell(
+        "usp",
+        "fa3",
+        "causal_document",
+        8192 * 16,
+        2,
+        8,
+        64,
+        8,
+        128,
+        "bfloat16",
+        mask_params={"doc_source": "long"},
+        mask_seed=3,
+    )
+    hw = load_profile("h100_nvlink_ib")
+    each = [predict(cell, hw, mask_for(cell, s)) for s in range(3)]
+
+    def step(p):
+        flops = p.fwd.tflops * p.fwd.time_ms + p.bwd.tflops * p.bwd.time_ms
+        return flops / (p.fwd.time_ms + p.bwd.time_ms)
+
+    chosen = predict_median(cell, hw, samples=3)
+    assert step(chosen) == sorted(step(p) for p in each)[1]
+    assert chosen.fwd in [p.fwd for p in each]
