@@ -44,6 +44,7 @@ def predictions_table(rows: list[dict[str, Any]], title: str) -> Table:
     columns = [
         ("cp", "cp"),
         ("mask", "mask"),
+        ("S", "seqlen"),
         ("world", "world"),
         ("U x R", None),
         ("fwd ms", "fwd_time_ms"),
@@ -72,7 +73,11 @@ def predictions_table(rows: list[dict[str, Any]], title: str) -> Table:
                 cells.append(f"{(r['fwd_inter_bytes'] + r['bwd_inter_bytes']) / 1e6:.0f}")
             else:
                 value = r[key]  # type: ignore[index]
-                cells.append(f"{value:.1f}" if isinstance(value, float) else str(value))
+                # 4 significant digits: H100 TFLOP/s and CPU ones (0.0353) both stay readable
+                if isinstance(value, float):
+                    cells.append(f"{value:.4g}")
+                else:
+                    cells.append(f"{value:,}" if isinstance(value, int) else str(value))
         table.add_row(*cells)
     return table
 
