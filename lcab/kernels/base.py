@@ -95,6 +95,26 @@ class KernelCaps:
     softmax statistics (out, lse) of the whole row, which ring-style CP merges need."""
 
 
+HALF_PRECISION = frozenset({torch.float16, torch.bfloat16})
+"""The dtypes of the CUDA attention libraries."""
+
+
+def cuda_adapter_caps(lowering: str, *, backward: bool = True, **fields: Any) -> KernelCaps:
+    """Capabilities of an adapter to a CUDA library, as every such adapter starts.
+
+    CUDA only, fp16/bf16, a backward on CUDA unless ``backward=False``, GQA, LSE returned, and
+    CPU contract-tested (its ``tests/unit/test_adapter_*.py``; not GPU-verified); ``fields``
+    sets the library's own limits (head dims, package, compute capability, ...).
+    """
+    defaults: dict[str, Any] = {
+        "devices": frozenset({"cuda"}),
+        "dtypes": HALF_PRECISION,
+        "backward_devices": frozenset({"cuda"}) if backward else frozenset(),
+        "contract_tested": True,
+    }
+    return KernelCaps(lowering=lowering, **(defaults | fields))
+
+
 class PreparedAttention(ABC):
     """A kernel bound to one mask and problem: everything but the timed call is done."""
 

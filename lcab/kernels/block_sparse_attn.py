@@ -44,7 +44,13 @@ import torch
 from typing_extensions import override
 
 from lcab.kernels import probe as probe_module
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, empty_rows
+from lcab.kernels.base import (
+    Kernel,
+    PreparedAttention,
+    Problem,
+    cuda_adapter_caps,
+    empty_rows,
+)
 from lcab.kernels.block_grid import partial_tile_reason
 from lcab.kernels.library_results import to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, distribution_version, probe_reasons, release
@@ -179,23 +185,16 @@ class BlockSparseAttnKernel(Kernel):
 
     name = "sparse_fa2"
     summary = "Block-Sparse-Attention (block_sparse_attn, FA2 Sparse), 128x128 full tiles"
-    caps = KernelCaps(
-        devices=frozenset({"cuda"}),
-        dtypes=frozenset({torch.float16, torch.bfloat16}),
-        lowering="block_table",
-        backward_devices=frozenset({"cuda"}),
+    caps = cuda_adapter_caps(
+        "block_table",
         head_dims=frozenset({32, 64, 128}),  # README; HEADDIM_SWITCH builds 32/64/128 only
-        gqa=True,
         per_head_masks=True,
-        returns_lse=True,
         package="block_sparse_attn",
         pip_name=(
             "block_sparse_attn (source build of mit-han-lab/Block-Sparse-Attention, "
             "BLOCK_SPARSE_ATTN_FORCE_BUILD=TRUE)"
         ),
         min_compute_capability=(8, 0),
-        adapter_ready=True,
-        contract_tested=True,  # tests/unit/test_adapter_block_sparse_attn.py; not GPU-verified
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="block_sparse_attn",

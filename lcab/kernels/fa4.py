@@ -47,7 +47,7 @@ import torch
 from typing_extensions import override
 
 from lcab.kernels import probe
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
+from lcab.kernels.base import Kernel, PreparedAttention, Problem, cuda_adapter_caps
 from lcab.kernels.flash_attn import VARLEN_KWARGS, PreparedFlash
 from lcab.kernels.probe import ApiNeed, PackageProbe, release
 from lcab.kernels.registry import register_kernel
@@ -114,19 +114,13 @@ class FA4Kernel(Kernel):
 
     name = "fa4"
     summary = "FlashAttention 4 (flash-attn-4, CuTe DSL), varlen + window"
-    caps = KernelCaps(
-        devices=frozenset({"cuda"}),
-        dtypes=frozenset({torch.float16, torch.bfloat16}),
-        lowering="varlen",
-        backward_devices=frozenset({"cuda"}),  # sm90+ only: see extra_reasons
+    caps = cuda_adapter_caps(
+        "varlen",
+        # backward on sm90+ only: see extra_reasons
         max_head_dim=256,
-        gqa=True,
-        returns_lse=True,
         package=MODULE,
         pip_name=PIP_NAME,
         min_compute_capability=(8, 0),
-        adapter_ready=True,
-        contract_tested=True,  # tests/unit/test_adapter_fa4.py; not GPU-verified
         stats_backward=True,  # differentiable LSE; tested against the reference with a stand-in
     )
     probe: ClassVar[PackageProbe] = PackageProbe(

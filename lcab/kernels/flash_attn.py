@@ -44,6 +44,7 @@ from lcab.kernels.base import (
     KernelCaps,
     PreparedAttention,
     Problem,
+    cuda_adapter_caps,
     empty_rows,
 )
 from lcab.kernels.library_results import LseLayout, to_lcab_convention
@@ -139,19 +140,12 @@ class PreparedFlash(PreparedAttention):
 
 def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:
     """CUDA fwd + bwd in fp16/bf16, head dim ≤ 256, native GQA, LSE returned."""
-    return KernelCaps(
-        devices=frozenset({"cuda"}),
-        dtypes=frozenset({torch.float16, torch.bfloat16}),
-        lowering="varlen",
-        backward_devices=frozenset({"cuda"}),
+    return cuda_adapter_caps(
+        "varlen",
         max_head_dim=256,
-        gqa=True,
-        returns_lse=True,
         package=package,
         pip_name=pip_name,
         min_compute_capability=sm,
-        adapter_ready=True,
-        contract_tested=True,  # tests/unit/test_adapter_*.py; not GPU-verified
     )
 
 

@@ -42,9 +42,9 @@ from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
-    KernelCaps,
     PreparedAttention,
     Problem,
+    cuda_adapter_caps,
     empty_rows,
     lse_dtype,
 )
@@ -216,19 +216,14 @@ class FlashInferSparseKernel(Kernel):
         "FlashInfer block-sparse wrappers (BSR + element masks; per-head variable blocks), fwd"
     )
     options_cls = FlashInferOptions
-    caps = KernelCaps(
-        devices=frozenset({"cuda"}),
-        dtypes=frozenset({torch.float16, torch.bfloat16}),
-        lowering="block_table",
-        backward_devices=frozenset(),
+    caps = cuda_adapter_caps(
+        "block_table",
+        backward=False,
         head_dims=frozenset({64, 128, 256}),
-        gqa=True,
         per_head_masks=True,
-        returns_lse=True,
         package="flashinfer",
         pip_name="flashinfer-python",
         min_compute_capability=(8, 0),
-        contract_tested=True,  # tests/unit/test_adapter_flashinfer.py; not GPU-verified
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="flashinfer",

@@ -48,9 +48,9 @@ from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
-    KernelCaps,
     PreparedAttention,
     Problem,
+    cuda_adapter_caps,
     empty_rows,
 )
 from lcab.kernels.library_results import to_lcab_convention
@@ -212,15 +212,10 @@ class FlashMaskKernel(Kernel):
 
     name = "flashmask"
     summary = "FlashMask V3 (torch build), column-wise row intervals"
-    caps = KernelCaps(
-        devices=frozenset({"cuda"}),
-        dtypes=frozenset({torch.float16, torch.bfloat16}),
-        lowering="flashmask",
-        backward_devices=frozenset({"cuda"}),
+    caps = cuda_adapter_caps(
+        "flashmask",
         max_head_dim=256,
-        gqa=True,
         per_head_masks=True,
-        returns_lse=True,
         package="flashmask_interface",
         pip_name=(
             "flashmask, the torch build of PaddlePaddle/flash-attention's "
@@ -228,8 +223,6 @@ class FlashMaskKernel(Kernel):
             "paddlepaddle-gpu 2.6.2 predates FlashMask"
         ),
         min_compute_capability=(9, 0),
-        adapter_ready=True,
-        contract_tested=True,  # tests/unit/test_adapter_*.py; not GPU-verified
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="flashmask_interface",

@@ -36,9 +36,9 @@ from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
-    KernelCaps,
     PreparedAttention,
     Problem,
+    cuda_adapter_caps,
     empty_rows,
     lse_dtype,
 )
@@ -115,19 +115,12 @@ class FFAKernel(Kernel):
 
     name = "ffa"
     summary = "MagiAttention FFA (magi_attention), slices natively"
-    caps = KernelCaps(
-        devices=frozenset({"cuda"}),
-        dtypes=frozenset({torch.float16, torch.bfloat16}),
-        lowering="ffa",
-        backward_devices=frozenset({"cuda"}),
+    caps = cuda_adapter_caps(
+        "ffa",
         head_dims=frozenset({64, 128}),
-        gqa=True,
-        returns_lse=True,
         package="magi_attention",
         pip_name="magi_attention (source build, Hopper/Blackwell)",
         min_compute_capability=(9, 0),
-        adapter_ready=True,
-        contract_tested=True,  # tests/unit/test_adapter_*.py; not GPU-verified
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="magi_attention.functional",

@@ -40,7 +40,13 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, empty_rows
+from lcab.kernels.base import (
+    Kernel,
+    PreparedAttention,
+    Problem,
+    cuda_adapter_caps,
+    empty_rows,
+)
 from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.masks.core import AttnMask
@@ -161,19 +167,13 @@ class CudnnKernel(Kernel):
 
     name = "cudnn"
     summary = "cuDNN fused attention via TransformerEngine, varlen + window"
-    caps = KernelCaps(
-        devices=frozenset({"cuda"}),
-        dtypes=frozenset({torch.float16, torch.bfloat16}),
-        lowering="varlen",
-        backward_devices=frozenset({"cuda"}),
+    caps = cuda_adapter_caps(
+        "varlen",
         max_head_dim=128,
-        gqa=True,
         returns_lse=False,
         package="transformer_engine",
         pip_name="transformer-engine[pytorch]",
         min_compute_capability=(8, 0),
-        adapter_ready=True,
-        contract_tested=True,  # tests/unit/test_adapter_*.py; not GPU-verified
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="transformer_engine.pytorch",

@@ -25,9 +25,9 @@ from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
-    KernelCaps,
     PreparedAttention,
     Problem,
+    cuda_adapter_caps,
     empty_rows,
 )
 from lcab.kernels.library_results import to_lcab_convention
@@ -122,16 +122,10 @@ class TorchVarlenKernel(Kernel):
 
     name = "torch_varlen"
     summary = "torch.nn.attention.varlen (torch's FA2, no install), documents + windows"
-    caps = KernelCaps(
-        devices=frozenset({"cuda"}),
-        dtypes=frozenset({torch.float16, torch.bfloat16}),
-        lowering="varlen",
-        backward_devices=frozenset({"cuda"}),
+    caps = cuda_adapter_caps(
+        "varlen",
         max_head_dim=256,
-        gqa=True,
-        returns_lse=True,
         min_compute_capability=(8, 0),
-        contract_tested=True,  # tests/unit/test_adapter_torch_varlen.py; not GPU-verified
     )
 
     @override

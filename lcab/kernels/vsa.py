@@ -51,6 +51,7 @@ from lcab.kernels.base import (
     KernelCaps,
     PreparedAttention,
     Problem,
+    cuda_adapter_caps,
     empty_rows,
     lse_dtype,
 )
@@ -152,19 +153,15 @@ class _PreparedVSA(PreparedAttention):
 
 
 def _vsa_caps(min_cc: tuple[int, int]) -> KernelCaps:
-    return KernelCaps(
-        devices=frozenset({"cuda"}),
+    return cuda_adapter_caps(
+        "block_table",
         dtypes=frozenset({torch.bfloat16}),
-        lowering="block_table",
-        backward_devices=frozenset({"cuda"}),
         head_dims=frozenset({64, 128}),
         gqa=False,
         per_head_masks=True,
-        returns_lse=True,
         package="fastvideo_kernel",
         pip_name=PIP_NAME,
         min_compute_capability=min_cc,
-        contract_tested=True,  # tests/unit/test_adapter_vsa.py; not GPU-verified
     )
 
 
