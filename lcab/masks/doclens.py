@@ -2,8 +2,11 @@
 
 Document masks are only as realistic as their document lengths. lcab ships the three histograms
 LongCA-bench uses (Pile, ProLong64K, ProLong512K, in ``data/doc_lengths.json``) and picks one by
-total length as the paper does. A pack is filled by drawing documents until the total is
-reached; the last document is cut to fit, so lengths always sum exactly to the total.
+total length as the paper does; it also ships the ChatQA histogram behind the MagiAttention CP
+benchmark, whose sampler splits documents longer than a quarter of the pack
+(``max_doc_fraction=0.25``), so lcab can draw the inputs of that benchmark's published figures.
+A pack is filled by drawing documents until the total is reached; the last document is cut to
+fit, so lengths always sum exactly to the total.
 
 Sampling is vectorised (documents are drawn in chunks sized from the histogram's mean), so a
 1M-token pack of ~1000 documents costs well under a millisecond.
@@ -29,8 +32,9 @@ import numpy as np
 
 from lcab.masks.geometry import IntArray
 
-#: Builtin histogram names, in the order ``auto`` escalates through them.
-BUILTIN_HISTOGRAMS = ("pile", "prolong64k", "prolong512k")
+#: Builtin histogram names: the paper's three (``auto`` escalates through them in this order),
+#: then the MagiAttention CP benchmark's ChatQA lengths.
+BUILTIN_HISTOGRAMS = ("pile", "prolong64k", "prolong512k", "chatqa")
 #: Every value `sample_doc_lengths` accepts as ``source``.
 DOC_SOURCES = ("auto", *BUILTIN_HISTOGRAMS, "long", "uniform", "fixed", "histogram_file")
 #: ``auto`` thresholds (inclusive upper totals) for Pile and ProLong64K.
@@ -191,6 +195,7 @@ def sample_doc_lengths(
     long_max_len: int = 30 * 1024,
     histogram_file: str | None = None,
     histogram_name: str | None = None,
+    max_doc_fraction: float | None = None,
 ) -> IntArray:
     """Lengths of the documents packed into ``total`` tokens (they sum exactly to ``total``).
 
@@ -205,11 +210,15 @@ def sample_doc_lengths(
         long_max_len: longest long document for ``long``.
         histogram_file: JSON histogram file for ``histogram_file``.
         histogram_name: which histogram of that file (optional if it holds one).
+        max_doc_fraction: if set, every document longer than ``max_doc_fraction * total`` is
+            split into pieces of that length (plus the remainder), each its own document, and the
+            documents are shuffled (the MagiAttention CP benchmark's sampler uses 0.25).
         source: ``auto`` (by total, as the paper), ``pile``, ``prolong64k``, ``prolong512k``,
             ``long`` (the paper's CP mix: ``long_fraction`` of the tokens from documents uniform
             in ``[long_min_len, long_max_len]``, the rest from the ``auto`` histogram, shuffled
             together), ``uniform`` (lengths uniform in ``[min_doc_len, max_doc_len]``), ``fixed``
-            (all ``doc_len``) or ``histogram_file`` (``histogram_name`` from ``histogram_file``).
+            (all ``doc_len``), ``histogram_file`` (``histogram_name`` from ``histogram_file``)
+            or ``chatqa`` (the MagiAttention CP benchmark's histogram).
 
     Raises:
         ValueError: an unknown source or a parameter out of range (named in the message).
@@ -219,6 +228,23 @@ def sample_doc_lengths(
         raise ValueError(f"total={total} must be >= 1")
     if source not in DOC_SOURCES:
         raise ValueError(f"doc_source={source!r} is unknown; valid: {', '.join(DOC_SOURCES)}")
+    if max_doc_fraction is not None:
+        if not 0.0 < max_doc_fraction <= 1.0:
+            raise ValueError(f"max_doc_fraction={max_doc_fraction} must be in (0, 1]")
+        lengths = sample_doc_lengths(
+            total,
+            rng,
+            source=source,
+            doc_len=doc_len,
+            min_doc_len=min_doc_len,
+            max_doc_len=max_doc_len,
+            long_fraction=long_fraction,
+            long_min_len=long_min_len,
+            long_max_len=long_max_len,
+            histogram_file=histogram_file,
+            histogram_name=histogram_name,
+        )
+        return split_long_documents(lengths, max(1, int(max_doc_fraction * total)), rng)
     if source == "fixed":
         if doc_len < 1:
             raise ValueError(f"doc_len={doc_len} must be >= 1")
@@ -278,6 +304,21 @@ def sample_doc_lengths(
         return _from_histogram(total, rng, table[histogram_name])
     name = auto_source(total) if source == "auto" else source
     return _from_histogram(total, rng, builtin_histograms()[name])
+
+
+def split_long_documents(lengths: IntArray, cap: int, rng: np.random.Generator) -> IntArray:
+    """Split every document longer than ``cap`` into ``cap``-long pieces and its remainder.
+
+    The pieces become separate documents and all documents are shuffled, as a sampler that
+    chunks long documents before packing them would place them. Lengths still sum to the total.
+    """
+    if cap < 1:
+        raise ValueError(f"cap={cap} must be >= 1")
+    if int(lengths.max(initial=0)) <= cap:
+        return lengths
+    full, rest = np.divmod(lengths, cap)
+    pieces = np.concatenate([np.full(int(full.sum()), cap, dtype=np.int64), rest[rest > 0]])
+    return pieces[rng.permutation(len(pieces))]
 
 
 def _from_histogram(total: int, rng: np.random.Generator, hist: LengthHistogram) -> IntArray:

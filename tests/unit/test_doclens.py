@@ -16,7 +16,7 @@ from lcab.masks.doclens import builtin_histograms, load_histograms, sample_doc_l
 
 RAW = Path("/work/shared/data/doc_lengths.json")
 HIST_NAMES = ("pile", "prolong64k", "prolong512k")
-SOURCES = ("auto", "pile", "prolong64k", "prolong512k", "long", "uniform", "fixed")
+SOURCES = ("auto", "pile", "prolong64k", "prolong512k", "chatqa", "long", "uniform", "fixed")
 
 
 def raw_histogram(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -349,3 +349,52 @@ def test_malformed_histogram_file_rejected(tmp_path: Path, content: Any) -> None
 def test_bad_sampler_arguments(total: int, kwargs: dict[str, Any], names: str) -> None:
     with pytest.raises(ValueError, match=names):
         sample_doc_lengths(total, rng(0), **kwargs)
+
+
+# ----------------------------------------------------------------------------- ChatQA and caps
+#: The MagiAttention CP benchmark's ChatQA document counts, transcribed from its CSV
+#: (inclusive bins [a, b] -> count).
+CHATQA_CSV = [
+    ((0, 10), 30254), ((11, 50), 391188), ((51, 100), 699596), ((101, 200), 1377757),
+    ((201, 500), 3794735), ((501, 1024), 3316785), ((1025, 2048), 2106566),
+    ((2049, 4096), 988525), ((4097, 8192), 410002), ((8193, 16384), 173574),
+    ((16385, 32768), 115007), ((32769, 65536), 18428), ((65537, 131072), 22513),
+    ((131073, 196608), 18284),
+]  # fmt: skip
+
+
+def test_chatqa_histogram_holds_the_benchmark_counts_as_half_open_bins() -> None:
+    hist = builtin_histograms()["chatqa"]
+    assert hist.edges.tolist() == [a for (a, _), _ in CHATQA_CSV] + [196609]
+    counts = np.array([c for _, c in CHATQA_CSV], dtype=np.float64)
+    assert np.allclose(hist.probs, counts / counts.sum(), rtol=1e-12, atol=0)
+
+
+def test_max_doc_fraction_splits_long_documents_into_capped_pieces() -> None:
+    # fixed 1000-token documents in 5000 tokens with a 0.1 cap (500): ten 500-token pieces
+    lengths = sample_doc_lengths(5000, rng(0), source="fixed", doc_len=1000, max_doc_fraction=0.1)
+    assert sorted(lengths.tolist()) == [500] * 10
+    # 700-token documents with a 300 cap: each becomes 300 + 300 + 100 (shuffled)
+    lengths = sample_doc_lengths(2800, rng(1), source="fixed", doc_len=700, max_doc_fraction=0.11)
+    assert sorted(lengths.tolist()) == sorted([308, 308, 84] * 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    total=st.integers(1, 400_000),
+    fraction=st.floats(0.01, 1.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_capped_chatqa_packs_sum_to_total_and_respect_the_cap(
+    total: int, fraction: float, seed: int
+) -> None:
+    lengths = sample_doc_lengths(total, rng(seed), source="chatqa", max_doc_fraction=fraction)
+    assert int(lengths.sum()) == total
+    assert lengths.min() >= 1
+    assert lengths.max() <= max(1, int(fraction * total))
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5])
+def test_max_doc_fraction_out_of_range_names_the_key(fraction: float) -> None:
+    with pytest.raises(ValueError, match="max_doc_fraction"):
+        sample_doc_lengths(100, rng(0), source="pile", max_doc_fraction=fraction)

@@ -39,8 +39,8 @@ class DocParams(PatternParams):
     """How documents are packed (shared by every document-based pattern)."""
 
     doc_source: str = "auto"
-    """auto (by length, as the paper) | pile | prolong64k | prolong512k | long | uniform | fixed
-    | histogram_file."""
+    """auto (by length, as the paper) | pile | prolong64k | prolong512k | chatqa | long | uniform
+    | fixed | histogram_file."""
     doc_lengths: list[int] | None = None
     """Explicit document lengths (must sum to seqlen); overrides doc_source."""
     doc_len: int = 1024
@@ -59,6 +59,9 @@ class DocParams(PatternParams):
     """doc_source=histogram_file: path to a JSON histogram file."""
     histogram_name: str | None = None
     """doc_source=histogram_file: which histogram of the file (optional if it holds one)."""
+    max_doc_fraction: float | None = None
+    """Split documents longer than this share of the sequence (MagiAttention's CP benchmark:
+    0.25 with doc_source=chatqa); unset keeps them whole."""
 
     @override
     def check(self, seqlen: int) -> None:
@@ -68,6 +71,10 @@ class DocParams(PatternParams):
             )
         if self.doc_lengths is not None:
             check_doc_lengths(list(self.doc_lengths), seqlen)
+        if self.max_doc_fraction is not None and not 0.0 < self.max_doc_fraction <= 1.0:
+            raise ValueError(
+                f"max_doc_fraction={self.max_doc_fraction} must be in (0, 1] (or unset)"
+            )
 
     @override
     def randomized(self) -> bool:
@@ -89,6 +96,7 @@ class DocParams(PatternParams):
             long_max_len=self.long_max_len,
             histogram_file=self.histogram_file,
             histogram_name=self.histogram_name,
+            max_doc_fraction=self.max_doc_fraction,
         )
 
 
