@@ -10,8 +10,10 @@ shard cost one pass over the rows: O(rows × shards) for the whole matrix, exact
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -31,9 +33,21 @@ class PairWork:
     """(H_mask, I, J) runs of consecutive such rows (cut at shard and document edges): the
     query tiles a kernel starts, each padded to its tile height."""
 
+    cols: np.ndarray | None = None
+    """(H_mask, I, J) key columns of shard j that some row of shard i attends (for the
+    backward, whose kernels hold a key tile and sweep the queries that attend it)."""
+
+    @cached_property
     def mean_keys(self) -> np.ndarray:
         """(H_mask, I, J) keys per active row: the length of the rows a kernel call gets."""
         return np.divide(self.area, self.rows, out=np.zeros(self.area.shape), where=self.rows > 0)
+
+    @cached_property
+    def mean_queries(self) -> np.ndarray:
+        """(H_mask, I, J) queries per attended key column (zeros without ``cols``)."""
+        if self.cols is None:
+            return np.zeros(self.area.shape)
+        return np.divide(self.area, self.cols, out=np.zeros(self.area.shape), where=self.cols > 0)
 
 
 def owners(layouts: Sequence[IntArray], length: int) -> IntArray:
@@ -46,12 +60,29 @@ def owners(layouts: Sequence[IntArray], length: int) -> IntArray:
 
 
 def pair_work(
-    mask: AttnMask, row_sets: Sequence[IntArray], col_sets: Sequence[IntArray]
+    mask: AttnMask,
+    row_sets: Sequence[IntArray],
+    col_sets: Sequence[IntArray],
+    with_cols: bool = True,
 ) -> PairWork:
     """`PairWork` of ``mask`` for query shards ``row_sets`` and key shards ``col_sets``.
 
     Shards are arrays of token ids (-1 = padding, which attends and is attended by nothing).
+    ``with_cols`` also counts the attended key columns (from the transposed mask).
     """
+    work = _row_work(mask, row_sets, col_sets)
+    if with_cols:
+        if mask.seqlen_q != mask.seqlen_k:
+            raise ValueError("pair_work(with_cols=True) needs a self-attention mask")
+        cols = _row_work(mask.transpose(), col_sets, row_sets).rows.transpose(0, 2, 1)
+        work = dataclasses.replace(work, cols=cols)
+    return work
+
+
+def _row_work(
+    mask: AttnMask, row_sets: Sequence[IntArray], col_sets: Sequence[IntArray]
+) -> PairWork:
+    """Area, active rows and runs of every (row shard, column shard) pair."""
     n_i, n_j = len(row_sets), len(col_sets)
     row_owner = owners(row_sets, mask.seqlen_q)
     area = np.zeros((mask.num_heads, n_i, n_j))

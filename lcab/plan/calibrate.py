@@ -75,7 +75,7 @@ def _kernel_points(record: RunRecord) -> list[Point]:
     cell = PlanCell.of_record(record)
     mask = mask_for(cell)
     work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)])
-    keys = float(np.mean(work.mean_keys()[:, 0, 0]))
+    keys = float(np.mean(work.mean_keys[:, 0, 0]))
     rows, runs = float(np.mean(work.rows[:, 0, 0])), float(np.mean(work.runs[:, 0, 0]))
     forward = 4.0 * mask.area() * (cell.heads_q // mask.num_heads) * cell.head_dim
     points = []
@@ -92,7 +92,8 @@ def free_parameters(hardware: Hardware, kernels: Iterable[str], links: bool = Tr
     names = []
     for kernel in sorted({k if k in hardware.kernels else "default" for k in kernels}):
         names += [
-            f"kernels.{kernel}.{p}" for p in ("fwd_tflops", "bwd_tflops", "half_keys", "call_us")
+            f"kernels.{kernel}.{p}"
+            for p in ("fwd_tflops", "bwd_tflops", "half_keys", "bwd_half_keys", "call_us")
         ]
     if links:
         names += ["intra.gbps", "intra.latency_us", "memory_gbps"]
@@ -100,9 +101,12 @@ def free_parameters(hardware: Hardware, kernels: Iterable[str], links: bool = Tr
 
 
 def _value(hardware: Hardware, name: str) -> float:
+    """The parameter's value; an unset ``bwd_half_keys`` starts from the forward's."""
     node: object = hardware.to_dict()
     for part in name.split("."):
-        node = node[part]  # type: ignore[index]
+        parent, node = node, node[part]  # type: ignore[index]
+    if node is None and name.endswith(".bwd_half_keys"):
+        node = parent["half_keys"]  # type: ignore[index]
     return float(node)  # type: ignore[arg-type]
 
 

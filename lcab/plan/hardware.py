@@ -36,6 +36,24 @@ class KernelRate:
     tile_rows: float = 0.0
     """Query tile height: every run of consecutive query rows (a document, a zigzag chunk) is
     padded to whole tiles, on average (tile_rows - 1) / 2 wasted rows per run; 0: no tiles."""
+    bwd_half_keys: float | None = None
+    """``half_keys`` of the backward kernel (None: the forward's)."""
+    bwd_tile_rows: float | None = None
+    """Query tile height of the backward kernel (None: ``tile_rows``)."""
+    pack_gqa: bool = False
+    """The forward packs the query heads of one KV head into a tile (FlashAttention-3 does on
+    varlen input with GQA), so a tile holds ``tile_rows / (q heads per KV head)`` tokens."""
+
+    def saturation_keys(self, bwd: bool) -> float:
+        """Keys per row at which the pass reaches half its plateau."""
+        return self.bwd_half_keys if bwd and self.bwd_half_keys is not None else self.half_keys
+
+    def tile_tokens(self, bwd: bool, q_per_kv: float) -> float:
+        """Query tokens one tile covers in a call whose KV heads each serve ``q_per_kv``."""
+        rows = self.bwd_tile_rows if bwd and self.bwd_tile_rows is not None else self.tile_rows
+        if self.pack_gqa and not bwd:
+            return max(rows / max(q_per_kv, 1.0), 1.0)
+        return rows
 
 
 @dataclass(frozen=True)

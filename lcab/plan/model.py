@@ -54,9 +54,13 @@ class CostModel:
         if work is None:
             return 0.0
         peak = (self.rate.bwd_tflops if bwd else self.rate.fwd_tflops) * 1e12 * self.compute_share
-        efficiency = work.mean_keys / (work.mean_keys + self.rate.half_keys)
-        if self.rate.tile_rows > 0 and work.rows > 0:  # query tiles padded at every run's end
-            padding = work.runs * (self.rate.tile_rows - 1) / 2
+        # forward kernels hold a query tile and sweep its keys; backward kernels hold a key
+        # tile and sweep the queries attending it: each saturates with its sweep's length
+        sweep = work.mean_queries if bwd and work.mean_queries > 0 else work.mean_keys
+        efficiency = sweep / (sweep + self.rate.saturation_keys(bwd))
+        tile = self.rate.tile_tokens(bwd, work.q_per_kv)
+        if tile > 0 and work.rows > 0:  # query tiles padded at every run's end
+            padding = work.runs * (tile - 1) / 2
             efficiency *= work.rows / (work.rows + padding)
         traffic = work.memory_bytes / (self.hw.memory_gbps * 1e9 * self.compute_share)
         return self.rate.call_us * 1e-6 + work.flops / (peak * max(efficiency, 1e-9)) + traffic

@@ -48,6 +48,11 @@ class Work:
     memory_bytes: float = 0.0
     """Memory traffic outside the kernel: merging partial results and accumulating gradients
     (float32 accumulators read and written once per step), bounded by memory bandwidth."""
+    q_per_kv: float = 1.0
+    """Query heads per KV head in the call (a kernel that packs them fills tiles faster)."""
+    mean_queries: float = 0.0
+    """Queries per attended key: how long the columns a backward kernel sweeps are (0: as
+    ``mean_keys``)."""
 
 
 @dataclass(frozen=True)
@@ -125,13 +130,21 @@ class _Links:
         return Transfer(op, "p2p", nbytes, nbytes if self.inter(src, dst) else 0)
 
     def collective(self, op: str, kind: str, nbytes: int, rank: int, group: list[int]) -> Transfer:
-        """An all-to-all sends equally to every peer; ring collectives send to the next one."""
+        """The part of a collective's bytes that crosses this rank's own NIC.
+
+        An all-to-all sends a distinct block to every peer, so the blocks for other nodes all
+        leave through the rank's NIC. A ring collective (all-gather, reduce-scatter) is run by
+        NCCL as several rings, one per channel, and on rail-optimised nodes (one NIC per GPU, as
+        DGX/HGX H100) each ring leaves a node through a different GPU: every remote shard crosses
+        into a node once, spread over its NICs. Of the ``(P - 1)`` shards a rank gathers, its NIC
+        then carries ``nodes - 1``; the rest moves over NVLink.
+        """
         if kind == "a2a":
             peers = [p for p in group if p != rank]
             far = sum(self.inter(rank, p) for p in peers)
             return Transfer(op, kind, nbytes, nbytes * far // max(len(peers), 1))
-        nxt = group[(group.index(rank) + 1) % len(group)]
-        return Transfer(op, kind, nbytes, nbytes if self.inter(rank, nxt) else 0)
+        nodes = len({p // self.per_node for p in group})
+        return Transfer(op, kind, nbytes, nbytes * (nodes - 1) // max(len(group) - 1, 1))
 
 
 def replay(
@@ -174,9 +187,10 @@ def _rank_work(
     mask_heads = [0] if works.area.shape[0] == 1 else heads.kv_heads_of(ui)
     # per-KV-head masks: each local KV head uses its own mask head
     area = sum(works.area[h, i, j] for h in mask_heads) * heads.local_q / len(mask_heads)
-    keys = float(np.mean([works.mean_keys()[h, i, j] for h in mask_heads]))
+    keys = float(np.mean([works.mean_keys[h, i, j] for h in mask_heads]))
     rows = float(np.mean([works.rows[h, i, j] for h in mask_heads]))
     runs = float(np.mean([works.runs[h, i, j] for h in mask_heads]))
+    queries = float(np.mean([works.mean_queries[h, i, j] for h in mask_heads]))
     if area <= 0:
         return None
     factor = 2.5 if bwd else 1.0
@@ -187,7 +201,9 @@ def _rank_work(
         traffic = tokens * heads.local_q * problem.head_dim * per
         if bwd:
             traffic += 2 * tokens * heads.local_kv * problem.head_dim * per
-    return Work(4.0 * area * problem.head_dim * factor, keys, rows, runs, traffic)
+    q_per_kv = heads.local_q / max(heads.local_kv, 1)
+    flops = 4.0 * area * problem.head_dim * factor
+    return Work(flops, keys, rows, runs, traffic, q_per_kv, queries)
 
 
 def _a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:

@@ -12,9 +12,9 @@ from lcab.kernels import Problem
 from lcab.masks import make_mask
 from lcab.plan.calibrate import Point, calibrate, free_parameters
 from lcab.plan.hardware import Hardware, KernelRate, Link, load_profile
-from lcab.plan.model import predict_pass
+from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell
-from lcab.plan.replay import replay
+from lcab.plan.replay import Work, replay
 
 S, HQ, HKV, D = 1024, 8, 8, 64
 PROBLEM = Problem(S, S, HQ, HKV, D, torch.float32)
@@ -136,6 +136,7 @@ def test_single_device_kernel_records_fit_the_kernel_rate_alone():
             "kernels.fa3.fwd_tflops": 650.0,
             "kernels.fa3.bwd_tflops": 480.0,
             "kernels.fa3.half_keys": 700.0,
+            "kernels.fa3.bwd_half_keys": 300.0,
             "kernels.fa3.call_us": 12.0,
         }
     )
@@ -170,9 +171,11 @@ def test_single_device_kernel_records_fit_the_kernel_rate_alone():
     points = points_of(records)
     fit = calibrate(points, load_profile("h100_nvlink_ib"))
     assert set(fit.parameters) == {
-        f"kernels.fa3.{p}" for p in ("fwd_tflops", "bwd_tflops", "half_keys", "call_us")
+        f"kernels.fa3.{p}"
+        for p in ("fwd_tflops", "bwd_tflops", "half_keys", "bwd_half_keys", "call_us")
     }
-    for name, want in (("fwd_tflops", 650.0), ("bwd_tflops", 480.0), ("half_keys", 700.0)):
+    wanted = {"fwd_tflops": 650.0, "bwd_tflops": 480.0, "half_keys": 700.0, "bwd_half_keys": 300.0}
+    for name, want in wanted.items():
         assert fit.parameters[f"kernels.fa3.{name}"] == pytest.approx(want, rel=0.02), name
 
 
@@ -203,3 +206,29 @@ def test_the_median_of_mask_samples_is_one_real_sample_of_median_throughput():
     chosen = predict_median(cell, hw, samples=3)
     assert step(chosen) == sorted(step(p) for p in each)[1]
     assert chosen.fwd in [p.fwd for p in each]
+
+
+def test_forward_tiles_pack_query_heads_and_the_backward_saturates_on_queries_per_key():
+    """Hand-computed call times for a FlashAttention-3-like rate.
+
+    Forward: 8 query heads per KV head pack 128-row tiles into 16 tokens, so each of the 10 runs
+    wastes 7.5 rows on average, and rows of 900 keys reach 900 / (900 + 100) of the plateau.
+    Backward: 64-row tiles, not packed (31.5 wasted rows a run), saturating on the 50 queries
+    that attend each key, against its own half point of 200.
+    """
+    rate = KernelRate(
+        1.0, 0.5, 100.0, 0.0, tile_rows=128, bwd_tile_rows=64, pack_gqa=True, bwd_half_keys=200.0
+    )
+    model = CostModel(simple_hardware(kernels={"default": rate}), "any", 1)
+    work = Work(1e12, 900.0, rows=1000.0, runs=10.0, q_per_kv=8.0, mean_queries=50.0)
+    fwd_efficiency = 900 / 1000 * 1000 / (1000 + 10 * 15 / 2)
+    assert model.compute_s(work, bwd=False) == pytest.approx(1.0 / fwd_efficiency)
+    bwd_efficiency = 50 / 250 * 1000 / (1000 + 10 * 63 / 2)
+    assert model.compute_s(work, bwd=True) == pytest.approx(2.0 / bwd_efficiency)
+    # without packing the forward pads whole 128-row tiles
+    plain = CostModel(
+        simple_hardware(kernels={"default": dataclasses.replace(rate, pack_gqa=False)}), "any", 1
+    )
+    assert plain.compute_s(work, bwd=False) == pytest.approx(
+        1.0 / (900 / 1000 * 1000 / (1000 + 10 * 127 / 2))
+    )

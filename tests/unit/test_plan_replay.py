@@ -126,9 +126,30 @@ def test_pair_work_equals_the_areas_and_rows_of_remapped_sub_masks(mask_name):
                 assert work.area[h, i, j] == dense.sum()
                 active = dense.any(1).numpy()
                 assert work.rows[h, i, j] == active.sum()
+                # cols: key columns some row of the pair attends (the backward's sweeps)
+                assert work.cols is not None
+                assert work.cols[h, i, j] == dense.any(0).sum()
                 # runs: maximal stretches of consecutive active tokens inside one document
                 ids = r[r >= 0][active[: (r >= 0).sum()]]
                 lengths = [500] if mask.doc_lengths is None else list(mask.doc_lengths)
                 doc = np.searchsorted(np.cumsum(lengths), ids, side="right")
                 breaks = (np.diff(ids) != 1) | (np.diff(doc) != 0)
                 assert work.runs[h, i, j] == (len(ids) > 0) + breaks.sum()
+
+
+def test_ring_collectives_cross_each_nic_once_per_remote_node():
+    """All-gather over 2 nodes of 4: a rank's NIC carries 1 of the 7 shards it gathers.
+
+    Hand count: NCCL's rings (one per NIC) enter a node once each, so the 4 remote shards a node
+    needs cross once, spread over its 4 NICs; an all-to-all instead sends each remote peer its
+    own block through the rank's NIC (4 of 7 peers are remote).
+    """
+    mask = make_mask("causal", 960)
+    strategy = STRATEGIES.get("ring_allgather")({"balance": "zigzag"}, 4)
+    replayed = replay(strategy, mask, PROBLEM, 8)
+    for rank in range(8):
+        (gather,) = [t for t in replayed.transfers(rank, "fwd") if t.kind == "allgather"]
+        assert gather.inter_bytes == gather.nbytes * 1 // 7
+    ulysses = replay(STRATEGIES.get("ulysses")({}, 4), mask, Problem(960, 960, 8, 8, 16), 8)
+    for t in ulysses.transfers(0, "fwd"):
+        assert t.inter_bytes == t.nbytes * 4 // 7
