@@ -94,16 +94,17 @@ def hardware_of(cfg: DictConfig) -> Hardware:
         ) from err
 
 
-def print_recommendation(cell: PlanCell, hardware: Hardware) -> None:
-    """Rank the candidates of ``cell`` and print the answer."""
-    answer = recommend(cell, hardware)
+def print_recommendation(cell: PlanCell, hardware: Hardware, samples: int = 1) -> None:
+    """Rank the candidates of ``cell`` over ``samples`` mask samples and print the answer."""
+    answer = recommend(cell, hardware, samples)
     console = _console()
     if not answer.ranked:
         console.print(f"no strategy can run {cell.label()}")
         return
     table = Table(
         title=f"recommendation for {cell.mask}, S={cell.seqlen}, "
-        f"{cell.nodes}x{cell.devices_per_node} on {hardware.name}"
+        f"{cell.nodes}x{cell.devices_per_node} on {hardware.name} "
+        f"(median of {samples} mask sample{'s' if samples > 1 else ''})"
     )
     for name in (
         "rank",
@@ -161,7 +162,7 @@ def app(cfg: DictConfig) -> None:
     for seqlen in cell.seqlens:
         target = PlanCell.of_cell(cell, seqlen)
         if cfg.recommend:
-            print_recommendation(target, hardware)
+            print_recommendation(target, hardware, cell.mask_samples)
             continue
         try:
             prediction = predict_median(target, hardware, cell.mask_samples)

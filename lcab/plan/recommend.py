@@ -3,8 +3,9 @@
 Every registered strategy is tried with every balancer and, for the two-dimensional ones, every
 Ulysses degree that divides the devices of a node and the heads; each candidate is replayed and
 costed like any cell, and ranked by predicted forward + backward time (the training step's
-attention). The answer states the predicted margin to the runner-up, because a 3 % margin is
-inside the noise of a real cluster while a 2× margin is not.
+attention) — the median over the same mask samples for every candidate, since one document pack
+can flatter one strategy and not another. The answer states the predicted margin to the
+runner-up, because a 3 % margin is inside the noise of a real cluster while a 2× margin is not.
 """
 
 from __future__ import annotations
@@ -57,10 +58,14 @@ def candidates(cell: PlanCell) -> list[PlanCell]:
     return out
 
 
-def recommend(cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None) -> Recommendation:
-    """Rank `candidates` of ``cell`` and find the smallest world that fits (see module doc)."""
-    mask = mask if mask is not None else mask_for(cell)
-    ranked = sorted((predict(c, hardware, mask) for c in candidates(cell)), key=step_ms)
+def recommend(cell: PlanCell, hardware: Hardware, samples: int = 1) -> Recommendation:
+    """Rank `candidates` of ``cell`` over ``samples`` mask samples; the smallest world that fits.
+
+    Each candidate is represented by its prediction of median step time over the samples (all
+    candidates see the same masks); the memory check uses the best one's median sample.
+    """
+    masks = [mask_for(cell, s) for s in range(max(samples, 1))]
+    ranked = sorted((median_step(c, hardware, masks) for c in candidates(cell)), key=step_ms)
     fitting = None
     if ranked:
         best = ranked[0].cell
@@ -69,7 +74,13 @@ def recommend(cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None) 
             smaller = best.with_(nodes=nodes)
             if cell_reasons(smaller):
                 continue
-            if predict(smaller, hardware, mask).memory_mib <= limit:
+            if predict(smaller, hardware, masks[0]).memory_mib <= limit:
                 fitting = nodes
                 break
     return Recommendation(ranked, fitting)
+
+
+def median_step(cell: PlanCell, hardware: Hardware, masks: list[AttnMask]) -> CellPrediction:
+    """The prediction of median forward + backward time among ``masks``."""
+    predictions = sorted((predict(cell, hardware, m) for m in masks), key=step_ms)
+    return predictions[(len(predictions) - 1) // 2]

@@ -232,3 +232,24 @@ def test_forward_tiles_pack_query_heads_and_the_backward_saturates_on_queries_pe
     assert plain.compute_s(work, bwd=False) == pytest.approx(
         1.0 / (900 / 1000 * 1000 / (1000 + 10 * 127 / 2))
     )
+
+
+def test_recommendation_ranks_every_candidate_by_its_median_step_over_the_same_masks():
+    from lcab.plan.predict import mask_for, predict
+    from lcab.plan.recommend import candidates, recommend, step_ms
+
+    docs = {"doc_source": "uniform", "min_doc_len": 30, "max_doc_len": 900}
+    cell = PlanCell("usp", "ranges", "causal_document", 2048, 2, 2, 8, 8, 16, "float32")
+    cell = cell.with_(mask_params=docs)
+    hardware = load_profile("cpu_gloo_local")
+    answer = recommend(cell, hardware, samples=3)
+    masks = [mask_for(cell, s) for s in range(3)]
+    expected = {}
+    for c in candidates(cell):
+        times = sorted(step_ms(predict(c, hardware, m)) for m in masks)
+        expected[(c.cp, tuple(sorted(c.cp_options.items())))] = times[1]  # median of three
+    got = [(p.cell.cp, tuple(sorted(p.cell.cp_options.items()))) for p in answer.ranked]
+    assert sorted(got) == sorted(expected)
+    assert [step_ms(p) for p in answer.ranked] == pytest.approx([expected[k] for k in got])
+    assert [expected[k] for k in got] == sorted(expected.values())
+    assert answer.margin == pytest.approx(expected[got[1]] / expected[got[0]] - 1.0)
