@@ -74,15 +74,19 @@ def _kernel_points(record: RunRecord) -> list[Point]:
     """One call over the whole mask per measured pass of a single-device kernel record."""
     cell = PlanCell.of_record(record)
     mask = mask_for(cell)
-    work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)])
+    square = mask.seqlen_q == mask.seqlen_k
+    work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)], square)
     keys = float(np.mean(work.mean_keys[:, 0, 0]))
+    queries = float(np.mean(work.mean_queries[:, 0, 0]))
     rows, runs = float(np.mean(work.rows[:, 0, 0])), float(np.mean(work.runs[:, 0, 0]))
+    q_per_kv = cell.heads_q / max(cell.heads_kv, 1)
     forward = 4.0 * mask.area() * (cell.heads_q // mask.num_heads) * cell.head_dim
     points = []
     for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
         result = record.pass_result(pass_)
         if result.status == "ok" and result.ms_p50:
-            single = Work(forward * factor, keys, rows, runs)
+            # the same call description the replay gives a CP step (tiles, backward sweeps)
+            single = Work(forward * factor, keys, rows, runs, 0.0, q_per_kv, queries)
             points.append(Point(cell, pass_, float(result.ms_p50), None, record, single))
     return points
 

@@ -62,7 +62,8 @@ def recommend(cell: PlanCell, hardware: Hardware, samples: int = 1) -> Recommend
     """Rank `candidates` of ``cell`` over ``samples`` mask samples; the smallest world that fits.
 
     Each candidate is represented by its prediction of median step time over the samples (all
-    candidates see the same masks); the memory check uses the best one's median sample.
+    candidates see the same masks); the memory check uses the first sample (attention memory
+    follows the shapes and barely the documents).
     """
     masks = [mask_for(cell, s) for s in range(max(samples, 1))]
     ranked = sorted((median_step(c, hardware, masks) for c in candidates(cell)), key=step_ms)
