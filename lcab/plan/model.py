@@ -66,7 +66,8 @@ class CostModel:
         return self.rate.call_us * 1e-6 + work.flops / (peak * max(efficiency, 1e-9)) + traffic
 
     def transfer_s(self, transfer: Transfer) -> float:
-        """Seconds of one transfer: the slower of its intra- and inter-node parts + latency."""
+        """Seconds of one transfer: the slower of its intra- and inter-node parts + latency,
+        once per phase (an unbatched ring exchange sends, then receives)."""
         eff = self.hw.efficiency.get(transfer.kind, 1.0)
         intra_bytes = transfer.nbytes - transfer.inter_bytes
         times = []
@@ -74,7 +75,7 @@ class CostModel:
             if nbytes:
                 share = self.ranks_per_node if link.shared else 1
                 times.append(link.latency_us * 1e-6 + nbytes * share / (link.gbps * 1e9 * eff))
-        return max(times, default=0.0)
+        return transfer.phases * max(times, default=0.0)
 
     def stage_s(self, stage: Stage, bwd: bool) -> tuple[float, float]:
         """(stage seconds, of which compute) on one rank."""

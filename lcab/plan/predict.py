@@ -19,6 +19,7 @@ from lcab.kernels import Problem
 from lcab.masks import make_mask
 from lcab.masks.core import AttnMask
 from lcab.plan.hardware import Hardware
+from lcab.plan.harness import LCAB, Harness
 from lcab.plan.memory import memory_mib, memory_terms
 from lcab.plan.model import PassPrediction, predict_pass
 from lcab.plan.replay import replay
@@ -169,8 +170,11 @@ def cell_reasons(cell: PlanCell) -> list[str]:
     return list(strategy_for(cell).reasons(cell.problem(), cell.world))
 
 
-def predict(cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None) -> CellPrediction:
-    """Predict ``cell`` on ``hardware`` (``mask``: reuse one already built for it).
+def predict(
+    cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None, harness: Harness = LCAB
+) -> CellPrediction:
+    """Predict ``cell`` on ``hardware`` (``mask``: reuse one already built for it) as
+    ``harness`` implements the strategy (default: lcab's runner).
 
     Raises:
         ValueError: the strategy cannot run the cell (its reasons).
@@ -183,7 +187,7 @@ def predict(cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None) ->
     mask = mask if mask is not None else mask_for(cell)
     problem = cell.problem()
     plan = strategy.plan(mask, problem, cell.world)
-    replayed = replay(strategy, mask, problem, cell.world, plan)
+    replayed = replay(strategy, mask, problem, cell.world, plan, harness)
     return CellPrediction(
         cell=cell,
         fwd=predict_pass(replayed, hardware, cell.kernel, "fwd"),
@@ -199,7 +203,9 @@ def predict(cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None) ->
     )
 
 
-def predict_median(cell: PlanCell, hardware: Hardware, samples: int = 1) -> CellPrediction:
+def predict_median(
+    cell: PlanCell, hardware: Hardware, samples: int = 1, harness: Harness = LCAB
+) -> CellPrediction:
     """The prediction of the median of ``samples`` mask samples by throughput.
 
     The runner reports the median over mask samples of each sample's TFLOP/s; the planner
@@ -207,7 +213,8 @@ def predict_median(cell: PlanCell, hardware: Hardware, samples: int = 1) -> Cell
     (its time split stays that of one real mask). Document masks vary a lot between samples —
     a 64K pack may hold two documents or twenty — which is why one sample is not enough.
     """
-    predictions = [predict(cell, hardware, mask_for(cell, s)) for s in range(max(samples, 1))]
+    masks = [mask_for(cell, s) for s in range(max(samples, 1))]
+    predictions = [predict(cell, hardware, m, harness) for m in masks]
     predictions.sort(key=_step_tflops)
     return predictions[(len(predictions) - 1) // 2]
 

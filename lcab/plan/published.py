@@ -15,6 +15,7 @@ from itertools import combinations
 import numpy as np
 
 from lcab.plan.hardware import Hardware
+from lcab.plan.harness import LONGCA
 from lcab.plan.predict import PlanCell, mask_for, predict
 
 CP_SIZES = (8, 16, 32, 64)
@@ -105,7 +106,8 @@ def compare(hardware: Hardware) -> list[Comparison]:
                 built = mask_for(paper_cell(mask, "ulysses", world, seed))  # one mask, 5 plans
                 for cp in per_strategy:
                     cell = paper_cell(mask, cp, world, seed)
-                    tflops[cp].append(predict(cell, hardware, built).pass_(pass_).tflops)
+                    predicted = predict(cell, hardware, built, LONGCA)  # the code measured
+                    tflops[cp].append(predicted.pass_(pass_).tflops)
             for cp, values in per_strategy.items():
                 predicted = float(np.mean(tflops[cp]))
                 rows.append(Comparison(mask, pass_, cp, world, values[world_index], predicted))

@@ -16,6 +16,10 @@ How the code overlaps, and so how the replay does (`lcab.cp.ring_attention`):
 * LoongTrain's next-window K/V travels during a whole window of inner steps; the window's dK/dV
   accumulator moves on after the window (exposed);
 * all-to-alls, the all-gather and the reduce-scatter are blocking collectives (exposed).
+
+That is lcab's runner; another implementation of the same schedules (`lcab.plan.harness`)
+changes the copies around each call, whether a ring exchange is batched, and when the dK/dV
+accumulator travels.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from lcab.flops import PASS_FACTORS
 from lcab.kernels import Problem
 from lcab.masks.core import AttnMask
 from lcab.plan.areas import PairWork, pair_work
+from lcab.plan.harness import LCAB, Harness
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class Transfer:
     nbytes: int
     inter_bytes: int
     """Part of ``nbytes`` that leaves the node."""
+    phases: int = 1
+    """Times the bytes cross the link one after the other (an unbatched ring exchange: 2)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ class Replay:
     plan: Plan
     problem: Problem
     devices_per_node: int
+    harness: Harness = LCAB
     passes: dict[str, list[tuple[Window, ...]]] = field(default_factory=dict)
     global_flops: dict[str, float] = field(default_factory=dict)
 
@@ -120,14 +128,16 @@ class Replay:
 class _Links:
     """Which peers are on another node (ranks are node-major)."""
 
-    def __init__(self, devices_per_node: int) -> None:
+    def __init__(self, devices_per_node: int, p2p_phases: int = 1) -> None:
         self.per_node = devices_per_node
+        self.p2p_phases = p2p_phases
 
     def inter(self, a: int, b: int) -> bool:
         return a // self.per_node != b // self.per_node
 
     def p2p(self, op: str, nbytes: int, src: int, dst: int) -> Transfer:
-        return Transfer(op, "p2p", nbytes, nbytes if self.inter(src, dst) else 0)
+        far = nbytes if self.inter(src, dst) else 0
+        return Transfer(op, "p2p", nbytes, far, self.p2p_phases)
 
     def collective(self, op: str, kind: str, nbytes: int, rank: int, group: list[int]) -> Transfer:
         """The part of a collective's bytes that crosses this rank's own NIC.
@@ -148,18 +158,24 @@ class _Links:
 
 
 def replay(
-    strategy: Strategy, mask: AttnMask, problem: Problem, world: int, plan: Plan | None = None
+    strategy: Strategy,
+    mask: AttnMask,
+    problem: Problem,
+    world: int,
+    plan: Plan | None = None,
+    harness: Harness = LCAB,
 ) -> Replay:
-    """The replay of ``strategy`` running ``mask`` on ``world`` ranks (fwd and bwd)."""
+    """The replay of ``strategy`` running ``mask`` on ``world`` ranks (fwd and bwd), as
+    ``harness`` implements it (default: lcab's runner)."""
     plan = plan or strategy.plan(mask, problem, world)
     dpn = strategy.devices_per_node
-    out = Replay(plan, problem, dpn)
+    out = Replay(plan, problem, dpn, harness)
     forward = 4 * mask.area() * (problem.heads_q // mask.num_heads) * problem.head_dim
     for pass_ in ("fwd", "bwd"):
         num, den = PASS_FACTORS[pass_]
         out.global_flops[pass_] = forward * num / den
     builder = _BUILDERS[_family(strategy.name)]
-    fwd, bwd = builder(plan, mask, problem, _Links(dpn))
+    fwd, bwd = builder(plan, mask, problem, _Links(dpn, harness.p2p_phases), harness)
     out.passes = {"fwd": fwd, "bwd": bwd}
     return out
 
@@ -172,6 +188,17 @@ def _family(name: str) -> str:
     return families[name]
 
 
+@dataclass(frozen=True)
+class _Call:
+    """Where a call runs: the family whose copies surround it and its token counts."""
+
+    family: str
+    """ulysses | allgather | ring (the harness's passes per call)."""
+    harness: Harness
+    q_tokens: int
+    kv_tokens: int
+
+
 def _rank_work(
     works: PairWork,
     plan: Plan,
@@ -180,7 +207,7 @@ def _rank_work(
     i: int,
     j: int,
     bwd: bool,
-    merges: bool = False,
+    call: _Call,
 ) -> Work | None:
     """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing."""
     heads = plan.heads
@@ -194,13 +221,13 @@ def _rank_work(
     if area <= 0:
         return None
     factor = 2.5 if bwd else 1.0
-    traffic = 0.0
-    if merges:  # LSE merge of out (fwd) / dq and the travelling dK/dV accumulators (bwd)
-        per = 2 * accumulator_bytes(problem) + element_bytes(problem)
-        tokens = plan.shard_len * plan.ulysses
-        traffic = tokens * heads.local_q * problem.head_dim * per
-        if bwd:
-            traffic += 2 * tokens * heads.local_kv * problem.head_dim * per
+    # copies outside the kernel: layouts, padding, merges of partials, gradient accumulation
+    traffic = call.harness.call_passes(call.family, bwd).bytes(
+        call.q_tokens * heads.local_q * problem.head_dim,
+        call.kv_tokens * heads.local_kv * problem.head_dim,
+        element_bytes(problem),
+        accumulator_bytes(problem),
+    )
     q_per_kv = heads.local_q / max(heads.local_kv, 1)
     flops = 4.0 * area * problem.head_dim * factor
     return Work(flops, keys, rows, runs, traffic, q_per_kv, queries)
@@ -231,21 +258,27 @@ def _ulysses_ends(
     return stage(before), stage(after)
 
 
-def _ulysses(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> tuple[list, list]:
+def _ulysses(
+    plan: Plan, mask: AttnMask, problem: Problem, links: _Links, harness: Harness
+) -> tuple[list, list]:
     order = np.concatenate(plan.rank_layouts)  # every token (a group holds the whole sequence)
     works = pair_work(mask, [order], [order])
+    call = _Call("ulysses", harness, len(order), len(order))
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
         for rank in range(plan.world):
-            work = _rank_work(works, plan, problem, rank % plan.ulysses, 0, 0, bool(bwd))
+            work = _rank_work(works, plan, problem, rank % plan.ulysses, 0, 0, bool(bwd), call)
             before, after = _ulysses_ends(plan, problem, links, rank, bool(bwd))
             ranks.append((Window((before, Stage(work), after)),))
     return passes
 
 
-def _allgather(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> tuple[list, list]:
+def _allgather(
+    plan: Plan, mask: AttnMask, problem: Problem, links: _Links, harness: Harness
+) -> tuple[list, list]:
     everything = np.concatenate(plan.placement.layouts)
     works = pair_work(mask, list(plan.rank_layouts), [everything])
+    call = _Call("allgather", harness, plan.shard_len, len(everything))
     shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
     moved = 2 * (plan.ring - 1) * shard
     group = list(range(plan.world))
@@ -255,14 +288,17 @@ def _allgather(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> t
         scatter = links.collective("allgather_kv_grad", "reduce_scatter", moved, rank, group)
         comm_f = (Stage(None, after=(gather,)),) if moved else ()
         comm_b = (Stage(None, after=(scatter,)),) if moved else ()
-        work_f = _rank_work(works, plan, problem, 0, rank, 0, False)
-        work_b = _rank_work(works, plan, problem, 0, rank, 0, True)
+        regather = comm_f if harness.regather_bwd else ()
+        work_f = _rank_work(works, plan, problem, 0, rank, 0, False, call)
+        work_b = _rank_work(works, plan, problem, 0, rank, 0, True, call)
         fwd.append((Window((*comm_f, Stage(work_f))),))
-        bwd.append((Window((Stage(work_b), *comm_b)),))
+        bwd.append((Window((*regather, Stage(work_b), *comm_b)),))
     return fwd, bwd
 
 
-def _ring(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> tuple[list, list]:
+def _ring(
+    plan: Plan, mask: AttnMask, problem: Problem, links: _Links, harness: Harness
+) -> tuple[list, list]:
     """Ring P2P, USP and LoongTrain: (Ulysses ends around) a windowed ring of R positions."""
     shards = list(plan.placement.layouts)
     works = pair_work(mask, shards, shards)
@@ -273,7 +309,10 @@ def _ring(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> tuple[
     if plan.strategy == "loongtrain" and w == 1:
         inner = outer = "loong_inner"
     block = 2 * plan.shard_len * plan.ulysses * plan.heads.local_kv * problem.head_dim
-    kv, acc = block * element_bytes(problem), block * accumulator_bytes(problem)
+    kv = block * element_bytes(problem)
+    carried = accumulator_bytes(problem) if harness.dkv_in_accumulator else element_bytes(problem)
+    acc = block * carried
+    call = _Call("ring", harness, plan.shard_len * plan.ulysses, plan.shard_len * plan.ulysses)
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
         for rank in range(plan.world):
@@ -287,24 +326,36 @@ def _ring(plan: Plan, mask: AttnMask, problem: Problem, links: _Links) -> tuple[
 
             nxt_inner, nxt_outer = at(window, slot + 1), at(window + 1, slot)
             windows = []
+            carried: tuple[Transfer, ...] = ()  # an accumulator travelling into the next window
             for o in range(w):
                 stages = []
                 for t in range(s):
                     source = ((window - o) % w) * s + (slot - t) % s
-                    work = _rank_work(works, plan, problem, ui, p, source, bool(bwd), merges=True)
+                    work = _rank_work(works, plan, problem, ui, p, source, bool(bwd), call)
                     during = (
                         (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner),)
                         if t < s - 1
                         else ()
                     )
-                    after = (
-                        (links.p2p(f"{inner}_dkv", acc, rank, nxt_inner),) if bwd and s > 1 else ()
-                    )
+                    dkv = (links.p2p(f"{inner}_dkv", acc, rank, nxt_inner),)
+                    after: tuple[Transfer, ...] = ()
+                    if bwd and s > 1 and harness.dkv_overlapped:
+                        # the previous step's accumulator travels during this step's compute
+                        during += dkv if t > 0 else ()
+                    elif bwd and s > 1:
+                        after = dkv
+                    if t == 0:
+                        during, carried = during + carried, ()
                     stages.append(Stage(work, during, after))
+                if bwd and s > 1 and harness.dkv_overlapped and harness.window_dkv_hop:
+                    if plan.strategy == "loongtrain":  # one more inner hop, waited at once
+                        stages.append(Stage(None, after=dkv))
                 if bwd and w > 1:  # the window's accumulator moves on to the next window
-                    stages.append(
-                        Stage(None, after=(links.p2p(f"{outer}_dkv", acc, rank, nxt_outer),))
-                    )
+                    outer_dkv = (links.p2p(f"{outer}_dkv", acc, rank, nxt_outer),)
+                    if harness.dkv_overlapped and o < w - 1:
+                        carried = outer_dkv
+                    else:
+                        stages.append(Stage(None, after=outer_dkv))
                 background = (
                     (links.p2p(f"{outer}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_outer),)
                     if o < w - 1

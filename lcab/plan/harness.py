@@ -1,0 +1,128 @@
+"""What an implementation of the strategies spends outside its kernels, and how it exchanges.
+
+The replay follows a strategy's schedule; two implementations of one schedule still differ in
+the copies around each kernel call (layout changes, padding, merging partial outputs,
+accumulating gradients) and in how a ring step's send and receive are issued. The planner
+predicts lcab's runner by default (`LCAB`). `LONGCA` describes the code that produced the
+published H100 context-parallel figures — LongCA-bench's / MagiAttention's
+``exps/dist_attn/baselines`` (``utils_cp.py``, ``ring_attn.py``, ``loongtrain.py``,
+``ulysess.py``), as read in ``../shared/reference/longca_bench_code_study.md`` §6 — so that the
+comparison with those figures predicts the code that was measured. Every number below is a count
+of memory passes read off that code, not a fit.
+
+A *pass* reads or writes every element of a tensor once. Counts are per element of the call's
+queries (``q``: tokens × local query heads × head dim) and of its keys (``kv``: tokens × local
+KV heads × head dim; the count covers K and V together), split into passes over element-sized
+data (bf16) and over accumulator-sized data (fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Passes:
+    """Memory passes of one call: (element-sized, accumulator-sized) per q and per kv element."""
+
+    q: tuple[float, float] = (0.0, 0.0)
+    kv: tuple[float, float] = (0.0, 0.0)
+
+    def bytes(self, q_elements: float, kv_elements: float, elem: int, acc: int) -> float:
+        """Bytes these passes move for a call of ``q_elements`` and ``kv_elements``."""
+        per_q = self.q[0] * elem + self.q[1] * acc
+        per_kv = self.kv[0] * elem + self.kv[1] * acc
+        return q_elements * per_q + kv_elements * per_kv
+
+
+@dataclass(frozen=True)
+class Harness:
+    """One implementation's costs around the schedule the replay follows."""
+
+    name: str
+    p2p_phases: int
+    """1: a ring step's send and receive run at once (batched); 2: one after the other."""
+    dkv_overlapped: bool
+    """Backward: a ring step's dK/dV accumulator travels during the next step's compute (True)
+    or is sent after its own step and waited at once (False)."""
+    dkv_in_accumulator: bool
+    """dK/dV travel in the accumulator dtype (True) or the element dtype (False)."""
+    regather_bwd: bool
+    """Ring All-Gather's backward gathers K/V again before its kernel."""
+    window_dkv_hop: bool = False
+    """LoongTrain's backward (with overlapped accumulators) moves each window's accumulator one
+    more inner hop after the window's last step and waits for it at once."""
+    passes: dict[str, Passes] = field(default_factory=dict)
+    """Keyed ``<family>_<pass>``: ``ulysses_fwd``, ``allgather_bwd``, ``ring_fwd`` (per ring
+    step, also for USP's and LoongTrain's steps), ...; missing: no passes."""
+
+    def call_passes(self, family: str, bwd: bool) -> Passes:
+        """The passes around one call of ``family`` (ulysses | allgather | ring)."""
+        return self.passes.get(f"{family}_{'bwd' if bwd else 'fwd'}", Passes())
+
+
+#: lcab's runner (`lcab.cp.ring_attention`): each ring step merges its partial output into a
+#: float32 accumulator by LSE (read the accumulator, read the step's output, write the
+#: accumulator); the backward does the same for dQ and for the travelling dK/dV accumulator,
+#: which it sends after the step (exposed) in float32; transfers are batched. Kernel inputs are
+#: used in place, so a call itself adds no passes.
+LCAB = Harness(
+    name="lcab",
+    p2p_phases=1,
+    dkv_overlapped=False,
+    dkv_in_accumulator=True,
+    regather_bwd=False,
+    passes={
+        "ring_fwd": Passes(q=(1, 2)),
+        "ring_bwd": Passes(q=(1, 2), kv=(2, 4)),
+    },
+)
+
+#: The published baselines (all bf16). Every call gathers its valid tokens out of the padded
+#: layout (``fa_varlen_thd_unpad``: a read and a write of each input) and scatters its outputs
+#: back into a zeroed padded tensor (``fa_varlen_thd_pad``: zero-fill, read, write). Ring steps
+#: merge outputs with ``thd_out_correction`` (read out, read step, write out), accumulate dQ and
+#: dK/dV with ``bwd_dq_update`` / ``bwd_dkv_update`` (read, read, write) after concatenating dK
+#: and dV (``torch.cat``). ``attn_p2p_communicate`` posts ``isend`` and ``irecv`` one by one —
+#: even ranks send first, odd ranks receive first — not as one group, so NCCL, which runs a
+#: communicator's operations in order, moves a ring's blocks in two phases. The backward sends
+#: the dK/dV accumulator together with the next K/V block, overlapped with the step; LoongTrain
+#: sends it on its own group after each step, overlapped with the next, but waits for the hop
+#: after a window's last step, and passes the window's accumulator to the next window during
+#: that window's first step. Ring All-Gather runs its two zigzag query halves as two calls
+#: against the whole gathered K/V (reordered after the gather, ``gather_with_reorder_before_attn``),
+#: re-gathers K/V in the backward, adds each call's full-length dK/dV into zeroed buffers and
+#: reorders them before the reduce-scatter. Ulysses copies q, k, v to head-major before its all-to-all and back after
+#: (``rearrange(...).contiguous()``), and the output once more after the return all-to-all.
+LONGCA = Harness(
+    name="longca",
+    p2p_phases=2,
+    dkv_overlapped=True,
+    dkv_in_accumulator=False,
+    regather_bwd=True,
+    window_dkv_hop=True,
+    passes={
+        # unpad q 2, pad out 3, correction 3 | unpad k, v 4
+        "ring_fwd": Passes(q=(8, 0), kv=(4, 0)),
+        # unpad q, out, dout 6, pad dq 3, add dq 3 | unpad k, v 4, pad dk, dv 6, cat 4, add 6
+        "ring_bwd": Passes(q=(12, 0), kv=(20, 0)),
+        # unpad q 2, pad out 3, collect 2 | reorder 4, unpad k, v 4 per call x 2 calls
+        "allgather_fwd": Passes(q=(7, 0), kv=(12, 0)),
+        # halves of q, dout 4, unpad 6, pad dq 3, collect 2 | re-gather reorder 4, zero dk, dv 2,
+        # per call (x 2) unpad k, v 4, pad dk, dv 6, add 6, reorder before reduce-scatter 4
+        "allgather_bwd": Passes(q=(15, 0), kv=(42, 0)),
+        # q: layout 2 + 2, unpad 2, pad out 3, out layout 2 | k, v: layout 8, unpad 4
+        "ulysses_fwd": Passes(q=(11, 0), kv=(12, 0)),
+        # dout layout 4, unpad q, out, dout 6, pad dq 3, dq layout 4 | unpad 4, pad 6, layout 8
+        "ulysses_bwd": Passes(q=(17, 0), kv=(18, 0)),
+    },
+)
+
+HARNESSES: dict[str, Harness] = {h.name: h for h in (LCAB, LONGCA)}
+
+
+def harness_named(name: str) -> Harness:
+    """The harness called ``name`` (ValueError names the valid ones)."""
+    if name not in HARNESSES:
+        raise ValueError(f"harness={name!r} is not known; valid: {sorted(HARNESSES)}")
+    return HARNESSES[name]

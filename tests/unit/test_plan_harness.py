@@ -1,0 +1,128 @@
+"""Implementation harnesses: the same schedule costed as the published baselines run it.
+
+Expectations are computed by hand from the memory passes and exchange rules that
+`lcab.plan.harness` states for each implementation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lcab.cp import STRATEGIES
+from lcab.kernels import Problem
+from lcab.masks import make_mask
+from lcab.plan.hardware import Hardware, KernelRate, Link
+from lcab.plan.harness import LCAB, LONGCA, Passes, harness_named
+from lcab.plan.model import predict_pass
+from lcab.plan.replay import replay
+
+S, HQ, HKV, D = 1024, 8, 2, 64
+PROBLEM = Problem(S, S, HQ, HKV, D, torch.bfloat16)  # 2-byte elements, 4-byte accumulators
+MEMORY_GBPS = 2.0
+
+
+def hardware() -> Hardware:
+    """1 TFLOP/s forward, 0.5 backward, no saturation or call cost; 1 GB/s links; 2 GB/s HBM."""
+    return Hardware(
+        name="hand",
+        device="cpu",
+        kernels={"default": KernelRate(1.0, 0.5, 1e-9, 0.0)},
+        intra=Link(1.0, 0.0),
+        inter=Link(0.25, 0.0),
+        efficiency={},
+        memory_gib=1.0,
+        memory_gbps=MEMORY_GBPS,
+    )
+
+
+def test_passes_count_element_and_accumulator_bytes():
+    passes = Passes(q=(3, 1), kv=(2, 0.5))
+    assert passes.bytes(10, 4, elem=2, acc=4) == 10 * (3 * 2 + 1 * 4) + 4 * (2 * 2 + 0.5 * 4)
+
+
+def test_longca_ring_of_two_sends_in_two_phases_and_pays_its_copies():
+    mask = make_mask("full", S)
+    strategy = STRATEGIES.get("ring")({"balance": "contiguous"}, 2)
+    r = replay(strategy, mask, PROBLEM, 2, harness=LONGCA)
+    shard = S // 2
+    q_elems, kv_elems = shard * HQ * D, shard * HKV * D
+    step_flops = 4 * shard * shard * HQ * D
+    block = 2 * shard * HKV * D * 2  # K and V of one shard, bf16
+    # forward: unpad q 2 + pad out 3 + correction 3 passes per q element, unpad k, v 4 per kv
+    copies = (q_elems * 8 * 2 + kv_elems * 4 * 2) / (MEMORY_GBPS * 1e9)
+    step = step_flops / 1e12 + copies
+    # isend, then irecv: the block crosses the (slow, so exposed) link twice in turn
+    slow = dataclasses.replace(hardware(), intra=Link(0.05, 0.0))
+    exchange = 2 * block / 0.05e9
+    assert exchange > step
+    fwd = predict_pass(r, slow, "ranges", "fwd")
+    assert fwd.time_ms == pytest.approx(1e3 * (max(step, exchange) + step))
+    # backward: 12 passes per q element, 20 per kv; the bf16 dK/dV accumulator of step 0
+    # travels during step 1's compute (nothing exposed after a step)
+    step_b = 2.5 * step_flops / 0.5e12 + (q_elems * 12 * 2 + kv_elems * 20 * 2) / (
+        MEMORY_GBPS * 1e9
+    )
+    bwd = predict_pass(r, slow, "ranges", "bwd")
+    assert bwd.time_ms == pytest.approx(1e3 * (max(step_b, exchange) + max(step_b, exchange)))
+    assert bwd.comm_ms == pytest.approx(2e3 * max(0.0, exchange - step_b))
+
+
+def test_lcab_ring_of_two_batches_its_exchange_and_exposes_the_float32_accumulator():
+    mask = make_mask("full", S)
+    strategy = STRATEGIES.get("ring")({"balance": "contiguous"}, 2)
+    r = replay(strategy, mask, PROBLEM, 2, harness=LCAB)
+    shard = S // 2
+    q_elems, kv_elems = shard * HQ * D, shard * HKV * D
+    step_flops = 4 * shard * shard * HQ * D
+    block = 2 * shard * HKV * D * 2
+    merge = q_elems * (2 + 2 * 4) / (MEMORY_GBPS * 1e9)  # read step out, read + write fp32
+    step = step_flops / 1e12 + merge
+    fwd = predict_pass(r, hardware(), "ranges", "fwd")
+    assert fwd.time_ms == pytest.approx(1e3 * (max(step, block / 1e9) + step))
+    merge_b = (q_elems * (2 + 8) + kv_elems * 2 * (2 + 8)) / (MEMORY_GBPS * 1e9)
+    step_b = 2.5 * step_flops / 0.5e12 + merge_b
+    dkv = 2 * block / 1e9  # float32: twice the bf16 block, sent after each step
+    bwd = predict_pass(r, hardware(), "ranges", "bwd")
+    assert bwd.time_ms == pytest.approx(1e3 * (max(step_b, block / 1e9) + dkv + step_b + dkv))
+
+
+def test_longca_all_gather_gathers_again_in_the_backward():
+    mask = make_mask("causal", S)
+    strategy = STRATEGIES.get("ring_allgather")({"balance": "zigzag"}, 4)
+    ours = replay(strategy, mask, PROBLEM, 4, harness=LCAB)
+    theirs = replay(strategy, mask, PROBLEM, 4, harness=LONGCA)
+    for rank in range(4):
+        assert [t.op for t in ours.transfers(rank, "bwd")] == ["allgather_kv_grad"]
+        assert [t.op for t in theirs.transfers(rank, "bwd")] == ["allgather_kv", "allgather_kv_grad"]
+        # the forward gathers the same bytes in both
+        assert ours.bytes_by_op(rank)["allgather_kv"] * 2 == theirs.bytes_by_op(rank)["allgather_kv"]
+        # copies: 7 passes per local q element, 12 per gathered kv element (two calls)
+        (work,) = theirs.work(rank, "fwd")
+        q_elems, kv_elems = (S // 4) * HQ * D, S * HKV * D
+        assert work.memory_bytes == pytest.approx(2 * (7 * q_elems + 12 * kv_elems))
+        assert ours.work(rank, "fwd")[0].memory_bytes == 0
+
+
+def test_harnesses_change_costs_not_work():
+    mask = make_mask("causal_document", S, seed=3)
+    for name in ("ring", "usp", "loongtrain", "ulysses"):
+        strategy = STRATEGIES.get(name)({}, 2)
+        ours, theirs = (replay(strategy, mask, PROBLEM, 8, harness=h) for h in (LCAB, LONGCA))
+        for rank in range(8):
+            for pass_ in ("fwd", "bwd"):
+                flops = [w.flops for w in ours.work(rank, pass_)]
+                assert flops == [w.flops for w in theirs.work(rank, pass_)]
+                assert all(t.phases == 1 for t in ours.transfers(rank, pass_))
+                assert all(
+                    t.phases == (2 if t.kind == "p2p" else 1)
+                    for t in theirs.transfers(rank, pass_)
+                )
+
+
+def test_unknown_harness_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"harness='te'.*\['lcab', 'longca'\]"):
+        harness_named("te")
+    assert dataclasses.asdict(harness_named("longca")) == dataclasses.asdict(LONGCA)
