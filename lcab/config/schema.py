@@ -163,6 +163,9 @@ class PlanConfig(LcabConfig):
     degree for the cell's mask, length and topology, and name the smallest world that fits."""
     records: str | None = None
     """A records file (JSONL): its measured points are overlaid on the sweep's plot."""
+    harness: str = "lcab"
+    """Whose implementation of the strategies to cost (`lcab.plan.harness`): ``lcab`` (this
+    runner) or ``longca`` (the LongCA-bench / MagiAttention baselines behind published figures)."""
 
 
 # ---------------------------------------------------------------------------- generation

@@ -25,6 +25,7 @@ from typing_extensions import override
 
 from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
 from lcab.plan.hardware import Hardware, from_dict
+from lcab.plan.harness import HARNESSES, LCAB, Harness
 from lcab.plan.predict import CellPrediction, PlanCell, predict_median
 from lcab.plan.recommend import recommend, step_ms
 
@@ -43,6 +44,7 @@ def predictions_table(rows: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
     columns = [
         ("cp", "cp"),
+        ("harness", "harness"),
         ("mask", "mask"),
         ("S", "seqlen"),
         ("world", "world"),
@@ -56,7 +58,7 @@ def predictions_table(rows: list[dict[str, Any]], title: str) -> Table:
         ("mem MiB", "memory_mib"),
     ]
     for name, _ in columns:
-        table.add_column(name, justify="right" if name not in ("cp", "mask") else "left")
+        table.add_column(name, justify="right" if name not in ("cp", "harness", "mask") else "left")
     for r in rows:
         cells = []
         for name, key in columns:
@@ -72,7 +74,7 @@ def predictions_table(rows: list[dict[str, Any]], title: str) -> Table:
             elif name.startswith("inter-node"):
                 cells.append(f"{(r['fwd_inter_bytes'] + r['bwd_inter_bytes']) / 1e6:.0f}")
             else:
-                value = r[key]  # type: ignore[index]
+                value = r.get(key, "lcab") if key == "harness" else r[key]  # type: ignore[index]
                 # 4 significant digits: H100 TFLOP/s and CPU ones (0.0353) both stay readable
                 if isinstance(value, float):
                     cells.append(f"{value:.4g}")
@@ -94,9 +96,19 @@ def hardware_of(cfg: DictConfig) -> Hardware:
         ) from err
 
 
-def print_recommendation(cell: PlanCell, hardware: Hardware, samples: int = 1) -> None:
+def harness_of(cfg: DictConfig) -> Harness:
+    """The configured implementation harness (ConfigError names the valid ones)."""
+    name = str(cfg.get("harness", "lcab"))
+    if name not in HARNESSES:
+        raise ConfigError("harness", name, f"valid: {', '.join(sorted(HARNESSES))}")
+    return HARNESSES[name]
+
+
+def print_recommendation(
+    cell: PlanCell, hardware: Hardware, samples: int = 1, harness: Harness = LCAB
+) -> None:
     """Rank the candidates of ``cell`` over ``samples`` mask samples and print the answer."""
-    answer = recommend(cell, hardware, samples)
+    answer = recommend(cell, hardware, samples, harness)
     console = _console()
     if not answer.ranked:
         console.print(f"no strategy can run {cell.label()}")
@@ -154,6 +166,7 @@ def app(cfg: DictConfig) -> None:
     try:
         cell = resolve_cell(cfg)
         hardware = hardware_of(cfg)
+        harness = harness_of(cfg)
     except ConfigError as err:
         print(f"lcab: {err}", file=sys.stderr)
         sys.exit(2)
@@ -162,14 +175,15 @@ def app(cfg: DictConfig) -> None:
     for seqlen in cell.seqlens:
         target = PlanCell.of_cell(cell, seqlen)
         if cfg.recommend:
-            print_recommendation(target, hardware, cell.mask_samples)
+            print_recommendation(target, hardware, cell.mask_samples, harness)
             continue
         try:
-            prediction = predict_median(target, hardware, cell.mask_samples)
+            prediction = predict_median(target, hardware, cell.mask_samples, harness)
         except ValueError as err:
             print(f"lcab plan: skipped: {err}", file=sys.stderr)
             continue
-        rows.append(prediction.row() | {"hardware": hardware.name, "samples": cell.mask_samples})
+        extra = {"hardware": hardware.name, "harness": harness.name, "samples": cell.mask_samples}
+        rows.append(prediction.row() | extra)
     if rows:
         with (out_dir / PLAN_FILE).open("a") as fh:
             for row in rows:

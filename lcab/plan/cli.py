@@ -152,7 +152,8 @@ def _published(hardware: Hardware) -> int:
     rows = compare(hardware)
     console = _console()
     table = Table(
-        title=f"predicted vs published per-GPU TFLOP/s (H100 blog table) on {hardware.name}"
+        title=f"predicted vs published per-GPU TFLOP/s (H100 blog table) on {hardware.name}, "
+        "costing the code that was measured (harness=longca)"
     )
     table.add_column("mask / pass")
     table.add_column("strategy")

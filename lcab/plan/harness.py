@@ -13,7 +13,8 @@ of memory passes read off that code, not a fit.
 A *pass* reads or writes every element of a tensor once. Counts are per element of the call's
 queries (``q``: tokens × local query heads × head dim) and of its keys (``kv``: tokens × local
 KV heads × head dim; the count covers K and V together), split into passes over element-sized
-data (bf16) and over accumulator-sized data (fp32).
+data (bf16) and over accumulator-sized data (fp32), and into passes over whole tensors and
+over the call's active tokens only.
 """
 
 from __future__ import annotations
@@ -23,16 +24,40 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Passes:
-    """Memory passes of one call: (element-sized, accumulator-sized) per q and per kv element."""
+    """Memory passes of one call, each (element-sized, accumulator-sized) per element.
+
+    ``q`` and ``kv`` run over the whole local tensors (zero-fills, merges, accumulations);
+    ``active_q`` and ``active_kv`` only over the call's active tokens — query rows with work,
+    key columns attended — which is what a copy that gathers a call's valid tokens moves.
+    """
 
     q: tuple[float, float] = (0.0, 0.0)
     kv: tuple[float, float] = (0.0, 0.0)
+    active_q: tuple[float, float] = (0.0, 0.0)
+    active_kv: tuple[float, float] = (0.0, 0.0)
 
-    def bytes(self, q_elements: float, kv_elements: float, elem: int, acc: int) -> float:
-        """Bytes these passes move for a call of ``q_elements`` and ``kv_elements``."""
-        per_q = self.q[0] * elem + self.q[1] * acc
-        per_kv = self.kv[0] * elem + self.kv[1] * acc
-        return q_elements * per_q + kv_elements * per_kv
+    def bytes(self, elements: Elements, elem: int, acc: int) -> float:
+        """Bytes these passes move for a call over ``elements``."""
+
+        def per(passes: tuple[float, float]) -> float:
+            return passes[0] * elem + passes[1] * acc
+
+        return (
+            elements.q * per(self.q)
+            + elements.kv * per(self.kv)
+            + elements.active_q * per(self.active_q)
+            + elements.active_kv * per(self.active_kv)
+        )
+
+
+@dataclass(frozen=True)
+class Elements:
+    """Elements of one call's tensors (tokens x local heads x head dim)."""
+
+    q: float
+    kv: float
+    active_q: float
+    active_kv: float
 
 
 @dataclass(frozen=True)
@@ -74,7 +99,7 @@ LCAB = Harness(
     regather_bwd=False,
     passes={
         "ring_fwd": Passes(q=(1, 2)),
-        "ring_bwd": Passes(q=(1, 2), kv=(2, 4)),
+        "ring_bwd": Passes(q=(1, 2), kv=(2, 4)),  # dK and dV: twice the K-sized passes
     },
 )
 
@@ -90,9 +115,10 @@ LCAB = Harness(
 #: sends it on its own group after each step, overlapped with the next, but waits for the hop
 #: after a window's last step, and passes the window's accumulator to the next window during
 #: that window's first step. Ring All-Gather runs its two zigzag query halves as two calls
-#: against the whole gathered K/V (reordered after the gather, ``gather_with_reorder_before_attn``),
-#: re-gathers K/V in the backward, adds each call's full-length dK/dV into zeroed buffers and
-#: reorders them before the reduce-scatter. Ulysses copies q, k, v to head-major before its all-to-all and back after
+#: against the whole gathered K/V (reordered after the gather,
+#: ``gather_with_reorder_before_attn``), re-gathers K/V in the backward, adds each call's
+#: full-length dK/dV into zeroed buffers and reorders them before the reduce-scatter. Ulysses
+#: copies q, k, v to head-major before its all-to-all and back after
 #: (``rearrange(...).contiguous()``), and the output once more after the return all-to-all.
 LONGCA = Harness(
     name="longca",
@@ -102,19 +128,24 @@ LONGCA = Harness(
     regather_bwd=True,
     window_dkv_hop=True,
     passes={
-        # unpad q 2, pad out 3, correction 3 | unpad k, v 4
-        "ring_fwd": Passes(q=(8, 0), kv=(4, 0)),
-        # unpad q, out, dout 6, pad dq 3, add dq 3 | unpad k, v 4, pad dk, dv 6, cat 4, add 6
-        "ring_bwd": Passes(q=(12, 0), kv=(20, 0)),
-        # unpad q 2, pad out 3, collect 2 | reorder 4, unpad k, v 4 per call x 2 calls
-        "allgather_fwd": Passes(q=(7, 0), kv=(12, 0)),
-        # halves of q, dout 4, unpad 6, pad dq 3, collect 2 | re-gather reorder 4, zero dk, dv 2,
-        # per call (x 2) unpad k, v 4, pad dk, dv 6, add 6, reorder before reduce-scatter 4
-        "allgather_bwd": Passes(q=(15, 0), kv=(42, 0)),
-        # q: layout 2 + 2, unpad 2, pad out 3, out layout 2 | k, v: layout 8, unpad 4
-        "ulysses_fwd": Passes(q=(11, 0), kv=(12, 0)),
-        # dout layout 4, unpad q, out, dout 6, pad dq 3, dq layout 4 | unpad 4, pad 6, layout 8
-        "ulysses_bwd": Passes(q=(17, 0), kv=(18, 0)),
+        # (zero-fill out 1, correction 3) + active (gather q 2, scatter out 2) | active: k, v 4
+        "ring_fwd": Passes(q=(4, 0), active_q=(4, 0), active_kv=(4, 0)),
+        # q: zero-fill dq 1, add dq 3 + active: gather q, out, dout 6, scatter dq 2
+        # kv: zero-fill dk, dv 2, cat 4, add 6 + active: gather k, v 4, scatter dk, dv 4
+        "ring_bwd": Passes(q=(4, 0), active_q=(8, 0), kv=(12, 0), active_kv=(8, 0)),
+        # q: zero-fill out 1, collect 2 + active: gather 2, scatter 2 | kv: reorder after the
+        # gather 4 + active, per call (x 2): gather k, v 4
+        "allgather_fwd": Passes(q=(3, 0), active_q=(4, 0), kv=(4, 0), active_kv=(8, 0)),
+        # q: halves of q, dout 4, zero-fill dq 1, collect 2 + active: gather 6, scatter 2
+        # kv: re-gather reorder 4, zero dk, dv 2, per call (x 2) zero-fill 2 + add 6, reorder
+        # before the reduce-scatter 4 + active, per call (x 2): gather k, v 4, scatter 4
+        "allgather_bwd": Passes(q=(7, 0), active_q=(8, 0), kv=(26, 0), active_kv=(16, 0)),
+        # q: layout 2 + 2, zero-fill out 1, out layout 2 + active: gather 2, scatter 2
+        # kv: layout 8 + active: gather 4
+        "ulysses_fwd": Passes(q=(7, 0), active_q=(4, 0), kv=(8, 0), active_kv=(4, 0)),
+        # q: dout layout 4, zero-fill dq 1, dq layout 4 + active: gather 6, scatter 2
+        # kv: zero-fill 2, layout 8 + active: gather 4, scatter 4
+        "ulysses_bwd": Passes(q=(9, 0), active_q=(8, 0), kv=(10, 0), active_kv=(8, 0)),
     },
 )
 

@@ -66,8 +66,10 @@ class CostModel:
         return self.rate.call_us * 1e-6 + work.flops / (peak * max(efficiency, 1e-9)) + traffic
 
     def transfer_s(self, transfer: Transfer) -> float:
-        """Seconds of one transfer: the slower of its intra- and inter-node parts + latency,
-        once per phase (an unbatched ring exchange sends, then receives)."""
+        """Seconds of one transfer: its slower part (intra- or inter-node) + latency, per phase.
+
+        An unbatched ring exchange has two phases: it sends, then receives.
+        """
         eff = self.hw.efficiency.get(transfer.kind, 1.0)
         intra_bytes = transfer.nbytes - transfer.inter_bytes
         times = []

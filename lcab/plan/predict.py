@@ -173,8 +173,9 @@ def cell_reasons(cell: PlanCell) -> list[str]:
 def predict(
     cell: PlanCell, hardware: Hardware, mask: AttnMask | None = None, harness: Harness = LCAB
 ) -> CellPrediction:
-    """Predict ``cell`` on ``hardware`` (``mask``: reuse one already built for it) as
-    ``harness`` implements the strategy (default: lcab's runner).
+    """Predict ``cell`` on ``hardware`` as ``harness`` implements it (default: lcab's runner).
+
+    ``mask``: reuse one already built for the cell.
 
     Raises:
         ValueError: the strategy cannot run the cell (its reasons).

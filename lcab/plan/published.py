@@ -106,8 +106,8 @@ def compare(hardware: Hardware) -> list[Comparison]:
                 built = mask_for(paper_cell(mask, "ulysses", world, seed))  # one mask, 5 plans
                 for cp in per_strategy:
                     cell = paper_cell(mask, cp, world, seed)
-                    predicted = predict(cell, hardware, built, LONGCA)  # the code measured
-                    tflops[cp].append(predicted.pass_(pass_).tflops)
+                    theirs = predict(cell, hardware, built, LONGCA)  # the code measured
+                    tflops[cp].append(theirs.pass_(pass_).tflops)
             for cp, values in per_strategy.items():
                 predicted = float(np.mean(tflops[cp]))
                 rows.append(Comparison(mask, pass_, cp, world, values[world_index], predicted))

@@ -16,6 +16,7 @@ from lcab.cp import STRATEGIES
 from lcab.cp.balance import BALANCERS
 from lcab.masks.core import AttnMask
 from lcab.plan.hardware import Hardware
+from lcab.plan.harness import LCAB, Harness
 from lcab.plan.predict import CellPrediction, PlanCell, cell_reasons, mask_for, predict
 
 
@@ -58,7 +59,9 @@ def candidates(cell: PlanCell) -> list[PlanCell]:
     return out
 
 
-def recommend(cell: PlanCell, hardware: Hardware, samples: int = 1) -> Recommendation:
+def recommend(
+    cell: PlanCell, hardware: Hardware, samples: int = 1, harness: Harness = LCAB
+) -> Recommendation:
     """Rank `candidates` of ``cell`` over ``samples`` mask samples; the smallest world that fits.
 
     Each candidate is represented by its prediction of median step time over the samples (all
@@ -66,7 +69,9 @@ def recommend(cell: PlanCell, hardware: Hardware, samples: int = 1) -> Recommend
     follows the shapes and barely the documents).
     """
     masks = [mask_for(cell, s) for s in range(max(samples, 1))]
-    ranked = sorted((median_step(c, hardware, masks) for c in candidates(cell)), key=step_ms)
+    ranked = sorted(
+        (median_step(c, hardware, masks, harness) for c in candidates(cell)), key=step_ms
+    )
     fitting = None
     if ranked:
         best = ranked[0].cell
@@ -75,13 +80,15 @@ def recommend(cell: PlanCell, hardware: Hardware, samples: int = 1) -> Recommend
             smaller = best.with_(nodes=nodes)
             if cell_reasons(smaller):
                 continue
-            if predict(smaller, hardware, masks[0]).memory_mib <= limit:
+            if predict(smaller, hardware, masks[0], harness).memory_mib <= limit:
                 fitting = nodes
                 break
     return Recommendation(ranked, fitting)
 
 
-def median_step(cell: PlanCell, hardware: Hardware, masks: list[AttnMask]) -> CellPrediction:
+def median_step(
+    cell: PlanCell, hardware: Hardware, masks: list[AttnMask], harness: Harness = LCAB
+) -> CellPrediction:
     """The prediction of median forward + backward time among ``masks``."""
-    predictions = sorted((predict(cell, hardware, m) for m in masks), key=step_ms)
+    predictions = sorted((predict(cell, hardware, m, harness) for m in masks), key=step_ms)
     return predictions[(len(predictions) - 1) // 2]

@@ -35,7 +35,7 @@ from lcab.flops import PASS_FACTORS
 from lcab.kernels import Problem
 from lcab.masks.core import AttnMask
 from lcab.plan.areas import PairWork, pair_work
-from lcab.plan.harness import LCAB, Harness
+from lcab.plan.harness import LCAB, Elements, Harness
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,10 @@ def replay(
     plan: Plan | None = None,
     harness: Harness = LCAB,
 ) -> Replay:
-    """The replay of ``strategy`` running ``mask`` on ``world`` ranks (fwd and bwd), as
-    ``harness`` implements it (default: lcab's runner)."""
+    """The replay of ``strategy`` running ``mask`` on ``world`` ranks (fwd and bwd).
+
+    ``harness``: whose implementation of the schedule (default: lcab's runner).
+    """
     plan = plan or strategy.plan(mask, problem, world)
     dpn = strategy.devices_per_node
     out = Replay(plan, problem, dpn, harness)
@@ -218,16 +220,19 @@ def _rank_work(
     rows = float(np.mean([works.rows[h, i, j] for h in mask_heads]))
     runs = float(np.mean([works.runs[h, i, j] for h in mask_heads]))
     queries = float(np.mean([works.mean_queries[h, i, j] for h in mask_heads]))
+    cols = (
+        float(np.mean([works.cols[h, i, j] for h in mask_heads])) if works.cols is not None else 0
+    )
     if area <= 0:
         return None
     factor = 2.5 if bwd else 1.0
     # copies outside the kernel: layouts, padding, merges of partials, gradient accumulation
-    traffic = call.harness.call_passes(call.family, bwd).bytes(
-        call.q_tokens * heads.local_q * problem.head_dim,
-        call.kv_tokens * heads.local_kv * problem.head_dim,
-        element_bytes(problem),
-        accumulator_bytes(problem),
+    q_size, kv_size = heads.local_q * problem.head_dim, heads.local_kv * problem.head_dim
+    elements = Elements(
+        call.q_tokens * q_size, call.kv_tokens * kv_size, rows * q_size, cols * kv_size
     )
+    passes = call.harness.call_passes(call.family, bwd)
+    traffic = passes.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
     q_per_kv = heads.local_q / max(heads.local_kv, 1)
     flops = 4.0 * area * problem.head_dim * factor
     return Work(flops, keys, rows, runs, traffic, q_per_kv, queries)
@@ -310,8 +315,8 @@ def _ring(
         inner = outer = "loong_inner"
     block = 2 * plan.shard_len * plan.ulysses * plan.heads.local_kv * problem.head_dim
     kv = block * element_bytes(problem)
-    carried = accumulator_bytes(problem) if harness.dkv_in_accumulator else element_bytes(problem)
-    acc = block * carried
+    acc_elem = accumulator_bytes(problem) if harness.dkv_in_accumulator else element_bytes(problem)
+    acc = block * acc_elem
     call = _Call("ring", harness, plan.shard_len * plan.ulysses, plan.shard_len * plan.ulysses)
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
@@ -332,7 +337,7 @@ def _ring(
                 for t in range(s):
                     source = ((window - o) % w) * s + (slot - t) % s
                     work = _rank_work(works, plan, problem, ui, p, source, bool(bwd), call)
-                    during = (
+                    during: tuple[Transfer, ...] = (
                         (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner),)
                         if t < s - 1
                         else ()
@@ -347,9 +352,9 @@ def _ring(
                     if t == 0:
                         during, carried = during + carried, ()
                     stages.append(Stage(work, during, after))
-                if bwd and s > 1 and harness.dkv_overlapped and harness.window_dkv_hop:
-                    if plan.strategy == "loongtrain":  # one more inner hop, waited at once
-                        stages.append(Stage(None, after=dkv))
+                hop = harness.dkv_overlapped and harness.window_dkv_hop
+                if bwd and s > 1 and hop and plan.strategy == "loongtrain":
+                    stages.append(Stage(None, after=dkv))  # one more inner hop, waited at once
                 if bwd and w > 1:  # the window's accumulator moves on to the next window
                     outer_dkv = (links.p2p(f"{outer}_dkv", acc, rank, nxt_outer),)
                     if harness.dkv_overlapped and o < w - 1:

@@ -68,6 +68,35 @@ def test_bad_input_exits_2_naming_the_key_and_the_valid_options():
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     flag = plan("--check")
     assert flag.returncode == 2
+    bad_harness = plan("harness=te")
+    assert bad_harness.returncode == 2
+    assert "harness='te'" in bad_harness.stderr and "lcab, longca" in bad_harness.stderr
+
+
+def test_the_published_baselines_harness_costs_the_same_cell_differently(tmp_path):
+    sweep = tmp_path / "sweep"
+    done = plan(
+        "-m",
+        "harness=lcab,longca",
+        "cp=ring",
+        "mask=causal",
+        "topology=2x8",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {
+        r["harness"]: r
+        for p in sweep.rglob("plan.jsonl")
+        for r in map(json.loads, p.read_text().splitlines())
+    }
+    assert sorted(rows) == ["lcab", "longca"]
+    # a causal step of 8K x 8K tokens, 64 heads: ~1.1 TFLOP, ~1.9 ms on FA3; its 33.5 MB K/V
+    # block crosses InfiniBand at 27.5 GB/s in ~1.2 ms (hidden), twice in turn when the
+    # exchange is unbatched (~2.4 ms: exposed)
+    assert rows["lcab"]["fwd_comm_ms"] == 0 and rows["longca"]["fwd_comm_ms"] > 0
+    # the published code moves bf16 (not float32) dK/dV: fewer backward bytes leave the node
+    assert rows["longca"]["bwd_inter_bytes"] < rows["lcab"]["bwd_inter_bytes"]
+    assert "longca" in done.stdout
 
 
 def test_check_on_records_without_a_usable_record_says_so(tmp_path: Path):

@@ -15,7 +15,7 @@ from lcab.cp import STRATEGIES
 from lcab.kernels import Problem
 from lcab.masks import make_mask
 from lcab.plan.hardware import Hardware, KernelRate, Link
-from lcab.plan.harness import LCAB, LONGCA, Passes, harness_named
+from lcab.plan.harness import LCAB, LONGCA, Elements, Passes, harness_named
 from lcab.plan.model import predict_pass
 from lcab.plan.replay import replay
 
@@ -38,9 +38,11 @@ def hardware() -> Hardware:
     )
 
 
-def test_passes_count_element_and_accumulator_bytes():
-    passes = Passes(q=(3, 1), kv=(2, 0.5))
-    assert passes.bytes(10, 4, elem=2, acc=4) == 10 * (3 * 2 + 1 * 4) + 4 * (2 * 2 + 0.5 * 4)
+def test_passes_count_element_and_accumulator_bytes_over_whole_and_active_tensors():
+    passes = Passes(q=(3, 1), kv=(2, 0.5), active_q=(1, 0), active_kv=(0, 2))
+    elements = Elements(q=10, kv=4, active_q=6, active_kv=3)
+    whole = 10 * (3 * 2 + 1 * 4) + 4 * (2 * 2 + 0.5 * 4)
+    assert passes.bytes(elements, elem=2, acc=4) == whole + 6 * 2 + 3 * 2 * 4
 
 
 def test_longca_ring_of_two_sends_in_two_phases_and_pays_its_copies():
@@ -96,13 +98,21 @@ def test_longca_all_gather_gathers_again_in_the_backward():
     theirs = replay(strategy, mask, PROBLEM, 4, harness=LONGCA)
     for rank in range(4):
         assert [t.op for t in ours.transfers(rank, "bwd")] == ["allgather_kv_grad"]
-        assert [t.op for t in theirs.transfers(rank, "bwd")] == ["allgather_kv", "allgather_kv_grad"]
+        assert [t.op for t in theirs.transfers(rank, "bwd")] == [
+            "allgather_kv",
+            "allgather_kv_grad",
+        ]
         # the forward gathers the same bytes in both
-        assert ours.bytes_by_op(rank)["allgather_kv"] * 2 == theirs.bytes_by_op(rank)["allgather_kv"]
-        # copies: 7 passes per local q element, 12 per gathered kv element (two calls)
+        assert (
+            ours.bytes_by_op(rank)["allgather_kv"] * 2 == theirs.bytes_by_op(rank)["allgather_kv"]
+        )
+        # copies: 3 + 4 passes per local q element (every causal row is active); 4 per
+        # gathered kv element and 8 per key the rank's queries attend: zigzag chunks r and
+        # 7 - r of 8, so keys up to the end of chunk 7 - r
         (work,) = theirs.work(rank, "fwd")
         q_elems, kv_elems = (S // 4) * HQ * D, S * HKV * D
-        assert work.memory_bytes == pytest.approx(2 * (7 * q_elems + 12 * kv_elems))
+        attended = (8 - rank) * (S // 8) * HKV * D
+        assert work.memory_bytes == pytest.approx(2 * (7 * q_elems + 4 * kv_elems + 8 * attended))
         assert ours.work(rank, "fwd")[0].memory_bytes == 0
 
 
@@ -117,8 +127,7 @@ def test_harnesses_change_costs_not_work():
                 assert flops == [w.flops for w in theirs.work(rank, pass_)]
                 assert all(t.phases == 1 for t in ours.transfers(rank, pass_))
                 assert all(
-                    t.phases == (2 if t.kind == "p2p" else 1)
-                    for t in theirs.transfers(rank, pass_)
+                    t.phases == (2 if t.kind == "p2p" else 1) for t in theirs.transfers(rank, pass_)
                 )
 
 
@@ -126,3 +135,41 @@ def test_unknown_harness_names_the_valid_ones():
     with pytest.raises(ValueError, match=r"harness='te'.*\['lcab', 'longca'\]"):
         harness_named("te")
     assert dataclasses.asdict(harness_named("longca")) == dataclasses.asdict(LONGCA)
+
+
+def test_longca_loongtrain_backward_waits_for_the_hop_after_each_window():
+    mask = make_mask("causal", S)
+    options = {"ulysses_degree": 1, "window_count": 2, "balance": "zigzag"}
+    strategy = STRATEGIES.get("loongtrain")(options, 4)  # a ring of 4: 2 windows of 2
+    theirs = replay(strategy, mask, PROBLEM, 4, harness=LONGCA)
+
+    def shape(window):
+        stages = [
+            ([t.op for t in s.during], [t.op for t in s.after], s.work is not None)
+            for s in window.stages
+        ]
+        return stages, [t.op for t in window.background]
+
+    first, second = (shape(w) for w in theirs.passes["bwd"][0])
+    kv, dkv = "loong_inner_kv_bwd", "loong_inner_dkv"
+    # inside a window: the next K/V during step 0, step 0's accumulator during step 1, then
+    # the hop after the last step, waited at once; the next window's K/V in the background
+    assert first == (
+        [([kv], [], True), ([dkv], [], True), ([], [dkv], False)],
+        ["loong_outer_kv_bwd"],
+    )
+    # the first window's accumulator reaches the next window during its first step; the last
+    # window's is waited for at the end
+    assert second == (
+        [
+            ([kv, "loong_outer_dkv"], [], True),
+            ([dkv], [], True),
+            ([], [dkv], False),
+            ([], ["loong_outer_dkv"], False),
+        ],
+        [],
+    )
+    # lcab's runner sends each step's accumulator after it, exposed, in float32
+    ours = replay(strategy, mask, PROBLEM, 4, harness=LCAB)
+    (stages, _), _ = (shape(w) for w in ours.passes["bwd"][0])
+    assert stages == [([kv], [dkv], True), ([], [dkv], True), ([], ["loong_outer_dkv"], False)]
