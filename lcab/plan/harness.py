@@ -65,8 +65,12 @@ class Harness:
     """One implementation's costs around the schedule the replay follows."""
 
     name: str
-    p2p_phases: int
-    """1: a ring step's send and receive run at once (batched); 2: one after the other."""
+    p2p_batched: bool
+    """A ring step posts its send and receive as one group (``batch_isend_irecv``): they run at
+    once. Unbatched, PyTorch gives each pair of ranks its own two-rank communicator, so a ring's
+    send and receive still run at once on different communicators — except in a ring of two,
+    where both go to the same peer over one communicator, whose operations NCCL runs in order:
+    the block crosses the link in two phases, one per direction."""
     dkv_overlapped: bool
     """Backward: a ring step's dK/dV accumulator travels during the next step's compute (True)
     or is sent after its own step and waited at once (False)."""
@@ -93,7 +97,7 @@ class Harness:
 #: used in place, so a call itself adds no passes.
 LCAB = Harness(
     name="lcab",
-    p2p_phases=1,
+    p2p_batched=True,
     dkv_overlapped=False,
     dkv_in_accumulator=True,
     regather_bwd=False,
@@ -109,8 +113,9 @@ LCAB = Harness(
 #: merge outputs with ``thd_out_correction`` (read out, read step, write out), accumulate dQ and
 #: dK/dV with ``bwd_dq_update`` / ``bwd_dkv_update`` (read, read, write) after concatenating dK
 #: and dV (``torch.cat``). ``attn_p2p_communicate`` posts ``isend`` and ``irecv`` one by one —
-#: even ranks send first, odd ranks receive first — not as one group, so NCCL, which runs a
-#: communicator's operations in order, moves a ring's blocks in two phases. The backward sends
+#: even ranks send first, odd ranks receive first — not as one group (``init_process_group``
+#: gets no ``device_id``, so each pair of ranks has its own communicator): a ring of two moves
+#: its blocks in two phases. The backward sends
 #: the dK/dV accumulator together with the next K/V block, overlapped with the step; LoongTrain
 #: sends it on its own group after each step, overlapped with the next, but waits for the hop
 #: after a window's last step, and passes the window's accumulator to the next window during
@@ -122,7 +127,7 @@ LCAB = Harness(
 #: (``rearrange(...).contiguous()``), and the output once more after the return all-to-all.
 LONGCA = Harness(
     name="longca",
-    p2p_phases=2,
+    p2p_batched=False,
     dkv_overlapped=True,
     dkv_in_accumulator=False,
     regather_bwd=True,

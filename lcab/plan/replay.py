@@ -128,16 +128,18 @@ class Replay:
 class _Links:
     """Which peers are on another node (ranks are node-major)."""
 
-    def __init__(self, devices_per_node: int, p2p_phases: int = 1) -> None:
+    def __init__(self, devices_per_node: int, p2p_batched: bool = True) -> None:
         self.per_node = devices_per_node
-        self.p2p_phases = p2p_phases
+        self.p2p_batched = p2p_batched
 
     def inter(self, a: int, b: int) -> bool:
         return a // self.per_node != b // self.per_node
 
-    def p2p(self, op: str, nbytes: int, src: int, dst: int) -> Transfer:
+    def p2p(self, op: str, nbytes: int, src: int, dst: int, ring_size: int) -> Transfer:
+        """A ring exchange's send; unbatched in a ring of two it waits for the receive."""
         far = nbytes if self.inter(src, dst) else 0
-        return Transfer(op, "p2p", nbytes, far, self.p2p_phases)
+        phases = 2 if ring_size == 2 and not self.p2p_batched else 1
+        return Transfer(op, "p2p", nbytes, far, phases)
 
     def collective(self, op: str, kind: str, nbytes: int, rank: int, group: list[int]) -> Transfer:
         """The part of a collective's bytes that crosses this rank's own NIC.
@@ -177,7 +179,7 @@ def replay(
         num, den = PASS_FACTORS[pass_]
         out.global_flops[pass_] = forward * num / den
     builder = _BUILDERS[_family(strategy.name)]
-    fwd, bwd = builder(plan, mask, problem, _Links(dpn, harness.p2p_phases), harness)
+    fwd, bwd = builder(plan, mask, problem, _Links(dpn, harness.p2p_batched), harness)
     out.passes = {"fwd": fwd, "bwd": bwd}
     return out
 
@@ -338,11 +340,11 @@ def _ring(
                     source = ((window - o) % w) * s + (slot - t) % s
                     work = _rank_work(works, plan, problem, ui, p, source, bool(bwd), call)
                     during: tuple[Transfer, ...] = (
-                        (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner),)
+                        (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner, s),)
                         if t < s - 1
                         else ()
                     )
-                    dkv = (links.p2p(f"{inner}_dkv", acc, rank, nxt_inner),)
+                    dkv = (links.p2p(f"{inner}_dkv", acc, rank, nxt_inner, s),)
                     after: tuple[Transfer, ...] = ()
                     if bwd and s > 1 and harness.dkv_overlapped:
                         # the previous step's accumulator travels during this step's compute
@@ -356,13 +358,13 @@ def _ring(
                 if bwd and s > 1 and hop and plan.strategy == "loongtrain":
                     stages.append(Stage(None, after=dkv))  # one more inner hop, waited at once
                 if bwd and w > 1:  # the window's accumulator moves on to the next window
-                    outer_dkv = (links.p2p(f"{outer}_dkv", acc, rank, nxt_outer),)
+                    outer_dkv = (links.p2p(f"{outer}_dkv", acc, rank, nxt_outer, w),)
                     if harness.dkv_overlapped and o < w - 1:
                         carried = outer_dkv
                     else:
                         stages.append(Stage(None, after=outer_dkv))
                 background = (
-                    (links.p2p(f"{outer}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_outer),)
+                    (links.p2p(f"{outer}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_outer, w),)
                     if o < w - 1
                     else ()
                 )

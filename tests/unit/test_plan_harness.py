@@ -125,10 +125,12 @@ def test_harnesses_change_costs_not_work():
             for pass_ in ("fwd", "bwd"):
                 flops = [w.flops for w in ours.work(rank, pass_)]
                 assert flops == [w.flops for w in theirs.work(rank, pass_)]
-                assert all(t.phases == 1 for t in ours.transfers(rank, pass_))
-                assert all(
-                    t.phases == (2 if t.kind == "p2p" else 1) for t in theirs.transfers(rank, pass_)
-                )
+                assert {t.phases for t in ours.transfers(rank, pass_)} <= {1}
+                # unbatched exchanges run in two phases only in rings of two: LoongTrain's
+                # ring of 4 (Ulysses 2 x ring 4) is 2 windows of 2; Ring's 8 and USP's 4 are not
+                phases = {t.phases for t in theirs.transfers(rank, pass_) if t.kind == "p2p"}
+                expected = {"ring": {1}, "usp": {1}, "loongtrain": {2}, "ulysses": set()}
+                assert phases == expected[name]
 
 
 def test_unknown_harness_names_the_valid_ones():
