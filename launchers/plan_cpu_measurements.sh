@@ -16,8 +16,8 @@ common=(kernel=ranges mask=causal,causal_document,share_question
   bench.progress=false)
 .venv/bin/python -m lcab.main -m cp=ulysses,ring,ring_allgather "${common[@]}" \
   hydra.sweep.dir="$root/1d"
-# one multirun per 2-D strategy: Hydra composes a sweep's base config before choosing the swept
-# cp option, so cp.ulysses_degree cannot ride along a cp=usp,loongtrain sweep
+# one multirun per 2-D strategy (each writes its own folder; `cp=usp,loongtrain
+# ++cp.ulysses_degree=2` in one sweep works too: ++ sets the key in each cp the sweep composes)
 for cp in usp loongtrain; do
   .venv/bin/python -m lcab.main -m cp=$cp cp.ulysses_degree=2 "${common[@]}" \
     hydra.sweep.dir="$root/2d-$cp"

@@ -106,6 +106,14 @@ def _explain(err: BaseException, job: list[str], config_name: str = "config") ->
                 text += f"; valid keys of {parent}: {', '.join(map(str, node.keys()))}"
         except (HydraException, OmegaConfBaseException):
             pass
+        group = match.group(1).split(".")[0]
+        if any(o.startswith(f"{group}=") and "," in o for o in job):
+            # a sweep's overrides are checked against the default group option before each
+            # job composes its own; ``++`` sets the key in whichever option the job gets
+            text += (
+                f"; when a sweep changes {group}, set its options with "
+                f"++{match.group(1)}=... (applied to each {group} the sweep composes)"
+            )
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 

@@ -178,6 +178,13 @@ def test_preflight_expands_a_sweep_and_checks_each_job():
     assert len(problems) == 1 and "nosuch" in problems[0]
 
 
+def test_a_sweep_over_cp_options_is_told_to_force_the_option_key():
+    # cp=none (the default) has no ulysses_degree; the sweep's jobs (usp, loongtrain) do
+    problems = check_jobs(["cp=usp,loongtrain", "cp.ulysses_degree=2"], multirun=True)
+    assert len(problems) == 1 and "++cp.ulysses_degree=..." in problems[0]
+    assert check_jobs(["cp=usp,loongtrain", "++cp.ulysses_degree=2"], multirun=True) == []
+
+
 def test_sweep_preset_params_expand():
     jobs = job_overrides([*BASE, "+sweep=cp_strategies"], multirun=True)
     assert len(jobs) == 5 * 3
