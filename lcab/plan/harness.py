@@ -67,10 +67,12 @@ class Harness:
     name: str
     p2p_batched: bool
     """A ring step posts its send and receive as one group (``batch_isend_irecv``): they run at
-    once. Unbatched, PyTorch gives each pair of ranks its own two-rank communicator, so a ring's
-    send and receive still run at once on different communicators — except in a ring of two,
-    where both go to the same peer over one communicator, whose operations NCCL runs in order:
-    the block crosses the link in two phases, one per direction."""
+    once. Unbatched, PyTorch gives each pair of ranks its own two-rank communicator (when
+    ``init_process_group`` gets no ``device_id``, as in the published code), so a ring's send and
+    receive still run at once on different communicators — except in a ring of two, where both
+    go to the same peer over one communicator, whose operations NCCL runs in order: the block
+    crosses the link in two phases, one per direction. (With a ``device_id`` PyTorch reuses the
+    group's communicator for every pair; that case is not modelled.)"""
     dkv_overlapped: bool
     """Backward: a ring step's dK/dV accumulator travels during the next step's compute (True)
     or is sent after its own step and waited at once (False)."""

@@ -14,10 +14,11 @@ import torch
 from lcab.cp import STRATEGIES
 from lcab.kernels import Problem
 from lcab.masks import make_mask
-from lcab.plan.hardware import Hardware, KernelRate, Link
+from lcab.plan.hardware import Hardware, Link
 from lcab.plan.harness import LCAB, LONGCA, Elements, Passes, harness_named
 from lcab.plan.model import predict_pass
 from lcab.plan.replay import replay
+from tests.helpers.plan_hardware import hand_hardware
 
 S, HQ, HKV, D = 1024, 8, 2, 64
 PROBLEM = Problem(S, S, HQ, HKV, D, torch.bfloat16)  # 2-byte elements, 4-byte accumulators
@@ -25,17 +26,8 @@ MEMORY_GBPS = 2.0
 
 
 def hardware() -> Hardware:
-    """1 TFLOP/s forward, 0.5 backward, no saturation or call cost; 1 GB/s links; 2 GB/s HBM."""
-    return Hardware(
-        name="hand",
-        device="cpu",
-        kernels={"default": KernelRate(1.0, 0.5, 1e-9, 0.0)},
-        intra=Link(1.0, 0.0),
-        inter=Link(0.25, 0.0),
-        efficiency={},
-        memory_gib=1.0,
-        memory_gbps=MEMORY_GBPS,
-    )
+    """Hand-countable costs (`hand_hardware`) with 2 GB/s memory, so copies show."""
+    return hand_hardware(memory_gbps=MEMORY_GBPS)
 
 
 def test_passes_count_element_and_accumulator_bytes_over_whole_and_active_tensors():

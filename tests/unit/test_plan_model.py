@@ -11,28 +11,14 @@ from lcab.cp import STRATEGIES
 from lcab.kernels import Problem
 from lcab.masks import make_mask
 from lcab.plan.calibrate import Point, calibrate, free_parameters
-from lcab.plan.hardware import Hardware, KernelRate, Link, load_profile
+from lcab.plan.hardware import KernelRate, load_profile
 from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell
 from lcab.plan.replay import Work, replay
+from tests.helpers.plan_hardware import hand_hardware
 
 S, HQ, HKV, D = 1024, 8, 8, 64
 PROBLEM = Problem(S, S, HQ, HKV, D, torch.float32)
-
-
-def simple_hardware(**changes) -> Hardware:
-    """1 TFLOP/s, no saturation, no call cost; 1 GB/s links without latency; no merge cost."""
-    hw = Hardware(
-        name="hand",
-        device="cpu",
-        kernels={"default": KernelRate(1.0, 0.5, 1e-9, 0.0)},
-        intra=Link(1.0, 0.0),
-        inter=Link(0.25, 0.0),
-        efficiency={},
-        memory_gib=1.0,
-        memory_gbps=1e12,
-    )
-    return dataclasses.replace(hw, **changes)
 
 
 def test_ring_of_two_overlaps_the_transfer_with_the_first_step():
@@ -43,12 +29,12 @@ def test_ring_of_two_overlaps_the_transfer_with_the_first_step():
     compute = step_flops / 1e12
     kv_block = 2 * (S // 2) * HKV * D * 4  # k and v of one shard, float32
     transfer = kv_block / 1e9
-    fwd = predict_pass(r, simple_hardware(), "ranges", "fwd")
+    fwd = predict_pass(r, hand_hardware(), "ranges", "fwd")
     assert fwd.time_ms == pytest.approx(1e3 * (max(compute, transfer) + compute))
     assert fwd.compute_ms == pytest.approx(2e3 * compute)
     assert fwd.imbalance_ms == pytest.approx(0.0, abs=1e-12)
     # backward: 2.5x the work at half the rate; K/V overlapped, the dK/dV accumulator exposed
-    bwd = predict_pass(r, simple_hardware(), "ranges", "bwd")
+    bwd = predict_pass(r, hand_hardware(), "ranges", "bwd")
     c_b = 2.5 * step_flops / 0.5e12
     dkv = kv_block / 1e9  # float32 accumulators: same bytes as the float32 block
     assert bwd.time_ms == pytest.approx(1e3 * ((max(c_b, transfer) + dkv) + (c_b + dkv)))
@@ -65,7 +51,7 @@ def test_ulysses_pays_its_all_to_alls_in_full_and_inter_node_bytes_at_the_inter_
     sent_in, sent_out = q + 2 * kv, q  # q, k, v in; out back
     # 2 of 3 peers are on the other node: max(intra 1/3 at 1 GB/s, inter 2/3 at 0.25 GB/s)
     cost = lambda b: max(b / 3 / 1e9, 2 * b / 3 / 0.25e9)  # noqa: E731
-    fwd = predict_pass(r, simple_hardware(), "ranges", "fwd")
+    fwd = predict_pass(r, hand_hardware(), "ranges", "fwd")
     assert fwd.time_ms == pytest.approx(1e3 * (cost(sent_in) + compute + cost(sent_out)), rel=1e-6)
     assert fwd.inter_bytes == pytest.approx((sent_in + sent_out) * 2 / 3, rel=1e-6)
 
@@ -74,8 +60,8 @@ def test_ranks_beyond_the_compute_slots_of_a_node_share_them():
     mask = make_mask("full", S)
     strategy = STRATEGIES.get("ulysses")({}, 4)
     r = replay(strategy, mask, PROBLEM, 4)
-    alone = predict_pass(r, simple_hardware(), "ranges", "fwd").compute_ms
-    shared = predict_pass(r, simple_hardware(compute_slots_per_node=2), "ranges", "fwd").compute_ms
+    alone = predict_pass(r, hand_hardware(), "ranges", "fwd").compute_ms
+    shared = predict_pass(r, hand_hardware(compute_slots_per_node=2), "ranges", "fwd").compute_ms
     assert shared == pytest.approx(2 * alone)
 
 
@@ -219,7 +205,7 @@ def test_forward_tiles_pack_query_heads_and_the_backward_saturates_on_queries_pe
     rate = KernelRate(
         1.0, 0.5, 100.0, 0.0, tile_rows=128, bwd_tile_rows=64, pack_gqa=True, bwd_half_keys=200.0
     )
-    model = CostModel(simple_hardware(kernels={"default": rate}), "any", 1)
+    model = CostModel(hand_hardware(kernels={"default": rate}), "any", 1)
     work = Work(1e12, 900.0, rows=1000.0, runs=10.0, q_per_kv=8.0, mean_queries=50.0)
     fwd_efficiency = 900 / 1000 * 1000 / (1000 + 10 * 15 / 2)
     assert model.compute_s(work, bwd=False) == pytest.approx(1.0 / fwd_efficiency)
@@ -227,7 +213,7 @@ def test_forward_tiles_pack_query_heads_and_the_backward_saturates_on_queries_pe
     assert model.compute_s(work, bwd=True) == pytest.approx(2.0 / bwd_efficiency)
     # without packing the forward pads whole 128-row tiles
     plain = CostModel(
-        simple_hardware(kernels={"default": dataclasses.replace(rate, pack_gqa=False)}), "any", 1
+        hand_hardware(kernels={"default": dataclasses.replace(rate, pack_gqa=False)}), "any", 1
     )
     assert plain.compute_s(work, bwd=False) == pytest.approx(
         1.0 / (900 / 1000 * 1000 / (1000 + 10 * 127 / 2))
