@@ -79,10 +79,19 @@ def pair_work(
     return work
 
 
+#: Shards counted together: bounds the (shards x spans) blocks to ~64 MiB of int64 each.
+_BLOCK_ELEMENTS = 1 << 23
+
+
 def _row_work(
     mask: AttnMask, row_sets: Sequence[IntArray], col_sets: Sequence[IntArray]
 ) -> PairWork:
-    """Area, active rows and runs of every (row shard, column shard) pair."""
+    """Area, active rows and runs of every (row shard, column shard) pair.
+
+    Spans are sorted by (row shard, row) once per head, so every per-shard sum is a difference
+    of prefix sums at the shard's bounds; column shards are handled a block at a time as 2-D
+    arrays (shards x spans) instead of one pass per shard.
+    """
     n_i, n_j = len(row_sets), len(col_sets)
     row_owner = owners(row_sets, mask.seqlen_q)
     area = np.zeros((mask.num_heads, n_i, n_j))
@@ -93,30 +102,68 @@ def _row_work(
         if mask.doc_lengths is not None and len(mask.doc_lengths) and mask.seqlen_q == mask.seqlen_k
         else np.zeros(mask.seqlen_q, dtype=np.int64)
     )
-    counts = [_prefix_count(layout, mask.seqlen_k) for layout in col_sets]
+    prefix = _prefix_counts(col_sets, mask.seqlen_k)
+    shard_ids = np.arange(n_i + 1)
     for head in range(mask.num_heads):
         row, first, last = row_spans(mask.head_slices(head))
         owner = row_owner[row]
         held = owner >= 0
         row, first, last, owner = row[held], first[held], last[held], owner[held]
-        # rows with several spans (shared questions, prefixes) are merged per row for `rows`
-        unique_rows, span_row = np.unique(row, return_inverse=True)
-        unique_owner = row_owner[unique_rows]
-        for j, prefix in enumerate(counts):
-            inside = (prefix[last + 1] - prefix[first]).astype(np.float64)
-            area[head, :, j] = np.bincount(owner, weights=inside, minlength=n_i)
-            per_row = np.bincount(span_row.reshape(-1), weights=inside, minlength=len(unique_rows))
+        if len(row) == 0:
+            continue
+        order = np.lexsort((row, owner))
+        row, first, last, owner = row[order], first[order], last[order], owner[order]
+        # a row with several spans (shared questions, prefixes) counts once in `rows` and `runs`
+        new_row = np.ones(len(row), dtype=bool)
+        new_row[1:] = row[1:] != row[:-1]
+        row_starts = np.flatnonzero(new_row)
+        unique_rows, unique_owner = row[row_starts], owner[row_starts]
+        # the previous unique row continues this one's run: consecutive, same shard, same doc
+        link = np.zeros(len(unique_rows), dtype=bool)
+        link[1:] = (
+            (unique_rows[1:] == unique_rows[:-1] + 1)
+            & (unique_owner[1:] == unique_owner[:-1])
+            & (docs[unique_rows[1:]] == docs[unique_rows[:-1]])
+        )
+        span_bounds = np.searchsorted(owner, shard_ids)
+        row_bounds = np.searchsorted(unique_owner, shard_ids)
+        block = max(1, _BLOCK_ELEMENTS // len(row))
+        for j0 in range(0, n_j, block):
+            counts = prefix[j0 : j0 + block]
+            inside = np.take(counts, last + 1, axis=1) - np.take(counts, first, axis=1)
+            area[head, :, j0 : j0 + block] = _group_sums(inside, span_bounds).T
+            per_row = (
+                inside
+                if len(row_starts) == len(row)
+                else np.add.reduceat(inside, row_starts, axis=1)
+            )
             active = per_row > 0
-            rows[head, :, j] = np.bincount(unique_owner, weights=active, minlength=n_i)
-            r, o = unique_rows[active], unique_owner[active]
-            start = np.ones(len(r), dtype=bool)
-            start[1:] = (r[1:] != r[:-1] + 1) | (o[1:] != o[:-1]) | (docs[r[1:]] != docs[r[:-1]])
-            runs[head, :, j] = np.bincount(o[start], minlength=n_i)
+            rows[head, :, j0 : j0 + block] = _group_sums(active, row_bounds).T
+            start = active.copy()
+            start[:, 1:] &= ~(active[:, :-1] & link[1:])
+            runs[head, :, j0 : j0 + block] = _group_sums(start, row_bounds).T
     return PairWork(area, rows, runs)
 
 
-def _prefix_count(layout: IntArray, length: int) -> IntArray:
-    """prefix[x] = tokens of ``layout`` below position x (length + 1 entries)."""
-    held = np.zeros(length + 1, dtype=np.int64)
-    held[layout[layout >= 0] + 1] = 1
-    return np.cumsum(held)
+def _group_sums(values: np.ndarray, bounds: IntArray) -> np.ndarray:
+    """(B, G) sums of ``values[:, bounds[g]:bounds[g + 1]]`` for every group g (empty: 0)."""
+    sums = np.zeros((values.shape[0], len(bounds) - 1), dtype=np.int64)
+    filled = np.diff(bounds) > 0
+    if filled.any():
+        starts = bounds[:-1][filled]
+        sums[:, filled] = np.add.reduceat(values, starts, axis=1, dtype=np.int64)
+    return sums
+
+
+def _prefix_counts(layouts: Sequence[IntArray], length: int) -> np.ndarray:
+    """(shards, length + 1): row j, position x = tokens of ``layouts[j]`` below x.
+
+    int32 (counts never exceed the key length) halves the table; rows are summed one at a
+    time, which numpy does far faster than a cumulative sum along the second axis.
+    """
+    dtype = np.int32 if length < 2**31 else np.int64
+    prefix = np.zeros((len(layouts), length + 1), dtype=dtype)
+    for j, layout in enumerate(layouts):
+        prefix[j, layout[layout >= 0] + 1] = 1
+        np.cumsum(prefix[j], out=prefix[j])
+    return prefix

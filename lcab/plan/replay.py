@@ -25,6 +25,7 @@ accumulator travels.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -218,15 +219,13 @@ def _rank_work(
     mask_heads = [0] if works.area.shape[0] == 1 else heads.kv_heads_of(ui)
     # per-KV-head masks: each local KV head uses its own mask head
     area = sum(works.area[h, i, j] for h in mask_heads) * heads.local_q / len(mask_heads)
-    keys = float(np.mean([works.mean_keys[h, i, j] for h in mask_heads]))
-    rows = float(np.mean([works.rows[h, i, j] for h in mask_heads]))
-    runs = float(np.mean([works.runs[h, i, j] for h in mask_heads]))
-    queries = float(np.mean([works.mean_queries[h, i, j] for h in mask_heads]))
-    cols = (
-        float(np.mean([works.cols[h, i, j] for h in mask_heads])) if works.cols is not None else 0
-    )
     if area <= 0:
         return None
+    keys = _head_mean(works.mean_keys, mask_heads, i, j)
+    rows = _head_mean(works.rows, mask_heads, i, j)
+    runs = _head_mean(works.runs, mask_heads, i, j)
+    queries = _head_mean(works.mean_queries, mask_heads, i, j)
+    cols = _head_mean(works.cols, mask_heads, i, j) if works.cols is not None else 0.0
     factor = 2.5 if bwd else 1.0
     # copies outside the kernel: layouts, padding, merges of partials, gradient accumulation
     q_size, kv_size = heads.local_q * problem.head_dim, heads.local_kv * problem.head_dim
@@ -238,6 +237,13 @@ def _rank_work(
     q_per_kv = heads.local_q / max(heads.local_kv, 1)
     flops = 4.0 * area * problem.head_dim * factor
     return Work(flops, keys, rows, runs, traffic, q_per_kv, queries)
+
+
+def _head_mean(values: np.ndarray, mask_heads: Sequence[int], i: int, j: int) -> float:
+    """Mean of ``values[h, i, j]`` over the mask heads a Ulysses member computes."""
+    if len(mask_heads) == 1:
+        return float(values[mask_heads[0], i, j])
+    return float(np.mean(values[list(mask_heads), i, j]))
 
 
 def _a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:
