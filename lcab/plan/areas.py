@@ -79,7 +79,7 @@ def pair_work(
     return work
 
 
-#: Shards counted together: bounds the (shards x spans) blocks to ~64 MiB of int64 each.
+#: Key shards counted together: bounds each (shards x spans) block to 2**23 elements.
 _BLOCK_ELEMENTS = 1 << 23
 
 
@@ -88,8 +88,8 @@ def _row_work(
 ) -> PairWork:
     """Area, active rows and runs of every (row shard, column shard) pair.
 
-    Spans are sorted by (row shard, row) once per head, so every per-shard sum is a difference
-    of prefix sums at the shard's bounds; column shards are handled a block at a time as 2-D
+    Spans are sorted by (row shard, row) once per head, so every row shard's sum is one
+    contiguous segment (`_group_sums`); column shards are handled a block at a time as 2-D
     arrays (shards x spans) instead of one pass per shard.
     """
     n_i, n_j = len(row_sets), len(col_sets)

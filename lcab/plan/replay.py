@@ -241,7 +241,7 @@ def _rank_work(
 
 def _head_mean(values: np.ndarray, mask_heads: Sequence[int], i: int, j: int) -> float:
     """Mean of ``values[h, i, j]`` over the mask heads a Ulysses member computes."""
-    if len(mask_heads) == 1:
+    if len(mask_heads) == 1:  # the common case, read without a numpy reduction (hot path)
         return float(values[mask_heads[0], i, j])
     return float(np.mean(values[list(mask_heads), i, j]))
 
