@@ -84,6 +84,9 @@ class Hardware:
     """Memory per device, for the smallest world that fits."""
     memory_gbps: float
     """Memory bandwidth per device (GB/s): merges and accumulations outside the kernel."""
+    matmul_tflops: float | None = None
+    """Dense matrix-product rate (TFLOP/s) for work outside attention, such as a harness's
+    projection gradients; None: the kernel's forward plateau."""
     compute_slots_per_node: int | None = None
     """Ranks of a node that compute at full speed at once (CPU cores); None: one device each."""
     description: str = ""

@@ -83,6 +83,10 @@ class Harness:
     window_dkv_hop: bool = False
     """LoongTrain's backward (with overlapped accumulators) moves each window's accumulator one
     more inner hop after the window's last step and waits for it at once."""
+    projection_width: int = 0
+    """Width of the input from which the timed backward's Q, K and V projections were made (0:
+    no projection in the timed region). Its weight gradients are matrix products outside
+    attention that the measured time includes (`projection_costs`)."""
     passes: dict[str, Passes] = field(default_factory=dict)
     """Keyed ``<family>_<pass>``: ``ulysses_fwd``, ``allgather_bwd``, ``ring_fwd`` (per ring
     step, also for USP's and LoongTrain's steps), ...; missing: no passes."""
@@ -90,6 +94,24 @@ class Harness:
     def call_passes(self, family: str, bwd: bool) -> Passes:
         """The passes around one call of ``family`` (ulysses | allgather | ring)."""
         return self.passes.get(f"{family}_{'bwd' if bwd else 'fwd'}", Passes())
+
+    def projection_costs(
+        self, tokens: int, heads_q: int, heads_kv: int, head_dim: int, elem: int
+    ) -> tuple[float, float]:
+        """(matrix-product FLOPs, memory bytes) the projections add to a rank's backward.
+
+        For ``tokens`` local tokens through the Q, K and V projections (none when
+        ``projection_width`` is 0). Weight gradients ``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV``: 2 FLOPs
+        per multiply-add; the input needs no gradient, so there is no ``dx``. Bias gradients
+        read dQ, dK and dV once; the weight gradients are added into the ones earlier
+        repetitions left (read, read, write).
+        """
+        if not self.projection_width:
+            return 0.0, 0.0
+        outputs = (heads_q + 2 * heads_kv) * head_dim
+        flops = 2.0 * tokens * self.projection_width * outputs
+        traffic = (tokens * outputs + 3 * self.projection_width * outputs) * elem
+        return flops, float(traffic)
 
 
 #: lcab's runner (`lcab.cp.ring_attention`): each ring step merges its partial output into a
@@ -127,6 +149,9 @@ LCAB = Harness(
 #: full-length dK/dV into zeroed buffers and reorders them before the reduce-scatter. Ulysses
 #: copies q, k, v to head-major before its all-to-all and back after
 #: (``rearrange(...).contiguous()``), and the output once more after the return all-to-all.
+#: The timed backward (``out.backward(dout)`` in ``run_benchmark.py``) also runs back through
+#: the ``nn.Linear(1024, heads x d)`` projections that made q, k and v from a random ``x`` that
+#: needs no gradient: three weight gradients and their bias sums.
 LONGCA = Harness(
     name="longca",
     p2p_batched=False,
@@ -134,6 +159,7 @@ LONGCA = Harness(
     dkv_in_accumulator=False,
     regather_bwd=True,
     window_dkv_hop=True,
+    projection_width=1024,
     passes={
         # (zero-fill out 1, correction 3) + active (gather q 2, scatter out 2) | active: k, v 4
         "ring_fwd": Passes(q=(4, 0), active_q=(4, 0), active_kv=(4, 0)),

@@ -48,11 +48,16 @@ class CostModel:
         slots = hardware.compute_slots_per_node
         self.compute_share = 1.0 if slots is None else min(1.0, slots / ranks_per_node)
         self.ranks_per_node = ranks_per_node
+        self.matmul_tflops = hardware.matmul_tflops or self.rate.fwd_tflops
 
     def compute_s(self, work: Work | None, bwd: bool) -> float:
         """Seconds of one kernel call."""
         if work is None:
             return 0.0
+        traffic = work.memory_bytes / (self.hw.memory_gbps * 1e9 * self.compute_share)
+        matmul = work.matmul_flops / (self.matmul_tflops * 1e12 * self.compute_share)
+        if work.flops <= 0:
+            return matmul + traffic
         peak = (self.rate.bwd_tflops if bwd else self.rate.fwd_tflops) * 1e12 * self.compute_share
         # forward kernels hold a query tile and sweep its keys; backward kernels hold a key
         # tile and sweep the queries attending it: each saturates with its sweep's length
@@ -62,8 +67,8 @@ class CostModel:
         if tile > 0 and work.rows > 0:  # query tiles padded at every run's end
             padding = work.runs * (tile - 1) / 2
             efficiency *= work.rows / (work.rows + padding)
-        traffic = work.memory_bytes / (self.hw.memory_gbps * 1e9 * self.compute_share)
-        return self.rate.call_us * 1e-6 + work.flops / (peak * max(efficiency, 1e-9)) + traffic
+        attention = work.flops / (peak * max(efficiency, 1e-9))
+        return self.rate.call_us * 1e-6 + attention + matmul + traffic
 
     def transfer_s(self, transfer: Transfer) -> float:
         """Seconds of one transfer: its slower part (intra- or inter-node) + latency, per phase.

@@ -59,6 +59,9 @@ class Work:
     mean_queries: float = 0.0
     """Queries per attended key: how long the columns a backward kernel sweeps are (0: as
     ``mean_keys``)."""
+    matmul_flops: float = 0.0
+    """Matrix-product FLOPs outside attention that the timed pass also runs (the measured
+    harness's projection gradients); 0 for an attention call."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,12 @@ class Replay:
         return dict(total)
 
     def work(self, rank: int, pass_: str) -> list[Work]:
-        """The kernel calls of ``rank`` in ``pass_``, in order."""
-        return [s.work for w in self.passes[pass_][rank] for s in w.stages if s.work is not None]
+        """The attention kernel calls of ``rank`` in ``pass_``, in order.
+
+        Not the matrix products a harness adds (`Work.matmul_flops`).
+        """
+        windows = self.passes[pass_][rank]
+        return [s.work for w in windows for s in w.stages if s.work is not None and s.work.flops]
 
 
 class _Links:
@@ -181,8 +188,19 @@ def replay(
         out.global_flops[pass_] = forward * num / den
     builder = _BUILDERS[_family(strategy.name)]
     fwd, bwd = builder(plan, mask, problem, _Links(dpn, harness.p2p_batched), harness)
-    out.passes = {"fwd": fwd, "bwd": bwd}
+    tail = _projection_gradients(plan, problem, harness)
+    out.passes = {"fwd": fwd, "bwd": [(*windows, *tail) for windows in bwd]}
     return out
+
+
+def _projection_gradients(plan: Plan, problem: Problem, harness: Harness) -> tuple[Window, ...]:
+    """The backward's last window when the timed region includes the Q/K/V projections."""
+    flops, traffic = harness.projection_costs(
+        plan.shard_len, problem.heads_q, problem.heads_kv, problem.head_dim, element_bytes(problem)
+    )
+    if not flops:
+        return ()
+    return (Window((Stage(Work(0.0, 0.0, memory_bytes=traffic, matmul_flops=flops)),)),)
 
 
 def _family(name: str) -> str:

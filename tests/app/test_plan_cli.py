@@ -58,6 +58,14 @@ def test_recommend_names_the_best_strategy_its_margin_and_the_smallest_world():
     assert "smallest world" in done.stdout
 
 
+def test_a_kernel_the_profile_has_no_rate_for_is_planned_with_a_note_saying_so(tmp_path):
+    done = plan("kernel=sdpa", "mask=causal", "topology=1x8", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    assert "no rate for kernel 'sdpa'" in done.stderr and "'default' entry" in done.stderr
+    fa3 = plan("kernel=fa3", "mask=causal", "topology=1x8", f"hydra.run.dir={tmp_path}")
+    assert fa3.returncode == 0 and "no rate" not in fa3.stderr
+
+
 def test_bad_input_exits_2_naming_the_key_and_the_valid_options():
     bad_hw = plan("hardware=tpu")
     assert bad_hw.returncode == 2

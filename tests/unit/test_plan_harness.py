@@ -59,9 +59,23 @@ def test_longca_ring_of_two_sends_in_two_phases_and_pays_its_copies():
     step_b = 2.5 * step_flops / 0.5e12 + (q_elems * 12 * 2 + kv_elems * 20 * 2) / (
         MEMORY_GBPS * 1e9
     )
+    # then the projections' weight gradients: x (512 x 1024) by dQ, dK, dV (12 heads of 64),
+    # at the profile's forward rate (it names no matrix-product rate); bias sums read the
+    # gradients once, the weight gradients are added into the previous ones (3 passes)
+    outputs = (HQ + 2 * HKV) * D
+    projections = 2 * shard * 1024 * outputs / 1e12 + (shard + 3 * 1024) * outputs * 2 / (
+        MEMORY_GBPS * 1e9
+    )
     bwd = predict_pass(r, slow, "ranges", "bwd")
-    assert bwd.time_ms == pytest.approx(1e3 * (max(step_b, exchange) + max(step_b, exchange)))
+    assert bwd.time_ms == pytest.approx(
+        1e3 * (max(step_b, exchange) + max(step_b, exchange) + projections)
+    )
     assert bwd.comm_ms == pytest.approx(2e3 * max(0.0, exchange - step_b))
+    faster = dataclasses.replace(slow, matmul_tflops=4.0)
+    saved = 2 * shard * 1024 * outputs * (1 / 1e12 - 1 / 4e12)
+    assert predict_pass(r, faster, "ranges", "bwd").time_ms == pytest.approx(
+        bwd.time_ms - 1e3 * saved
+    )
 
 
 def test_lcab_ring_of_two_batches_its_exchange_and_exposes_the_float32_accumulator():
@@ -144,7 +158,8 @@ def test_longca_loongtrain_backward_waits_for_the_hop_after_each_window():
         ]
         return stages, [t.op for t in window.background]
 
-    first, second = (shape(w) for w in theirs.passes["bwd"][0])
+    first, second, projections = (shape(w) for w in theirs.passes["bwd"][0])
+    assert projections == ([([], [], True)], [])  # the projections' gradients, last
     kv, dkv = "loong_inner_kv_bwd", "loong_inner_dkv"
     # inside a window: the next K/V during step 0, step 0's accumulator during step 1, then
     # the hop after the last step, waited at once; the next window's K/V in the background
