@@ -158,10 +158,14 @@ def _group_sums(values: np.ndarray, bounds: IntArray) -> np.ndarray:
 def _prefix_counts(layouts: Sequence[IntArray], length: int) -> np.ndarray:
     """(shards, length + 1): row j, position x = tokens of ``layouts[j]`` below x.
 
-    int32 (counts never exceed the key length) halves the table; rows are summed one at a
-    time, which numpy does far faster than a cumulative sum along the second axis.
+    The narrowest integer that holds the largest shard (uint16 up to 65,535 tokens a shard, the
+    usual case): the table is shards × tokens, so its width is the planner's memory and most of
+    its time. Counts within a row only grow, so differences of two entries never go negative;
+    per-row sums stay within the shard's size. Rows are summed one at a time, which numpy does
+    far faster than a cumulative sum along the second axis.
     """
-    dtype = np.int32 if length < 2**31 else np.int64
+    largest = max((int((layout >= 0).sum()) for layout in layouts), default=0)
+    dtype = next(t for t in (np.uint16, np.int32, np.int64) if largest <= np.iinfo(t).max)
     prefix = np.zeros((len(layouts), length + 1), dtype=dtype)
     for j, layout in enumerate(layouts):
         prefix[j, layout[layout >= 0] + 1] = 1
