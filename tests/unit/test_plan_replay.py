@@ -137,6 +137,19 @@ def test_pair_work_equals_the_areas_and_rows_of_remapped_sub_masks(mask_name):
                 assert work.runs[h, i, j] == (len(ids) > 0) + breaks.sum()
 
 
+def test_pair_work_counts_shards_too_large_for_16_bit_counts():
+    """A 66,000-token shard overflows the uint16 prefix table; the counts widen, exactly."""
+    n, a = 70_000, 66_000
+    mask = make_mask("causal", n)
+    tokens = np.arange(n)
+    work = pair_work(mask, [tokens[:a], tokens[a:]], [tokens[:a], tokens[a:]])
+    b = n - a
+    # hand count: a causal triangle on each diagonal shard, a full rectangle below
+    assert work.area[0].tolist() == [[a * (a + 1) // 2, 0], [b * a, b * (b + 1) // 2]]
+    assert work.rows[0].tolist() == [[a, 0], [b, b]]
+    assert work.cols is not None and work.cols[0].tolist() == [[a, 0], [a, b]]
+
+
 def test_ring_collectives_cross_each_nic_once_per_remote_node():
     """All-gather over 2 nodes of 4: a rank's NIC carries 1 of the 7 shards it gathers.
 
