@@ -51,7 +51,7 @@ class CostModel:
         self.matmul_tflops = hardware.matmul_tflops or self.rate.fwd_tflops
 
     def compute_s(self, work: Work | None, bwd: bool) -> float:
-        """Seconds of one kernel call."""
+        """Seconds of one kernel call, or of a harness's matrix products (``flops`` 0)."""
         if work is None:
             return 0.0
         traffic = work.memory_bytes / (self.hw.memory_gbps * 1e9 * self.compute_share)
