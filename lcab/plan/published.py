@@ -9,8 +9,12 @@ numbers for its CP figures). Facts, not code: the planner never reads them to se
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import combinations
+from multiprocessing import get_context
 
 import numpy as np
 
@@ -96,22 +100,42 @@ def paper_cell(mask: str, cp: str, world: int, seed: int = 42) -> PlanCell:
     )
 
 
-def compare(hardware: Hardware) -> list[Comparison]:
-    """Every published cell, predicted on ``hardware``."""
-    rows = []
-    for (mask, pass_), per_strategy in PUBLISHED.items():
-        for world_index, world in enumerate(CP_SIZES):
-            tflops: dict[str, list[float]] = {cp: [] for cp in per_strategy}
-            for seed in range(42, 42 + (DOCUMENT_SAMPLES if "document" in mask else 1)):
-                built = mask_for(paper_cell(mask, "ulysses", world, seed))  # one mask, 5 plans
-                for cp in per_strategy:
-                    cell = paper_cell(mask, cp, world, seed)
-                    theirs = predict(cell, hardware, built, LONGCA)  # the code measured
-                    tflops[cp].append(theirs.pass_(pass_).tflops)
-            for cp, values in per_strategy.items():
-                predicted = float(np.mean(tflops[cp]))
-                rows.append(Comparison(mask, pass_, cp, world, values[world_index], predicted))
-    return rows
+def compare(
+    hardware: Hardware,
+    worlds: Sequence[int] = CP_SIZES,
+    samples: int = DOCUMENT_SAMPLES,
+    workers: int | None = None,
+) -> list[Comparison]:
+    """Every published cell at ``worlds``, predicted on ``hardware``.
+
+    Document cells average ``samples`` packs. Each (mask, pass, cp size) is independent, so
+    they run in ``workers`` processes (None: one per CPU core; 1: in this process).
+    """
+    jobs = [(key, world, hardware, samples) for key in PUBLISHED for world in worlds]
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    if workers <= 1:
+        return [row for job in jobs for row in _compare_one(*job)]
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        return [row for rows in pool.map(_compare_one, *zip(*jobs, strict=True)) for row in rows]
+
+
+def _compare_one(
+    key: tuple[str, str], world: int, hardware: Hardware, samples: int
+) -> list[Comparison]:
+    """The five strategies of one (mask, pass) at one cp size."""
+    mask, pass_ = key
+    per_strategy = PUBLISHED[key]
+    tflops: dict[str, list[float]] = {cp: [] for cp in per_strategy}
+    for seed in range(42, 42 + (samples if "document" in mask else 1)):
+        built = mask_for(paper_cell(mask, "ulysses", world, seed))  # one mask, five plans
+        for cp in per_strategy:
+            theirs = predict(paper_cell(mask, cp, world, seed), hardware, built, LONGCA)
+            tflops[cp].append(theirs.pass_(pass_).tflops)  # LONGCA: the code that was measured
+    published = {cp: values[CP_SIZES.index(world)] for cp, values in per_strategy.items()}
+    return [
+        Comparison(mask, pass_, cp, world, published[cp], float(np.mean(tflops[cp])))
+        for cp in per_strategy
+    ]
 
 
 def ordering_agreement(rows: list[Comparison]) -> dict[tuple[str, str], tuple[int, int]]:
