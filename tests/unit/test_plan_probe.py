@@ -1,0 +1,49 @@
+"""The ring-step probe: it runs the baselines' copies faithfully and costs them as the planner."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lcab.plan.harness import LONGCA, Passes
+from lcab.plan.probe import PROBED_PASSES, StepShape, main, merge_lse, pad, pad_lse, unpad
+
+
+def test_probed_passes_are_the_harness_ring_step_without_the_output_correction():
+    shape = StepShape(tokens=96, valid=80, heads_q=8, heads_kv=2, head_dim=16)
+    elements = shape.elements()
+    probed = sum(p.bytes(elements, 2, 4) for p in PROBED_PASSES.values())
+    correction = Passes(q=(3, 0)).bytes(elements, 2, 4)  # read out, read step, write out
+    assert probed + correction == LONGCA.call_passes("ring", bwd=False).bytes(elements, 2, 4)
+
+
+def test_the_copies_do_what_the_baselines_functions_do():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(10, 3, 4, generator=gen)
+    index = torch.tensor([0, 2, 3, 7])
+    assert torch.equal(unpad(x, index), x[index])
+    padded = pad(x[:4], index, 10)
+    assert torch.equal(padded[index], x[:4])
+    rest = torch.ones(10, dtype=torch.bool)
+    rest[index] = False
+    assert not padded[rest].any()
+    lse = torch.randn(3, 4, generator=gen)
+    padded_lse = pad_lse(lse, index, 10)
+    assert torch.equal(padded_lse[:, index], lse) and torch.isneginf(padded_lse[:, rest]).all()
+    a, b = torch.randn(3, 10, generator=gen), torch.randn(3, 10, generator=gen)
+    expected = torch.logaddexp(a, b)
+    assert torch.allclose(merge_lse(a, b), expected) and torch.allclose(a, expected)
+
+
+def test_the_command_prints_measured_and_planner_times(capsys):
+    assert main(["--tokens", "256", "--valid", "200", "--repeats", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:-1]] == ["unpad", "unpad", "pad", "pad", "merge"]
+    assert lines[-1].startswith("total")
+    assert main(["--tokens", "256", "--valid", "300"]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a missing GPU")
+def test_cuda_without_a_gpu_exits_2(capsys):
+    assert main(["--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
