@@ -6,12 +6,15 @@
   record pass, and the error;
 * ``--published [--hardware NAME|FILE]`` compares with the published H100 figures.
 
+``--set KEY=NUMBER`` (repeatable) changes one parameter of the profile first: a what-if.
+
 Anything else is the Hydra app (`lcab.plan.app`). Bad input exits with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -42,7 +45,39 @@ def _parser() -> argparse.ArgumentParser:
         help="keep records whose field KEY is one of the values (repeatable)",
     )
     parser.add_argument("--out", help="where --calibrate writes the fitted profile (YAML)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=NUMBER",
+        help="what-if: change one profile parameter (repeatable), e.g. kernels.fa3.call_us=500",
+    )
     return parser
+
+
+def with_settings(hardware: Hardware, settings: list[str]) -> Hardware:
+    """``hardware`` with each ``KEY=NUMBER`` of ``--set`` applied, its name saying so.
+
+    Raises:
+        ValueError: a malformed setting or an unknown key (the message names the valid keys).
+
+    """
+    if not settings:
+        return hardware
+    values = {}
+    for clause in settings:
+        key, _, raw = clause.partition("=")
+        try:
+            values[key] = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"--set {clause!r}: expected KEY=NUMBER, e.g. kernels.fa3.call_us=500"
+            ) from None
+    try:
+        changed = hardware.with_values(values)
+    except KeyError as err:
+        raise ValueError(f"--set: {err.args[0]}") from None
+    return dataclasses.replace(changed, name=f"{hardware.name} with {' '.join(settings)}")
 
 
 def _filter(records: list[RunRecord], where: list[str]) -> list[RunRecord]:
@@ -71,12 +106,13 @@ def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)  # argparse exits with 2 on bad flags
     try:
         if args.published:
-            return _published(load_profile(args.hardware or "h100_nvlink_ib"))
+            hardware = with_settings(load_profile(args.hardware or "h100_nvlink_ib"), args.set)
+            return _published(hardware)
         path = Path(args.calibrate or args.check)
         if not path.exists():
             raise ValueError(f"records file {str(path)!r} does not exist")
         records = _filter(read_records(path), args.where)
-        hardware = _hardware(args.hardware, records)
+        hardware = with_settings(_hardware(args.hardware, records), args.set)
         from lcab.plan.calibrate import points_of
 
         points = points_of(records)

@@ -109,17 +109,38 @@ class Hardware:
         )
 
     def with_values(self, values: dict[str, float]) -> Hardware:
-        """A copy with dotted parameters replaced (``kernels.ranges.fwd_tflops``: 3.1, ...)."""
-        data = self.to_dict()
+        """A copy with dotted parameters replaced (``kernels.ranges.fwd_tflops``: 3.1, ...).
+
+        Raises:
+            KeyError: a key that is not one of `parameter_names` (names the valid ones).
+
+        """
+        data, names = self.to_dict(), self.parameter_names()
         for key, value in values.items():
+            if key not in names:
+                raise KeyError(
+                    f"hardware parameter {key!r} does not exist in {self.name!r}; valid: "
+                    + ", ".join(names)
+                )
             node = data
             *path, last = key.split(".")
             for part in path:
                 node = node[part]
-            if last not in node:
-                raise KeyError(f"hardware parameter {key!r} does not exist")
             node[last] = value
         return from_dict(data)
+
+    def parameter_names(self) -> list[str]:
+        """Dotted names of the profile's numeric parameters (what `with_values` can set)."""
+
+        def walk(node: Any, prefix: str) -> list[str]:
+            if isinstance(node, dict):
+                return [n for k, v in node.items() for n in walk(v, f"{prefix}{k}.")]
+            numeric = isinstance(node, int | float) and not isinstance(node, bool)
+            return [prefix[:-1]] if numeric or node is None else []
+
+        data = self.to_dict()
+        data.pop("sources", None)
+        return walk(data, "")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (YAML-ready)."""

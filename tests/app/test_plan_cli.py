@@ -76,6 +76,12 @@ def test_bad_input_exits_2_naming_the_key_and_the_valid_options():
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     flag = plan("--check")
     assert flag.returncode == 2
+    bad_set = plan("--published", "--set", "kernels.sdpa.call_us=5")
+    assert bad_set.returncode == 2
+    assert "'kernels.sdpa.call_us' does not exist" in bad_set.stderr
+    assert "kernels.fa3.call_us" in bad_set.stderr  # a valid key, named
+    not_a_number = plan("--published", "--set", "memory_gbps=fast")
+    assert not_a_number.returncode == 2 and "KEY=NUMBER" in not_a_number.stderr
     bad_harness = plan("harness=te")
     assert bad_harness.returncode == 2
     assert "harness='te'" in bad_harness.stderr and "lcab, longca" in bad_harness.stderr

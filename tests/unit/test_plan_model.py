@@ -239,3 +239,17 @@ def test_recommendation_ranks_every_candidate_by_its_median_step_over_the_same_m
     assert [step_ms(p) for p in answer.ranked] == pytest.approx([expected[k] for k in got])
     assert [expected[k] for k in got] == sorted(expected.values())
     assert answer.margin == pytest.approx(expected[got[1]] / expected[got[0]] - 1.0)
+
+
+def test_a_what_if_setting_changes_that_parameter_and_says_so():
+    from lcab.plan.cli import with_settings
+
+    base = load_profile("h100_nvlink_ib")
+    changed = with_settings(base, ["kernels.fa3.call_us=500", "inter.gbps=25"])
+    assert changed.kernels["fa3"].call_us == 500 and changed.inter.gbps == 25
+    assert changed.kernels["fa2"] == base.kernels["fa2"] and changed.intra == base.intra
+    assert changed.name == "h100_nvlink_ib with kernels.fa3.call_us=500 inter.gbps=25"
+    assert with_settings(base, []) is base
+    assert "matmul_tflops" in base.parameter_names()
+    assert "sources" not in " ".join(base.parameter_names())
+    assert "kernels.fa3.pack_gqa" not in base.parameter_names()  # a switch, not a number
