@@ -161,7 +161,8 @@ def _prefix_counts(layouts: Sequence[IntArray], length: int) -> np.ndarray:
     The narrowest integer that holds the largest shard (uint16 up to 65,535 tokens a shard, the
     usual case): the table is shards × tokens, so its width is the planner's memory and most of
     its time. Counts within a row only grow, so differences of two entries never go negative;
-    per-row sums stay within the shard's size. Rows are summed one at a time, which numpy does
+    a mask's slices never overlap, so a row's spans are disjoint and their sum stays within the
+    shard's size. Rows are summed one at a time, which numpy does
     far faster than a cumulative sum along the second axis.
     """
     largest = max((int((layout >= 0).sum()) for layout in layouts), default=0)
