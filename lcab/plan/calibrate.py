@@ -104,14 +104,19 @@ def free_parameters(hardware: Hardware, kernels: Iterable[str], links: bool = Tr
     return names
 
 
-def _value(hardware: Hardware, name: str) -> float:
-    """The parameter's value; an unset ``bwd_half_keys`` starts from the forward's."""
+def start_value(hardware: Hardware, name: str) -> float:
+    """Where a log-space fit starts a parameter: at its value.
+
+    An unset ``bwd_half_keys`` starts from the forward's; a 0 (a call cost fitted away) from 1,
+    since a logarithm cannot start at 0.
+    """
     node: object = hardware.to_dict()
     for part in name.split("."):
         parent, node = node, node[part]  # type: ignore[index]
     if node is None and name.endswith(".bwd_half_keys"):
         node = parent["half_keys"]  # type: ignore[index]
-    return float(node)  # type: ignore[arg-type]
+    value = float(node)  # type: ignore[arg-type]
+    return value if value > 0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,7 @@ def calibrate(points: list[Point], hardware: Hardware, names: list[str] | None =
         )
     has_cp = any(p.replay is not None for p in points)
     names = names or free_parameters(hardware, {p.cell.kernel for p in points}, links=has_cp)
-    start = np.log([_value(hardware, n) for n in names])
+    start = np.log([start_value(hardware, n) for n in names])
     measured = np.log([p.measured_ms for p in points])
 
     def residuals(x: np.ndarray) -> np.ndarray:

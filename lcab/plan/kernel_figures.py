@@ -1,0 +1,283 @@
+"""A profile's kernel rates fitted to public single-GPU figures, reproducibly.
+
+The planner's H100 profile must not be fitted to the context-parallel table it is checked
+against, so its kernel rates come from single-GPU charts. Which charts, and how they become a
+plateau and a saturation length, is data (``lcab/plan/figures/<profile>.yaml``) plus this fit,
+so anyone can re-derive the shipped numbers (`python -m lcab.plan.kernel_figures`) and a test
+holds the profile to them.
+
+Each figure is costed the way the planner costs a kernel call (`lcab.plan.model.CostModel`: the
+call cost, the plateau scaled by the sweep's saturation and by tile padding), with the call
+described by the mask engine — attended keys per row forward, queries per key backward — so the
+fitted numbers mean what the planner uses them for. Charts from different builds of a kernel
+(the MagiAttention blog's, the FlashAttention-3 paper's July 2024 build) run at different
+speeds, but a build changes the plateau more than the sweep length at which the kernel
+saturates; so the reference source sets the plateaus, every other source gets one free scale per
+kernel and pass, and the saturation lengths are fitted to all of them. That is what lets the
+FlashAttention-3 paper's 512-token backward (each key swept by 512 queries) pin the backward's
+saturation, which the blog's 8K and 32K points cannot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from lcab.masks import make_mask
+from lcab.plan.areas import pair_work
+from lcab.plan.calibrate import start_value
+from lcab.plan.hardware import Hardware, KernelRate, load_profile
+from lcab.plan.model import CostModel
+from lcab.plan.replay import Work
+
+FIGURES_DIR = Path(__file__).resolve().parent / "figures"
+PARAMETERS = {"fwd": ("fwd_tflops", "half_keys"), "bwd": ("bwd_tflops", "bwd_half_keys")}
+"""Per pass: the plateau and the sweep length of half saturation. ``call_us`` is fitted too."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One published throughput: a kernel, a mask, a length, a pass."""
+
+    source: str
+    kernel: str
+    mask: str
+    pass_: str
+    seqlen: int
+    tflops: float
+    heads_q: int
+    heads_kv: int
+    batch: int = 1
+    head_dim: int = 128
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        """Short name for tables."""
+        batch = f"{self.batch}x" if self.batch > 1 else ""
+        return f"{self.source} {self.mask} {self.pass_} {batch}{self.seqlen}"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A figures file: the reference source, where the ``default`` kernel comes from, sources."""
+
+    reference: str
+    default_from: str | None
+    sources: dict[str, str]
+    figures: list[Figure]
+
+    def kernels(self) -> list[str]:
+        """Kernels with figures, in file order."""
+        return list(dict.fromkeys(f.kernel for f in self.figures))
+
+
+def load_figures(path: str | Path) -> Figures:
+    """Read a figures file (see ``lcab/plan/figures/h100_nvlink_ib.yaml`` for the layout).
+
+    Raises:
+        ValueError: a series whose lengths and values differ in number, or an unknown source.
+
+    """
+    data = yaml.safe_load(Path(path).read_text())
+    sources = dict(data["sources"])
+    figures = []
+    for series in data["series"]:
+        if series["source"] not in sources:
+            raise ValueError(f"source={series['source']!r} is not listed; valid: {list(sources)}")
+        if len(series["seqlen"]) != len(series["tflops"]):
+            raise ValueError(
+                f"series {series} has {len(series['seqlen'])} lengths, "
+                f"{len(series['tflops'])} values"
+            )
+        heads_q, heads_kv = series["heads"]
+        for seqlen, tflops in zip(series["seqlen"], series["tflops"], strict=True):
+            tokens = series.get("tokens", seqlen)
+            figures.append(
+                Figure(
+                    series["source"],
+                    series["kernel"],
+                    series["mask"],
+                    series["pass"],
+                    int(seqlen),
+                    float(tflops),
+                    int(heads_q),
+                    int(heads_kv),
+                    batch=max(int(tokens) // seqlen, 1),
+                    head_dim=int(series.get("head_dim", 128)),
+                    params=dict(series.get("params") or {}),
+                )
+            )
+    return Figures(data["reference"], data.get("default_from"), sources, figures)
+
+
+def figure_work(figure: Figure, rate: KernelRate) -> Work:
+    """The call a figure timed, described as the planner describes a call.
+
+    Tile padding is exact here (a figure's sequences are whole runs of known length), where a
+    context-parallel step uses its expected value; ``runs`` carries it in the model's units.
+
+    Raises:
+        ValueError: a mask whose active rows are not one run per sequence.
+
+    """
+    mask = make_mask(figure.mask, figure.seqlen, **figure.params)
+    everything = [np.arange(figure.seqlen)]
+    work = pair_work(mask, everything, everything, True)
+    if float(np.max(work.runs)) != 1.0:
+        raise ValueError(f"figure mask {figure.mask!r} is not one run of rows per sequence")
+    q_per_kv = figure.heads_q / figure.heads_kv
+    bwd = figure.pass_ == "bwd"
+    tile = rate.tile_tokens(bwd, q_per_kv)
+    rows = float(np.mean(work.rows[:, 0, 0]))
+    padding = math.ceil(rows / tile) * tile - rows if tile > 0 else 0.0
+    runs = padding / ((tile - 1) / 2) if tile > 1 else 0.0
+    forward = 4.0 * mask.area() * (figure.heads_q // mask.num_heads) * figure.head_dim
+    return Work(
+        flops=forward * (2.5 if bwd else 1.0) * figure.batch,
+        mean_keys=float(np.mean(work.mean_keys[:, 0, 0])),
+        rows=rows,
+        runs=runs,
+        q_per_kv=q_per_kv,
+        mean_queries=float(np.mean(work.mean_queries[:, 0, 0])),
+    )
+
+
+def predicted_tflops(figure: Figure, hardware: Hardware) -> float:
+    """The throughput the profile gives the figure's call."""
+    work = figure_work(figure, hardware.rate(figure.kernel))
+    seconds = CostModel(hardware, figure.kernel, 1).compute_s(work, figure.pass_ == "bwd")
+    return work.flops / seconds / 1e12
+
+
+@dataclass(frozen=True)
+class KernelFit:
+    """One kernel's fitted rate, the other sources' scales, and every figure's fitted value."""
+
+    kernel: str
+    values: dict[str, float]
+    """Fitted ``kernels.<kernel>.<parameter>`` values."""
+    scales: dict[tuple[str, str], float]
+    """(source, pass) → that source's speed relative to the reference."""
+    rows: list[tuple[Figure, float]]
+    """Every figure with the fitted throughput (scaled to its source)."""
+
+    def rms_log_error(self) -> float:
+        """Root-mean-square log ratio fitted / published."""
+        return float(np.sqrt(np.mean([math.log(p / f.tflops) ** 2 for f, p in self.rows])))
+
+
+def fit_kernel(figures: Figures, hardware: Hardware, kernel: str) -> KernelFit:
+    """Fit ``kernel``'s plateau and saturation length, per pass, to its figures.
+
+    Raises:
+        ValueError: the kernel has no figures from the reference source.
+
+    """
+    from scipy.optimize import least_squares  # only fits need scipy
+
+    mine = [f for f in figures.figures if f.kernel == kernel]
+    passes = sorted({f.pass_ for f in mine if f.source == figures.reference})
+    if not passes:
+        raise ValueError(f"kernel {kernel!r} has no figures from {figures.reference!r}")
+    mine = [f for f in mine if f.pass_ in passes]
+    names = [f"kernels.{kernel}.{p}" for pass_ in passes for p in PARAMETERS[pass_]]
+    names.append(f"kernels.{kernel}.call_us")
+    scaled = sorted({(f.source, f.pass_) for f in mine if f.source != figures.reference})
+    base = hardware if kernel in hardware.kernels else _with_kernel(hardware, kernel)
+    start = np.log([start_value(base, n) for n in names] + [1.0] * len(scaled))
+    measured = np.log([f.tflops for f in mine])
+
+    def fitted(x: np.ndarray) -> np.ndarray:
+        hw = base.with_values(dict(zip(names, np.exp(x[: len(names)]).tolist(), strict=True)))
+        scale = dict(zip(scaled, np.exp(x[len(names) :]).tolist(), strict=True))
+        return np.array(
+            [predicted_tflops(f, hw) * scale.get((f.source, f.pass_), 1.0) for f in mine]
+        )
+
+    result = least_squares(
+        lambda x: np.log(fitted(x)) - measured,
+        start,
+        bounds=(start - 8.0, start + 8.0),
+        xtol=1e-12,
+        ftol=1e-12,
+        gtol=1e-12,
+    )
+    values = dict(zip(names, np.exp(result.x[: len(names)]).tolist(), strict=True))
+    scales = dict(zip(scaled, np.exp(result.x[len(names) :]).tolist(), strict=True))
+    return KernelFit(
+        kernel, values, scales, list(zip(mine, fitted(result.x).tolist(), strict=True))
+    )
+
+
+def _with_kernel(hardware: Hardware, kernel: str) -> Hardware:
+    """``hardware`` with ``kernel`` starting from the profile's ``default`` rate."""
+    kernels = dict(hardware.kernels)
+    kernels[kernel] = hardware.rate(kernel)
+    return dataclasses.replace(hardware, kernels=kernels)
+
+
+def fit_profile(figures: Figures, hardware: Hardware) -> tuple[Hardware, list[KernelFit]]:
+    """``hardware`` with every kernel that has figures refitted, and the fits.
+
+    The ``default`` kernel, where the profile has one, becomes ``figures.default_from``'s rate.
+    """
+    fits = [fit_kernel(figures, hardware, k) for k in figures.kernels()]
+    kernels = dict(hardware.kernels)
+    for fit in fits:
+        rate = kernels.get(fit.kernel, hardware.rate(fit.kernel))
+        changes: dict[str, Any] = {n.rsplit(".", 1)[1]: v for n, v in fit.values.items()}
+        kernels[fit.kernel] = dataclasses.replace(rate, **changes)
+    if figures.default_from and "default" in kernels:
+        kernels["default"] = kernels[figures.default_from]
+    return dataclasses.replace(hardware, kernels=kernels), fits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lcab.plan.kernel_figures``: fit and print, beside the shipped profile."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lcab.plan.kernel_figures",
+        description="Fit a hardware profile's kernel rates to public single-GPU figures.",
+    )
+    parser.add_argument(
+        "--hardware",
+        default="h100_nvlink_ib",
+        help="profile name or YAML path (default h100_nvlink_ib)",
+    )
+    parser.add_argument(
+        "--figures", default=None, help="figures YAML (default lcab/plan/figures/<profile>.yaml)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        hardware = load_profile(args.hardware)
+        path = Path(args.figures) if args.figures else FIGURES_DIR / f"{hardware.name}.yaml"
+        if not path.exists():
+            raise ValueError(f"--figures {str(path)!r} does not exist")
+        _, fits = fit_profile(load_figures(path), hardware)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for fit in fits:
+        print(f"\n{fit.kernel}: rms log error {fit.rms_log_error():.3f}")
+        for name, value in fit.values.items():
+            parameter = name.rsplit(".", 1)[1]
+            shipped = getattr(hardware.kernels.get(fit.kernel), parameter, None)
+            print(f"  {parameter:>14} {value:8.1f}   (profile: {shipped})")
+        for (source, pass_), scale in fit.scales.items():
+            print(f"  {source} {pass_} runs at {scale:.3f} x the reference")
+        for figure, value in fit.rows:
+            miss = value / figure.tflops - 1
+            print(f"    {figure.label():<40} {figure.tflops:6.0f} -> {value:6.0f} ({miss:+.1%})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
