@@ -86,7 +86,17 @@ def _kernel_points(record: RunRecord) -> list[Point]:
         result = record.pass_result(pass_)
         if result.status == "ok" and result.ms_p50:
             # the same call description the replay gives a CP step (tiles, backward sweeps)
-            single = Work(forward * factor, keys, rows, runs, 0.0, q_per_kv, queries)
+            single = Work(
+                forward * factor,
+                keys,
+                rows,
+                runs,
+                0.0,
+                q_per_kv,
+                queries,
+                q_elements=mask.seqlen_q * cell.heads_q * cell.head_dim,
+                kv_elements=mask.seqlen_k * cell.heads_kv * cell.head_dim,
+            )
             points.append(Point(cell, pass_, float(result.ms_p50), None, record, single))
     return points
 

@@ -43,6 +43,15 @@ class KernelRate:
     pack_gqa: bool = False
     """The forward packs the query heads of one KV head into a tile (FlashAttention-3 does on
     varlen input with GQA), so a tile holds ``tile_rows / (q heads per KV head)`` tokens."""
+    bwd_q_bytes: float = 0.0
+    """Bytes the backward moves per element of the query-sized tensors it is given, outside
+    its main kernel, whatever the mask (FlashAttention-3: reads O and dO, zero-fills and reads
+    a float32 dQ accumulator, writes dQ — 2 + 2 + 4 + 4 + 2), so a call on many tokens with
+    little work to do costs memory time."""
+    bwd_kv_bytes: float = 0.0
+    """The same per element of the key-sized tensors, with grouped-query heads only
+    (FlashAttention-3 accumulates dK and dV of the query heads sharing a KV head in float32:
+    zero-fill and read of each, 2 x (4 + 4))."""
 
     def saturation_keys(self, bwd: bool) -> float:
         """Keys per row at which the pass reaches half its plateau."""

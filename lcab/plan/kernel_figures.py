@@ -148,6 +148,8 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
         runs=runs,
         q_per_kv=q_per_kv,
         mean_queries=float(np.mean(work.mean_queries[:, 0, 0])),
+        q_elements=figure.seqlen * figure.heads_q * figure.head_dim * figure.batch,
+        kv_elements=figure.seqlen * figure.heads_kv * figure.head_dim * figure.batch,
     )
 
 

@@ -54,7 +54,12 @@ class CostModel:
         """Seconds of one kernel call, or of a harness's matrix products (``flops`` 0)."""
         if work is None:
             return 0.0
-        traffic = work.memory_bytes / (self.hw.memory_gbps * 1e9 * self.compute_share)
+        moved = work.memory_bytes
+        if bwd:  # the backward kernel's own passes over every token it is given
+            moved += work.q_elements * self.rate.bwd_q_bytes
+            if work.q_per_kv > 1:
+                moved += work.kv_elements * self.rate.bwd_kv_bytes
+        traffic = moved / (self.hw.memory_gbps * 1e9 * self.compute_share)
         matmul = work.matmul_flops / (self.matmul_tflops * 1e12 * self.compute_share)
         if work.flops <= 0:
             return matmul + traffic

@@ -62,6 +62,11 @@ class Work:
     matmul_flops: float = 0.0
     """Matrix-product FLOPs outside attention that the timed pass also runs (the measured
     harness's projection gradients); 0 for an attention call."""
+    q_elements: float = 0.0
+    """Elements of the query-sized tensors the call is given (tokens x local query heads x head
+    dim): a backward kernel's own pre- and post-processing runs over all of them."""
+    kv_elements: float = 0.0
+    """Elements of the key-sized tensors the call is given (tokens x local KV heads x head dim)."""
 
 
 @dataclass(frozen=True)
@@ -254,7 +259,17 @@ def _rank_work(
     traffic = passes.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
     q_per_kv = heads.local_q / max(heads.local_kv, 1)
     flops = 4.0 * area * problem.head_dim * factor
-    return Work(flops, keys, rows, runs, traffic, q_per_kv, queries)
+    return Work(
+        flops,
+        keys,
+        rows,
+        runs,
+        traffic,
+        q_per_kv,
+        queries,
+        q_elements=elements.q,
+        kv_elements=elements.kv,
+    )
 
 
 def _head_mean(values: np.ndarray, mask_heads: Sequence[int], i: int, j: int) -> float:

@@ -253,3 +253,34 @@ def test_a_what_if_setting_changes_that_parameter_and_says_so():
     assert "matmul_tflops" in base.parameter_names()
     assert "sources" not in " ".join(base.parameter_names())
     assert "kernels.fa3.pack_gqa" not in base.parameter_names()  # a switch, not a number
+
+
+def test_a_backward_call_pays_its_kernels_passes_over_every_token_it_is_given():
+    """FlashAttention-3's backward reads O and dO, zero-fills and reads a float32 dQ
+    accumulator and writes dQ over every query token it is given (2 + 2 + 4 + 4 + 2 bytes per
+    element), and with grouped heads zero-fills and reads float32 dK and dV accumulators
+    (2 x (4 + 4)) — memory time whatever the work, none of it in the forward."""
+    model = CostModel(load_profile("h100_nvlink_ib"), "fa3", 1)
+    q, kv = 8192 * 64 * 128, 8192 * 8 * 128
+    bare = Work(1e9, 1000.0, 100.0, 1.0, 0.0, 8.0, 1000.0)
+    given = dataclasses.replace(bare, q_elements=q, kv_elements=kv)
+    extra = model.compute_s(given, True) - model.compute_s(bare, True)
+    assert extra == pytest.approx((14 * q + 16 * kv) / 3350e9)
+    assert model.compute_s(given, False) == pytest.approx(model.compute_s(bare, False))
+    mha, mha_bare = (dataclasses.replace(w, q_per_kv=1.0) for w in (given, bare))
+    assert model.compute_s(mha, True) - model.compute_s(mha_bare, True) == pytest.approx(
+        14 * q / 3350e9
+    )
+
+
+def test_each_ring_step_gives_its_kernel_the_whole_local_shard():
+    problem = Problem(960, 960, 24, 4, 16, torch.float32)
+    strategy = STRATEGIES.get("ring")({"balance": "zigzag"}, 4)
+    mask = make_mask("causal_document", 960, seed=3)
+    replayed = replay(strategy, mask, problem, 4)
+    shard = replayed.plan.shard_len  # zigzag pads each document to whole chunks
+    assert shard >= 960 // 4
+    for rank in range(4):
+        works = replayed.work(rank, "bwd")
+        assert works and all(w.q_elements == shard * 24 * 16 for w in works)
+        assert all(w.kv_elements == shard * 4 * 16 for w in works)
