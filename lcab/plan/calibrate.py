@@ -96,6 +96,8 @@ def _kernel_points(record: RunRecord) -> list[Point]:
                 queries,
                 q_elements=mask.seqlen_q * cell.heads_q * cell.head_dim,
                 kv_elements=mask.seqlen_k * cell.heads_kv * cell.head_dim,
+                q_row_elements=cell.heads_q * cell.head_dim,
+                kv_row_elements=cell.heads_kv * cell.head_dim,
             )
             points.append(Point(cell, pass_, float(result.ms_p50), None, record, single))
     return points

@@ -52,6 +52,13 @@ class KernelRate:
     """The same per element of the key-sized tensors, with grouped-query heads only
     (FlashAttention-3 accumulates dK and dV of the query heads sharing a KV head in float32:
     zero-fill and read of each, 2 x (4 + 4))."""
+    bwd_pad_q_rows: float = 0.0
+    """Rows a varlen backward adds to its float32 dQ accumulator per sequence of the call
+    (FlashAttention-3: ``total_q + batch * kBlockM``, 64 for head dim 128), each element
+    zero-filled and read (8 bytes): many short documents in one call cost memory time."""
+    bwd_pad_kv_rows: float = 0.0
+    """The same for the float32 dK/dV accumulators with grouped-query heads (``total_k + batch
+    * kBlockN``, 128), each element costing ``bwd_kv_bytes``."""
 
     def saturation_keys(self, bwd: bool) -> float:
         """Keys per row at which the pass reaches half its plateau."""

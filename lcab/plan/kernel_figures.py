@@ -123,7 +123,9 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
     """The call a figure timed, described as the planner describes a call.
 
     Tile padding is exact here (a figure's sequences are whole runs of known length), where a
-    context-parallel step uses its expected value; ``runs`` carries it in the model's units.
+    context-parallel step uses its expected value; ``runs`` carries it in the model's units, so
+    the per-sequence accumulator rows of a varlen backward are left out (the figures time one
+    sequence, or a fixed-length batch, where a kernel rounds the length instead).
 
     Raises:
         ValueError: a mask whose active rows are not one run per sequence.

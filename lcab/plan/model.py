@@ -56,9 +56,12 @@ class CostModel:
             return 0.0
         moved = work.memory_bytes
         if bwd:  # the backward kernel's own passes over every token it is given
-            moved += work.q_elements * self.rate.bwd_q_bytes
+            rate = self.rate
+            q_pad = work.runs * rate.bwd_pad_q_rows * work.q_row_elements  # per sequence
+            moved += work.q_elements * rate.bwd_q_bytes + q_pad * 8.0  # float32 zero + read
             if work.q_per_kv > 1:
-                moved += work.kv_elements * self.rate.bwd_kv_bytes
+                kv_pad = work.runs * rate.bwd_pad_kv_rows * work.kv_row_elements
+                moved += (work.kv_elements + kv_pad) * rate.bwd_kv_bytes
         traffic = moved / (self.hw.memory_gbps * 1e9 * self.compute_share)
         matmul = work.matmul_flops / (self.matmul_tflops * 1e12 * self.compute_share)
         if work.flops <= 0:

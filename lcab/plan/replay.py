@@ -67,6 +67,10 @@ class Work:
     dim): a backward kernel's own pre- and post-processing runs over all of them."""
     kv_elements: float = 0.0
     """Elements of the key-sized tensors the call is given (tokens x local KV heads x head dim)."""
+    q_row_elements: float = 0.0
+    """Elements of one query token (local query heads x head dim)."""
+    kv_row_elements: float = 0.0
+    """Elements of one key token (local KV heads x head dim)."""
 
 
 @dataclass(frozen=True)
@@ -269,6 +273,8 @@ def _rank_work(
         queries,
         q_elements=elements.q,
         kv_elements=elements.kv,
+        q_row_elements=q_size,
+        kv_row_elements=kv_size,
     )
 
 

@@ -284,3 +284,20 @@ def test_each_ring_step_gives_its_kernel_the_whole_local_shard():
         works = replayed.work(rank, "bwd")
         assert works and all(w.q_elements == shard * 24 * 16 for w in works)
         assert all(w.kv_elements == shard * 4 * 16 for w in works)
+
+
+def test_a_varlen_backward_pays_accumulator_rows_per_sequence():
+    """FA3's varlen backward sizes its float32 accumulators ``total + batch x block`` rows: 64
+    more dQ rows (zero-filled and read, 8 bytes an element) and 128 more dK/dV rows (16 bytes an
+    element with grouped heads) for each sequence of the call."""
+    model = CostModel(load_profile("h100_nvlink_ib"), "fa3", 1)
+    q_row, kv_row = 64 * 128, 8 * 128
+    rowless = Work(1e9, 1000.0, 100.0, 4.0, 0.0, 8.0, 1000.0)
+    four = dataclasses.replace(rowless, q_row_elements=q_row, kv_row_elements=kv_row)
+    extra = model.compute_s(four, True) - model.compute_s(rowless, True)
+    assert extra == pytest.approx(4 * (64 * q_row * 8 + 128 * kv_row * 16) / 3350e9)
+    assert model.compute_s(four, False) == model.compute_s(rowless, False)
+    mha, mha_rowless = (dataclasses.replace(w, q_per_kv=1.0) for w in (four, rowless))
+    assert model.compute_s(mha, True) - model.compute_s(mha_rowless, True) == pytest.approx(
+        4 * 64 * q_row * 8 / 3350e9
+    )
