@@ -12,12 +12,14 @@ on the log ratio predicted / measured, so a 2× miss weighs the same on a 1 ms a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from lcab.cp.base import STRATEGIES
+from lcab.masks.core import AttnMask
 from lcab.plan.areas import pair_work
 from lcab.plan.hardware import Hardware
 from lcab.plan.model import CostModel, predict_pass
@@ -73,34 +75,36 @@ def points_of(records: Iterable[RunRecord]) -> list[Point]:
 def _kernel_points(record: RunRecord) -> list[Point]:
     """One call over the whole mask per measured pass of a single-device kernel record."""
     cell = PlanCell.of_record(record)
-    mask = mask_for(cell)
-    square = mask.seqlen_q == mask.seqlen_k
-    work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)], square)
-    keys = float(np.mean(work.mean_keys[:, 0, 0]))
-    queries = float(np.mean(work.mean_queries[:, 0, 0]))
-    rows, runs = float(np.mean(work.rows[:, 0, 0])), float(np.mean(work.runs[:, 0, 0]))
-    q_per_kv = cell.heads_q / max(cell.heads_kv, 1)
-    forward = 4.0 * mask.area() * (cell.heads_q // mask.num_heads) * cell.head_dim
+    forward = whole_mask_call(mask_for(cell), cell.heads_q, cell.heads_kv, cell.head_dim)
     points = []
     for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
         result = record.pass_result(pass_)
         if result.status == "ok" and result.ms_p50:
-            # the same call description the replay gives a CP step (tiles, backward sweeps)
-            single = Work(
-                forward * factor,
-                keys,
-                rows,
-                runs,
-                0.0,
-                q_per_kv,
-                queries,
-                q_elements=mask.seqlen_q * cell.heads_q * cell.head_dim,
-                kv_elements=mask.seqlen_k * cell.heads_kv * cell.head_dim,
-                q_row_elements=cell.heads_q * cell.head_dim,
-                kv_row_elements=cell.heads_kv * cell.head_dim,
-            )
+            single = dataclasses.replace(forward, flops=forward.flops * factor)
             points.append(Point(cell, pass_, float(result.ms_p50), None, record, single))
     return points
+
+
+def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) -> Work:
+    """The forward call of one kernel over the whole of ``mask``.
+
+    Described as the replay describes a context-parallel step's call (keys per row, queries per
+    key, tiles, tensors); a backward is the same call with 2.5 times the FLOPs.
+    """
+    square = mask.seqlen_q == mask.seqlen_k
+    work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)], square)
+    return Work(
+        flops=4.0 * mask.area() * (heads_q // mask.num_heads) * head_dim,
+        mean_keys=float(np.mean(work.mean_keys[:, 0, 0])),
+        rows=float(np.mean(work.rows[:, 0, 0])),
+        runs=float(np.mean(work.runs[:, 0, 0])),
+        q_per_kv=heads_q / max(heads_kv, 1),
+        mean_queries=float(np.mean(work.mean_queries[:, 0, 0])),
+        q_elements=mask.seqlen_q * heads_q * head_dim,
+        kv_elements=mask.seqlen_k * heads_kv * head_dim,
+        q_row_elements=heads_q * head_dim,
+        kv_row_elements=heads_kv * head_dim,
+    )
 
 
 def free_parameters(hardware: Hardware, kernels: Iterable[str], links: bool = True) -> list[str]:

@@ -33,8 +33,7 @@ import numpy as np
 import yaml
 
 from lcab.masks import make_mask
-from lcab.plan.areas import pair_work
-from lcab.plan.calibrate import start_value
+from lcab.plan.calibrate import start_value, whole_mask_call
 from lcab.plan.hardware import Hardware, KernelRate, load_profile
 from lcab.plan.model import CostModel
 from lcab.plan.replay import Work
@@ -122,6 +121,7 @@ def load_figures(path: str | Path) -> Figures:
 def figure_work(figure: Figure, rate: KernelRate) -> Work:
     """The call a figure timed, described as the planner describes a call.
 
+    That is `lcab.plan.calibrate.whole_mask_call`, times the figure's batch.
     Tile padding is exact here (a figure's sequences are whole runs of known length), where a
     context-parallel step uses its expected value; ``runs`` carries it in the model's units, so
     the per-sequence accumulator rows of a varlen backward are left out (the figures time one
@@ -132,32 +132,30 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
 
     """
     mask = make_mask(figure.mask, figure.seqlen, **figure.params)
-    everything = [np.arange(figure.seqlen)]
-    work = pair_work(mask, everything, everything, True)
-    if float(np.max(work.runs)) != 1.0:
+    call = whole_mask_call(mask, figure.heads_q, figure.heads_kv, figure.head_dim)
+    if call.runs != 1.0:
         raise ValueError(f"figure mask {figure.mask!r} is not one run of rows per sequence")
-    q_per_kv = figure.heads_q / figure.heads_kv
     bwd = figure.pass_ == "bwd"
-    tile = rate.tile_tokens(bwd, q_per_kv)
-    rows = float(np.mean(work.rows[:, 0, 0]))
-    padding = math.ceil(rows / tile) * tile - rows if tile > 0 else 0.0
-    runs = padding / ((tile - 1) / 2) if tile > 1 else 0.0
-    forward = 4.0 * mask.area() * (figure.heads_q // mask.num_heads) * figure.head_dim
-    return Work(
-        flops=forward * (2.5 if bwd else 1.0) * figure.batch,
-        mean_keys=float(np.mean(work.mean_keys[:, 0, 0])),
-        rows=rows,
-        runs=runs,
-        q_per_kv=q_per_kv,
-        mean_queries=float(np.mean(work.mean_queries[:, 0, 0])),
-        q_elements=figure.seqlen * figure.heads_q * figure.head_dim * figure.batch,
-        kv_elements=figure.seqlen * figure.heads_kv * figure.head_dim * figure.batch,
+    tile = rate.tile_tokens(bwd, call.q_per_kv)
+    padding = math.ceil(call.rows / tile) * tile - call.rows if tile > 0 else 0.0
+    return dataclasses.replace(
+        call,
+        flops=call.flops * (2.5 if bwd else 1.0) * figure.batch,
+        runs=padding / ((tile - 1) / 2) if tile > 1 else 0.0,
+        q_elements=call.q_elements * figure.batch,
+        kv_elements=call.kv_elements * figure.batch,
+        q_row_elements=0.0,
+        kv_row_elements=0.0,
     )
 
 
-def predicted_tflops(figure: Figure, hardware: Hardware) -> float:
-    """The throughput the profile gives the figure's call."""
-    work = figure_work(figure, hardware.rate(figure.kernel))
+def predicted_tflops(figure: Figure, hardware: Hardware, work: Work | None = None) -> float:
+    """The throughput the profile gives the figure's call.
+
+    ``work``: its `figure_work`, when already built — it depends on the profile's tiles only,
+    not on the rates a fit varies.
+    """
+    work = work or figure_work(figure, hardware.rate(figure.kernel))
     seconds = CostModel(hardware, figure.kernel, 1).compute_s(work, figure.pass_ == "bwd")
     return work.flops / seconds / 1e12
 
@@ -199,12 +197,16 @@ def fit_kernel(figures: Figures, hardware: Hardware, kernel: str) -> KernelFit:
     base = hardware if kernel in hardware.kernels else _with_kernel(hardware, kernel)
     start = np.log([start_value(base, n) for n in names] + [1.0] * len(scaled))
     measured = np.log([f.tflops for f in mine])
+    works = [figure_work(f, base.rate(kernel)) for f in mine]  # built once, not per iteration
 
     def fitted(x: np.ndarray) -> np.ndarray:
         hw = base.with_values(dict(zip(names, np.exp(x[: len(names)]).tolist(), strict=True)))
         scale = dict(zip(scaled, np.exp(x[len(names) :]).tolist(), strict=True))
         return np.array(
-            [predicted_tflops(f, hw) * scale.get((f.source, f.pass_), 1.0) for f in mine]
+            [
+                predicted_tflops(f, hw, w) * scale.get((f.source, f.pass_), 1.0)
+                for f, w in zip(mine, works, strict=True)
+            ]
         )
 
     result = least_squares(
