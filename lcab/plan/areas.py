@@ -36,6 +36,11 @@ class PairWork:
     cols: np.ndarray | None = None
     """(H_mask, I, J) key columns of shard j that some row of shard i attends (for the
     backward, whose kernels hold a key tile and sweep the queries that attend it)."""
+    col_docs: np.ndarray | None = None
+    """(H_mask, I, J) documents with such a column: the sequences a varlen call has work in."""
+    longest_cols: np.ndarray | None = None
+    """(H_mask, I, J) attended columns of the document that has the most: a varlen backward
+    sizes its grid by this longest key sequence (``max_seqlen_k``) for every sequence."""
 
     @cached_property
     def mean_keys(self) -> np.ndarray:
@@ -68,14 +73,22 @@ def pair_work(
     """`PairWork` of ``mask`` for query shards ``row_sets`` and key shards ``col_sets``.
 
     Shards are arrays of token ids (-1 = padding, which attends and is attended by nothing).
-    ``with_cols`` also counts the attended key columns (from the transposed mask).
+    ``with_cols`` also counts the attended key columns (from the transposed mask), per pair
+    and per document.
     """
     work = _row_work(mask, row_sets, col_sets)
     if with_cols:
         if mask.seqlen_q != mask.seqlen_k:
             raise ValueError("pair_work(with_cols=True) needs a self-attention mask")
-        cols = _row_work(mask.transpose(), col_sets, row_sets).rows.transpose(0, 2, 1)
-        work = dataclasses.replace(work, cols=cols)
+        lengths = mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q]
+        keys = _row_work(mask.transpose(), col_sets, row_sets, per_doc=np.asarray(lengths))
+        assert keys.col_docs is not None and keys.longest_cols is not None
+        work = dataclasses.replace(
+            work,
+            cols=keys.rows.transpose(0, 2, 1),
+            col_docs=keys.col_docs.transpose(0, 2, 1),
+            longest_cols=keys.longest_cols.transpose(0, 2, 1),
+        )
     return work
 
 
@@ -84,22 +97,32 @@ _BLOCK_ELEMENTS = 1 << 23
 
 
 def _row_work(
-    mask: AttnMask, row_sets: Sequence[IntArray], col_sets: Sequence[IntArray]
+    mask: AttnMask,
+    row_sets: Sequence[IntArray],
+    col_sets: Sequence[IntArray],
+    per_doc: IntArray | None = None,
 ) -> PairWork:
     """Area, active rows and runs of every (row shard, column shard) pair.
 
     Spans are sorted by (row shard, row) once per head, so every row shard's sum is one
     contiguous segment (`_group_sums`); column shards are handled a block at a time as 2-D
-    arrays (shards x spans) instead of one pass per shard.
+    arrays (shards x spans) instead of one pass per shard. ``per_doc`` (document lengths, which
+    a transposed mask does not carry) also counts, per pair, the documents with active rows and
+    the active rows of the document with the most (returned in ``col_docs`` and
+    ``longest_cols``: the caller passes the transposed mask, whose rows are key columns).
     """
     n_i, n_j = len(row_sets), len(col_sets)
     row_owner = owners(row_sets, mask.seqlen_q)
     area = np.zeros((mask.num_heads, n_i, n_j))
     rows = np.zeros((mask.num_heads, n_i, n_j))
     runs = np.zeros((mask.num_heads, n_i, n_j))
+    counting = per_doc is not None
+    doc_count = np.zeros((mask.num_heads, n_i, n_j)) if counting else None
+    longest = np.zeros((mask.num_heads, n_i, n_j)) if counting else None
+    lengths = per_doc if counting else mask.doc_lengths
     docs = (
-        np.repeat(np.arange(len(mask.doc_lengths)), mask.doc_lengths)
-        if mask.doc_lengths is not None and len(mask.doc_lengths) and mask.seqlen_q == mask.seqlen_k
+        np.repeat(np.arange(len(lengths)), lengths)
+        if lengths is not None and len(lengths) and mask.seqlen_q == mask.seqlen_k
         else np.zeros(mask.seqlen_q, dtype=np.int64)
     )
     prefix = _prefix_counts(col_sets, mask.seqlen_k)
@@ -127,6 +150,12 @@ def _row_work(
         )
         span_bounds = np.searchsorted(owner, shard_ids)
         row_bounds = np.searchsorted(unique_owner, shard_ids)
+        if counting:  # one document's rows of one shard are consecutive here: a segment each
+            doc_of = docs[unique_rows]
+            new_seg = np.ones(len(unique_rows), dtype=bool)
+            new_seg[1:] = (unique_owner[1:] != unique_owner[:-1]) | (doc_of[1:] != doc_of[:-1])
+            seg_starts = np.flatnonzero(new_seg)
+            seg_bounds = np.searchsorted(unique_owner[seg_starts], shard_ids)
         block = max(1, _BLOCK_ELEMENTS // len(row))
         for j0 in range(0, n_j, block):
             counts = prefix[j0 : j0 + block]
@@ -142,7 +171,11 @@ def _row_work(
             start = active.copy()
             start[:, 1:] &= ~(active[:, :-1] & link[1:])
             runs[head, :, j0 : j0 + block] = _group_sums(start, row_bounds).T
-    return PairWork(area, rows, runs)
+            if doc_count is not None and longest is not None:
+                per_seg = np.add.reduceat(active, seg_starts, axis=1, dtype=np.int64)
+                doc_count[head, :, j0 : j0 + block] = _group_sums(per_seg > 0, seg_bounds).T
+                longest[head, :, j0 : j0 + block] = _group_max(per_seg, seg_bounds).T
+    return PairWork(area, rows, runs, col_docs=doc_count, longest_cols=longest)
 
 
 def _group_sums(values: np.ndarray, bounds: IntArray) -> np.ndarray:
@@ -153,6 +186,15 @@ def _group_sums(values: np.ndarray, bounds: IntArray) -> np.ndarray:
         starts = bounds[:-1][filled]
         sums[:, filled] = np.add.reduceat(values, starts, axis=1, dtype=np.int64)
     return sums
+
+
+def _group_max(values: np.ndarray, bounds: IntArray) -> np.ndarray:
+    """(B, G) maxima of ``values[:, bounds[g]:bounds[g + 1]]`` for every group g (empty: 0)."""
+    maxima = np.zeros((values.shape[0], len(bounds) - 1), dtype=np.int64)
+    filled = np.diff(bounds) > 0
+    if filled.any():
+        maxima[:, filled] = np.maximum.reduceat(values, bounds[:-1][filled], axis=1)
+    return maxima
 
 
 def _prefix_counts(layouts: Sequence[IntArray], length: int) -> np.ndarray:

@@ -60,6 +60,14 @@ class KernelRate:
     """The same for the float32 dK/dV accumulators with grouped-query heads (``total_k + batch
     * kBlockN``, 128), each element costing ``bwd_kv_bytes``."""
 
+    bwd_block_cols: float = 0.0
+    """Key tile width of the backward kernel (FlashAttention-3: kBlockN, 128 for head dim
+    128): a varlen backward launches ``ceil(max_seqlen_k / bwd_block_cols) x query heads x
+    sequences`` thread blocks, the same number for every sequence."""
+    bwd_empty_block_us: float = 0.0
+    """Time a launched backward thread block with no work (a sequence shorter than the grid,
+    or empty) holds a multiprocessor, microseconds; 0: not costed."""
+
     def saturation_keys(self, bwd: bool) -> float:
         """Keys per row at which the pass reaches half its plateau."""
         return self.bwd_half_keys if bwd and self.bwd_half_keys is not None else self.half_keys
@@ -103,6 +111,9 @@ class Hardware:
     matmul_tflops: float | None = None
     """Dense matrix-product rate (TFLOP/s) for work outside attention, such as a harness's
     projection gradients; None: the kernel's forward plateau."""
+    multiprocessors: int | None = None
+    """Streaming multiprocessors of a device: thread blocks run this many at a time (None: not
+    a GPU, no launch grid costed)."""
     compute_slots_per_node: int | None = None
     """Ranks of a node that compute at full speed at once (CPU cores); None: one device each."""
     description: str = ""

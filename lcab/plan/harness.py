@@ -83,6 +83,9 @@ class Harness:
     window_dkv_hop: bool = False
     """LoongTrain's backward (with overlapped accumulators) moves each window's accumulator one
     more inner hop after the window's last step and waits for it at once."""
+    lists_every_document: bool = False
+    """A varlen call's ``cu_seqlens`` lists every document of the mask, those with no work in
+    the call as empty sequences (True), or only the sequences with work (False)."""
     projection_width: int = 0
     """Width of the input from which the timed backward's Q, K and V projections were made (0:
     no projection in the timed region). Its weight gradients are matrix products outside
@@ -133,7 +136,9 @@ LCAB = Harness(
 
 #: The published baselines (all bf16). Every call gathers its valid tokens out of the padded
 #: layout (``fa_varlen_thd_unpad``: a read and a write of each input) and scatters its outputs
-#: back into a zeroed padded tensor (``fa_varlen_thd_pad``: zero-fill, read, write). Ring steps
+#: back into a zeroed padded tensor (``fa_varlen_thd_pad``: zero-fill, read, write); its
+#: ``cu_seqlens`` keep every document, zeroing those without work in the call
+#: (``generate_valid_cu_seqlens``). Ring steps
 #: merge outputs with ``thd_out_correction`` (read out, read step, write out), accumulate dQ and
 #: dK/dV with ``bwd_dq_update`` / ``bwd_dkv_update`` (read, read, write) after concatenating dK
 #: and dV (``torch.cat``). ``attn_p2p_communicate`` posts ``isend`` and ``irecv`` one by one —
@@ -159,6 +164,7 @@ LONGCA = Harness(
     dkv_in_accumulator=False,
     regather_bwd=True,
     window_dkv_hop=True,
+    lists_every_document=True,
     projection_width=1024,
     passes={
         # (zero-fill out 1, correction 3) + active (gather q 2, scatter out 2) | active: k, v 4

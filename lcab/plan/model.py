@@ -63,9 +63,10 @@ class CostModel:
                 kv_pad = work.runs * rate.bwd_pad_kv_rows * work.kv_row_elements
                 moved += (work.kv_elements + kv_pad) * rate.bwd_kv_bytes
         traffic = moved / (self.hw.memory_gbps * 1e9 * self.compute_share)
+        idle = self.empty_blocks_s(work) if bwd else 0.0
         matmul = work.matmul_flops / (self.matmul_tflops * 1e12 * self.compute_share)
         if work.flops <= 0:
-            return matmul + traffic
+            return matmul + traffic + idle
         peak = (self.rate.bwd_tflops if bwd else self.rate.fwd_tflops) * 1e12 * self.compute_share
         # forward kernels hold a query tile and sweep its keys; backward kernels hold a key
         # tile and sweep the queries attending it: each saturates with its sweep's length
@@ -76,7 +77,23 @@ class CostModel:
             padding = work.runs * (tile - 1) / 2
             efficiency *= work.rows / (work.rows + padding)
         attention = work.flops / (peak * max(efficiency, 1e-9))
-        return self.rate.call_us * 1e-6 + attention + matmul + traffic
+        return self.rate.call_us * 1e-6 + attention + matmul + traffic + idle
+
+    def empty_blocks_s(self, work: Work) -> float:
+        """Seconds a varlen backward spends on launched thread blocks that have no work.
+
+        The grid is sized by the call's longest key sequence for every sequence, so a call with
+        many short documents (or empty ones, where the code lists them) launches mostly blocks
+        that only read their sequence's length and exit; each still holds a multiprocessor.
+        Busy blocks: each sequence's columns in whole tiles, on average half a tile padded.
+        """
+        rate, sms = self.rate, self.hw.multiprocessors
+        if not (sms and rate.bwd_empty_block_us and rate.bwd_block_cols and work.longest_keys):
+            return 0.0
+        per_head = np.ceil(work.longest_keys / rate.bwd_block_cols) * work.sequences
+        busy = work.key_columns / rate.bwd_block_cols + work.key_documents / 2
+        empty = max(per_head - busy, 0.0) * work.q_heads
+        return float(empty * rate.bwd_empty_block_us * 1e-6 / (sms * self.compute_share))
 
     def transfer_s(self, transfer: Transfer) -> float:
         """Seconds of one transfer: its slower part (intra- or inter-node) + latency, per phase.

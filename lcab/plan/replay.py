@@ -71,6 +71,16 @@ class Work:
     """Elements of one query token (local query heads x head dim)."""
     kv_row_elements: float = 0.0
     """Elements of one key token (local KV heads x head dim)."""
+    q_heads: float = 0.0
+    """Query heads of the call (a backward kernel launches its grid per query head)."""
+    sequences: float = 0.0
+    """Sequences of the varlen call (``cu_seqlens`` entries, the empty ones included)."""
+    key_columns: float = 0.0
+    """Attended key columns of the call (per head)."""
+    key_documents: float = 0.0
+    """Sequences with attended key columns."""
+    longest_keys: float = 0.0
+    """Attended key columns of the longest such sequence (the call's ``max_seqlen_k``)."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +239,8 @@ class _Call:
     harness: Harness
     q_tokens: int
     kv_tokens: int
+    documents: int = 1
+    """Documents of the mask (the sequences of a call that lists every one)."""
 
 
 def _rank_work(
@@ -253,6 +265,11 @@ def _rank_work(
     runs = _head_mean(works.runs, mask_heads, i, j)
     queries = _head_mean(works.mean_queries, mask_heads, i, j)
     cols = _head_mean(works.cols, mask_heads, i, j) if works.cols is not None else 0.0
+    key_docs = _head_mean(works.col_docs, mask_heads, i, j) if works.col_docs is not None else 0.0
+    longest = (
+        _head_mean(works.longest_cols, mask_heads, i, j) if works.longest_cols is not None else 0.0
+    )
+    sequences = call.documents if call.harness.lists_every_document else key_docs
     factor = 2.5 if bwd else 1.0
     # copies outside the kernel: layouts, padding, merges of partials, gradient accumulation
     q_size, kv_size = heads.local_q * problem.head_dim, heads.local_kv * problem.head_dim
@@ -275,7 +292,17 @@ def _rank_work(
         kv_elements=elements.kv,
         q_row_elements=q_size,
         kv_row_elements=kv_size,
+        q_heads=heads.local_q,
+        sequences=sequences,
+        key_columns=cols,
+        key_documents=key_docs,
+        longest_keys=longest,
     )
+
+
+def _documents(mask: AttnMask) -> int:
+    """Documents of ``mask`` (1 when it has none)."""
+    return max(len(mask.doc_lengths), 1) if mask.doc_lengths is not None else 1
 
 
 def _head_mean(values: np.ndarray, mask_heads: Sequence[int], i: int, j: int) -> float:
@@ -315,7 +342,7 @@ def _ulysses(
 ) -> tuple[list, list]:
     order = np.concatenate(plan.rank_layouts)  # every token (a group holds the whole sequence)
     works = pair_work(mask, [order], [order])
-    call = _Call("ulysses", harness, len(order), len(order))
+    call = _Call("ulysses", harness, len(order), len(order), _documents(mask))
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
         for rank in range(plan.world):
@@ -330,7 +357,7 @@ def _allgather(
 ) -> tuple[list, list]:
     everything = np.concatenate(plan.placement.layouts)
     works = pair_work(mask, list(plan.rank_layouts), [everything])
-    call = _Call("allgather", harness, plan.shard_len, len(everything))
+    call = _Call("allgather", harness, plan.shard_len, len(everything), _documents(mask))
     shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
     moved = 2 * (plan.ring - 1) * shard
     group = list(range(plan.world))
@@ -364,7 +391,8 @@ def _ring(
     kv = block * element_bytes(problem)
     acc_elem = accumulator_bytes(problem) if harness.dkv_in_accumulator else element_bytes(problem)
     acc = block * acc_elem
-    call = _Call("ring", harness, plan.shard_len * plan.ulysses, plan.shard_len * plan.ulysses)
+    tokens = plan.shard_len * plan.ulysses
+    call = _Call("ring", harness, tokens, tokens, _documents(mask))
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
         for rank in range(plan.world):

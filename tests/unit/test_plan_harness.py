@@ -182,3 +182,22 @@ def test_longca_loongtrain_backward_waits_for_the_hop_after_each_window():
     ours = replay(strategy, mask, PROBLEM, 4, harness=LCAB)
     (stages, _), _ = (shape(w) for w in ours.passes["bwd"][0])
     assert stages == [([kv], [dkv], True), ([], [dkv], True), ([], ["loong_outer_dkv"], False)]
+
+
+def test_longca_calls_list_every_document_and_lcab_calls_only_those_with_work():
+    """The baselines keep every document in each call's ``cu_seqlens`` (empty ones zeroed by
+    ``generate_valid_cu_seqlens``); lcab's lowering gives a call the documents it has work in.
+    Both see the same longest key sequence and the same attended columns."""
+    mask = make_mask(
+        "causal_document", S, seed=3, doc_source="uniform", min_doc_len=40, max_doc_len=300
+    )
+    documents = len(mask.doc_lengths)
+    strategy = STRATEGIES.get("ring")({"balance": "zigzag"}, 4)
+    ours = replay(strategy, mask, PROBLEM, 4, harness=LCAB)
+    theirs = replay(strategy, mask, PROBLEM, 4, harness=LONGCA)
+    for rank in range(4):
+        for mine, published in zip(ours.work(rank, "bwd"), theirs.work(rank, "bwd"), strict=True):
+            assert published.sequences == documents
+            assert mine.sequences == mine.key_documents <= documents
+            assert 0 < mine.longest_keys == published.longest_keys <= mine.key_columns
+            assert mine.q_heads == published.q_heads == HQ

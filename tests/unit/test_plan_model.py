@@ -301,3 +301,28 @@ def test_a_varlen_backward_pays_accumulator_rows_per_sequence():
     assert model.compute_s(mha, True) - model.compute_s(mha_rowless, True) == pytest.approx(
         4 * 64 * q_row * 8 / 3350e9
     )
+
+
+def test_a_varlen_backward_pays_the_blocks_its_grid_launches_without_work():
+    """FA3's varlen backward launches ceil(max_seqlen_k / 128) blocks per query head for every
+    sequence of the call; blocks past a sequence's end only exit, each holding one of the H100's
+    132 multiprocessors for ``bwd_empty_block_us`` (2 us). By hand: 10 sequences, the longest
+    300 attended keys -> 3 blocks each = 30 per head; busy: 1000 columns / 128 + 5 sequences
+    with keys x half a tile padded = 10.3125; 4 query heads -> 78.75 empty blocks."""
+    hardware = load_profile("h100_nvlink_ib")
+    model = CostModel(hardware, "fa3", 1)
+    bare = Work(1e9, 1000.0, 100.0, 4.0, 0.0, 8.0, 1000.0)
+    call = dataclasses.replace(
+        bare, q_heads=4, sequences=10, key_columns=1000, key_documents=5, longest_keys=300
+    )
+    extra = model.compute_s(call, True) - model.compute_s(bare, True)
+    assert extra == pytest.approx(78.75 * 2e-6 / 132)
+    assert model.compute_s(call, False) == model.compute_s(bare, False)  # forward: persistent
+    # one sequence that fills its grid: nothing launched idle
+    full = dataclasses.replace(
+        call, sequences=1, key_documents=1, key_columns=384, longest_keys=384
+    )
+    assert model.empty_blocks_s(full) == 0.0
+    # a profile without multiprocessors (a CPU) costs no grid
+    cpu = CostModel(dataclasses.replace(hardware, multiprocessors=None), "fa3", 1)
+    assert cpu.empty_blocks_s(call) == 0.0

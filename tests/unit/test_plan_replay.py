@@ -135,6 +135,15 @@ def test_pair_work_equals_the_areas_and_rows_of_remapped_sub_masks(mask_name):
                 doc = np.searchsorted(np.cumsum(lengths), ids, side="right")
                 breaks = (np.diff(ids) != 1) | (np.diff(doc) != 0)
                 assert work.runs[h, i, j] == (len(ids) > 0) + breaks.sum()
+                # per document: attended columns of each, counted off the dense sub-mask
+                keys = c[c >= 0][dense.any(0).numpy()[: (c >= 0).sum()]]
+                per_doc = np.bincount(
+                    np.searchsorted(np.cumsum(lengths), keys, side="right"),
+                    minlength=len(lengths),
+                )
+                assert work.col_docs is not None and work.longest_cols is not None
+                assert work.col_docs[h, i, j] == (per_doc > 0).sum()
+                assert work.longest_cols[h, i, j] == per_doc.max()
 
 
 def test_pair_work_counts_shards_too_large_for_16_bit_counts():
