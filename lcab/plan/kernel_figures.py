@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -271,6 +272,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    try:
+        _print_fits(fits, hardware)
+    except BrokenPipeError:  # the reader stopped early (`| head`): end quietly, as pipes expect
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _print_fits(fits: Sequence[KernelFit], hardware: Hardware) -> None:
+    """Each kernel's fitted values beside the profile's, then each figure beside its fit."""
     for fit in fits:
         print(f"\n{fit.kernel}: rms log error {fit.rms_log_error():.3f}")
         for name, value in fit.values.items():
@@ -282,7 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for figure, value in fit.rows:
             miss = value / figure.tflops - 1
             print(f"    {figure.label():<40} {figure.tflops:6.0f} -> {value:6.0f} ({miss:+.1%})")
-    return 0
 
 
 if __name__ == "__main__":

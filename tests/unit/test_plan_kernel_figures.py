@@ -157,3 +157,34 @@ def test_the_command_prints_each_figure_beside_its_fit(tmp_path, capsys):
     assert "flex: rms log error" in out and "blog full bwd 32768" in out
     shown = float(out.split("blog full fwd 8192")[1].split("->")[1].split("(")[0])
     assert math.isclose(shown, 385, rel_tol=0.03)
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path, monkeypatch):
+    """`python -m lcab.plan.kernel_figures | head` closes the pipe after a few lines; the
+    command ends with 0 instead of a BrokenPipeError traceback."""
+    series = [
+        {
+            "source": "blog",
+            "kernel": "flex",
+            "mask": "full",
+            "pass": "fwd",
+            "heads": [64, 8],
+            "seqlen": [8192, 32768],
+            "tflops": [385, 391],
+        }
+    ]
+    sink = (tmp_path / "sink").open("w")
+
+    class ClosedPipe:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError
+
+        def flush(self) -> None:
+            pass
+
+        def fileno(self) -> int:
+            return sink.fileno()
+
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert main(["--figures", str(_write(tmp_path, series))]) == 0
+    sink.close()
