@@ -18,6 +18,7 @@ from multiprocessing import get_context
 
 import numpy as np
 
+from lcab.plan.blog_packs import PACKS, blog_packs
 from lcab.plan.hardware import Hardware
 from lcab.plan.harness import LONGCA
 from lcab.plan.predict import PlanCell, mask_for, predict
@@ -57,10 +58,9 @@ PUBLISHED: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
 }
 #: Reading error of the charts: differences below twice this are not an ordering.
 READING_ERROR = 10
-#: The blog's documents: ChatQA lengths, split at 1/4 of the pack (its sampler's chunk_ratio),
-#: each point the mean TFLOP/s of 20 packs (its pack_num) — the same here.
-DOCUMENTS = {"doc_source": "chatqa", "max_doc_fraction": 0.25}
-DOCUMENT_SAMPLES = 20
+#: The blog's document cells: each point the mean TFLOP/s of its sampler's first 20 packs
+#: (`lcab.plan.blog_packs`: ChatQA lengths cut at 1/4 of the pack, seed 42) — the same packs here.
+DOCUMENT_SAMPLES = PACKS
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,20 @@ class Comparison:
         return self.predicted / self.published - 1.0
 
 
-def paper_cell(mask: str, cp: str, world: int, seed: int = 42) -> PlanCell:
-    """The blog's setting for one cell: 8K tokens per GPU, 64:8 heads, d 128, 8 GPUs a node."""
-    params = dict(DOCUMENTS) if "document" in mask else {}
+def paper_cell(mask: str, cp: str, world: int, sample: int = 0) -> PlanCell:
+    """The blog's setting for one cell: 8K tokens per GPU, 64:8 heads, d 128, 8 GPUs a node.
+
+    Document masks hold pack ``sample`` of the blog's sampler for that length.
+    """
+    seqlen = 8192 * world
+    params: dict = {}
+    if "document" in mask:
+        params = {"doc_lengths": list(blog_packs(seqlen)[sample])}
     return PlanCell(
         cp=cp,
         kernel="fa3",
         mask=mask,
-        seqlen=8192 * world,
+        seqlen=seqlen,
         nodes=world // 8,
         devices_per_node=8,
         heads_q=64,
@@ -96,7 +102,6 @@ def paper_cell(mask: str, cp: str, world: int, seed: int = 42) -> PlanCell:
         dtype="bfloat16",
         cp_options={} if cp == "ulysses" else {"balance": "zigzag"},
         mask_params=params,
-        mask_seed=seed,
     )
 
 
@@ -111,6 +116,8 @@ def compare(
     Document cells average ``samples`` packs. Each (mask, pass, cp size) is independent, so
     they run in ``workers`` processes (None: one per CPU core; 1: in this process).
     """
+    if not 1 <= samples <= PACKS:
+        raise ValueError(f"samples={samples} must be in 1..{PACKS} (the blog's packs)")
     jobs = [(key, world, hardware, samples) for key in PUBLISHED for world in worlds]
     workers = min(workers or os.cpu_count() or 1, len(jobs))
     if workers <= 1:
@@ -126,10 +133,10 @@ def _compare_one(
     mask, pass_ = key
     per_strategy = PUBLISHED[key]
     tflops: dict[str, list[float]] = {cp: [] for cp in per_strategy}
-    for seed in range(42, 42 + (samples if "document" in mask else 1)):
-        built = mask_for(paper_cell(mask, "ulysses", world, seed))  # one mask, five plans
+    for sample in range(samples if "document" in mask else 1):
+        built = mask_for(paper_cell(mask, "ulysses", world, sample))  # one mask, five plans
         for cp in per_strategy:
-            theirs = predict(paper_cell(mask, cp, world, seed), hardware, built, LONGCA)
+            theirs = predict(paper_cell(mask, cp, world, sample), hardware, built, LONGCA)
             tflops[cp].append(theirs.pass_(pass_).tflops)  # LONGCA: the code that was measured
     published = {cp: values[CP_SIZES.index(world)] for cp, values in per_strategy.items()}
     return [
