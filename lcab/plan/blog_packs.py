@@ -17,6 +17,9 @@ Its rules, restated (the code is theirs; this is written from the description):
 A document cell's throughput varies several-fold between packs (a pack of ChatQA pieces may hold
 one 128K piece or none), and a communication-bound strategy's TFLOP/s is proportional to its pack's
 FLOPs, so the comparison uses these packs rather than packs drawn from the same histogram.
+The same packs come out only if the benchmark's NumPy drew the same two shuffles as this one:
+NumPy does not promise a ``Generator``'s stream across versions, and which version measured the
+blog is not published.
 """
 
 from __future__ import annotations
