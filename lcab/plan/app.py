@@ -1,9 +1,9 @@
 """``python -m lcab.plan``: the planner as a Hydra app (same groups as the benchmark + hardware).
 
 One job = one cell (cp x mask x topology x kernel) at each configured length; it prints the
-prediction (the median of ``bench.mask_samples`` mask samples, as the runner reports) and appends
-it to ``<job dir>/plan.jsonl``. A multirun ends with one table of every
-job and, when the sweep spans several world sizes, a plot of predicted per-GPU TFLOP/s against
+prediction (the median of ``bench.mask_samples`` mask samples, as the runner reports) and writes
+it to ``<job dir>/plan.jsonl``. A multirun ends with one table of its
+jobs and, when the sweep spans several world sizes, a plot of predicted per-GPU TFLOP/s against
 world size per strategy (``plan_tflops.png``), with the measured points of ``records=<file>``
 overlaid. ``recommend=true`` ranks every strategy for the cell instead.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,27 +193,39 @@ def app(cfg: DictConfig) -> None:
         extra = {"hardware": hardware.name, "harness": harness.name, "samples": cell.mask_samples}
         rows.append(prediction.row() | extra)
     if rows:
-        with (out_dir / PLAN_FILE).open("a") as fh:
+        with (out_dir / PLAN_FILE).open("w") as fh:  # a job run again replaces its rows
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
         _console().print(predictions_table(rows, f"{hardware.name}  ->  {out_dir / PLAN_FILE}"))
 
 
-def read_plan_rows(root: Path) -> list[dict[str, Any]]:
-    """Every prediction row written under ``root``."""
+def read_plan_rows(root: Path, since: float | None = None) -> list[dict[str, Any]]:
+    """Every prediction row written under ``root`` (only files written at or after ``since``).
+
+    A sweep directory given again by hand (``hydra.sweep.dir=...``) still holds the job folders
+    of earlier sweeps; ``since`` keeps a multirun's table to its own jobs.
+    """
     rows = []
     for path in sorted(root.rglob(PLAN_FILE)):
+        if since is not None and path.stat().st_mtime < since:
+            continue
         rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return rows
 
 
 class PlanSummary(Callback):
-    """At the end of a multirun: one table of every job, and the TFLOP/s-vs-world plot."""
+    """At the end of a multirun: one table of its jobs, and the TFLOP/s-vs-world plot."""
+
+    started: float | None = None
+
+    @override
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.started = time.time()
 
     @override
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
-        rows = read_plan_rows(root)
+        rows = read_plan_rows(root, since=self.started)
         if not rows:
             return
         rows.sort(key=lambda r: (r["mask"], r["cp"], r["world"]))

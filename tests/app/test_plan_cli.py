@@ -50,6 +50,14 @@ def test_a_topology_sweep_predicts_every_world_and_plots_them(tmp_path):
     assert usp[16]["ulysses"] == 8 and usp[16]["ring"] == 2  # Ulysses inside the node
     assert (sweep / "plan_tflops.png").stat().st_size > 10_000
 
+    # the same sweep directory again, for one of those cells: its table holds that job alone,
+    # whose file it rewrites, and the other jobs' folders are left as they were
+    again = plan("-m", "cp=ulysses", "topology=2x8", "mask=causal", f"hydra.sweep.dir={sweep}")
+    assert again.returncode == 0, again.stderr
+    assert "plan of 1 cells" in again.stdout
+    files = {p.parent.name: p.read_text().splitlines() for p in sweep.rglob("plan.jsonl")}
+    assert len(files) == 4 and all(len(lines) == 1 for lines in files.values())
+
 
 def test_recommend_names_the_best_strategy_its_margin_and_the_smallest_world():
     done = plan("recommend=true", "mask=causal_document", "topology=2x8")
