@@ -92,11 +92,17 @@ class Harness:
     attention that the measured time includes (`projection_costs`)."""
     passes: dict[str, Passes] = field(default_factory=dict)
     """Keyed ``<family>_<pass>``: ``ulysses_fwd``, ``allgather_bwd``, ``ring_fwd`` (per ring
-    step, also for USP's and LoongTrain's steps), ...; missing: no passes."""
+    step, also for USP's and LoongTrain's steps), ...; ``ulysses_layout_<pass>``: the layout
+    copies around a Ulysses group's all-to-alls, once per pass (Ulysses, USP, LoongTrain);
+    missing: no passes."""
 
     def call_passes(self, family: str, bwd: bool) -> Passes:
         """The passes around one call of ``family`` (ulysses | allgather | ring)."""
         return self.passes.get(f"{family}_{'bwd' if bwd else 'fwd'}", Passes())
+
+    def layout_passes(self, bwd: bool) -> Passes | None:
+        """The passes around a Ulysses group's all-to-alls in one pass (None: none)."""
+        return self.passes.get(f"ulysses_layout_{'bwd' if bwd else 'fwd'}")
 
     def projection_costs(
         self, tokens: int, heads_q: int, heads_kv: int, head_dim: int, elem: int
@@ -151,9 +157,11 @@ LCAB = Harness(
 #: that window's first step. Ring All-Gather runs its two zigzag query halves as two calls
 #: against the whole gathered K/V (reordered after the gather,
 #: ``gather_with_reorder_before_attn``), re-gathers K/V in the backward, adds each call's
-#: full-length dK/dV into zeroed buffers and reorders them before the reduce-scatter. Ulysses
-#: copies q, k, v to head-major before its all-to-all and back after
-#: (``rearrange(...).contiguous()``), and the output once more after the return all-to-all.
+#: full-length dK/dV into zeroed buffers and reorders them before the reduce-scatter. Ulysses,
+#: and USP and LoongTrain around their rings (``usp.py`` / ``loongtrain.py`` call the same
+#: ``_varlen_all2all_before_attn`` / ``_after_attn``), copy q, k, v to head-major before the
+#: all-to-all and back after (``rearrange(...).contiguous()``), and the output once more after
+#: the return all-to-all.
 #: The timed backward (``out.backward(dout)`` in ``run_benchmark.py``) also runs back through
 #: the ``nn.Linear(1024, heads x d)`` projections that made q, k and v from a random ``x`` that
 #: needs no gradient: three weight gradients and their bias sums.
@@ -179,12 +187,15 @@ LONGCA = Harness(
         # kv: re-gather reorder 4, zero dk, dv 2, per call (x 2) zero-fill 2 + add 6, reorder
         # before the reduce-scatter 4 + active, per call (x 2): gather k, v 4, scatter 4
         "allgather_bwd": Passes(q=(7, 0), active_q=(8, 0), kv=(26, 0), active_kv=(16, 0)),
-        # q: layout 2 + 2, zero-fill out 1, out layout 2 + active: gather 2, scatter 2
-        # kv: layout 8 + active: gather 4
-        "ulysses_fwd": Passes(q=(7, 0), active_q=(4, 0), kv=(8, 0), active_kv=(4, 0)),
-        # q: dout layout 4, zero-fill dq 1, dq layout 4 + active: gather 6, scatter 2
-        # kv: zero-fill 2, layout 8 + active: gather 4, scatter 4
-        "ulysses_bwd": Passes(q=(9, 0), active_q=(8, 0), kv=(10, 0), active_kv=(8, 0)),
+        # q: zero-fill out 1 + active: gather 2, scatter 2 | kv: active: gather 4
+        "ulysses_fwd": Passes(q=(1, 0), active_q=(4, 0), active_kv=(4, 0)),
+        # q: zero-fill dq 1 + active: gather 6, scatter 2 | kv: zero-fill 2 + active: gather 4,
+        # scatter 4
+        "ulysses_bwd": Passes(q=(1, 0), active_q=(8, 0), kv=(2, 0), active_kv=(8, 0)),
+        # around the all-to-alls — q: layout 2 + 2, out layout 2 | kv: layout 8
+        "ulysses_layout_fwd": Passes(q=(6, 0), kv=(8, 0)),
+        # dout layout 4, dq layout 4 | kv: layout 8
+        "ulysses_layout_bwd": Passes(q=(8, 0), kv=(8, 0)),
     },
 )
 

@@ -321,20 +321,37 @@ def _a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:
 
 
 def _ulysses_ends(
-    plan: Plan, problem: Problem, links: _Links, rank: int, bwd: bool
+    plan: Plan, problem: Problem, links: _Links, rank: int, bwd: bool, harness: Harness
 ) -> tuple[Stage, Stage]:
-    """The exposed all-to-alls before and after the local work of a Ulysses group."""
+    """The exposed all-to-alls before and after the local work of a Ulysses group.
+
+    The harness's layout copies around them (its ``ulysses_layout`` passes, over the tensors
+    the group's member holds between the all-to-alls) run before the first.
+    """
     grid = Grid(plan.world, plan.ulysses, rank)
     group = grid.my_ulysses_group()
     q, kv = _a2a_bytes(plan, problem)
     op = "a2a_grad" if bwd else "a2a"
     before = [q] if bwd else [q, kv, kv]  # fwd: q, k, v in; bwd: dout in
     after = [q, kv, kv] if bwd else [q]  # fwd: out back; bwd: dq, dk, dv back
+    layout = harness.layout_passes(bwd)
+    copies = None
+    if layout is not None:
+        tokens = plan.shard_len * plan.ulysses
+        heads = plan.heads
+        elements = Elements(
+            tokens * heads.local_q * problem.head_dim,
+            tokens * heads.local_kv * problem.head_dim,
+            0.0,
+            0.0,
+        )
+        traffic = layout.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
+        copies = Work(0.0, 0.0, memory_bytes=traffic)
 
-    def stage(sizes: list[int]) -> Stage:
-        return Stage(None, after=tuple(links.collective(op, "a2a", b, rank, group) for b in sizes))
+    def stage(sizes: list[int], work: Work | None = None) -> Stage:
+        return Stage(work, after=tuple(links.collective(op, "a2a", b, rank, group) for b in sizes))
 
-    return stage(before), stage(after)
+    return stage(before, copies), stage(after)
 
 
 def _ulysses(
@@ -347,7 +364,7 @@ def _ulysses(
     for bwd, ranks in enumerate(passes):
         for rank in range(plan.world):
             work = _rank_work(works, plan, problem, rank % plan.ulysses, 0, 0, bool(bwd), call)
-            before, after = _ulysses_ends(plan, problem, links, rank, bool(bwd))
+            before, after = _ulysses_ends(plan, problem, links, rank, bool(bwd), harness)
             ranks.append((Window((before, Stage(work), after)),))
     return passes
 
@@ -443,7 +460,7 @@ def _ring(
                 )
                 windows.append(Window(tuple(stages), background))
             if plan.ulysses > 1:
-                before, after_a2a = _ulysses_ends(plan, problem, links, rank, bool(bwd))
+                before, after_a2a = _ulysses_ends(plan, problem, links, rank, bool(bwd), harness)
                 windows = [Window((before,)), *windows, Window((after_a2a,))]
             ranks.append(tuple(windows))
     return passes

@@ -201,3 +201,29 @@ def test_longca_calls_list_every_document_and_lcab_calls_only_those_with_work():
             assert mine.sequences == mine.key_documents <= documents
             assert 0 < mine.longest_keys == published.longest_keys <= mine.key_columns
             assert mine.q_heads == published.q_heads == HQ
+
+
+@pytest.mark.parametrize("name", ["ulysses", "usp", "loongtrain"])
+def test_longca_ulysses_groups_pay_their_layout_copies_once_per_pass(name):
+    # Ulysses, and USP / LoongTrain around their rings, copy to head-major and back around the
+    # all-to-alls: forward 6 passes per q element (q in 4, out 2) and 8 per kv element (k, v
+    # in); backward 8 and 8 (dout, dq; dk, dv) — over the tensors a member holds between the
+    # all-to-alls: all tokens of its group's shards, HQ / U query heads and HKV / U key heads
+    # (one when U exceeds HKV: the key heads are repeated to U)
+    mask = make_mask("full", S)
+    options = {} if name == "ulysses" else {"ulysses_degree": 2, "balance": "zigzag"}
+    strategy = STRATEGIES.get(name)(options, 4)
+    theirs = replay(strategy, mask, PROBLEM, 4, harness=LONGCA)
+    ours = replay(strategy, mask, PROBLEM, 4, harness=LCAB)
+    u = 4 if name == "ulysses" else 2
+    tokens = S if name == "ulysses" else S // 2  # a group holds the shards of its u members
+    q_elems, kv_elems = tokens * (HQ // u) * D, tokens * max(HKV // u, 1) * D
+    for pass_, (q_passes, kv_passes) in {"fwd": (6, 8), "bwd": (8, 8)}.items():
+        for rank in range(4):
+            first = theirs.passes[pass_][rank][0].stages[0]  # before the first all-to-all
+            assert first.after and {t.kind for t in first.after} == {"a2a"}
+            assert first.work is not None and first.work.flops == 0
+            assert first.work.memory_bytes == pytest.approx(
+                2 * (q_passes * q_elems + kv_passes * kv_elems)
+            )
+            assert ours.passes[pass_][rank][0].stages[0].work is None  # lcab: none
