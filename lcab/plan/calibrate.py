@@ -24,7 +24,8 @@ from lcab.plan.areas import pair_work
 from lcab.plan.hardware import Hardware
 from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell, mask_for
-from lcab.plan.replay import Replay, Work, replay
+from lcab.plan.replay import Replay, replay
+from lcab.plan.steps import Work
 from lcab.records.schema import RunRecord
 
 

@@ -37,7 +37,7 @@ from lcab.masks import make_mask
 from lcab.plan.calibrate import start_value, whole_mask_call
 from lcab.plan.hardware import Hardware, KernelRate, load_profile
 from lcab.plan.model import CostModel
-from lcab.plan.replay import Work
+from lcab.plan.steps import Work
 
 FIGURES_DIR = Path(__file__).resolve().parent / "figures"
 PARAMETERS = {"fwd": ("fwd_tflops", "half_keys"), "bwd": ("bwd_tflops", "bwd_half_keys")}

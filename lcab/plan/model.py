@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lcab.plan.hardware import Hardware, KernelRate
-from lcab.plan.replay import Replay, Stage, Transfer, Work
+from lcab.plan.replay import Replay
+from lcab.plan.steps import Stage, Transfer, Work
 
 
 @dataclass(frozen=True)

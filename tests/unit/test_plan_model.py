@@ -14,7 +14,8 @@ from lcab.plan.calibrate import Point, calibrate, free_parameters
 from lcab.plan.hardware import KernelRate, load_profile
 from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell
-from lcab.plan.replay import Work, replay
+from lcab.plan.replay import replay
+from lcab.plan.steps import Work
 from tests.helpers.plan_hardware import hand_hardware
 
 S, HQ, HKV, D = 1024, 8, 8, 64
