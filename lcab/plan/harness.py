@@ -36,6 +36,19 @@ class Passes:
     active_q: tuple[float, float] = (0.0, 0.0)
     active_kv: tuple[float, float] = (0.0, 0.0)
 
+    def plus(self, other: Passes) -> Passes:
+        """These passes and ``other``'s, over the same call."""
+
+        def add(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+            return (a[0] + b[0], a[1] + b[1])
+
+        return Passes(
+            add(self.q, other.q),
+            add(self.kv, other.kv),
+            add(self.active_q, other.active_q),
+            add(self.active_kv, other.active_kv),
+        )
+
     def bytes(self, elements: Elements, elem: int, acc: int) -> float:
         """Bytes these passes move for a call over ``elements``."""
 
@@ -86,6 +99,16 @@ class Harness:
     lists_every_document: bool = False
     """A varlen call's ``cu_seqlens`` lists every document of the mask, those with no work in
     the call as empty sequences (True), or only the sequences with work (False)."""
+    causal_halves: bool = False
+    """On a mask that attends only the past, a zigzag ring step whose K/V come from an earlier
+    ring position uses only the first half of them, and one whose K/V come from a later
+    position only the second half of its queries; the code extracts that half
+    (``thd_read_half_tensor``: its ``ring_half_<q|kv>_<pass>`` passes) and runs the call and its
+    copies over the half tensors (True), or calls with the whole tensors (False)."""
+    kernel_gets_active_tokens: bool = False
+    """A call hands its kernel only the tokens with work in it, gathered out of the padded layout
+    (True), or the whole local tensors (False): a backward kernel's own passes over the tokens it
+    is given (its pre- and post-processing) run over those."""
     projection_width: int = 0
     """Width of the input from which the timed backward's Q, K and V projections were made (0:
     no projection in the timed region). Its weight gradients are matrix products outside
@@ -99,6 +122,12 @@ class Harness:
     def call_passes(self, family: str, bwd: bool) -> Passes:
         """The passes around one call of ``family`` (ulysses | allgather | ring)."""
         return self.passes.get(f"{family}_{'bwd' if bwd else 'fwd'}", Passes())
+
+    def half_passes(self, half: str, bwd: bool) -> Passes:
+        """The extraction of a causal ring step's ``half`` (q | kv; "" for none)."""
+        if not half:
+            return Passes()
+        return self.passes.get(f"ring_half_{half}_{'bwd' if bwd else 'fwd'}", Passes())
 
     def layout_passes(self, bwd: bool) -> Passes | None:
         """The passes around a Ulysses group's all-to-alls in one pass (None: none)."""
@@ -154,7 +183,9 @@ LCAB = Harness(
 #: the dK/dV accumulator together with the next K/V block, overlapped with the step; LoongTrain
 #: sends it on its own group after each step, overlapped with the next, but waits for the hop
 #: after a window's last step, and passes the window's accumulator to the next window during
-#: that window's first step. Ring All-Gather runs its two zigzag query halves as two calls
+#: that window's first step. On a causal mask a ring step extracts the half of q or of K/V it
+#: needs (``thd_read_half_tensor``) and calls, pads and merges over that half; each call hands
+#: FA3 only its valid tokens. Ring All-Gather runs its two zigzag query halves as two calls
 #: against the whole gathered K/V (reordered after the gather,
 #: ``gather_with_reorder_before_attn``), re-gathers K/V in the backward, adds each call's
 #: full-length dK/dV into zeroed buffers and reorders them before the reduce-scatter. Ulysses,
@@ -173,6 +204,8 @@ LONGCA = Harness(
     regather_bwd=True,
     window_dkv_hop=True,
     lists_every_document=True,
+    causal_halves=True,
+    kernel_gets_active_tokens=True,
     projection_width=1024,
     passes={
         # (zero-fill out 1, correction 3) + active (gather q 2, scatter out 2) | active: k, v 4
@@ -183,6 +216,11 @@ LONGCA = Harness(
         # q: zero-fill out 1, collect 2 + active: gather 2, scatter 2 | kv: reorder after the
         # gather 4 + active, per call (x 2): gather k, v 4
         "allgather_fwd": Passes(q=(3, 0), active_q=(4, 0), kv=(4, 0), active_kv=(8, 0)),
+        # causal ring steps, over the half they extract (read, write): q | q, out, dout | k, v
+        "ring_half_q_fwd": Passes(q=(2, 0)),
+        "ring_half_q_bwd": Passes(q=(6, 0)),
+        "ring_half_kv_fwd": Passes(kv=(4, 0)),
+        "ring_half_kv_bwd": Passes(kv=(4, 0)),
         # q: halves of q, dout 4, zero-fill dq 1, collect 2 + active: gather 6, scatter 2
         # kv: re-gather reorder 4, zero dk, dv 2, per call (x 2) zero-fill 2 + add 6, reorder
         # before the reduce-scatter 4 + active, per call (x 2): gather k, v 4, scatter 4

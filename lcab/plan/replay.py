@@ -25,8 +25,7 @@ accumulator travels.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -35,7 +34,8 @@ from lcab.distributed.groups import Grid
 from lcab.flops import PASS_FACTORS
 from lcab.kernels import Problem
 from lcab.masks.core import AttnMask
-from lcab.plan.areas import PairWork, pair_work
+from lcab.plan.areas import pair_work
+from lcab.plan.calls import Call, attends_only_past, call_work, documents_of
 from lcab.plan.harness import LCAB, Elements, Harness
 from lcab.plan.steps import Stage, Transfer, Window, Work
 
@@ -155,88 +155,6 @@ def _family(name: str) -> str:
     return families[name]
 
 
-@dataclass(frozen=True)
-class _Call:
-    """Where a call runs: the family whose copies surround it and its token counts."""
-
-    family: str
-    """ulysses | allgather | ring (the harness's passes per call)."""
-    harness: Harness
-    q_tokens: int
-    kv_tokens: int
-    documents: int = 1
-    """Documents of the mask (the sequences of a call that lists every one)."""
-
-
-def _rank_work(
-    works: PairWork,
-    plan: Plan,
-    problem: Problem,
-    ui: int,
-    i: int,
-    j: int,
-    bwd: bool,
-    call: _Call,
-) -> Work | None:
-    """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing."""
-    heads = plan.heads
-    mask_heads = [0] if works.area.shape[0] == 1 else heads.kv_heads_of(ui)
-    # per-KV-head masks: each local KV head uses its own mask head
-    area = sum(works.area[h, i, j] for h in mask_heads) * heads.local_q / len(mask_heads)
-    if area <= 0:
-        return None
-    keys = _head_mean(works.mean_keys, mask_heads, i, j)
-    rows = _head_mean(works.rows, mask_heads, i, j)
-    runs = _head_mean(works.runs, mask_heads, i, j)
-    queries = _head_mean(works.mean_queries, mask_heads, i, j)
-    cols = _head_mean(works.cols, mask_heads, i, j) if works.cols is not None else 0.0
-    key_docs = _head_mean(works.col_docs, mask_heads, i, j) if works.col_docs is not None else 0.0
-    longest = (
-        _head_mean(works.longest_cols, mask_heads, i, j) if works.longest_cols is not None else 0.0
-    )
-    sequences = call.documents if call.harness.lists_every_document else key_docs
-    factor = 2.5 if bwd else 1.0
-    # copies outside the kernel: layouts, padding, merges of partials, gradient accumulation
-    q_size, kv_size = heads.local_q * problem.head_dim, heads.local_kv * problem.head_dim
-    elements = Elements(
-        call.q_tokens * q_size, call.kv_tokens * kv_size, rows * q_size, cols * kv_size
-    )
-    passes = call.harness.call_passes(call.family, bwd)
-    traffic = passes.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
-    q_per_kv = heads.local_q / max(heads.local_kv, 1)
-    flops = 4.0 * area * problem.head_dim * factor
-    return Work(
-        flops,
-        keys,
-        rows,
-        runs,
-        traffic,
-        q_per_kv,
-        queries,
-        q_elements=elements.q,
-        kv_elements=elements.kv,
-        q_row_elements=q_size,
-        kv_row_elements=kv_size,
-        q_heads=heads.local_q,
-        sequences=sequences,
-        key_columns=cols,
-        key_documents=key_docs,
-        longest_keys=longest,
-    )
-
-
-def _documents(mask: AttnMask) -> int:
-    """Documents of ``mask`` (1 when it has none)."""
-    return max(len(mask.doc_lengths), 1) if mask.doc_lengths is not None else 1
-
-
-def _head_mean(values: np.ndarray, mask_heads: Sequence[int], i: int, j: int) -> float:
-    """Mean of ``values[h, i, j]`` over the mask heads a Ulysses member computes."""
-    if len(mask_heads) == 1:  # the common case, read without a numpy reduction (hot path)
-        return float(values[mask_heads[0], i, j])
-    return float(np.mean(values[list(mask_heads), i, j]))
-
-
 def _a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:
     """(q-sized, kv-sized) bytes one rank sends in one all-to-all of its Ulysses group."""
     u, n, h, elem = plan.ulysses, plan.shard_len, plan.heads, element_bytes(problem)
@@ -284,11 +202,11 @@ def _ulysses(
 ) -> tuple[list, list]:
     order = np.concatenate(plan.rank_layouts)  # every token (a group holds the whole sequence)
     works = pair_work(mask, [order], [order])
-    call = _Call("ulysses", harness, len(order), len(order), _documents(mask))
+    call = Call("ulysses", harness, len(order), len(order), documents_of(mask))
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
         for rank in range(plan.world):
-            work = _rank_work(works, plan, problem, rank % plan.ulysses, 0, 0, bool(bwd), call)
+            work = call_work(works, plan, problem, rank % plan.ulysses, 0, 0, bool(bwd), call)
             before, after = _ulysses_ends(plan, problem, links, rank, bool(bwd), harness)
             ranks.append((Window((before, Stage(work), after)),))
     return passes
@@ -299,7 +217,7 @@ def _allgather(
 ) -> tuple[list, list]:
     everything = np.concatenate(plan.placement.layouts)
     works = pair_work(mask, list(plan.rank_layouts), [everything])
-    call = _Call("allgather", harness, plan.shard_len, len(everything), _documents(mask))
+    call = Call("allgather", harness, plan.shard_len, len(everything), documents_of(mask))
     shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
     moved = 2 * (plan.ring - 1) * shard
     group = list(range(plan.world))
@@ -310,8 +228,8 @@ def _allgather(
         comm_f = (Stage(None, after=(gather,)),) if moved else ()
         comm_b = (Stage(None, after=(scatter,)),) if moved else ()
         regather = comm_f if harness.regather_bwd else ()
-        work_f = _rank_work(works, plan, problem, 0, rank, 0, False, call)
-        work_b = _rank_work(works, plan, problem, 0, rank, 0, True, call)
+        work_f = call_work(works, plan, problem, 0, rank, 0, False, call)
+        work_b = call_work(works, plan, problem, 0, rank, 0, True, call)
         fwd.append((Window((*comm_f, Stage(work_f))),))
         bwd.append((Window((*regather, Stage(work_b), *comm_b)),))
     return fwd, bwd
@@ -334,7 +252,21 @@ def _ring(
     acc_elem = accumulator_bytes(problem) if harness.dkv_in_accumulator else element_bytes(problem)
     acc = block * acc_elem
     tokens = plan.shard_len * plan.ulysses
-    call = _Call("ring", harness, tokens, tokens, _documents(mask))
+    whole = Call("ring", harness, tokens, tokens, documents_of(mask))
+    halves = (
+        harness.causal_halves and plan.placement.balancer == "zigzag" and attends_only_past(mask)
+    )
+    calls = {
+        "q": replace(whole, q_tokens=tokens // 2, half="q"),
+        "kv": replace(whole, kv_tokens=tokens // 2, half="kv"),
+    }
+
+    def call_for(p: int, source: int) -> Call:
+        """The call of ring position ``p`` on the K/V of position ``source``."""
+        if not halves or source == p:
+            return whole
+        return calls["kv"] if source < p else calls["q"]
+
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
         for rank in range(plan.world):
@@ -353,7 +285,8 @@ def _ring(
                 stages = []
                 for t in range(s):
                     source = ((window - o) % w) * s + (slot - t) % s
-                    work = _rank_work(works, plan, problem, ui, p, source, bool(bwd), call)
+                    call = call_for(p, source)
+                    work = call_work(works, plan, problem, ui, p, source, bool(bwd), call)
                     during: tuple[Transfer, ...] = (
                         (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner, s),)
                         if t < s - 1

@@ -201,6 +201,11 @@ def test_longca_calls_list_every_document_and_lcab_calls_only_those_with_work():
             assert mine.sequences == mine.key_documents <= documents
             assert 0 < mine.longest_keys == published.longest_keys <= mine.key_columns
             assert mine.q_heads == published.q_heads == HQ
+            # the baselines hand FA3 the unpadded tokens with work, lcab its whole shards
+            assert published.q_elements == published.rows * HQ * D
+            assert published.kv_elements == published.key_columns * HKV * D
+            assert mine.q_elements == ours.plan.shard_len * HQ * D  # padded shard
+    assert any(w.rows < S // 4 for w in theirs.work(0, "bwd"))  # some calls have fewer rows
 
 
 @pytest.mark.parametrize("name", ["ulysses", "usp", "loongtrain"])
@@ -227,3 +232,44 @@ def test_longca_ulysses_groups_pay_their_layout_copies_once_per_pass(name):
                 2 * (q_passes * q_elems + kv_passes * kv_elems)
             )
             assert ours.passes[pass_][rank][0].stages[0].work is None  # lcab: none
+
+
+def test_longca_causal_ring_steps_call_with_the_half_they_need():
+    """On a causal mask the published ring extracts half of q (K/V from a later position) or
+    of K/V (from an earlier one) and calls, pads and merges over it (``thd_read_half_tensor``);
+    its kernels get only the tokens with work. lcab's runner calls with whole shards."""
+    world, chunk = 4, S // 8
+    mask = make_mask("causal", S)
+    strategy = STRATEGIES.get("ring")({"balance": "zigzag"}, world)
+    theirs = replay(strategy, mask, PROBLEM, world, harness=LONGCA)
+    ours = replay(strategy, mask, PROBLEM, world, harness=LCAB)
+    attends = torch.ones(S, S).tril().bool()
+    q_size, kv_size, tokens = HQ * D, HKV * D, S // world
+
+    def positions(p: int) -> torch.Tensor:  # zigzag: chunks p and 2R - 1 - p
+        pieces = (p * chunk, (2 * world - 1 - p) * chunk)
+        return torch.cat([torch.arange(a, a + chunk) for a in pieces])
+
+    for p in range(world):
+        for t, (mine, published) in enumerate(
+            zip(ours.work(p, "fwd"), theirs.work(p, "fwd"), strict=True)
+        ):
+            source = (p - t) % world
+            block = attends[positions(p)][:, positions(source)]
+            rows, cols = int(block.any(1).sum()), int(block.any(0).sum())
+            half_q, half_kv = source > p, source < p
+            q_tokens = tokens // 2 if half_q else tokens
+            kv_tokens = tokens // 2 if half_kv else tokens
+            assert rows == (tokens // 2 if half_q else tokens)  # the half the code keeps
+            assert cols == (tokens // 2 if half_kv else tokens)
+            # zero-fill 1 + merge 3 over the call's q, unpad q 2 + pad 2 over its rows, unpad
+            # k, v 4 over its columns; extracting a half reads and writes it (q: 2, k and v: 4)
+            passes = 4 * q_tokens * q_size + 4 * rows * q_size + 4 * cols * kv_size
+            passes += 2 * q_tokens * q_size * half_q + 4 * kv_tokens * kv_size * half_kv
+            assert published.memory_bytes == pytest.approx(2 * passes)
+            assert published.q_elements == rows * q_size  # the kernel gets the unpadded rows
+            assert mine.q_elements == tokens * q_size
+            assert mine.memory_bytes == pytest.approx(tokens * q_size * (2 + 2 * 4))
+    full = replay(strategy, make_mask("full", S), PROBLEM, world, harness=LONGCA)
+    whole = 8 * tokens * q_size + 4 * tokens * kv_size
+    assert [w.memory_bytes for w in full.work(0, "fwd")] == [pytest.approx(2 * whole)] * world

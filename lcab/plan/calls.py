@@ -1,0 +1,115 @@
+"""One kernel call of a replayed step: its work, and the copies its implementation makes.
+
+A strategy's schedule (`lcab.plan.replay`) says which shard pair a step computes; this module
+turns that pair into the `Work` of one call — the exact attended area and its row, column and
+document counts from `lcab.plan.areas`, and the memory passes the harness (`lcab.plan.harness`)
+makes around the call over the tensors it hands the kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lcab.cp.base import Plan, accumulator_bytes, element_bytes
+from lcab.kernels import Problem
+from lcab.masks.core import AttnMask
+from lcab.masks.geometry import kind_bands
+from lcab.plan.areas import PairWork
+from lcab.plan.harness import Elements, Harness
+from lcab.plan.steps import Work
+
+
+@dataclass(frozen=True)
+class Call:
+    """Where a call runs: the family whose copies surround it and its token counts."""
+
+    family: str
+    """ulysses | allgather | ring (the harness's passes per call)."""
+    harness: Harness
+    q_tokens: int
+    kv_tokens: int
+    documents: int = 1
+    """Documents of the mask (the sequences of a call that lists every one)."""
+    half: str = ""
+    """The half a causal ring step extracts and calls with (q | kv; "" for none)."""
+
+
+def call_work(
+    works: PairWork,
+    plan: Plan,
+    problem: Problem,
+    ui: int,
+    i: int,
+    j: int,
+    bwd: bool,
+    call: Call,
+) -> Work | None:
+    """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing."""
+    heads = plan.heads
+    mask_heads = [0] if works.area.shape[0] == 1 else heads.kv_heads_of(ui)
+    # per-KV-head masks: each local KV head uses its own mask head
+    area = sum(works.area[h, i, j] for h in mask_heads) * heads.local_q / len(mask_heads)
+    if area <= 0:
+        return None
+    keys = _head_mean(works.mean_keys, mask_heads, i, j)
+    rows = _head_mean(works.rows, mask_heads, i, j)
+    runs = _head_mean(works.runs, mask_heads, i, j)
+    queries = _head_mean(works.mean_queries, mask_heads, i, j)
+    cols = _head_mean(works.cols, mask_heads, i, j) if works.cols is not None else 0.0
+    key_docs = _head_mean(works.col_docs, mask_heads, i, j) if works.col_docs is not None else 0.0
+    longest = (
+        _head_mean(works.longest_cols, mask_heads, i, j) if works.longest_cols is not None else 0.0
+    )
+    sequences = call.documents if call.harness.lists_every_document else key_docs
+    factor = 2.5 if bwd else 1.0
+    # copies outside the kernel: layouts, padding, merges of partials, gradient accumulation
+    q_size, kv_size = heads.local_q * problem.head_dim, heads.local_kv * problem.head_dim
+    elements = Elements(
+        call.q_tokens * q_size, call.kv_tokens * kv_size, rows * q_size, cols * kv_size
+    )
+    passes = call.harness.call_passes(call.family, bwd).plus(
+        call.harness.half_passes(call.half, bwd)
+    )
+    traffic = passes.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
+    q_per_kv = heads.local_q / max(heads.local_kv, 1)
+    flops = 4.0 * area * problem.head_dim * factor
+    return Work(
+        flops,
+        keys,
+        rows,
+        runs,
+        traffic,
+        q_per_kv,
+        queries,
+        q_elements=elements.active_q if call.harness.kernel_gets_active_tokens else elements.q,
+        kv_elements=elements.active_kv if call.harness.kernel_gets_active_tokens else elements.kv,
+        q_row_elements=q_size,
+        kv_row_elements=kv_size,
+        q_heads=heads.local_q,
+        sequences=sequences,
+        key_columns=cols,
+        key_documents=key_docs,
+        longest_keys=longest,
+    )
+
+
+def attends_only_past(mask: AttnMask) -> bool:
+    """Every attended key is at or before its query (what the published code calls causal)."""
+    q0, _, _, k1, _ = mask.slices.T
+    _, hi = kind_bands(*mask.slices.T)
+    return bool((np.minimum(hi, k1 - 1 - q0) <= 0).all())
+
+
+def documents_of(mask: AttnMask) -> int:
+    """Documents of ``mask`` (1 when it has none)."""
+    return max(len(mask.doc_lengths), 1) if mask.doc_lengths is not None else 1
+
+
+def _head_mean(values: np.ndarray, mask_heads: Sequence[int], i: int, j: int) -> float:
+    """Mean of ``values[h, i, j]`` over the mask heads a Ulysses member computes."""
+    if len(mask_heads) == 1:  # the common case, read without a numpy reduction (hot path)
+        return float(values[mask_heads[0], i, j])
+    return float(np.mean(values[list(mask_heads), i, j]))
