@@ -248,6 +248,10 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+# A requeued job waits cred_expire seconds before it may start again (slurm.conf(5), AuthInfo;
+# default 120 s): 30 s keeps the pre-emption test short and still leaves a launch credential
+# ample time to reach slurmd on a loaded 2-core machine.
+AuthInfo=cred_expire=30
 # No PMIx library in Debian's slurm build; pmi is not needed for submitit/torch (gloo over TCP).
 MpiDefault=none
 # No cgroups: the sandbox/CI kernel may only offer cgroup v1 mounts or none; no cgroup.conf.
