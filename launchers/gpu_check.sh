@@ -5,16 +5,23 @@
 #
 #   bash launchers/gpu_check.sh [OUT_DIR]        # default: outputs/gpu-check/<date>_<time>
 #
+# LCAB_PYTHON=python3 uses an interpreter that already has lcab's requirements (a machine with
+# no package index: install them from wheels first) instead of setting up .venv;
+# LCAB_GPU_EXTRAS="" installs no extras; LCAB_GPU_WORKERS=N runs the tier on N pytest-xdist
+# workers sharing the GPU (default 1: cases are small, but Flex compiles each mask).
+#
 # OUT_DIR receives: env.txt (GPU, driver, versions), install.log, pytest.log, junit.xml,
-# verification.jsonl (one line per kernel x mask x pass) and verification.md (the table), and the
-# sweep with its report. Each extra that fails to install only removes its kernels' cells.
+# verification.jsonl (one line per kernel x mask x pass) and verification.md (the table), the
+# sweep with its report, and the planner's two probes (probe.txt, empty_blocks.txt: what the
+# H100 profile's copies and empty thread blocks really cost on this GPU). Each extra that fails
+# to install only removes its kernels' cells.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 out=${1:-outputs/gpu-check/$(date +%Y-%m-%d_%H-%M-%S)}
 mkdir -p "$out"
-python=.venv/bin/python
-if [ ! -x "$python" ]; then
+python=${LCAB_PYTHON:-.venv/bin/python}
+if [ -z "${LCAB_PYTHON:-}" ] && [ ! -x "$python" ]; then
   # keep the machine's CUDA torch: setup.sh installs torch only when none is importable
   PYTHON=${PYTHON:-python3} bash launchers/setup.sh || exit 1
 fi
@@ -31,7 +38,7 @@ fi
 # Pin the installed torch so that no extra can replace it.
 pin="$out/constraints.txt"
 "$python" -c "import torch; print('torch==' + torch.__version__)" >"$pin"
-for extra in ${LCAB_GPU_EXTRAS:-fa4 cudnn flashinfer}; do
+for extra in ${LCAB_GPU_EXTRAS-fa4 cudnn flashinfer}; do
   if "$python" -m pip install -q -c "$pin" -e ".[$extra]" >>"$out/install.log" 2>&1; then
     echo "installed: $extra" | tee -a "$out/install.log"
   else
@@ -39,16 +46,17 @@ for extra in ${LCAB_GPU_EXTRAS:-fa4 cudnn flashinfer}; do
   fi
 done
 
+# the planner's probes first: seconds, and they need nothing but torch
+"$python" -m lcab.plan.probe --device cuda >"$out/probe.txt" 2>&1
+"$python" -m lcab.plan.empty_blocks --device cuda >"$out/empty_blocks.txt" 2>&1
+cat "$out/probe.txt" "$out/empty_blocks.txt"
+
 LCAB_GPU_VERIFICATION="$out/verification.jsonl" "$python" -m pytest -m gpu -rA \
+  -n "${LCAB_GPU_WORKERS:-1}" --timeout 600 -p no:cacheprovider \
   --junitxml="$out/junit.xml" tests/gpu tests/unit/test_timing.py tests/unit/test_memory.py \
   >"$out/pytest.log" 2>&1
 tests_rc=$?
 tail -n 3 "$out/pytest.log"
-
-"$python" -m lcab.main -m kernel=sdpa,flex,torch_varlen,fa2,fa3,fa4,ffa,ranges mask=causal,causal_document \
-  problem.device=cuda problem.dtype=bfloat16 "seqlen.values=[8192,32768]" bench=quick \
-  bench.progress=false hydra.sweep.dir="$out/sweep" >"$out/sweep.log" 2>&1
-"$python" -m lcab.report build "$out/sweep" >>"$out/sweep.log" 2>&1
 
 if [ -s "$out/verification.jsonl" ]; then
   "$python" -m lcab.report gpu-table "$out/verification.jsonl" >"$out/verification.md"
@@ -58,4 +66,10 @@ if [ -s "$out/verification.jsonl" ]; then
   cp "$out/verification.jsonl" notebooks/data/gpu_verification.jsonl
   echo "commit notebooks/data/gpu_verification.jsonl, then: python -m lcab.report readme"
 fi
+
+"$python" -m lcab.main -m kernel=sdpa,sdpa_cudnn,flex,torch_varlen,cudnn,fa2,fa3,fa4,ffa,ranges \
+  mask=causal,causal_document problem.device=cuda problem.dtype=bfloat16 "seqlen.values=[8192,32768]" bench=quick \
+  bench.progress=false hydra.sweep.dir="$out/sweep" >"$out/sweep.log" 2>&1
+"$python" -m lcab.report build "$out/sweep" >>"$out/sweep.log" 2>&1
+
 exit "$tests_rc"

@@ -1,0 +1,26 @@
+"""The empty-block probe: its fit turns call times into the profile's SM-µs per empty block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lcab.plan.empty_blocks import EmptyBlockShape, main, us_per_block
+
+
+def test_the_slope_is_spread_over_the_added_blocks_and_multiplied_by_the_multiprocessors():
+    # 64 blocks per empty sequence, 4 multiprocessors: each added sequence costing 0.032 ms is
+    # 32 µs of wall time over 64 blocks on 4 SMs, i.e. 2 SM-µs per block (hand-computed).
+    ms = [1.0 + 0.032 * n for n in (0, 10, 40)]
+    assert us_per_block([0, 10, 40], ms, blocks_per_empty=64, multiprocessors=4) == pytest.approx(2)
+
+
+def test_blocks_per_sequence_round_up_to_whole_blocks():
+    assert EmptyBlockShape(tokens=8192).blocks_per_sequence(128) == 64
+    assert EmptyBlockShape(tokens=8193).blocks_per_sequence(128) == 65
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a missing GPU")
+def test_without_a_gpu_the_command_exits_2(capsys):
+    assert main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
