@@ -52,7 +52,7 @@ done
 cat "$out/probe.txt" "$out/empty_blocks.txt"
 
 LCAB_GPU_VERIFICATION="$out/verification.jsonl" "$python" -m pytest -m gpu -rA \
-  -n "${LCAB_GPU_WORKERS:-1}" --timeout 600 -p no:cacheprovider \
+  -n "${LCAB_GPU_WORKERS:-1}" --timeout 600 -p no:cacheprovider -p no:benchmark \
   --junitxml="$out/junit.xml" tests/gpu tests/unit/test_timing.py tests/unit/test_memory.py \
   >"$out/pytest.log" 2>&1
 tests_rc=$?

@@ -45,6 +45,7 @@ def dense_attention(
     kk = k.repeat_interleave(group, dim=1)
     vv = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, kk) * scale
+    allowed = allowed.to(scores.device)  # masks are built on the host
     if allowed.shape[0] > 1:  # one mask per KV head
         allowed = allowed.repeat_interleave(q.shape[1] // allowed.shape[0], dim=0)
     scores = scores.masked_fill(~allowed, float("-inf"))

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 
 import numpy as np
@@ -77,6 +77,18 @@ class FlexMaskMod:
             for t in (self.starts, self.ends, self.grid)
             if t is not None
         )
+
+    def to(self, device: str | torch.device) -> FlexMaskMod:
+        """The same predicate with its tensors on ``device``.
+
+        The mask_mod indexes them with FlexAttention's own index tensors, so both must live
+        where the kernel runs (compiled Flex on CUDA fails to lower host tensors).
+        """
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return replace(self, starts=move(self.starts), ends=move(self.ends), grid=move(self.grid))
 
     def as_mask_mod(self) -> MaskMod:
         """A ``mask_mod(b, h, q_idx, kv_idx)`` closure for FlexAttention."""
@@ -265,7 +277,7 @@ def flex_block_mask(
         # Flex reads the number of key blocks from the last dimension of the index tensors.
         kv_num, kv_idx = _view(runs, group, n_q, n_k, heads, full=False)
         full_num, full_idx = _view(runs, group, n_q, n_k, heads, full=True)
-        predicate = flex_mask_mod(mask, heads_q)
+        predicate = flex_mask_mod(mask, heads_q).to(device)
         (q_num, q_idx), (full_q_num, full_q_idx) = (
             later.result() if later is not None else query_major()
         )
