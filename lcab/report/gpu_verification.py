@@ -40,6 +40,26 @@ def read_verification(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _gaps(rows: list[dict[str, Any]], masks: set[str]) -> list[str]:
+    """Lines naming what the run could not judge.
+
+    Kernels whose package was missing (their ``–`` says nothing of the kernel) and registered
+    masks no case recorded.
+    """
+    from lcab.masks import list_masks
+
+    missing = sorted({r["kernel"] for r in rows if "not installed" in str(r.get("reason", ""))})
+    unrecorded = [m for m in list_masks() if m not in masks]
+    lines = []
+    if missing:
+        names = ", ".join(f"`{k}`" for k in missing)
+        lines += ["", f"Not installed on this machine (their `–` judges nothing): {names}."]
+    if unrecorded:
+        names = ", ".join(f"`{m}`" for m in unrecorded)
+        lines += ["", f"Masks with no record (no case ran): {names}."]
+    return lines
+
+
 def verification_markdown(rows: list[dict[str, Any]]) -> str:
     """Markdown: the run's environment, then kernel × mask cells ``fwd / bwd`` verdicts.
 
@@ -77,7 +97,11 @@ def verification_markdown(rows: list[dict[str, Any]]) -> str:
             verdicts = cells.get((kernel, mask), {})
             row_cells.append(" / ".join(verdicts.get(p, "·") for p in ("fwd", "bwd")))
         lines.append(f"| {label} | " + " | ".join(row_cells) + " |")
-    lines += ["", "Cells: fwd / bwd; `–` declared unsupported (see the support matrix)."]
+    lines += [
+        "",
+        "Cells: fwd / bwd; `–` declared unsupported (see the support matrix), `·` no record.",
+    ]
+    lines += _gaps(rows, set(masks))
     if failures:
         lines += ["", "Failures:", *failures]
     return "\n".join(lines)

@@ -34,7 +34,7 @@ CUDA = torch.cuda.is_available()
 S, HQ, D = 1000, 8, 64  # S not a multiple of 128: tile edges are where kernels break
 DOCS = {"doc_source": "uniform", "min_doc_len": 37, "max_doc_len": 300}
 PARAMS = {
-    "block_causal_document": {"block_size": 64},
+    "block_causal_document": {"block_size": 40},  # must divide S
     "sliding_window": {"window": 129},
     "sliding_window_causal": {"window": 129},
     "global_sliding_window": {"window": 129, "global_tokens": 33},

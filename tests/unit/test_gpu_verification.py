@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from lcab.masks import list_masks
 from lcab.report.__main__ import main
 from lcab.report.gpu_verification import read_verification, verification_markdown
 
@@ -22,6 +23,7 @@ def test_cells_versions_and_failures_come_from_the_lines(tmp_path):
         line("fa3", "causal", "bwd", "failed", error="RuntimeError: boom"),
         line("fa3", "full", "fwd", "unsupported", reason="no"),
         line("sdpa", "causal", "fwd", "verified"),
+        line("fa4", "causal", "fwd", "unsupported", reason="needs package 'x', not installed"),
     ]
     path = tmp_path / "verification.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
@@ -31,6 +33,11 @@ def test_cells_versions_and_failures_come_from_the_lines(tmp_path):
     assert "| `fa3` (flash_attn_3 3.0.0) | verified / FAILED | – / · |" in table
     assert "| `sdpa` | verified / · | · / · |" in table
     assert "- `fa3` × `causal` bwd: RuntimeError: boom" in table
+    # fa3's "no" is a declared limit, fa4's a missing package: only fa4 is named as such
+    assert "Not installed on this machine (their `–` judges nothing): `fa4`." in table
+    # every registered mask but the two recorded ones is named as never run
+    unrecorded = [m for m in list_masks() if m not in ("causal", "full")]
+    assert f"Masks with no record (no case ran): `{'`, `'.join(unrecorded)}`." in table
 
 
 def test_a_bad_file_exits_2_naming_the_line(tmp_path, capsys):
