@@ -73,7 +73,9 @@ def call_work(
     passes = call.harness.call_passes(call.family, bwd).plus(
         call.harness.half_passes(call.half, bwd)
     )
-    traffic = passes.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
+    elem, acc = element_bytes(problem), accumulator_bytes(problem)
+    traffic = passes.bytes(elements, elem, acc)
+    gathered = passes.active_only().bytes(elements, elem, acc)
     q_per_kv = heads.local_q / max(heads.local_kv, 1)
     flops = 4.0 * area * problem.head_dim * factor
     return Work(
@@ -84,6 +86,7 @@ def call_work(
         traffic,
         q_per_kv,
         queries,
+        gather_bytes=gathered,
         q_elements=elements.active_q if call.harness.kernel_gets_active_tokens else elements.q,
         kv_elements=elements.active_kv if call.harness.kernel_gets_active_tokens else elements.kv,
         q_row_elements=q_size,

@@ -108,6 +108,9 @@ class Hardware:
     """Memory per device, for the smallest world that fits."""
     memory_gbps: float
     """Memory bandwidth per device (GB/s): merges and accumulations outside the kernel."""
+    gather_efficiency: float = 1.0
+    """Fraction of ``memory_gbps`` that index-driven gathers and scatters of a call's tokens
+    reach (``Work.gather_bytes``; measured by ``python -m lcab.plan.probe``)."""
     matmul_tflops: float | None = None
     """Dense matrix-product rate (TFLOP/s) for work outside attention, such as a harness's
     projection gradients; None: the kernel's forward plateau."""

@@ -49,6 +49,10 @@ class Passes:
             add(self.active_kv, other.active_kv),
         )
 
+    def active_only(self) -> Passes:
+        """Only the passes over active tokens: the gathers and scatters of a call's tokens."""
+        return Passes(active_q=self.active_q, active_kv=self.active_kv)
+
     def bytes(self, elements: Elements, elem: int, acc: int) -> float:
         """Bytes these passes move for a call over ``elements``."""
 

@@ -63,7 +63,11 @@ class CostModel:
             if work.q_per_kv > 1:
                 kv_pad = work.runs * rate.bwd_pad_kv_rows * work.kv_row_elements
                 moved += (work.kv_elements + kv_pad) * rate.bwd_kv_bytes
-        traffic = moved / (self.hw.memory_gbps * 1e9 * self.compute_share)
+        bandwidth = self.hw.memory_gbps * 1e9 * self.compute_share
+        gathered = work.gather_bytes  # part of memory_bytes, at the gathers' lower rate
+        traffic = (moved - gathered) / bandwidth + gathered / (
+            bandwidth * self.hw.gather_efficiency
+        )
         idle = self.empty_blocks_s(work) if bwd else 0.0
         matmul = work.matmul_flops / (self.matmul_tflops * 1e12 * self.compute_share)
         if work.flops <= 0:

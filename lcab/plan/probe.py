@@ -1,14 +1,15 @@
 """Time a published ring step's copies on this device, against what the planner costs them.
 
 The planner costs what the published baselines do around each FA3 call (`harness.LONGCA`) as
-memory passes at the profile's bandwidth, and the published Ring P2P still runs 0.4–0.7 ms per
-step slower than predicted (README, "Planning at scale"). Whether those copies hide the gap can
-be measured on one GPU, with neither FlashAttention nor a second rank: this command runs the
-PyTorch operations the baselines run around a ring step's forward call — ``fa_varlen_thd_unpad``
-(a gather with an expanded index), ``fa_varlen_thd_pad`` (zeros, then a scatter), the LSE pad and
-the LSE merge — on tensors of that step's shape, and prints each one's measured time beside the
-time the planner gives it. (The output correction is TransformerEngine's fused kernel; it is not
-reproduced here.)
+memory passes; the gathers and scatters of a call's tokens at ``gather_efficiency`` of the
+profile's bandwidth, which this command measured (README, "Planning at scale": on an H200 they
+reached 0.385 of its datasheet rate, so the published Ring P2P's per-step gap was mostly them).
+It needs neither FlashAttention nor a second rank: it runs the PyTorch operations the baselines
+run around a ring step's forward call — ``fa_varlen_thd_unpad`` (a gather with an expanded
+index), ``fa_varlen_thd_pad`` (zeros, then a scatter), the LSE pad and the LSE merge (eagerly;
+the baselines script it, which fuses it) — on tensors of that step's shape, and prints each one's
+measured time beside the time the planner gives it. (The output correction is TransformerEngine's
+fused kernel; it is not reproduced here.)
 
     python -m lcab.plan.probe --device cuda        # a published ring step: 8K tokens, 64:8 x 128
 """
@@ -123,15 +124,26 @@ def median_ms(fn: Callable[[], object], device: str, repeats: int) -> float:
 
 
 def probe(
-    shape: StepShape, device: str, memory_gbps: float, repeats: int = 20
+    shape: StepShape,
+    device: str,
+    memory_gbps: float,
+    repeats: int = 20,
+    gather_efficiency: float = 1.0,
 ) -> list[tuple[str, float, float, float]]:
-    """(operation, modelled MB, measured ms, modelled ms) per probed operation."""
+    """(operation, modelled MB, measured ms, modelled ms) per probed operation.
+
+    Gathers and scatters of active tokens are modelled at ``gather_efficiency`` of the rate,
+    the rest (zero-fills) at the full rate, as the planner costs them.
+    """
     rows = []
     elem = torch.finfo(shape.dtype).bits // 8
     for name, fn in operations(shape, device).items():
-        nbytes = PROBED_PASSES[name].bytes(shape.elements(), elem, 4)
+        passes = PROBED_PASSES[name]
+        nbytes = passes.bytes(shape.elements(), elem, 4)
+        gathered = passes.active_only().bytes(shape.elements(), elem, 4)
+        modelled = (nbytes - gathered) / memory_gbps + gathered / (memory_gbps * gather_efficiency)
         measured = median_ms(fn, device, repeats)
-        rows.append((name, nbytes / 1e6, measured, 1e3 * nbytes / (memory_gbps * 1e9)))
+        rows.append((name, nbytes / 1e6, measured, 1e3 * modelled / 1e9))
     return rows
 
 
@@ -154,7 +166,7 @@ def main(argv: list[str]) -> int:
     default = "h100_nvlink_ib" if args.device == "cuda" else "cpu_gloo_local"
     hardware = load_profile(args.hardware or default)
     shape = StepShape(tokens=args.tokens, valid=valid)
-    rows = probe(shape, args.device, hardware.memory_gbps, args.repeats)
+    rows = probe(shape, args.device, hardware.memory_gbps, args.repeats, hardware.gather_efficiency)
     print(f"{'operation':<12} {'MB':>9} {'measured ms':>12} {'planner ms':>11}  ({hardware.name})")
     for name, mb, measured, modelled in rows:
         print(f"{name:<12} {mb:>9.1f} {measured:>12.3f} {modelled:>11.3f}")

@@ -52,6 +52,9 @@ class Work:
     """Sequences with attended key columns."""
     longest_keys: float = 0.0
     """Attended key columns of the longest such sequence (the call's ``max_seqlen_k``)."""
+    gather_bytes: float = 0.0
+    """The part of ``memory_bytes`` moved by index-driven gathers and scatters of a call's
+    active tokens (the published code's unpad / pad), which run below a plain copy's rate."""
 
 
 @dataclass(frozen=True)

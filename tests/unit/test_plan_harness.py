@@ -120,6 +120,11 @@ def test_longca_all_gather_gathers_again_in_the_backward():
         attended = (8 - rank) * (S // 8) * HKV * D
         assert work.memory_bytes == pytest.approx(2 * (7 * q_elems + 4 * kv_elems + 8 * attended))
         assert ours.work(rank, "fwd")[0].memory_bytes == 0
+        # of which the index-driven gathers and scatters of active tokens: gather q and scatter
+        # out (4 per q element), gather k, v per call (8 per attended key); not the zero-fill,
+        # the collect or the reorder
+        assert work.gather_bytes == pytest.approx(2 * (4 * q_elems + 8 * attended))
+        assert ours.work(rank, "fwd")[0].gather_bytes == 0
 
 
 def test_harnesses_change_costs_not_work():

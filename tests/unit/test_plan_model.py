@@ -304,10 +304,21 @@ def test_a_varlen_backward_pays_accumulator_rows_per_sequence():
     )
 
 
+def test_gathers_and_scatters_run_at_their_own_fraction_of_the_memory_rate():
+    """Of 1 GB moved outside a call, 0.4 GB are gathers at half the rate: by hand
+    0.6 GB / 3350 GB/s + 0.4 GB / 1675 GB/s; the other bytes keep the full rate."""
+    hardware = dataclasses.replace(load_profile("h100_nvlink_ib"), gather_efficiency=0.5)
+    model = CostModel(hardware, "fa3", 1)
+    plain = Work(0.0, 0.0, memory_bytes=1e9)
+    gathered = dataclasses.replace(plain, gather_bytes=4e8)
+    assert model.compute_s(plain, False) == pytest.approx(1e9 / 3350e9)
+    assert model.compute_s(gathered, False) == pytest.approx(6e8 / 3350e9 + 4e8 / 1675e9)
+
+
 def test_a_varlen_backward_pays_the_blocks_its_grid_launches_without_work():
     """FA3's varlen backward launches ceil(max_seqlen_k / 128) blocks per query head for every
     sequence of the call; blocks past a sequence's end only exit, each holding one of the H100's
-    132 multiprocessors for ``bwd_empty_block_us`` (2 us). By hand: 10 sequences, the longest
+    132 multiprocessors for the profile's ``bwd_empty_block_us``. By hand: 10 sequences, the longest
     300 attended keys -> 3 blocks each = 30 per head; busy: 1000 columns / 128 + 5 sequences
     with keys x half a tile padded = 10.3125; 4 query heads -> 78.75 empty blocks."""
     hardware = load_profile("h100_nvlink_ib")
@@ -317,7 +328,7 @@ def test_a_varlen_backward_pays_the_blocks_its_grid_launches_without_work():
         bare, q_heads=4, sequences=10, key_columns=1000, key_documents=5, longest_keys=300
     )
     extra = model.compute_s(call, True) - model.compute_s(bare, True)
-    assert extra == pytest.approx(78.75 * 2e-6 / 132)
+    assert extra == pytest.approx(78.75 * hardware.rate("fa3").bwd_empty_block_us * 1e-6 / 132)
     assert model.compute_s(call, False) == model.compute_s(bare, False)  # forward: persistent
     # one sequence that fills its grid: nothing launched idle
     full = dataclasses.replace(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lcab.plan.harness import LONGCA, Passes
-from lcab.plan.probe import PROBED_PASSES, StepShape, main, merge_lse, pad, pad_lse, unpad
+from lcab.plan.probe import PROBED_PASSES, StepShape, main, merge_lse, pad, pad_lse, probe, unpad
 
 
 def test_probed_passes_are_the_harness_ring_step_without_the_output_correction():
@@ -47,3 +47,13 @@ def test_the_command_prints_measured_and_planner_times(capsys):
 def test_cuda_without_a_gpu_exits_2(capsys):
     assert main(["--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_gathers_are_modelled_at_the_profile_gather_efficiency():
+    shape = StepShape(tokens=64, valid=48, heads_q=4, heads_kv=2, head_dim=8)
+    full = {r[0]: r[3] for r in probe(shape, "cpu", 100.0, repeats=1)}
+    half = {r[0]: r[3] for r in probe(shape, "cpu", 100.0, repeats=1, gather_efficiency=0.5)}
+    assert half["unpad q"] == pytest.approx(2 * full["unpad q"])  # all gather
+    # pad out: a zero-fill of all 64 rows (full rate) and a scatter of 48 (half rate), by hand
+    row = 4 * 8 * 2  # bytes of one bf16 query row
+    assert half["pad out"] == pytest.approx(1e3 * (64 * row + 2 * 48 * row * 2) / 100e9)
