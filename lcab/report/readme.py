@@ -10,7 +10,9 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from lcab.report.gpu_verification import read_verification, verification_markdown
 from lcab.report.support import (
+    VERIFICATION_FILE,
     kernel_list_markdown,
     kernel_matrix_markdown,
     strategy_matrix_markdown,
@@ -18,10 +20,18 @@ from lcab.report.support import (
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
+def committed_gpu_table() -> str:
+    """The verification table of the committed GPU run (the support matrix's ``G`` source)."""
+    if not VERIFICATION_FILE.exists():
+        return "No GPU verification records."
+    return verification_markdown(read_verification(VERIFICATION_FILE))
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
     "kernels": kernel_list_markdown,
     "kernel-matrix": kernel_matrix_markdown,
     "strategy-matrix": strategy_matrix_markdown,
+    "gpu-verification": committed_gpu_table,
 }
 
 
