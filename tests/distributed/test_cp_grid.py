@@ -50,12 +50,22 @@ def strategies(world: int) -> list[tuple[str, dict]]:
     return out
 
 
+def heads(world: int) -> list[tuple[int, int]]:
+    """MHA and GQA at 2 and 4 ranks; GQA alone at 6 and 8.
+
+    GQA is the harder case there (query heads grouped per KV head across ranks, and at 8 ranks
+    its 6 KV heads replicated); MHA's 24 heads split as plainly as at 2 and 4, so it is dropped
+    at 6 and 8 to keep CI inside its 30 minutes (the world-8 grid took 173 s with both).
+    """
+    return HEADS if world <= 4 else [h for h in HEADS if h[0] != h[1]]
+
+
 def cases(world: int) -> list[Case]:
     grid = []
     for strategy, options in strategies(world):
         for balance in BALANCERS:
             for mask in list_masks():
-                for hq, hkv in HEADS:
+                for hq, hkv in heads(world):
                     opts = tuple(sorted({**options, "balance": balance}.items()))
                     grid.append(Case(strategy, opts, mask, mask_params(mask, hkv), SEQLEN, hq, hkv))
     return grid
