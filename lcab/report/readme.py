@@ -20,6 +20,7 @@ from lcab.report.support import (
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
+
 def committed_gpu_table() -> str:
     """The verification table of the committed GPU run (the support matrix's ``G`` source)."""
     if not VERIFICATION_FILE.exists():
