@@ -15,13 +15,17 @@ heads, 128 keys per backward block at head dim 128) and the same early exit, but
 kernel; a number measured here is a Hopper figure for that mechanism, not FA3's own.
 
     python -m lcab.plan.empty_blocks --device cuda     # 8K tokens, 64:8 heads x 128, bf16
+    python -m lcab.plan.empty_blocks --kernel fa3      # the same with FlashAttention-3
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import inspect
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +52,60 @@ class EmptyBlockShape:
         return -(-self.tokens // block)
 
 
-def time_calls(shape: EmptyBlockShape, empty: int, repeats: int) -> tuple[float, float]:
+#: The varlen kernels this probe can time: torch's own (FA2's kernels inside torch, nothing to
+#: install), flash-attn 2 (``flash_attn``) and FlashAttention-3 (``flash_attn_interface``, the
+#: published baselines' kernel; a source build of flash-attention's ``hopper/``).
+KERNELS = ("torch_varlen", "fa2", "fa3")
+FLASH_MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface"}
+
+#: ``(q, k, v, cu_seqlens, max_seqlen, causal) -> out`` for one varlen call.
+VarlenCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool], Any]
+
+
+def varlen_call(kernel: str) -> tuple[VarlenCall, bool]:
+    """The kernel's varlen call and whether it takes grouped K/V heads (raises ImportError)."""
+    if kernel in FLASH_MODULES:
+        fn = importlib.import_module(FLASH_MODULES[kernel]).flash_attn_varlen_func
+
+        def flash(
+            q: torch.Tensor,
+            k: torch.Tensor,
+            v: torch.Tensor,
+            cu: torch.Tensor,
+            seqlen: int,
+            causal: bool,
+        ) -> Any:
+            scale = q.shape[-1] ** -0.5
+            return fn(q, k, v, cu, cu, seqlen, seqlen, softmax_scale=scale, causal=causal)
+
+        return flash, True
+    varlen: Any = importlib.import_module(MODULE)
+    # torch < 2.12 has no enable_gqa: K/V are then repeated to every query head, which leaves
+    # the grid (key blocks x sequences x query heads) and so the empty blocks unchanged
+    gqa = "enable_gqa" in inspect.signature(varlen.varlen_attn).parameters
+
+    def torch_varlen(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu: torch.Tensor,
+        seqlen: int,
+        causal: bool,
+    ) -> Any:
+        extra = {"enable_gqa": q.shape[1] != k.shape[1]} if gqa else {}
+        window = (-1, 0) if causal else (-1, -1)
+        return varlen.varlen_attn(
+            q, k, v, cu, cu, seqlen, seqlen, scale=q.shape[-1] ** -0.5, window_size=window, **extra
+        )
+
+    return torch_varlen, gqa
+
+
+def time_calls(
+    shape: EmptyBlockShape, empty: int, repeats: int, kernel: str = "torch_varlen"
+) -> tuple[float, float]:
     """(forward ms, backward ms) of one call: the real sequence and ``empty`` empty ones."""
-    varlen: Any = __import__(MODULE, fromlist=["varlen_attn"])
+    call, gqa = varlen_call(kernel)
     gen = torch.Generator(device="cuda").manual_seed(0)
     t, d = shape.tokens, shape.head_dim
 
@@ -58,21 +113,13 @@ def time_calls(shape: EmptyBlockShape, empty: int, repeats: int) -> tuple[float,
         x = torch.randn(t, heads, d, generator=gen, device="cuda", dtype=shape.dtype)
         return x.requires_grad_(True)
 
-    # torch < 2.12 has no enable_gqa: K/V are then repeated to every query head, which leaves
-    # the grid (key blocks x sequences x query heads) and so the empty blocks unchanged
-    gqa = "enable_gqa" in inspect.signature(varlen.varlen_attn).parameters
     kv_heads = shape.heads_kv if gqa else shape.heads_q
     q, k, v = leaf(shape.heads_q), leaf(kv_heads), leaf(kv_heads)
     cu = torch.tensor([0] + [t] * (1 + empty), dtype=torch.int32, device="cuda")
-    kwargs: dict[str, Any] = {
-        "scale": d**-0.5,
-        "window_size": (-1, 0) if shape.causal else (-1, -1),
-    }
-    if gqa:
-        kwargs["enable_gqa"] = shape.heads_q != shape.heads_kv
 
     def forward() -> torch.Tensor:
-        out: torch.Tensor = varlen.varlen_attn(q, k, v, cu, cu, t, t, **kwargs)
+        result = call(q, k, v, cu, t, shape.causal)
+        out: torch.Tensor = result[0] if isinstance(result, tuple) else result
         return out
 
     out = forward()
@@ -101,6 +148,7 @@ def main(argv: list[str]) -> int:
     """Print each call's time and the fitted cost per empty block (exit 2 without CUDA)."""
     parser = argparse.ArgumentParser(prog="python -m lcab.plan.empty_blocks", description=__doc__)
     parser.add_argument("--device", default="cuda", choices=["cuda"])
+    parser.add_argument("--kernel", default="torch_varlen", choices=KERNELS)
     parser.add_argument("--tokens", type=int, default=EmptyBlockShape.tokens)
     parser.add_argument("--empty", type=int, nargs="+", default=[0, 32, 128, 512])
     parser.add_argument("--fwd-block", type=int, default=128, help="query rows per fwd block")
@@ -111,7 +159,13 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("lcab empty_blocks: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 2
-    if reasons := [r for r in api_reasons() if "enable_gqa" not in r]:  # GQA: see time_calls
+    if args.kernel == "torch_varlen":
+        reasons = [r for r in api_reasons() if "enable_gqa" not in r]  # GQA: see varlen_call
+    else:
+        module = FLASH_MODULES[args.kernel]
+        found = importlib.util.find_spec(module) is not None
+        reasons = [] if found else [f"--kernel {args.kernel} needs {module}, not installed"]
+    if reasons:
         print(f"lcab empty_blocks: {'; '.join(reasons)}", file=sys.stderr)
         return 2
     if args.tokens < 1 or len(set(args.empty)) < 2 or min(args.empty) < 0:
@@ -123,8 +177,9 @@ def main(argv: list[str]) -> int:
         return 2
     shape = EmptyBlockShape(tokens=args.tokens, causal=not args.full)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = [(n, *time_calls(shape, n, args.repeats)) for n in args.empty]
-    print(f"{torch.cuda.get_device_name(0)}, {sms} SMs, torch {torch.__version__}: {shape}")
+    rows = [(n, *time_calls(shape, n, args.repeats, args.kernel)) for n in args.empty]
+    print(f"{torch.cuda.get_device_name(0)}, {sms} SMs, torch {torch.__version__}, {args.kernel}")
+    print(shape)
     print(f"{'empty seqs':>10} {'fwd ms':>9} {'bwd ms':>9}")
     for n, fwd, bwd in rows:
         print(f"{n:>10} {fwd:>9.3f} {bwd:>9.3f}")

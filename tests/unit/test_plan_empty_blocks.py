@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 
-from lcab.plan.empty_blocks import EmptyBlockShape, main, us_per_block
+from lcab.plan.empty_blocks import EmptyBlockShape, main, us_per_block, varlen_call
 
 
 def test_the_slope_is_spread_over_the_added_blocks_and_multiplied_by_the_multiprocessors():
@@ -24,3 +27,26 @@ def test_blocks_per_sequence_round_up_to_whole_blocks():
 def test_without_a_gpu_the_command_exits_2(capsys):
     assert main([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_the_flash_call_passes_one_sequence_list_for_queries_and_keys(monkeypatch):
+    """Our side of the FA2/FA3 call (a stand-in records it): the same cu_seqlens and longest
+    length for queries and keys, the 1/sqrt(d) scale, causal as asked, grouped K/V heads kept."""
+    seen = {}
+
+    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
+        seen.update(cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, **kwargs)
+        return q, None
+
+    monkeypatch.setitem(
+        sys.modules,
+        "flash_attn_interface",
+        types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func),
+    )
+    call, gqa = varlen_call("fa3")
+    q, k = torch.zeros(10, 8, 64), torch.zeros(10, 2, 64)
+    cu = torch.tensor([0, 10, 10, 10], dtype=torch.int32)
+    call(q, k, k, cu, 10, True)
+    assert gqa and seen["cu_q"] is cu and seen["cu_k"] is cu
+    assert (seen["max_q"], seen["max_k"], seen["causal"]) == (10, 10, True)
+    assert seen["softmax_scale"] == pytest.approx(1 / 8)
