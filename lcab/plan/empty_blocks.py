@@ -1,11 +1,11 @@
 """Measure what a FlashAttention varlen kernel pays per launched thread block that has no work.
 
 The planner charges a varlen backward for the blocks its grid launches beyond the real work
-(`model.Costs.empty_blocks_s`): the grid is sized by the call's longest sequence for every
+(`model.CostModel.empty_blocks_s`): the grid is sized by the call's longest sequence for every
 sequence, so a call with many short or empty documents launches mostly blocks that read their
-sequence's length and exit. The H100 profile's ``bwd_empty_block_us`` is borrowed from a
-B-class GPU's forward (its sources say so) — the least sourced number in the profile. This
-command measures the same quantity on a CUDA machine with torch's own FlashAttention-2 varlen
+sequence's length and exit. The H100 profile's ``bwd_empty_block_us`` was borrowed from a B-class
+GPU's forward until this command measured it on a Hopper GPU (0.97, its sources say how). It
+times the quantity on a CUDA machine, by default with torch's own FlashAttention-2 varlen
 kernels (``torch.nn.attention.varlen.varlen_attn``; nothing to install): one sequence of
 ``--tokens`` tokens, then the same with B empty sequences appended (repeated ``cu_seqlens``
 entries, as the published baselines pass padded documents). The slope of time against B,
