@@ -68,8 +68,9 @@ if [ -s "$out/verification.jsonl" ]; then
 fi
 
 "$python" -m lcab.main -m kernel=sdpa,sdpa_cudnn,flex,torch_varlen,cudnn,fa2,fa3,fa4,ffa,ranges \
-  mask=causal,causal_document problem.device=cuda problem.dtype=bfloat16 "seqlen.values=[8192,32768]" bench=quick \
-  bench.progress=false hydra.sweep.dir="$out/sweep" >"$out/sweep.log" 2>&1
+  mask=causal,causal_document problem.device=cuda problem.dtype=bfloat16 \
+  "seqlen.values=[8192,32768]" bench=quick bench.progress=false hydra.sweep.dir="$out/sweep" \
+  >"$out/sweep.log" 2>&1
 "$python" -m lcab.report build "$out/sweep" >>"$out/sweep.log" 2>&1
 
 exit "$tests_rc"
