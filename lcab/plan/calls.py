@@ -18,7 +18,7 @@ from lcab.kernels import Problem
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import kind_bands
 from lcab.plan.areas import PairWork
-from lcab.plan.harness import Elements, Harness
+from lcab.plan.harness import Copies, Elements, Harness
 from lcab.plan.steps import Work
 
 
@@ -70,12 +70,10 @@ def call_work(
     elements = Elements(
         call.q_tokens * q_size, call.kv_tokens * kv_size, rows * q_size, cols * kv_size
     )
-    passes = call.harness.call_passes(call.family, bwd).plus(
+    copies = call.harness.call_passes(call.family, bwd).plus(
         call.harness.half_passes(call.half, bwd)
     )
-    elem, acc = element_bytes(problem), accumulator_bytes(problem)
-    traffic = passes.bytes(elements, elem, acc)
-    gathered = passes.active_only().bytes(elements, elem, acc)
+    moved = copies.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
     q_per_kv = heads.local_q / max(heads.local_kv, 1)
     flops = 4.0 * area * problem.head_dim * factor
     return Work(
@@ -83,10 +81,11 @@ def call_work(
         keys,
         rows,
         runs,
-        traffic,
+        moved.total,
         q_per_kv,
         queries,
-        gather_bytes=gathered,
+        gather_bytes=moved.gathers,
+        scatter_bytes=moved.scatters,
         q_elements=elements.active_q if call.harness.kernel_gets_active_tokens else elements.q,
         kv_elements=elements.active_kv if call.harness.kernel_gets_active_tokens else elements.kv,
         q_row_elements=q_size,
@@ -116,3 +115,15 @@ def _head_mean(values: np.ndarray, mask_heads: Sequence[int], i: int, j: int) ->
     if len(mask_heads) == 1:  # the common case, read without a numpy reduction (hot path)
         return float(values[mask_heads[0], i, j])
     return float(np.mean(values[list(mask_heads), i, j]))
+
+
+def copies_work(copies: Copies, elements: Elements, problem: Problem) -> Work:
+    """Copies made outside any kernel call (around all-to-alls, once per pass) as work."""
+    moved = copies.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
+    return Work(
+        0.0,
+        0.0,
+        memory_bytes=moved.total,
+        gather_bytes=moved.gathers,
+        scatter_bytes=moved.scatters,
+    )

@@ -109,8 +109,11 @@ class Hardware:
     memory_gbps: float
     """Memory bandwidth per device (GB/s): merges and accumulations outside the kernel."""
     gather_efficiency: float = 1.0
-    """Fraction of ``memory_gbps`` that index-driven gathers and scatters of a call's tokens
-    reach (``Work.gather_bytes``; measured by ``python -m lcab.plan.probe``)."""
+    """Fraction of ``memory_gbps`` that reads through an index reach (``torch.gather`` with an
+    expanded index: ``Work.gather_bytes``; measured by ``python -m lcab.plan.probe``)."""
+    scatter_efficiency: float = 1.0
+    """Fraction of ``memory_gbps`` that writes through an index reach (``scatter_`` into a
+    zeroed tensor: ``Work.scatter_bytes``; measured by ``python -m lcab.plan.probe``)."""
     matmul_tflops: float | None = None
     """Dense matrix-product rate (TFLOP/s) for work outside attention, such as a harness's
     projection gradients; None: the kernel's forward plateau."""

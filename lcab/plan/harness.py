@@ -13,8 +13,9 @@ of memory passes read off that code, not a fit.
 A *pass* reads or writes every element of a tensor once. Counts are per element of the call's
 queries (``q``: tokens × local query heads × head dim) and of its keys (``kv``: tokens × local
 KV heads × head dim; the count covers K and V together), split into passes over element-sized
-data (bf16) and over accumulator-sized data (fp32), and into passes over whole tensors and
-over the call's active tokens only.
+data (bf16) and over accumulator-sized data (fp32), into passes over whole tensors and over
+the call's active tokens only, and by how they address memory (`Copies`: plain, gathers,
+scatters), which sets their rate.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Passes:
 
     ``q`` and ``kv`` run over the whole local tensors (zero-fills, merges, accumulations);
     ``active_q`` and ``active_kv`` only over the call's active tokens — query rows with work,
-    key columns attended — which is what a copy that gathers a call's valid tokens moves.
+    key columns attended — which is what a copy of a call's valid tokens moves.
     """
 
     q: tuple[float, float] = (0.0, 0.0)
@@ -48,10 +49,6 @@ class Passes:
             add(self.active_q, other.active_q),
             add(self.active_kv, other.active_kv),
         )
-
-    def active_only(self) -> Passes:
-        """Only the passes over active tokens: the gathers and scatters of a call's tokens."""
-        return Passes(active_q=self.active_q, active_kv=self.active_kv)
 
     def bytes(self, elements: Elements, elem: int, acc: int) -> float:
         """Bytes these passes move for a call over ``elements``."""
@@ -75,6 +72,53 @@ class Elements:
     kv: float
     active_q: float
     active_kv: float
+
+
+@dataclass(frozen=True)
+class Copies:
+    """A call's memory passes by how they address memory, each kind at its own rate.
+
+    ``plain``: contiguous reads and writes (zero-fills, merges, adds, layout copies);
+    ``gathers``: reads through an index (``torch.gather`` with an expanded index — the
+    published code's unpad and its zigzag reorders); ``scatters``: writes through an index
+    (``scatter_`` into a zeroed tensor — its pad). A GPU runs gathers and scatters well below a
+    plain copy's rate, and scatters slower still (`Hardware.gather_efficiency`,
+    `Hardware.scatter_efficiency`, both measured by ``python -m lcab.plan.probe``).
+    """
+
+    plain: Passes = Passes()
+    gathers: Passes = Passes()
+    scatters: Passes = Passes()
+
+    def plus(self, other: Copies) -> Copies:
+        """These copies and ``other``'s, over the same call."""
+        return Copies(
+            self.plain.plus(other.plain),
+            self.gathers.plus(other.gathers),
+            self.scatters.plus(other.scatters),
+        )
+
+    def bytes(self, elements: Elements, elem: int, acc: int) -> CopyBytes:
+        """Bytes each kind moves for a call over ``elements``."""
+        return CopyBytes(
+            self.plain.bytes(elements, elem, acc),
+            self.gathers.bytes(elements, elem, acc),
+            self.scatters.bytes(elements, elem, acc),
+        )
+
+
+@dataclass(frozen=True)
+class CopyBytes:
+    """Bytes a call's copies move, by kind (`Copies`)."""
+
+    plain: float = 0.0
+    gathers: float = 0.0
+    scatters: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """Every byte moved."""
+        return self.plain + self.gathers + self.scatters
 
 
 @dataclass(frozen=True)
@@ -117,23 +161,31 @@ class Harness:
     """Width of the input from which the timed backward's Q, K and V projections were made (0:
     no projection in the timed region). Its weight gradients are matrix products outside
     attention that the measured time includes (`projection_costs`)."""
-    passes: dict[str, Passes] = field(default_factory=dict)
+    allgather_halves: bool = False
+    """Ring All-Gather on a zigzag placement calls its kernel once per half of its queries (the
+    chunks ``p`` and ``2P - 1 - p`` of every document), each against the keys that half
+    attends (True), or once with all its queries (False)."""
+    passes: dict[str, Copies] = field(default_factory=dict)
     """Keyed ``<family>_<pass>``: ``ulysses_fwd``, ``allgather_bwd``, ``ring_fwd`` (per ring
     step, also for USP's and LoongTrain's steps), ...; ``ulysses_layout_<pass>``: the layout
     copies around a Ulysses group's all-to-alls, once per pass (Ulysses, USP, LoongTrain);
     missing: no passes."""
 
-    def call_passes(self, family: str, bwd: bool) -> Passes:
-        """The passes around one call of ``family`` (ulysses | allgather | ring)."""
-        return self.passes.get(f"{family}_{'bwd' if bwd else 'fwd'}", Passes())
+    def call_passes(self, family: str, bwd: bool) -> Copies:
+        """The copies around one call of ``family`` (ulysses | allgather | ring)."""
+        return self.passes.get(f"{family}_{'bwd' if bwd else 'fwd'}", Copies())
 
-    def half_passes(self, half: str, bwd: bool) -> Passes:
+    def once_passes(self, family: str, bwd: bool) -> Copies | None:
+        """The copies a pass of ``family`` makes once, around all its calls (None: none)."""
+        return self.passes.get(f"{family}_once_{'bwd' if bwd else 'fwd'}")
+
+    def half_passes(self, half: str, bwd: bool) -> Copies:
         """The extraction of a causal ring step's ``half`` (q | kv; "" for none)."""
         if not half:
-            return Passes()
-        return self.passes.get(f"ring_half_{half}_{'bwd' if bwd else 'fwd'}", Passes())
+            return Copies()
+        return self.passes.get(f"ring_half_{half}_{'bwd' if bwd else 'fwd'}", Copies())
 
-    def layout_passes(self, bwd: bool) -> Passes | None:
+    def layout_passes(self, bwd: bool) -> Copies | None:
         """The passes around a Ulysses group's all-to-alls in one pass (None: none)."""
         return self.passes.get(f"ulysses_layout_{'bwd' if bwd else 'fwd'}")
 
@@ -168,14 +220,15 @@ LCAB = Harness(
     dkv_in_accumulator=True,
     regather_bwd=False,
     passes={
-        "ring_fwd": Passes(q=(1, 2)),
-        "ring_bwd": Passes(q=(1, 2), kv=(2, 4)),  # dK and dV: twice the K-sized passes
+        "ring_fwd": Copies(Passes(q=(1, 2))),
+        "ring_bwd": Copies(Passes(q=(1, 2), kv=(2, 4))),  # dK and dV: twice the K-sized passes
     },
 )
 
 #: The published baselines (all bf16). Every call gathers its valid tokens out of the padded
-#: layout (``fa_varlen_thd_unpad``: a read and a write of each input) and scatters its outputs
-#: back into a zeroed padded tensor (``fa_varlen_thd_pad``: zero-fill, read, write); its
+#: layout (``fa_varlen_thd_unpad``, ``torch.gather``: a read and a write of each input) and
+#: scatters its outputs back into a zeroed padded tensor (``fa_varlen_thd_pad``: zero-fill,
+#: then ``scatter_``: read, write); its
 #: ``cu_seqlens`` keep every document, zeroing those without work in the call
 #: (``generate_valid_cu_seqlens``). Ring steps
 #: merge outputs with ``thd_out_correction`` (read out, read step, write out), accumulate dQ and
@@ -189,8 +242,9 @@ LCAB = Harness(
 #: after a window's last step, and passes the window's accumulator to the next window during
 #: that window's first step. On a causal mask a ring step extracts the half of q or of K/V it
 #: needs (``thd_read_half_tensor``) and calls, pads and merges over that half; each call hands
-#: FA3 only its valid tokens. Ring All-Gather runs its two zigzag query halves as two calls
-#: against the whole gathered K/V (reordered after the gather,
+#: FA3 only its valid tokens. Ring All-Gather runs its two zigzag query halves
+#: (``thd_read_half_tensor``) as two calls, each against the keys its half attends out of the
+#: whole gathered K/V (reordered after the gather by ``torch.gather``,
 #: ``gather_with_reorder_before_attn``), re-gathers K/V in the backward, adds each call's
 #: full-length dK/dV into zeroed buffers and reorders them before the reduce-scatter. Ulysses,
 #: and USP and LoongTrain around their rings (``usp.py`` / ``loongtrain.py`` call the same
@@ -211,33 +265,57 @@ LONGCA = Harness(
     causal_halves=True,
     kernel_gets_active_tokens=True,
     projection_width=1024,
+    allgather_halves=True,
     passes={
-        # (zero-fill out 1, correction 3) + active (gather q 2, scatter out 2) | active: k, v 4
-        "ring_fwd": Passes(q=(4, 0), active_q=(4, 0), active_kv=(4, 0)),
-        # q: zero-fill dq 1, add dq 3 + active: gather q, out, dout 6, scatter dq 2
-        # kv: zero-fill dk, dv 2, cat 4, add 6 + active: gather k, v 4, scatter dk, dv 4
-        "ring_bwd": Passes(q=(4, 0), active_q=(8, 0), kv=(12, 0), active_kv=(8, 0)),
-        # q: zero-fill out 1, collect 2 + active: gather 2, scatter 2 | kv: reorder after the
-        # gather 4 + active, per call (x 2): gather k, v 4
-        "allgather_fwd": Passes(q=(3, 0), active_q=(4, 0), kv=(4, 0), active_kv=(8, 0)),
+        # plain q: zero-fill out 1, correction 3 | gathers: q 2, k, v 4 | scatters: out 2
+        "ring_fwd": Copies(
+            Passes(q=(4, 0)), Passes(active_q=(2, 0), active_kv=(4, 0)), Passes(active_q=(2, 0))
+        ),
+        # plain q: zero-fill dq 1, add dq 3; kv: zero-fill dk, dv 2, cat 4, add 6 | gathers:
+        # q, out, dout 6, k, v 4 | scatters: dq 2, dk, dv 4
+        "ring_bwd": Copies(
+            Passes(q=(4, 0), kv=(12, 0)),
+            Passes(active_q=(6, 0), active_kv=(4, 0)),
+            Passes(active_q=(2, 0), active_kv=(4, 0)),
+        ),
         # causal ring steps, over the half they extract (read, write): q | q, out, dout | k, v
-        "ring_half_q_fwd": Passes(q=(2, 0)),
-        "ring_half_q_bwd": Passes(q=(6, 0)),
-        "ring_half_kv_fwd": Passes(kv=(4, 0)),
-        "ring_half_kv_bwd": Passes(kv=(4, 0)),
-        # q: halves of q, dout 4, zero-fill dq 1, collect 2 + active: gather 6, scatter 2
-        # kv: re-gather reorder 4, zero dk, dv 2, per call (x 2) zero-fill 2 + add 6, reorder
-        # before the reduce-scatter 4 + active, per call (x 2): gather k, v 4, scatter 4
-        "allgather_bwd": Passes(q=(7, 0), active_q=(8, 0), kv=(26, 0), active_kv=(16, 0)),
-        # q: zero-fill out 1 + active: gather 2, scatter 2 | kv: active: gather 4
-        "ulysses_fwd": Passes(q=(1, 0), active_q=(4, 0), active_kv=(4, 0)),
-        # q: zero-fill dq 1 + active: gather 6, scatter 2 | kv: zero-fill 2 + active: gather 4,
-        # scatter 4
-        "ulysses_bwd": Passes(q=(1, 0), active_q=(8, 0), kv=(2, 0), active_kv=(8, 0)),
+        "ring_half_q_fwd": Copies(Passes(q=(2, 0))),
+        "ring_half_q_bwd": Copies(Passes(q=(6, 0))),
+        "ring_half_kv_fwd": Copies(Passes(kv=(4, 0))),
+        "ring_half_kv_bwd": Copies(Passes(kv=(4, 0))),
+        # per call (one query half): plain q: extract the half 2, zero-fill out 1, collect 2 |
+        # gathers: q 2, k, v 4 | scatters: out 2
+        "allgather_fwd": Copies(
+            Passes(q=(5, 0)), Passes(active_q=(2, 0), active_kv=(4, 0)), Passes(active_q=(2, 0))
+        ),
+        # once per forward: gathers: the reorder of the gathered k, v 4
+        "allgather_once_fwd": Copies(gathers=Passes(kv=(4, 0))),
+        # per call: plain q: extract q, dout 4, zero-fill dq 1, collect 2; kv: zero-fill dk, dv
+        # 2, add into the full-length dk, dv 6 | gathers: q, out, dout 6, k, v 4 | scatters:
+        # dq 2, dk, dv 4
+        "allgather_bwd": Copies(
+            Passes(q=(7, 0), kv=(8, 0)),
+            Passes(active_q=(6, 0), active_kv=(4, 0)),
+            Passes(active_q=(2, 0), active_kv=(4, 0)),
+        ),
+        # once per backward: plain kv: zero dk, dv 2 | gathers: the re-gather's reorder 4, the
+        # reorder before the reduce-scatter 4
+        "allgather_once_bwd": Copies(Passes(kv=(2, 0)), Passes(kv=(8, 0))),
+        # plain q: zero-fill out 1 | gathers: q 2, k, v 4 | scatters: out 2
+        "ulysses_fwd": Copies(
+            Passes(q=(1, 0)), Passes(active_q=(2, 0), active_kv=(4, 0)), Passes(active_q=(2, 0))
+        ),
+        # plain q: zero-fill dq 1; kv: zero-fill dk, dv 2 | gathers: q, out, dout 6, k, v 4 |
+        # scatters: dq 2, dk, dv 4
+        "ulysses_bwd": Copies(
+            Passes(q=(1, 0), kv=(2, 0)),
+            Passes(active_q=(6, 0), active_kv=(4, 0)),
+            Passes(active_q=(2, 0), active_kv=(4, 0)),
+        ),
         # around the all-to-alls — q: layout 2 + 2, out layout 2 | kv: layout 8
-        "ulysses_layout_fwd": Passes(q=(6, 0), kv=(8, 0)),
+        "ulysses_layout_fwd": Copies(Passes(q=(6, 0), kv=(8, 0))),
         # dout layout 4, dq layout 4 | kv: layout 8
-        "ulysses_layout_bwd": Passes(q=(8, 0), kv=(8, 0)),
+        "ulysses_layout_bwd": Copies(Passes(q=(8, 0), kv=(8, 0))),
     },
 )
 

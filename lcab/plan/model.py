@@ -64,9 +64,12 @@ class CostModel:
                 kv_pad = work.runs * rate.bwd_pad_kv_rows * work.kv_row_elements
                 moved += (work.kv_elements + kv_pad) * rate.bwd_kv_bytes
         bandwidth = self.hw.memory_gbps * 1e9 * self.compute_share
-        gathered = work.gather_bytes  # part of memory_bytes, at the gathers' lower rate
-        traffic = (moved - gathered) / bandwidth + gathered / (
-            bandwidth * self.hw.gather_efficiency
+        # parts of memory_bytes at the lower rates of reads and writes through an index
+        gathered, scattered = work.gather_bytes, work.scatter_bytes
+        traffic = (
+            (moved - gathered - scattered) / bandwidth
+            + gathered / (bandwidth * self.hw.gather_efficiency)
+            + scattered / (bandwidth * self.hw.scatter_efficiency)
         )
         idle = self.empty_blocks_s(work) if bwd else 0.0
         matmul = work.matmul_flops / (self.matmul_tflops * 1e12 * self.compute_share)
@@ -116,7 +119,7 @@ class CostModel:
 
     def stage_s(self, stage: Stage, bwd: bool) -> tuple[float, float]:
         """(stage seconds, of which compute) on one rank."""
-        compute = self.compute_s(stage.work, bwd)
+        compute = sum((self.compute_s(work, bwd) for work in stage.calls), 0.0)
         during = sum(self.transfer_s(t) for t in stage.during)
         after = sum(self.transfer_s(t) for t in stage.after)
         return max(compute, during) + after, compute

@@ -1,9 +1,10 @@
 """Time a published ring step's copies on this device, against what the planner costs them.
 
 The planner costs what the published baselines do around each FA3 call (`harness.LONGCA`) as
-memory passes; the gathers and scatters of a call's tokens at ``gather_efficiency`` of the
-profile's bandwidth, which this command measured (README, "Planning at scale": on an H200 they
-reached 0.385 of its datasheet rate, so the published Ring P2P's per-step gap was mostly them).
+memory passes; reads through an index (unpad) at ``gather_efficiency`` of the profile's
+bandwidth and writes through one (pad) at ``scatter_efficiency``, which this command measured
+(README, "Planning at scale": on an H200 the gathers reached 0.57 of its datasheet rate, the
+scatters 0.27, so the published Ring P2P's per-step gap was mostly them).
 It needs neither FlashAttention nor a second rank: it runs the PyTorch operations the baselines
 run around a ring step's forward call — ``fa_varlen_thd_unpad`` (a gather with an expanded
 index), ``fa_varlen_thd_pad`` (zeros, then a scatter), the LSE pad and the LSE merge (eagerly;
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from lcab.plan.hardware import load_profile
-from lcab.plan.harness import Elements, Passes
+from lcab.plan.harness import Copies, Elements, Passes
 
 
 @dataclass(frozen=True)
@@ -46,15 +47,15 @@ class StepShape:
         return Elements(self.tokens * q, self.tokens * kv, self.valid * q, self.valid * kv)
 
 
-#: The planner's passes for each probed operation (the harness's ``ring_fwd`` without the output
+#: The planner's copies for each probed operation (the harness's ``ring_fwd`` without the output
 #: correction's 3 q passes, which this probe does not run): a gather reads and writes each
 #: active element; the pad zero-fills the whole output, then scatters the active rows into it.
-PROBED_PASSES: dict[str, Passes] = {
-    "unpad q": Passes(active_q=(2, 0)),
-    "unpad k, v": Passes(active_kv=(4, 0)),
-    "pad out": Passes(q=(1, 0), active_q=(2, 0)),
-    "pad lse": Passes(),  # [heads, tokens] float32: not costed by the planner
-    "merge lse": Passes(),  # likewise
+PROBED_PASSES: dict[str, Copies] = {
+    "unpad q": Copies(gathers=Passes(active_q=(2, 0))),
+    "unpad k, v": Copies(gathers=Passes(active_kv=(4, 0))),
+    "pad out": Copies(Passes(q=(1, 0)), scatters=Passes(active_q=(2, 0))),
+    "pad lse": Copies(),  # [heads, tokens] float32: not costed by the planner
+    "merge lse": Copies(),  # likewise
 }
 
 
@@ -129,21 +130,24 @@ def probe(
     memory_gbps: float,
     repeats: int = 20,
     gather_efficiency: float = 1.0,
+    scatter_efficiency: float = 1.0,
 ) -> list[tuple[str, float, float, float]]:
     """(operation, modelled MB, measured ms, modelled ms) per probed operation.
 
-    Gathers and scatters of active tokens are modelled at ``gather_efficiency`` of the rate,
-    the rest (zero-fills) at the full rate, as the planner costs them.
+    Gathers are modelled at ``gather_efficiency`` of the rate, scatters at
+    ``scatter_efficiency``, the rest (zero-fills) at the full rate, as the planner costs them.
     """
     rows = []
     elem = torch.finfo(shape.dtype).bits // 8
     for name, fn in operations(shape, device).items():
-        passes = PROBED_PASSES[name]
-        nbytes = passes.bytes(shape.elements(), elem, 4)
-        gathered = passes.active_only().bytes(shape.elements(), elem, 4)
-        modelled = (nbytes - gathered) / memory_gbps + gathered / (memory_gbps * gather_efficiency)
+        moved = PROBED_PASSES[name].bytes(shape.elements(), elem, 4)
+        modelled = (
+            moved.plain / memory_gbps
+            + moved.gathers / (memory_gbps * gather_efficiency)
+            + moved.scatters / (memory_gbps * scatter_efficiency)
+        )
         measured = median_ms(fn, device, repeats)
-        rows.append((name, nbytes / 1e6, measured, 1e3 * modelled / 1e9))
+        rows.append((name, moved.total / 1e6, measured, 1e3 * modelled / 1e9))
     return rows
 
 
@@ -166,7 +170,14 @@ def main(argv: list[str]) -> int:
     default = "h100_nvlink_ib" if args.device == "cuda" else "cpu_gloo_local"
     hardware = load_profile(args.hardware or default)
     shape = StepShape(tokens=args.tokens, valid=valid)
-    rows = probe(shape, args.device, hardware.memory_gbps, args.repeats, hardware.gather_efficiency)
+    rows = probe(
+        shape,
+        args.device,
+        hardware.memory_gbps,
+        args.repeats,
+        hardware.gather_efficiency,
+        hardware.scatter_efficiency,
+    )
     print(f"{'operation':<12} {'MB':>9} {'measured ms':>12} {'planner ms':>11}  ({hardware.name})")
     for name, mb, measured, modelled in rows:
         print(f"{name:<12} {mb:>9.1f} {measured:>12.3f} {modelled:>11.3f}")

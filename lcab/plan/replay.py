@@ -35,7 +35,7 @@ from lcab.flops import PASS_FACTORS
 from lcab.kernels import Problem
 from lcab.masks.core import AttnMask
 from lcab.plan.areas import pair_work
-from lcab.plan.calls import Call, attends_only_past, call_work, documents_of
+from lcab.plan.calls import Call, attends_only_past, call_work, copies_work, documents_of
 from lcab.plan.harness import LCAB, Elements, Harness
 from lcab.plan.steps import Stage, Transfer, Window, Work
 
@@ -74,7 +74,7 @@ class Replay:
         Not the matrix products a harness adds (`Work.matmul_flops`).
         """
         windows = self.passes[pass_][rank]
-        return [s.work for w in windows for s in w.stages if s.work is not None and s.work.flops]
+        return [work for w in windows for s in w.stages for work in s.calls if work.flops]
 
 
 class _Links:
@@ -188,8 +188,7 @@ def _ulysses_ends(
             0.0,
             0.0,
         )
-        traffic = layout.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
-        copies = Work(0.0, 0.0, memory_bytes=traffic)
+        copies = copies_work(layout, elements, problem)
 
     def stage(sizes: list[int], work: Work | None = None) -> Stage:
         return Stage(work, after=tuple(links.collective(op, "a2a", b, rank, group) for b in sizes))
@@ -215,12 +214,29 @@ def _ulysses(
 def _allgather(
     plan: Plan, mask: AttnMask, problem: Problem, links: _Links, harness: Harness
 ) -> tuple[list, list]:
+    """Ring All-Gather: gather K/V, one call per rank (or one per zigzag half), reduce-scatter.
+
+    Copies the harness makes once per pass (reorders of the gathered tensors) run before the
+    calls, in their own stage.
+    """
     everything = np.concatenate(plan.placement.layouts)
-    works = pair_work(mask, list(plan.rank_layouts), [everything])
-    call = Call("allgather", harness, plan.shard_len, len(everything), documents_of(mask))
+    halves = harness.allgather_halves and plan.placement.balancer == "zigzag"
+    row_sets = list(plan.rank_layouts)
+    if halves:
+        docs = np.asarray(mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q])
+        row_sets = [h for rows in row_sets for h in zigzag_halves(rows, docs, len(row_sets))]
+    calls = len(row_sets) // plan.world
+    works = pair_work(mask, row_sets, [everything])
+    call = Call("allgather", harness, plan.shard_len // calls, len(everything), documents_of(mask))
     shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
     moved = 2 * (plan.ring - 1) * shard
     group = list(range(plan.world))
+    whole = Elements(
+        plan.shard_len * plan.heads.local_q * problem.head_dim,
+        len(everything) * plan.heads.local_kv * problem.head_dim,
+        0.0,
+        0.0,
+    )
     fwd, bwd = [], []
     for rank in range(plan.world):
         gather = links.collective("allgather_kv", "allgather", moved, rank, group)
@@ -228,11 +244,33 @@ def _allgather(
         comm_f = (Stage(None, after=(gather,)),) if moved else ()
         comm_b = (Stage(None, after=(scatter,)),) if moved else ()
         regather = comm_f if harness.regather_bwd else ()
-        work_f = call_work(works, plan, problem, 0, rank, 0, False, call)
-        work_b = call_work(works, plan, problem, 0, rank, 0, True, call)
-        fwd.append((Window((*comm_f, Stage(work_f))),))
-        bwd.append((Window((*regather, Stage(work_b), *comm_b)),))
+        stages = []
+        for bwd_ in (False, True):
+            once = harness.once_passes("allgather", bwd_)
+            rows = range(rank * calls, (rank + 1) * calls)
+            works_ = [call_work(works, plan, problem, 0, row, 0, bwd_, call) for row in rows]
+            if once is not None:
+                works_.insert(0, copies_work(once, whole, problem))
+            stages.append(Stage(works_[0], then=tuple(works_[1:])))
+        fwd.append((Window((*comm_f, stages[0])),))
+        bwd.append((Window((*regather, stages[1], *comm_b)),))
     return fwd, bwd
+
+
+def zigzag_halves(layout: np.ndarray, doc_lengths: np.ndarray, shards: int) -> list[np.ndarray]:
+    """A zigzag shard's two halves: chunk ``p`` of every document, then chunk ``2P - 1 - p``.
+
+    The zigzag balancer (`lcab.cp.balance.zigzag`) pads every document to a multiple of
+    ``2 * shards`` and lays out, per document, its two chunks one after the other; the
+    published code's ``thd_read_half_tensor`` takes the same halves.
+    """
+    first, second, at = [], [], 0
+    for length in doc_lengths.tolist():
+        chunk = -(-int(length) // (2 * shards))
+        first.append(layout[at : at + chunk])
+        second.append(layout[at + chunk : at + 2 * chunk])
+        at += 2 * chunk
+    return [np.concatenate(first), np.concatenate(second)]
 
 
 def _ring(

@@ -53,8 +53,11 @@ class Work:
     longest_keys: float = 0.0
     """Attended key columns of the longest such sequence (the call's ``max_seqlen_k``)."""
     gather_bytes: float = 0.0
-    """The part of ``memory_bytes`` moved by index-driven gathers and scatters of a call's
-    active tokens (the published code's unpad / pad), which run below a plain copy's rate."""
+    """The part of ``memory_bytes`` read through an index (the published code's unpad and
+    zigzag reorders), which runs below a plain copy's rate."""
+    scatter_bytes: float = 0.0
+    """The part of ``memory_bytes`` written through an index (the published code's pad),
+    slower still."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,15 @@ class Stage:
     work: Work | None
     during: tuple[Transfer, ...] = ()
     after: tuple[Transfer, ...] = ()
+    then: tuple[Work | None, ...] = ()
+    """More calls the rank runs after ``work`` before the stage ends, with nothing to wait for
+    in between (Ring All-Gather's two calls between its collectives): they add up per rank,
+    and only their sum waits for the slowest rank."""
+
+    @property
+    def calls(self) -> tuple[Work, ...]:
+        """Every call of the stage, in order."""
+        return tuple(w for w in (self.work, *self.then) if w is not None)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from lcab.kernels import Problem
 from lcab.masks import make_mask
 from lcab.plan.hardware import Hardware, Link
 from lcab.plan.harness import LCAB, LONGCA, Elements, Passes, harness_named
-from lcab.plan.model import predict_pass
+from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.replay import replay
 from tests.helpers.plan_hardware import hand_hardware
 
@@ -112,19 +112,46 @@ def test_longca_all_gather_gathers_again_in_the_backward():
         assert (
             ours.bytes_by_op(rank)["allgather_kv"] * 2 == theirs.bytes_by_op(rank)["allgather_kv"]
         )
-        # copies: 3 + 4 passes per local q element (every causal row is active); 4 per
-        # gathered kv element and 8 per key the rank's queries attend: zigzag chunks r and
-        # 7 - r of 8, so keys up to the end of chunk 7 - r
-        (work,) = theirs.work(rank, "fwd")
-        q_elems, kv_elems = (S // 4) * HQ * D, S * HKV * D
-        attended = (8 - rank) * (S // 8) * HKV * D
-        assert work.memory_bytes == pytest.approx(2 * (7 * q_elems + 4 * kv_elems + 8 * attended))
+        # one call per zigzag half, chunks r and 7 - r of 8 (128 tokens each), each against
+        # the keys it attends: up to the end of its chunk; together the work of lcab's one call
+        halves = theirs.work(rank, "fwd")
+        assert len(halves) == 2
+        assert sum(w.flops for w in halves) == pytest.approx(ours.work(rank, "fwd")[0].flops)
+        q_half = (S // 8) * HQ * D
+        for chunk, work in zip((rank, 7 - rank), halves, strict=True):
+            attended = (chunk + 1) * (S // 8) * HKV * D
+            # plain: extract the half 2, zero-fill out 1, collect 2; gathers: q 2, k, v 4 per
+            # attended key; scatters: out 2 (every causal row is active)
+            assert work.memory_bytes == pytest.approx(2 * (9 * q_half + 4 * attended))
+            assert work.gather_bytes == pytest.approx(2 * (2 * q_half + 4 * attended))
+            assert work.scatter_bytes == pytest.approx(2 * 2 * q_half)
+        # once per forward, before the calls and in their stage: the reorder of the gathered
+        # k, v (a gather: read and write of each of S keys)
+        (stage,) = [st for st in theirs.passes["fwd"][rank][0].stages if st.calls]
+        once = stage.calls[0]
+        assert once.flops == 0 and stage.calls[1:] == tuple(halves)
+        assert once.memory_bytes == once.gather_bytes == pytest.approx(2 * 4 * S * HKV * D)
         assert ours.work(rank, "fwd")[0].memory_bytes == 0
-        # of which the index-driven gathers and scatters of active tokens: gather q and scatter
-        # out (4 per q element), gather k, v per call (8 per attended key); not the zero-fill,
-        # the collect or the reorder
-        assert work.gather_bytes == pytest.approx(2 * (4 * q_elems + 8 * attended))
-        assert ours.work(rank, "fwd")[0].gather_bytes == 0
+
+
+def test_a_stage_s_calls_add_up_before_it_waits_for_the_slowest_rank():
+    """Ring All-Gather's two calls per rank run back to back: on a causal mask rank 0's first
+    half (chunk 0) is the cheapest call and its second (chunk 7) the dearest, rank 3's nearly
+    even; waiting for the slowest rank after each call would charge the dearest call twice, the
+    stage charges the slowest rank's sum."""
+    mask = make_mask("causal", S)
+    strategy = STRATEGIES.get("ring_allgather")({"balance": "zigzag"}, 4)
+    r = replay(strategy, mask, PROBLEM, 4, harness=LONGCA)
+    model = CostModel(hardware(), "ranges", 4)
+    calls = [[model.compute_s(w, False) for w in r.work(rank, "fwd")] for rank in range(4)]
+    once = model.compute_s(r.passes["fwd"][0][0].stages[-1].calls[0], False)
+    per_rank = [once + sum(c) for c in calls]
+    mean = sum(per_rank) / 4
+    pred = predict_pass(r, hardware(), "ranges", "fwd")
+    assert pred.compute_ms == pytest.approx(1e3 * mean)
+    assert pred.imbalance_ms == pytest.approx(1e3 * (max(per_rank) - mean))
+    per_call_lockstep = once + sum(max(c[i] for c in calls) for i in range(2))
+    assert max(per_rank) < 0.9 * per_call_lockstep
 
 
 def test_harnesses_change_costs_not_work():

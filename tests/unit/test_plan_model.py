@@ -305,14 +305,21 @@ def test_a_varlen_backward_pays_accumulator_rows_per_sequence():
 
 
 def test_gathers_and_scatters_run_at_their_own_fraction_of_the_memory_rate():
-    """Of 1 GB moved outside a call, 0.4 GB are gathers at half the rate: by hand
-    0.6 GB / 3350 GB/s + 0.4 GB / 1675 GB/s; the other bytes keep the full rate."""
-    hardware = dataclasses.replace(load_profile("h100_nvlink_ib"), gather_efficiency=0.5)
+    """Of 1 GB moved outside a call, 0.4 GB are gathers at half the rate and 0.2 GB scatters at
+    a quarter: by hand 0.4 GB / 3350 GB/s + 0.4 GB / 1675 GB/s + 0.2 GB / 837.5 GB/s; the
+    other bytes keep the full rate."""
+    hardware = dataclasses.replace(
+        load_profile("h100_nvlink_ib"), gather_efficiency=0.5, scatter_efficiency=0.25
+    )
     model = CostModel(hardware, "fa3", 1)
     plain = Work(0.0, 0.0, memory_bytes=1e9)
     gathered = dataclasses.replace(plain, gather_bytes=4e8)
+    both = dataclasses.replace(gathered, scatter_bytes=2e8)
     assert model.compute_s(plain, False) == pytest.approx(1e9 / 3350e9)
     assert model.compute_s(gathered, False) == pytest.approx(6e8 / 3350e9 + 4e8 / 1675e9)
+    assert model.compute_s(both, False) == pytest.approx(
+        4e8 / 3350e9 + 4e8 / 1675e9 + 2e8 / 837.5e9
+    )
 
 
 def test_a_varlen_backward_pays_the_blocks_its_grid_launches_without_work():

@@ -5,16 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lcab.plan.harness import LONGCA, Passes
+from lcab.plan.harness import LONGCA, Copies, Passes
 from lcab.plan.probe import PROBED_PASSES, StepShape, main, merge_lse, pad, pad_lse, probe, unpad
 
 
 def test_probed_passes_are_the_harness_ring_step_without_the_output_correction():
     shape = StepShape(tokens=96, valid=80, heads_q=8, heads_kv=2, head_dim=16)
     elements = shape.elements()
-    probed = sum(p.bytes(elements, 2, 4) for p in PROBED_PASSES.values())
-    correction = Passes(q=(3, 0)).bytes(elements, 2, 4)  # read out, read step, write out
-    assert probed + correction == LONGCA.call_passes("ring", bwd=False).bytes(elements, 2, 4)
+    probed = Copies()
+    for copies in PROBED_PASSES.values():
+        probed = probed.plus(copies)
+    correction = Copies(Passes(q=(3, 0)))  # read out, read step, write out
+    harness = LONGCA.call_passes("ring", bwd=False)
+    assert probed.plus(correction).bytes(elements, 2, 4) == harness.bytes(elements, 2, 4)
 
 
 def test_the_copies_do_what_the_baselines_functions_do():
@@ -49,11 +52,18 @@ def test_cuda_without_a_gpu_exits_2(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
-def test_gathers_are_modelled_at_the_profile_gather_efficiency():
+def test_gathers_and_scatters_are_modelled_at_their_own_efficiency():
     shape = StepShape(tokens=64, valid=48, heads_q=4, heads_kv=2, head_dim=8)
     full = {r[0]: r[3] for r in probe(shape, "cpu", 100.0, repeats=1)}
-    half = {r[0]: r[3] for r in probe(shape, "cpu", 100.0, repeats=1, gather_efficiency=0.5)}
-    assert half["unpad q"] == pytest.approx(2 * full["unpad q"])  # all gather
-    # pad out: a zero-fill of all 64 rows (full rate) and a scatter of 48 (half rate), by hand
+    slow = {
+        r[0]: r[3]
+        for r in probe(
+            shape, "cpu", 100.0, repeats=1, gather_efficiency=0.5, scatter_efficiency=0.25
+        )
+    }
+    assert slow["unpad q"] == pytest.approx(2 * full["unpad q"])  # all gather
+    assert slow["unpad k, v"] == pytest.approx(2 * full["unpad k, v"])
+    # pad out: a zero-fill of all 64 rows (full rate), then a scatter of 48 (a read and a
+    # write of each) at a quarter of the rate, by hand
     row = 4 * 8 * 2  # bytes of one bf16 query row
-    assert half["pad out"] == pytest.approx(1e3 * (64 * row + 2 * 48 * row * 2) / 100e9)
+    assert slow["pad out"] == pytest.approx(1e3 * (64 * row + 4 * 48 * row * 2) / 100e9)

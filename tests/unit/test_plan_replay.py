@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from lcab.cp import STRATEGIES
+from lcab.cp.balance import zigzag as place_zigzag
 from lcab.cp.base import step_mask
 from lcab.distributed.groups import Grid
 from lcab.kernels import Problem
 from lcab.masks import make_mask
 from lcab.masks.remap import remap
 from lcab.plan.areas import pair_work
-from lcab.plan.replay import replay
+from lcab.plan.replay import replay, zigzag_halves
 
 DOCS = {"doc_source": "uniform", "min_doc_len": 40, "max_doc_len": 300}
 MASKS = {
@@ -175,3 +176,20 @@ def test_ring_collectives_cross_each_nic_once_per_remote_node():
     ulysses = replay(STRATEGIES.get("ulysses")({}, 4), mask, Problem(960, 960, 8, 8, 16), 8)
     for t in ulysses.transfers(0, "fwd"):
         assert t.inter_bytes == t.nbytes * 4 // 7
+
+
+def test_zigzag_halves_are_chunk_p_and_chunk_2p_minus_1_minus_p_of_every_document():
+    """Documents of 10 and 3 tokens on 2 shards: each padded to a multiple of 4 (12 and 4) and
+    cut into 4 chunks (3 and 1 tokens); shard p's halves are chunk p, then chunk 3 - p, of
+    both documents, as the published code's ``thd_read_half_tensor`` reads them."""
+    docs = np.array([10, 3])
+    layouts = place_zigzag(docs, 2).layouts
+    pad = -1
+    assert [h.tolist() for h in zigzag_halves(layouts[0], docs, 2)] == [
+        [0, 1, 2, 10],
+        [9, pad, pad, pad],
+    ]
+    assert [h.tolist() for h in zigzag_halves(layouts[1], docs, 2)] == [
+        [3, 4, 5, 11],
+        [6, 7, 8, 12],
+    ]
