@@ -94,6 +94,9 @@ def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) 
     """
     square = mask.seqlen_q == mask.seqlen_k
     work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)], square)
+    # documents with attended keys: the key runs of the call (0 when columns are not counted)
+    key_docs = float(np.mean(work.col_docs[:, 0, 0])) if work.col_docs is not None else 0.0
+    cols = float(np.mean(work.cols[:, 0, 0])) if work.cols is not None else 0.0
     return Work(
         flops=4.0 * mask.area() * (heads_q // mask.num_heads) * head_dim,
         mean_keys=float(np.mean(work.mean_keys[:, 0, 0])),
@@ -105,6 +108,9 @@ def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) 
         kv_elements=mask.seqlen_k * heads_kv * head_dim,
         q_row_elements=heads_q * head_dim,
         kv_row_elements=heads_kv * head_dim,
+        key_columns=cols,
+        key_documents=key_docs,
+        key_runs=key_docs,
     )
 
 

@@ -94,6 +94,7 @@ def call_work(
         sequences=sequences,
         key_columns=cols,
         key_documents=key_docs,
+        key_runs=key_docs,
         longest_keys=longest,
     )
 

@@ -126,10 +126,12 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
     Tile padding is exact here (a figure's sequences are whole runs of known length), where a
     context-parallel step uses its expected value; ``runs`` carries it in the model's units, so
     the per-sequence accumulator rows of a varlen backward are left out (the figures time one
-    sequence, or a fixed-length batch, where a kernel rounds the length instead).
+    sequence, or a fixed-length batch, where a kernel rounds the length instead). Key tiles
+    are exact too: a backward figure's length must be whole key tiles, which pad nothing.
 
     Raises:
-        ValueError: a mask whose active rows are not one run per sequence.
+        ValueError: a mask whose active rows are not one run per sequence, or a backward
+            figure whose length is not whole key tiles.
 
     """
     mask = make_mask(figure.mask, figure.seqlen, **figure.params)
@@ -137,6 +139,11 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
     if call.runs != 1.0:
         raise ValueError(f"figure mask {figure.mask!r} is not one run of rows per sequence")
     bwd = figure.pass_ == "bwd"
+    if bwd and rate.bwd_block_cols and figure.seqlen % rate.bwd_block_cols:
+        raise ValueError(
+            f"backward figure seqlen={figure.seqlen} is not a multiple of the key tile "
+            f"({rate.bwd_block_cols:g} columns): its padding would not be exact"
+        )
     tile = rate.tile_tokens(bwd, call.q_per_kv)
     padding = math.ceil(call.rows / tile) * tile - call.rows if tile > 0 else 0.0
     return dataclasses.replace(
@@ -147,6 +154,7 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
         kv_elements=call.kv_elements * figure.batch,
         q_row_elements=0.0,
         kv_row_elements=0.0,
+        key_columns=0.0,  # whole key tiles: no key padding (checked above)
     )
 
 

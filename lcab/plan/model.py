@@ -76,16 +76,36 @@ class CostModel:
         if work.flops <= 0:
             return matmul + traffic + idle
         peak = (self.rate.bwd_tflops if bwd else self.rate.fwd_tflops) * 1e12 * self.compute_share
-        # forward kernels hold a query tile and sweep its keys; backward kernels hold a key
-        # tile and sweep the queries attending it: each saturates with its sweep's length
-        sweep = work.mean_queries if bwd and work.mean_queries > 0 else work.mean_keys
-        efficiency = sweep / (sweep + self.rate.saturation_keys(bwd))
-        tile = self.rate.tile_tokens(bwd, work.q_per_kv)
-        if tile > 0 and work.rows > 0:  # query tiles padded at every run's end
-            padding = work.runs * (tile - 1) / 2
-            efficiency *= work.rows / (work.rows + padding)
-        attention = work.flops / (peak * max(efficiency, 1e-9))
+        attention = work.flops / (peak * max(self.efficiency(work, bwd), 1e-9))
         return self.rate.call_us * 1e-6 + attention + matmul + traffic + idle
+
+    def efficiency(self, work: Work, bwd: bool) -> float:
+        """Fraction of the plateau a call's attention reaches.
+
+        A forward kernel holds a query tile and sweeps its keys: each tile pays a fixed cost
+        (``half_keys`` keys' worth) besides its sweep, and every run of query rows ends in a
+        partly filled tile that costs a whole one. A backward kernel holds a key tile and sweeps
+        the query tiles attending it: each key tile pays its fixed cost (``bwd_half_keys``
+        queries' worth) once, the last query tile of every run it sweeps adds its padded rows
+        to the sweep (not to the fixed cost), and every run of key columns (a varlen call's
+        sequence) ends in a partly filled key tile. Both saturate with their sweep's length.
+        """
+        rate = self.rate
+        half = rate.saturation_keys(bwd)
+        tile = rate.tile_tokens(bwd, work.q_per_kv)
+        padded = (tile - 1) / 2 if tile > 0 else 0.0  # rows a run's last tile wastes, on average
+        if not bwd:
+            efficiency = work.mean_keys / (work.mean_keys + half)
+            if work.rows > 0:
+                efficiency *= work.rows / (work.rows + work.runs * padded)
+            return efficiency
+        sweep = work.mean_queries if work.mean_queries > 0 else work.mean_keys
+        swept_runs = work.runs / max(work.key_runs, 1.0)  # query runs one key column sweeps
+        efficiency = sweep / (sweep + swept_runs * padded + half)
+        if rate.bwd_block_cols > 0 and work.key_columns > 0:
+            key_padding = work.key_runs * (rate.bwd_block_cols - 1) / 2
+            efficiency *= work.key_columns / (work.key_columns + key_padding)
+        return efficiency
 
     def empty_blocks_s(self, work: Work) -> float:
         """Seconds a varlen backward spends on launched thread blocks that have no work.

@@ -50,6 +50,10 @@ class Work:
     """Attended key columns of the call (per head)."""
     key_documents: float = 0.0
     """Sequences with attended key columns."""
+    key_runs: float = 0.0
+    """Runs of consecutive attended key columns the kernel sees (a varlen call holds each
+    sequence's keys in one piece: its sequences with keys); each ends in a partly filled key
+    tile of the backward, and the query runs of a call are shared among them."""
     longest_keys: float = 0.0
     """Attended key columns of the longest such sequence (the call's ``max_seqlen_k``)."""
     gather_bytes: float = 0.0

@@ -69,6 +69,9 @@ def test_a_figure_is_the_call_it_timed():
     padded = ragged.rows + ragged.runs * (rate.tile_tokens(False, 1.0) - 1) / 2
     assert padded == pytest.approx(1024)
     assert model.compute_s(ragged, False) > 0
+    # a backward figure must be whole 128-column key tiles, whose padding is then exactly none
+    with pytest.raises(ValueError, match="seqlen=1000 is not a multiple of the key tile"):
+        figure_work(_figure(seqlen=1000, pass_="bwd"), rate)
 
 
 def test_the_fit_recovers_a_known_rate_and_a_second_builds_speed():

@@ -200,18 +200,43 @@ def test_forward_tiles_pack_query_heads_and_the_backward_saturates_on_queries_pe
 
     Forward: 8 query heads per KV head pack 128-row tiles into 16 tokens, so each of the 10 runs
     wastes 7.5 rows on average, and rows of 900 keys reach 900 / (900 + 100) of the plateau.
-    Backward: 64-row tiles, not packed (31.5 wasted rows a run), saturating on the 50 queries
-    that attend each key, against its own half point of 200.
+    Backward: a 128-column key tile sweeps the 50 queries that attend each key in 64-row tiles,
+    not packed; 10 documents, each one run of rows and one run of 2000 / 10 key columns, so a
+    key column sweeps one run, whose last tile adds 31.5 padded rows on average to the sweep
+    (50 + 31.5 against the half point of 200, which the padding does not scale), and each
+    document's keys end in a partly filled key tile (63.5 padded columns on average).
     """
     rate = KernelRate(
-        1.0, 0.5, 100.0, 0.0, tile_rows=128, bwd_tile_rows=64, pack_gqa=True, bwd_half_keys=200.0
+        1.0,
+        0.5,
+        100.0,
+        0.0,
+        tile_rows=128,
+        bwd_tile_rows=64,
+        pack_gqa=True,
+        bwd_half_keys=200.0,
+        bwd_block_cols=128.0,
     )
     model = CostModel(hand_hardware(kernels={"default": rate}), "any", 1)
-    work = Work(1e12, 900.0, rows=1000.0, runs=10.0, q_per_kv=8.0, mean_queries=50.0)
+    work = Work(
+        1e12,
+        900.0,
+        rows=1000.0,
+        runs=10.0,
+        q_per_kv=8.0,
+        mean_queries=50.0,
+        key_columns=2000.0,
+        key_runs=10.0,
+    )
     fwd_efficiency = 900 / 1000 * 1000 / (1000 + 10 * 15 / 2)
     assert model.compute_s(work, bwd=False) == pytest.approx(1.0 / fwd_efficiency)
-    bwd_efficiency = 50 / 250 * 1000 / (1000 + 10 * 63 / 2)
+    bwd_efficiency = 50 / (50 + 31.5 + 200) * 2000 / (2000 + 10 * 127 / 2)
     assert model.compute_s(work, bwd=True) == pytest.approx(2.0 / bwd_efficiency)
+    # one run of keys shared by the ten runs of rows: each column sweeps all ten
+    shared = dataclasses.replace(work, key_runs=1.0)
+    assert model.compute_s(shared, bwd=True) == pytest.approx(
+        2.0 / (50 / (50 + 10 * 31.5 + 200) * 2000 / (2000 + 127 / 2))
+    )
     # without packing the forward pads whole 128-row tiles
     plain = CostModel(
         hand_hardware(kernels={"default": dataclasses.replace(rate, pack_gqa=False)}), "any", 1
