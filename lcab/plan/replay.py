@@ -216,8 +216,8 @@ def _allgather(
 ) -> tuple[list, list]:
     """Ring All-Gather: gather K/V, one call per rank (or one per zigzag half), reduce-scatter.
 
-    Copies the harness makes once per pass (reorders of the gathered tensors) run before the
-    calls, in their own stage.
+    Copies the harness makes once per pass (reorders of the gathered tensors) run first in
+    the calls' stage: a rank's copies and calls add up before it waits for the collective.
     """
     everything = np.concatenate(plan.placement.layouts)
     halves = harness.allgather_halves and plan.placement.balancer == "zigzag"
