@@ -64,6 +64,10 @@ def call_work(
         _head_mean(works.longest_cols, mask_heads, i, j) if works.longest_cols is not None else 0.0
     )
     sequences = call.documents if call.harness.lists_every_document else key_docs
+    if call.harness.kernel_gets_active_tokens and key_docs > 0:
+        # packed varlen input: a document's rows in the call are one sequence, one run of
+        # tiles, however many zigzag chunks of the padded layout they came from
+        runs = key_docs
     factor = 2.5 if bwd else 1.0
     # copies outside the kernel: layouts, padding, merges of partials, gradient accumulation
     q_size, kv_size = heads.local_q * problem.head_dim, heads.local_kv * problem.head_dim

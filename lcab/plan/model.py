@@ -58,10 +58,11 @@ class CostModel:
         moved = work.memory_bytes
         if bwd:  # the backward kernel's own passes over every token it is given
             rate = self.rate
-            q_pad = work.runs * rate.bwd_pad_q_rows * work.q_row_elements  # per sequence
+            sequences = work.sequences or work.runs  # the accumulators' rows grow per sequence
+            q_pad = sequences * rate.bwd_pad_q_rows * work.q_row_elements
             moved += work.q_elements * rate.bwd_q_bytes + q_pad * 8.0  # float32 zero + read
             if work.q_per_kv > 1:
-                kv_pad = work.runs * rate.bwd_pad_kv_rows * work.kv_row_elements
+                kv_pad = sequences * rate.bwd_pad_kv_rows * work.kv_row_elements
                 moved += (work.kv_elements + kv_pad) * rate.bwd_kv_bytes
         bandwidth = self.hw.memory_gbps * 1e9 * self.compute_share
         # parts of memory_bytes at the lower rates of reads and writes through an index

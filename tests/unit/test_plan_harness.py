@@ -305,3 +305,15 @@ def test_longca_causal_ring_steps_call_with_the_half_they_need():
     full = replay(strategy, make_mask("full", S), PROBLEM, world, harness=LONGCA)
     whole = 8 * tokens * q_size + 4 * tokens * kv_size
     assert [w.memory_bytes for w in full.work(0, "fwd")] == [pytest.approx(2 * whole)] * world
+
+
+def test_packed_varlen_calls_tile_each_document_once_however_many_chunks_it_came_from():
+    """Zigzag on 2 ranks holds chunks 0 and 3 of each of 3 documents on rank 0: six runs of
+    rows in the padded layout, which a kernel reading the layout tiles one by one (lcab's),
+    but three sequences once the published code packs each document's valid tokens together."""
+    mask = make_mask("full_document", S, doc_lengths=[512, 256, 256])
+    strategy = STRATEGIES.get("ring")({"balance": "zigzag"}, 2)
+    ours, theirs = (replay(strategy, mask, PROBLEM, 2, harness=h) for h in (LCAB, LONGCA))
+    for pass_ in ("fwd", "bwd"):
+        assert [w.runs for w in ours.work(0, pass_)] == [6, 6]
+        assert [w.runs for w in theirs.work(0, pass_)] == [3, 3]

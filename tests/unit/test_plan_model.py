@@ -327,6 +327,11 @@ def test_a_varlen_backward_pays_accumulator_rows_per_sequence():
     assert model.compute_s(mha, True) - model.compute_s(mha_rowless, True) == pytest.approx(
         4 * 64 * q_row * 8 / 3350e9
     )
+    # a call that lists 10 sequences (4 runs of rows: a run per sequence is only the fallback)
+    listed, listed_rowless = (dataclasses.replace(w, sequences=10.0) for w in (four, rowless))
+    assert model.compute_s(listed, True) - model.compute_s(listed_rowless, True) == pytest.approx(
+        10 * (64 * q_row * 8 + 128 * kv_row * 16) / 3350e9
+    )
 
 
 def test_gathers_and_scatters_run_at_their_own_fraction_of_the_memory_rate():
