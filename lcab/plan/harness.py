@@ -169,7 +169,8 @@ class Harness:
     """Keyed ``<family>_<pass>``: ``ulysses_fwd``, ``allgather_bwd``, ``ring_fwd`` (per ring
     step, also for USP's and LoongTrain's steps), ...; ``ulysses_layout_<pass>``: the layout
     copies around a Ulysses group's all-to-alls, once per pass (Ulysses, USP, LoongTrain);
-    missing: no passes."""
+    ``ring_merge_<pass>`` / ``ring_merge_once_<pass>``: merging the ring steps' partial results
+    after the ring, per step / once (`merge_passes`); missing: no passes."""
 
     def call_passes(self, family: str, bwd: bool) -> Copies:
         """The copies around one call of ``family`` (ulysses | allgather | ring)."""
@@ -178,6 +179,17 @@ class Harness:
     def once_passes(self, family: str, bwd: bool) -> Copies | None:
         """The copies a pass of ``family`` makes once, around all its calls (None: none)."""
         return self.passes.get(f"{family}_once_{'bwd' if bwd else 'fwd'}")
+
+    def merge_passes(self, bwd: bool) -> tuple[Copies, Copies] | None:
+        """(per ring step, once) copies of merging the steps' partial results after the ring.
+
+        None: the implementation merges within each step (its ``ring_<pass>`` passes).
+        """
+        pass_ = "bwd" if bwd else "fwd"
+        per_step = self.passes.get(f"ring_merge_{pass_}")
+        if per_step is None:
+            return None
+        return per_step, self.passes.get(f"ring_merge_once_{pass_}", Copies())
 
     def half_passes(self, half: str, bwd: bool) -> Copies:
         """The extraction of a causal ring step's ``half`` (q | kv; "" for none)."""
@@ -225,35 +237,33 @@ LCAB = Harness(
     },
 )
 
-#: The published baselines (all bf16). Every call gathers its valid tokens out of the padded
-#: layout (``fa_varlen_thd_unpad``, ``torch.gather``: a read and a write of each input) and
-#: scatters its outputs back into a zeroed padded tensor (``fa_varlen_thd_pad``: zero-fill,
-#: then ``scatter_``: read, write); its
-#: ``cu_seqlens`` keep every document, zeroing those without work in the call
-#: (``generate_valid_cu_seqlens``). Ring steps
-#: merge outputs with ``thd_out_correction`` (read out, read step, write out), accumulate dQ and
-#: dK/dV with ``bwd_dq_update`` / ``bwd_dkv_update`` (read, read, write) after concatenating dK
-#: and dV (``torch.cat``). ``attn_p2p_communicate`` posts ``isend`` and ``irecv`` one by one —
-#: even ranks send first, odd ranks receive first — not as one group (``init_process_group``
-#: gets no ``device_id``, so each pair of ranks has its own communicator): a ring of two moves
-#: its blocks in two phases. The backward sends
-#: the dK/dV accumulator together with the next K/V block, overlapped with the step; LoongTrain
-#: sends it on its own group after each step, overlapped with the next, but waits for the hop
-#: after a window's last step, and passes the window's accumulator to the next window during
-#: that window's first step. On a causal mask a ring step extracts the half of q or of K/V it
-#: needs (``thd_read_half_tensor``) and calls, pads and merges over that half; each call hands
-#: FA3 only its valid tokens. Ring All-Gather runs its two zigzag query halves
-#: (``thd_read_half_tensor``) as two calls, each against the keys its half attends out of the
-#: whole gathered K/V (reordered after the gather by ``torch.gather``,
+#: The published baselines (all bf16). Every call gathers its valid tokens out of the padded layout
+#: (``fa_varlen_thd_unpad``, ``torch.gather``: a read and a write of each input) and scatters its
+#: outputs back into a zeroed padded tensor (``fa_varlen_thd_pad``: zero-fill, then ``scatter_``:
+#: read, write); its ``cu_seqlens`` keep every document, zeroing those without work in the call
+#: (``generate_valid_cu_seqlens``). A ring forward keeps every step's padded output and merges them
+#: only after its last step (LoongTrain: after its last window) with ``thd_out_correction`` (read
+#: out, read step, write out, per step, into a zeroed result), so no transfer hides the merge. Ring
+#: backward steps accumulate dQ and dK/dV with ``bwd_dq_update`` / ``bwd_dkv_update`` (read, read,
+#: write) after concatenating dK and dV (``torch.cat``). ``attn_p2p_communicate`` posts ``isend``
+#: and ``irecv`` one by one — even ranks send first, odd ranks receive first — not as one group
+#: (``init_process_group`` gets no ``device_id``, so each pair of ranks has its own communicator): a
+#: ring of two moves its blocks in two phases. The backward sends the dK/dV accumulator together
+#: with the next K/V block, overlapped with the step; LoongTrain sends it on its own group after
+#: each step, overlapped with the next, but waits for the hop after a window's last step, and passes
+#: the window's accumulator to the next window during that window's first step. On a causal mask a
+#: ring step extracts the half of q or of K/V it needs (``thd_read_half_tensor``) and calls, pads
+#: and merges over that half; each call hands FA3 only its valid tokens. Ring All-Gather runs its
+#: two zigzag query halves (``thd_read_half_tensor``) as two calls, each against the keys its half
+#: attends out of the whole gathered K/V (reordered after the gather by ``torch.gather``,
 #: ``gather_with_reorder_before_attn``), re-gathers K/V in the backward, adds each call's
-#: full-length dK/dV into zeroed buffers and reorders them before the reduce-scatter. Ulysses,
-#: and USP and LoongTrain around their rings (``usp.py`` / ``loongtrain.py`` call the same
+#: full-length dK/dV into zeroed buffers and reorders them before the reduce-scatter. Ulysses, and
+#: USP and LoongTrain around their rings (``usp.py`` / ``loongtrain.py`` call the same
 #: ``_varlen_all2all_before_attn`` / ``_after_attn``), copy q, k, v to head-major before the
-#: all-to-all and back after (``rearrange(...).contiguous()``), and the output once more after
-#: the return all-to-all.
-#: The timed backward (``out.backward(dout)`` in ``run_benchmark.py``) also runs back through
-#: the ``nn.Linear(1024, heads x d)`` projections that made q, k and v from a random ``x`` that
-#: needs no gradient: three weight gradients and their bias sums.
+#: all-to-all and back after (``rearrange(...).contiguous()``), and the output once more after the
+#: return all-to-all. The timed backward (``out.backward(dout)`` in ``run_benchmark.py``) also runs
+#: back through the ``nn.Linear(1024, heads x d)`` projections that made q, k and v from a random
+#: ``x`` that needs no gradient: three weight gradients and their bias sums.
 LONGCA = Harness(
     name="longca",
     p2p_batched=False,
@@ -267,10 +277,14 @@ LONGCA = Harness(
     projection_width=1024,
     allgather_halves=True,
     passes={
-        # plain q: zero-fill out 1, correction 3 | gathers: q 2, k, v 4 | scatters: out 2
+        # plain q: zero-fill out 1 | gathers: q 2, k, v 4 | scatters: out 2
         "ring_fwd": Copies(
-            Passes(q=(4, 0)), Passes(active_q=(2, 0), active_kv=(4, 0)), Passes(active_q=(2, 0))
+            Passes(q=(1, 0)), Passes(active_q=(2, 0), active_kv=(4, 0)), Passes(active_q=(2, 0))
         ),
+        # after the ring, per step: correction 3 (read out, read the step's, write out) over
+        # the step's queries; once: zero-fill the result 1
+        "ring_merge_fwd": Copies(Passes(q=(3, 0))),
+        "ring_merge_once_fwd": Copies(Passes(q=(1, 0))),
         # plain q: zero-fill dq 1, add dq 3; kv: zero-fill dk, dv 2, cat 4, add 6 | gathers:
         # q, out, dout 6, k, v 4 | scatters: dq 2, dk, dv 4
         "ring_bwd": Copies(

@@ -47,9 +47,10 @@ class StepShape:
         return Elements(self.tokens * q, self.tokens * kv, self.valid * q, self.valid * kv)
 
 
-#: The planner's copies for each probed operation (the harness's ``ring_fwd`` without the output
-#: correction's 3 q passes, which this probe does not run): a gather reads and writes each
-#: active element; the pad zero-fills the whole output, then scatters the active rows into it.
+#: The planner's copies for each probed operation (together the harness's ``ring_fwd``; the
+#: output correction after the ring, ``ring_merge_fwd``, is not probed): a gather reads and
+#: writes each active element; the pad zero-fills the whole output, then scatters the active
+#: rows into it.
 PROBED_PASSES: dict[str, Copies] = {
     "unpad q": Copies(gathers=Passes(active_q=(2, 0))),
     "unpad k, v": Copies(gathers=Passes(active_kv=(4, 0))),

@@ -319,11 +319,13 @@ def _ring(
             nxt_inner, nxt_outer = at(window, slot + 1), at(window + 1, slot)
             windows = []
             carried: tuple[Transfer, ...] = ()  # an accumulator travelling into the next window
+            merged: list[Call] = []  # the steps whose partial results are merged after the ring
             for o in range(w):
                 stages = []
                 for t in range(s):
                     source = ((window - o) % w) * s + (slot - t) % s
                     call = call_for(p, source)
+                    merged.append(call)
                     work = call_work(works, plan, problem, ui, p, source, bool(bwd), call)
                     during: tuple[Transfer, ...] = (
                         (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner, s),)
@@ -355,11 +357,46 @@ def _ring(
                     else ()
                 )
                 windows.append(Window(tuple(stages), background))
+            merge = _merge_after_ring(merged, plan, problem, harness, bool(bwd))
+            windows += [Window((Stage(merge),))] if merge is not None else []
             if plan.ulysses > 1:
                 before, after_a2a = _ulysses_ends(plan, problem, links, rank, bool(bwd), harness)
                 windows = [Window((before,)), *windows, Window((after_a2a,))]
             ranks.append(tuple(windows))
     return passes
+
+
+def _merge_after_ring(
+    calls: list[Call], plan: Plan, problem: Problem, harness: Harness, bwd: bool
+) -> Work | None:
+    """The harness's merge of every ring step's partial result, run after the last step.
+
+    Its passes run over each step's tensors (a causal step's half, where it calls with one),
+    plus once over the whole local ones; None when the harness merges within each step.
+    """
+    passes = harness.merge_passes(bwd)
+    if passes is None:
+        return None
+    per_step, once = passes
+    q_size = plan.heads.local_q * problem.head_dim
+    kv_size = plan.heads.local_kv * problem.head_dim
+    tokens = plan.shard_len * plan.ulysses
+    steps = Elements(
+        sum(c.q_tokens for c in calls) * q_size, sum(c.kv_tokens for c in calls) * kv_size, 0, 0
+    )
+    whole = Elements(tokens * q_size, tokens * kv_size, 0.0, 0.0)
+    return _sum_work(copies_work(per_step, steps, problem), copies_work(once, whole, problem))
+
+
+def _sum_work(a: Work, b: Work) -> Work:
+    """Two copy works (no attention) as one."""
+    return Work(
+        0.0,
+        0.0,
+        memory_bytes=a.memory_bytes + b.memory_bytes,
+        gather_bytes=a.gather_bytes + b.gather_bytes,
+        scatter_bytes=a.scatter_bytes + b.scatter_bytes,
+    )
 
 
 _BUILDERS = {"ulysses": _ulysses, "allgather": _allgather, "ring": _ring}

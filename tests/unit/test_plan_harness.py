@@ -45,15 +45,18 @@ def test_longca_ring_of_two_sends_in_two_phases_and_pays_its_copies():
     q_elems, kv_elems = shard * HQ * D, shard * HKV * D
     step_flops = 4 * shard * shard * HQ * D
     block = 2 * shard * HKV * D * 2  # K and V of one shard, bf16
-    # forward: unpad q 2 + pad out 3 + correction 3 passes per q element, unpad k, v 4 per kv
-    copies = (q_elems * 8 * 2 + kv_elems * 4 * 2) / (MEMORY_GBPS * 1e9)
+    # forward: unpad q 2 + pad out 3 passes per q element, unpad k, v 4 per kv element
+    copies = (q_elems * 5 * 2 + kv_elems * 4 * 2) / (MEMORY_GBPS * 1e9)
     step = step_flops / 1e12 + copies
+    # after the ring, exposed: correct the result by each step's output (3 passes per q
+    # element and step) after zero-filling it once (1)
+    merge = q_elems * (3 * 2 + 1) * 2 / (MEMORY_GBPS * 1e9)
     # isend, then irecv: the block crosses the (slow, so exposed) link twice in turn
     slow = dataclasses.replace(hardware(), intra=Link(0.05, 0.0))
     exchange = 2 * block / 0.05e9
     assert exchange > step
     fwd = predict_pass(r, slow, "ranges", "fwd")
-    assert fwd.time_ms == pytest.approx(1e3 * (max(step, exchange) + step))
+    assert fwd.time_ms == pytest.approx(1e3 * (max(step, exchange) + step + merge))
     # backward: 12 passes per q element, 20 per kv; the bf16 dK/dV accumulator of step 0
     # travels during step 1's compute (nothing exposed after a step)
     step_b = 2.5 * step_flops / 0.5e12 + (q_elems * 12 * 2 + kv_elems * 20 * 2) / (
@@ -294,16 +297,24 @@ def test_longca_causal_ring_steps_call_with_the_half_they_need():
             kv_tokens = tokens // 2 if half_kv else tokens
             assert rows == (tokens // 2 if half_q else tokens)  # the half the code keeps
             assert cols == (tokens // 2 if half_kv else tokens)
-            # zero-fill 1 + merge 3 over the call's q, unpad q 2 + pad 2 over its rows, unpad
-            # k, v 4 over its columns; extracting a half reads and writes it (q: 2, k and v: 4)
-            passes = 4 * q_tokens * q_size + 4 * rows * q_size + 4 * cols * kv_size
+            # zero-fill 1 over the call's q, unpad q 2 + pad 2 over its rows, unpad k, v 4
+            # over its columns; extracting a half reads and writes it (q: 2, k and v: 4)
+            passes = q_tokens * q_size + 4 * rows * q_size + 4 * cols * kv_size
             passes += 2 * q_tokens * q_size * half_q + 4 * kv_tokens * kv_size * half_kv
             assert published.memory_bytes == pytest.approx(2 * passes)
             assert published.q_elements == rows * q_size  # the kernel gets the unpadded rows
             assert mine.q_elements == tokens * q_size
             assert mine.memory_bytes == pytest.approx(tokens * q_size * (2 + 2 * 4))
+        # after the ring: the result zero-filled once, then corrected by each step's output
+        # over the queries the step called with (3 passes)
+        merged = sum(tokens // 2 if (p - t) % world > p else tokens for t in range(world))
+        last = theirs.passes["fwd"][p][-1].stages
+        assert len(last) == 1 and last[0].work is not None and not last[0].during
+        assert last[0].work.flops == 0
+        assert last[0].work.memory_bytes == pytest.approx(2 * (tokens + 3 * merged) * q_size)
+        assert len(ours.passes["fwd"][p]) == 1  # lcab merges within each step
     full = replay(strategy, make_mask("full", S), PROBLEM, world, harness=LONGCA)
-    whole = 8 * tokens * q_size + 4 * tokens * kv_size
+    whole = 5 * tokens * q_size + 4 * tokens * kv_size
     assert [w.memory_bytes for w in full.work(0, "fwd")] == [pytest.approx(2 * whole)] * world
 
 
