@@ -170,7 +170,8 @@ class Harness:
     step, also for USP's and LoongTrain's steps), ...; ``ulysses_layout_<pass>``: the layout
     copies around a Ulysses group's all-to-alls, once per pass (Ulysses, USP, LoongTrain);
     ``ring_merge_<pass>`` / ``ring_merge_once_<pass>``: merging the ring steps' partial results
-    after the ring, per step / once (`merge_passes`); missing: no passes."""
+    after the ring, per step / once (`merge_passes`); ``ring_accumulate_<pass>``: a ring step's
+    copies after its transfer arrived (`accumulate_passes`); missing: no passes."""
 
     def call_passes(self, family: str, bwd: bool) -> Copies:
         """The copies around one call of ``family`` (ulysses | allgather | ring)."""
@@ -190,6 +191,14 @@ class Harness:
         if per_step is None:
             return None
         return per_step, self.passes.get(f"ring_merge_once_{pass_}", Copies())
+
+    def accumulate_passes(self, bwd: bool) -> Copies | None:
+        """The copies a ring step makes after waiting for its transfer (None: none wait).
+
+        The published backward adds each step's dK/dV into the accumulator its transfer brings
+        (`Stage.finish`), so those passes cannot hide behind the transfer.
+        """
+        return self.passes.get(f"ring_accumulate_{'bwd' if bwd else 'fwd'}")
 
     def half_passes(self, half: str, bwd: bool) -> Copies:
         """The extraction of a causal ring step's ``half`` (q | kv; "" for none)."""
@@ -244,9 +253,10 @@ LCAB = Harness(
 #: (``generate_valid_cu_seqlens``). A ring forward keeps every step's padded output and merges them
 #: only after its last step (LoongTrain: after its last window) with ``thd_out_correction`` (read
 #: out, read step, write out, per step, into a zeroed result), so no transfer hides the merge. Ring
-#: backward steps accumulate dQ and dK/dV with ``bwd_dq_update`` / ``bwd_dkv_update`` (read, read,
-#: write) after concatenating dK and dV (``torch.cat``). ``attn_p2p_communicate`` posts ``isend``
-#: and ``irecv`` one by one — even ranks send first, odd ranks receive first — not as one group
+#: backward steps accumulate dQ with ``bwd_dq_update`` and, once they have waited for the transfer
+#: that brings the dK/dV accumulator, dK/dV with ``bwd_dkv_update`` (read, read, write) after
+#: concatenating dK and dV (``torch.cat``). ``attn_p2p_communicate`` posts ``isend`` and ``irecv``
+#: one by one — even ranks send first, odd ranks receive first — not as one group
 #: (``init_process_group`` gets no ``device_id``, so each pair of ranks has its own communicator): a
 #: ring of two moves its blocks in two phases. The backward sends the dK/dV accumulator together
 #: with the next K/V block, overlapped with the step; LoongTrain sends it on its own group after
@@ -285,13 +295,15 @@ LONGCA = Harness(
         # the step's queries; once: zero-fill the result 1
         "ring_merge_fwd": Copies(Passes(q=(3, 0))),
         "ring_merge_once_fwd": Copies(Passes(q=(1, 0))),
-        # plain q: zero-fill dq 1, add dq 3; kv: zero-fill dk, dv 2, cat 4, add 6 | gathers:
-        # q, out, dout 6, k, v 4 | scatters: dq 2, dk, dv 4
+        # plain q: zero-fill dq 1, add dq 3; kv: zero-fill dk, dv 2 | gathers: q, out, dout 6,
+        # k, v 4 | scatters: dq 2, dk, dv 4
         "ring_bwd": Copies(
-            Passes(q=(4, 0), kv=(12, 0)),
+            Passes(q=(4, 0), kv=(2, 0)),
             Passes(active_q=(6, 0), active_kv=(4, 0)),
             Passes(active_q=(2, 0), active_kv=(4, 0)),
         ),
+        # once the step's transfer has brought the dK/dV accumulator: cat dk, dv 4, add 6
+        "ring_accumulate_bwd": Copies(Passes(kv=(10, 0))),
         # causal ring steps, over the half they extract (read, write): q | q, out, dout | k, v
         "ring_half_q_fwd": Copies(Passes(q=(2, 0))),
         "ring_half_q_bwd": Copies(Passes(q=(6, 0))),

@@ -141,9 +141,10 @@ class CostModel:
     def stage_s(self, stage: Stage, bwd: bool) -> tuple[float, float]:
         """(stage seconds, of which compute) on one rank."""
         compute = sum((self.compute_s(work, bwd) for work in stage.calls), 0.0)
+        finish = sum((self.compute_s(work, bwd) for work in stage.finish), 0.0)
         during = sum(self.transfer_s(t) for t in stage.during)
         after = sum(self.transfer_s(t) for t in stage.after)
-        return max(compute, during) + after, compute
+        return max(compute, during) + finish + after, compute + finish
 
 
 def predict_pass(replay: Replay, hardware: Hardware, kernel: str, pass_: str) -> PassPrediction:

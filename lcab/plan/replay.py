@@ -341,7 +341,8 @@ def _ring(
                         after = dkv
                     if t == 0:
                         during, carried = during + carried, ()
-                    stages.append(Stage(work, during, after))
+                    finish = _accumulate(work, call, plan, problem, harness, bool(bwd))
+                    stages.append(Stage(work, during, after, finish=finish))
                 hop = harness.dkv_overlapped and harness.window_dkv_hop
                 if bwd and s > 1 and hop and plan.strategy == "loongtrain":
                     stages.append(Stage(None, after=dkv))  # one more inner hop, waited at once
@@ -386,6 +387,21 @@ def _merge_after_ring(
     )
     whole = Elements(tokens * q_size, tokens * kv_size, 0.0, 0.0)
     return _sum_work(copies_work(per_step, steps, problem), copies_work(once, whole, problem))
+
+
+def _accumulate(
+    work: Work | None, call: Call, plan: Plan, problem: Problem, harness: Harness, bwd: bool
+) -> tuple[Work, ...]:
+    """The harness's copies of a ring step that wait for the step's transfer (none: ``()``).
+
+    They run over the step's key-sized tensors (the half a causal step calls with), for a step
+    that computes anything.
+    """
+    passes = harness.accumulate_passes(bwd)
+    if passes is None or work is None:
+        return ()
+    kv = call.kv_tokens * plan.heads.local_kv * problem.head_dim
+    return (copies_work(passes, Elements(0.0, kv, 0.0, 0.0), problem),)
 
 
 def _sum_work(a: Work, b: Work) -> Work:

@@ -90,6 +90,10 @@ class Stage:
     """More calls the rank runs after ``work`` before the stage ends, with nothing to wait for
     in between (Ring All-Gather's two calls between its collectives): they add up per rank,
     and only their sum waits for the slowest rank."""
+    finish: tuple[Work, ...] = ()
+    """Work that needs what the ``during`` transfers bring, so it starts once both the calls
+    and those transfers are done (the published ring backward adds a step's dK/dV into the
+    accumulator that arrived with its transfer): it is not hidden behind them."""
 
     @property
     def calls(self) -> tuple[Work, ...]:

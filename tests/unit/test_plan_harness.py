@@ -57,11 +57,14 @@ def test_longca_ring_of_two_sends_in_two_phases_and_pays_its_copies():
     assert exchange > step
     fwd = predict_pass(r, slow, "ranges", "fwd")
     assert fwd.time_ms == pytest.approx(1e3 * (max(step, exchange) + step + merge))
-    # backward: 12 passes per q element, 20 per kv; the bf16 dK/dV accumulator of step 0
-    # travels during step 1's compute (nothing exposed after a step)
-    step_b = 2.5 * step_flops / 0.5e12 + (q_elems * 12 * 2 + kv_elems * 20 * 2) / (
+    # backward: 12 passes per q element, 10 per kv; the bf16 dK/dV accumulator of step 0
+    # travels during step 1's compute (nothing exposed after a step), but adding a step's
+    # dK/dV into the accumulator its transfer brings (cat 4 + add 6 passes per kv element)
+    # waits for that transfer
+    step_b = 2.5 * step_flops / 0.5e12 + (q_elems * 12 * 2 + kv_elems * 10 * 2) / (
         MEMORY_GBPS * 1e9
     )
+    accumulate = kv_elems * 10 * 2 / (MEMORY_GBPS * 1e9)
     # then the projections' weight gradients: x (512 x 1024) by dQ, dK, dV (12 heads of 64),
     # at the profile's forward rate (it names no matrix-product rate); bias sums read the
     # gradients once, the weight gradients are added into the previous ones (3 passes)
@@ -71,7 +74,7 @@ def test_longca_ring_of_two_sends_in_two_phases_and_pays_its_copies():
     )
     bwd = predict_pass(r, slow, "ranges", "bwd")
     assert bwd.time_ms == pytest.approx(
-        1e3 * (max(step_b, exchange) + max(step_b, exchange) + projections)
+        1e3 * (2 * (max(step_b, exchange) + accumulate) + projections)
     )
     assert bwd.comm_ms == pytest.approx(2e3 * max(0.0, exchange - step_b))
     faster = dataclasses.replace(slow, matmul_tflops=4.0)
@@ -313,6 +316,15 @@ def test_longca_causal_ring_steps_call_with_the_half_they_need():
         assert last[0].work.flops == 0
         assert last[0].work.memory_bytes == pytest.approx(2 * (tokens + 3 * merged) * q_size)
         assert len(ours.passes["fwd"][p]) == 1  # lcab merges within each step
+        # backward: adding the step's dK/dV into the arriving accumulator (cat 4 + add 6) runs
+        # over the K/V the step called with, after the step's transfer; lcab has no such copies
+        for t, stage in enumerate(theirs.passes["bwd"][p][0].stages):
+            source = (p - t) % world
+            kv_tokens = tokens // 2 if source < p else tokens
+            (accumulate,) = stage.finish
+            assert accumulate.flops == 0
+            assert accumulate.memory_bytes == pytest.approx(2 * 10 * kv_tokens * kv_size)
+        assert not any(stage.finish for stage in ours.passes["bwd"][p][0].stages)
     full = replay(strategy, make_mask("full", S), PROBLEM, world, harness=LONGCA)
     whole = 5 * tokens * q_size + 4 * tokens * kv_size
     assert [w.memory_bytes for w in full.work(0, "fwd")] == [pytest.approx(2 * whole)] * world

@@ -15,7 +15,7 @@ from lcab.plan.hardware import KernelRate, load_profile
 from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell
 from lcab.plan.replay import replay
-from lcab.plan.steps import Work
+from lcab.plan.steps import Stage, Transfer, Work
 from tests.helpers.plan_hardware import hand_hardware
 
 S, HQ, HKV, D = 1024, 8, 8, 64
@@ -375,3 +375,19 @@ def test_a_varlen_backward_pays_the_blocks_its_grid_launches_without_work():
     # a profile without multiprocessors (a CPU) costs no grid
     cpu = CostModel(dataclasses.replace(hardware, multiprocessors=None), "fa3", 1)
     assert cpu.empty_blocks_s(call) == 0.0
+
+
+def test_work_that_waits_for_the_stage_s_transfers_is_not_hidden_behind_them():
+    # hand hardware: 1 TFLOP/s forward, 1 GB/s inside a node, memory at 2 GB/s here
+    hw = hand_hardware(memory_gbps=2.0)
+    model = CostModel(hw, "ranges", 2)
+    call = Work(flops=3e9, mean_keys=1e9)  # 3 ms at 1 TFLOP/s
+    accumulate = Work(0.0, 0.0, memory_bytes=2e6)  # 1 ms at 2 GB/s
+    for transfer_ms in (1.0, 5.0):  # shorter, then longer than the call
+        moved = Transfer("ring_kv", "p2p", int(transfer_ms * 1e6), 0)
+        hidden = Stage(call, during=(moved,), then=(accumulate,))
+        waiting = Stage(call, during=(moved,), finish=(accumulate,))
+        assert model.stage_s(hidden, False)[0] == pytest.approx(1e-3 * max(3 + 1, transfer_ms))
+        assert model.stage_s(waiting, False) == pytest.approx(
+            (1e-3 * (max(3, transfer_ms) + 1), 4e-3)
+        )
