@@ -58,8 +58,11 @@ class EmptyBlockShape:
 KERNELS = ("torch_varlen", "fa2", "fa3")
 FLASH_MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface"}
 
-#: ``(q, k, v, cu_seqlens, max_seqlen, causal) -> out`` for one varlen call.
-VarlenCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool], Any]
+#: ``(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal) -> out`` for one
+#: varlen call (the output, or a tuple that starts with it).
+VarlenCall = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, bool], Any
+]
 
 
 def varlen_call(kernel: str) -> tuple[VarlenCall, bool]:
@@ -71,12 +74,14 @@ def varlen_call(kernel: str) -> tuple[VarlenCall, bool]:
             q: torch.Tensor,
             k: torch.Tensor,
             v: torch.Tensor,
-            cu: torch.Tensor,
-            seqlen: int,
+            cu_q: torch.Tensor,
+            cu_k: torch.Tensor,
+            max_q: int,
+            max_k: int,
             causal: bool,
         ) -> Any:
             scale = q.shape[-1] ** -0.5
-            return fn(q, k, v, cu, cu, seqlen, seqlen, softmax_scale=scale, causal=causal)
+            return fn(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
 
         return flash, True
     varlen: Any = importlib.import_module(MODULE)
@@ -88,14 +93,17 @@ def varlen_call(kernel: str) -> tuple[VarlenCall, bool]:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        cu: torch.Tensor,
-        seqlen: int,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: int,
+        max_k: int,
         causal: bool,
     ) -> Any:
         extra = {"enable_gqa": q.shape[1] != k.shape[1]} if gqa else {}
         window = (-1, 0) if causal else (-1, -1)
+        scale = q.shape[-1] ** -0.5
         return varlen.varlen_attn(
-            q, k, v, cu, cu, seqlen, seqlen, scale=q.shape[-1] ** -0.5, window_size=window, **extra
+            q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window, **extra
         )
 
     return torch_varlen, gqa
@@ -118,7 +126,7 @@ def time_calls(
     cu = torch.tensor([0] + [t] * (1 + empty), dtype=torch.int32, device="cuda")
 
     def forward() -> torch.Tensor:
-        result = call(q, k, v, cu, t, shape.causal)
+        result = call(q, k, v, cu, cu, t, t, shape.causal)
         out: torch.Tensor = result[0] if isinstance(result, tuple) else result
         return out
 

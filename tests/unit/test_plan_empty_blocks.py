@@ -46,7 +46,7 @@ def test_the_flash_call_passes_one_sequence_list_for_queries_and_keys(monkeypatc
     call, gqa = varlen_call("fa3")
     q, k = torch.zeros(10, 8, 64), torch.zeros(10, 2, 64)
     cu = torch.tensor([0, 10, 10, 10], dtype=torch.int32)
-    call(q, k, k, cu, 10, True)
+    call(q, k, k, cu, cu, 10, 10, True)
     assert gqa and seen["cu_q"] is cu and seen["cu_k"] is cu
     assert (seen["max_q"], seen["max_k"], seen["causal"]) == (10, 10, True)
     assert seen["softmax_scale"] == pytest.approx(1 / 8)
