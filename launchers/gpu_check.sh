@@ -12,9 +12,10 @@
 #
 # OUT_DIR receives: env.txt (GPU, driver, versions), install.log, pytest.log, junit.xml,
 # verification.jsonl (one line per kernel x mask x pass) and verification.md (the table), the
-# sweep with its report, and the planner's two probes (probe.txt, empty_blocks.txt: what the
-# H100 profile's copies and empty thread blocks really cost on this GPU). Each extra that fails
-# to install only removes its kernels' cells.
+# sweep with its report, and the planner's probes (probe.txt, empty_blocks.txt, ring_step.txt:
+# what the H100 profile's copies and empty thread blocks really cost on this GPU, and a published
+# Ring P2P rank's forward, part by part, beside the planner). Each extra that fails to install
+# only removes its kernels' cells.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -49,7 +50,10 @@ done
 # the planner's probes first: seconds, and they need nothing but torch
 "$python" -m lcab.plan.probe --device cuda >"$out/probe.txt" 2>&1
 "$python" -m lcab.plan.empty_blocks --device cuda >"$out/empty_blocks.txt" 2>&1
-cat "$out/probe.txt" "$out/empty_blocks.txt"
+for cp in 8 64; do
+  "$python" -m lcab.plan.ring_step --cp "$cp" >>"$out/ring_step.txt" 2>&1
+done
+cat "$out/probe.txt" "$out/empty_blocks.txt" "$out/ring_step.txt"
 
 LCAB_GPU_VERIFICATION="$out/verification.jsonl" "$python" -m pytest -m gpu -rA \
   -n "${LCAB_GPU_WORKERS:-1}" --timeout 600 -p no:cacheprovider -p no:benchmark \
