@@ -3,7 +3,9 @@
 A strategy's schedule (`lcab.plan.replay`) says which shard pair a step computes; this module
 turns that pair into the `Work` of one call — the exact attended area and its row, column and
 document counts from `lcab.plan.areas`, and the memory passes the harness (`lcab.plan.harness`)
-makes around the call over the tensors it hands the kernel.
+makes around the call over the tensors it hands the kernel — and the copies it makes apart from
+the call: once a ring step's transfer has arrived (`accumulate_work`) and after the whole ring
+(`merge_work`).
 """
 
 from __future__ import annotations
@@ -131,4 +133,52 @@ def copies_work(copies: Copies, elements: Elements, problem: Problem) -> Work:
         memory_bytes=moved.total,
         gather_bytes=moved.gathers,
         scatter_bytes=moved.scatters,
+    )
+
+
+def merge_work(
+    calls: list[Call], plan: Plan, problem: Problem, harness: Harness, bwd: bool
+) -> Work | None:
+    """The harness's merge of every ring step's partial result, run after the last step.
+
+    Its passes run over each step's tensors (a causal step's half, where it calls with one),
+    plus once over the whole local ones; None when the harness merges within each step.
+    """
+    passes = harness.merge_passes(bwd)
+    if passes is None:
+        return None
+    per_step, once = passes
+    q_size = plan.heads.local_q * problem.head_dim
+    kv_size = plan.heads.local_kv * problem.head_dim
+    tokens = plan.shard_len * plan.ulysses
+    steps = Elements(
+        sum(c.q_tokens for c in calls) * q_size, sum(c.kv_tokens for c in calls) * kv_size, 0, 0
+    )
+    whole = Elements(tokens * q_size, tokens * kv_size, 0.0, 0.0)
+    return sum_copies(copies_work(per_step, steps, problem), copies_work(once, whole, problem))
+
+
+def accumulate_work(
+    work: Work | None, call: Call, plan: Plan, problem: Problem, harness: Harness, bwd: bool
+) -> tuple[Work, ...]:
+    """The harness's copies of a ring step that wait for the step's transfer (none: ``()``).
+
+    They run over the step's key-sized tensors (the half a causal step calls with), for a step
+    that computes anything.
+    """
+    passes = harness.accumulate_passes(bwd)
+    if passes is None or work is None:
+        return ()
+    kv = call.kv_tokens * plan.heads.local_kv * problem.head_dim
+    return (copies_work(passes, Elements(0.0, kv, 0.0, 0.0), problem),)
+
+
+def sum_copies(a: Work, b: Work) -> Work:
+    """Two works of copies (no attention) as one."""
+    return Work(
+        0.0,
+        0.0,
+        memory_bytes=a.memory_bytes + b.memory_bytes,
+        gather_bytes=a.gather_bytes + b.gather_bytes,
+        scatter_bytes=a.scatter_bytes + b.scatter_bytes,
     )

@@ -35,7 +35,15 @@ from lcab.flops import PASS_FACTORS
 from lcab.kernels import Problem
 from lcab.masks.core import AttnMask
 from lcab.plan.areas import pair_work
-from lcab.plan.calls import Call, attends_only_past, call_work, copies_work, documents_of
+from lcab.plan.calls import (
+    Call,
+    accumulate_work,
+    attends_only_past,
+    call_work,
+    copies_work,
+    documents_of,
+    merge_work,
+)
 from lcab.plan.harness import LCAB, Elements, Harness
 from lcab.plan.steps import Stage, Transfer, Window, Work
 
@@ -341,7 +349,7 @@ def _ring(
                         after = dkv
                     if t == 0:
                         during, carried = during + carried, ()
-                    finish = _accumulate(work, call, plan, problem, harness, bool(bwd))
+                    finish = accumulate_work(work, call, plan, problem, harness, bool(bwd))
                     stages.append(Stage(work, during, after, finish=finish))
                 hop = harness.dkv_overlapped and harness.window_dkv_hop
                 if bwd and s > 1 and hop and plan.strategy == "loongtrain":
@@ -358,61 +366,13 @@ def _ring(
                     else ()
                 )
                 windows.append(Window(tuple(stages), background))
-            merge = _merge_after_ring(merged, plan, problem, harness, bool(bwd))
+            merge = merge_work(merged, plan, problem, harness, bool(bwd))
             windows += [Window((Stage(merge),))] if merge is not None else []
             if plan.ulysses > 1:
                 before, after_a2a = _ulysses_ends(plan, problem, links, rank, bool(bwd), harness)
                 windows = [Window((before,)), *windows, Window((after_a2a,))]
             ranks.append(tuple(windows))
     return passes
-
-
-def _merge_after_ring(
-    calls: list[Call], plan: Plan, problem: Problem, harness: Harness, bwd: bool
-) -> Work | None:
-    """The harness's merge of every ring step's partial result, run after the last step.
-
-    Its passes run over each step's tensors (a causal step's half, where it calls with one),
-    plus once over the whole local ones; None when the harness merges within each step.
-    """
-    passes = harness.merge_passes(bwd)
-    if passes is None:
-        return None
-    per_step, once = passes
-    q_size = plan.heads.local_q * problem.head_dim
-    kv_size = plan.heads.local_kv * problem.head_dim
-    tokens = plan.shard_len * plan.ulysses
-    steps = Elements(
-        sum(c.q_tokens for c in calls) * q_size, sum(c.kv_tokens for c in calls) * kv_size, 0, 0
-    )
-    whole = Elements(tokens * q_size, tokens * kv_size, 0.0, 0.0)
-    return _sum_work(copies_work(per_step, steps, problem), copies_work(once, whole, problem))
-
-
-def _accumulate(
-    work: Work | None, call: Call, plan: Plan, problem: Problem, harness: Harness, bwd: bool
-) -> tuple[Work, ...]:
-    """The harness's copies of a ring step that wait for the step's transfer (none: ``()``).
-
-    They run over the step's key-sized tensors (the half a causal step calls with), for a step
-    that computes anything.
-    """
-    passes = harness.accumulate_passes(bwd)
-    if passes is None or work is None:
-        return ()
-    kv = call.kv_tokens * plan.heads.local_kv * problem.head_dim
-    return (copies_work(passes, Elements(0.0, kv, 0.0, 0.0), problem),)
-
-
-def _sum_work(a: Work, b: Work) -> Work:
-    """Two copy works (no attention) as one."""
-    return Work(
-        0.0,
-        0.0,
-        memory_bytes=a.memory_bytes + b.memory_bytes,
-        gather_bytes=a.gather_bytes + b.gather_bytes,
-        scatter_bytes=a.scatter_bytes + b.scatter_bytes,
-    )
 
 
 _BUILDERS = {"ulysses": _ulysses, "allgather": _allgather, "ring": _ring}
