@@ -89,6 +89,9 @@ class Link:
     latency_us: float
     shared: bool = False
     """True when the ranks of a node share this bandwidth (CPU loopback), not one link each."""
+    efficiency: dict[str, float] = field(default_factory=dict)
+    """Fraction of this link's rate a communication kind reaches where a source gives one for
+    this link; other kinds use the profile's ``efficiency``."""
 
 
 @dataclass(frozen=True)

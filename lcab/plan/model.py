@@ -129,12 +129,13 @@ class CostModel:
 
         An unbatched ring exchange has two phases: it sends, then receives.
         """
-        eff = self.hw.efficiency.get(transfer.kind, 1.0)
+        default = self.hw.efficiency.get(transfer.kind, 1.0)
         intra_bytes = transfer.nbytes - transfer.inter_bytes
         times = []
         for nbytes, link in ((intra_bytes, self.hw.intra), (transfer.inter_bytes, self.hw.inter)):
             if nbytes:
                 share = self.ranks_per_node if link.shared else 1
+                eff = link.efficiency.get(transfer.kind, default)
                 times.append(link.latency_us * 1e-6 + nbytes * share / (link.gbps * 1e9 * eff))
         return transfer.phases * max(times, default=0.0)
 

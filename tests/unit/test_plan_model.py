@@ -391,3 +391,19 @@ def test_work_that_waits_for_the_stage_s_transfers_is_not_hidden_behind_them():
         assert model.stage_s(waiting, False) == pytest.approx(
             (1e-3 * (max(3, transfer_ms) + 1), 4e-3)
         )
+
+
+def test_a_link_s_own_efficiency_for_a_kind_overrides_the_profile_s_on_that_link_only():
+    # hand hardware: 1 GB/s inside a node, 0.25 GB/s across; profile efficiency 1 for all kinds
+    hw = hand_hardware(efficiency={"allgather": 1.0, "p2p": 1.0})
+    slow = dataclasses.replace(
+        hw, inter=dataclasses.replace(hw.inter, efficiency={"allgather": 0.5})
+    )
+    # 3 MB inside the node and 1 MB across: 3 ms vs 4 ms (8 ms at half the rate)
+    gather = Transfer("allgather_kv", "allgather", 4_000_000, 1_000_000)
+    p2p = Transfer("ring_kv", "p2p", 4_000_000, 1_000_000)
+    assert CostModel(hw, "ranges", 8).transfer_s(gather) == pytest.approx(4e-3)
+    assert CostModel(slow, "ranges", 8).transfer_s(gather) == pytest.approx(8e-3)
+    assert CostModel(slow, "ranges", 8).transfer_s(p2p) == pytest.approx(4e-3)
+    only_inside = Transfer("allgather_kv", "allgather", 4_000_000, 0)
+    assert CostModel(slow, "ranges", 8).transfer_s(only_inside) == pytest.approx(4e-3)
