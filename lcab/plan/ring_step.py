@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ import torch
 from lcab.kernels.torch_varlen import api_reasons
 from lcab.masks.core import AttnMask
 from lcab.plan.empty_blocks import FLASH_MODULES, KERNELS, VarlenCall, varlen_call
-from lcab.plan.hardware import Hardware, load_profile
+from lcab.plan.hardware import Hardware, list_profiles, load_profile
 from lcab.plan.harness import LONGCA
 from lcab.plan.model import CostModel
 from lcab.plan.predict import mask_for, strategy_for
@@ -259,6 +260,10 @@ def main(argv: list[str]) -> int:
         bad.append(f"--sample={args.sample} must be in 0..19 (the blog's 20 packs)")
     if args.repeats < 1:
         bad.append(f"--repeats={args.repeats} must be >= 1")
+    if args.hardware not in list_profiles() and not Path(args.hardware).is_file():
+        bad.append(
+            f"--hardware={args.hardware!r} is no profile; valid: {', '.join(list_profiles())}"
+        )
     if not torch.cuda.is_available():
         bad.append("torch sees no CUDA device (this command times GPU kernels)")
     else:

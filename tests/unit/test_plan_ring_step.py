@@ -114,9 +114,10 @@ def test_the_planner_column_splits_the_rank_s_own_forward_cost():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messages without a GPU")
 def test_bad_input_and_a_missing_gpu_exit_2_naming_the_problem(capsys):
-    assert main(["--cp", "12", "--rank", "12", "--sample", "20"]) == 2
+    assert main(["--cp", "12", "--rank", "12", "--sample", "20", "--hardware", "h200"]) == 2
     err = capsys.readouterr().err
     assert "--cp=12" in err and "--rank=12" in err and "--sample=20" in err
+    assert "'h200' is no profile; valid: cpu_gloo_local, h100_nvlink_ib" in err
     assert "no CUDA device" in err
     with pytest.raises(SystemExit):
         main(["--mask", "causal"])  # argparse names the valid choices
