@@ -3,7 +3,8 @@
 A profile (``conf/hardware/<name>.yaml``) gives, per kernel, the attention throughput a call
 reaches on long rows and how it falls for short ones; per link class (inside a node, between
 nodes) the bandwidth and latency one rank sees; and the efficiency of each collective relative
-to its link. ``sources`` says where every number comes from — a public specification, a paper's
+to its link (a link may give its own for some kinds, where a source has one for that link).
+``sources`` says where every number comes from — a public specification, a paper's
 single-GPU figure, or `lcab.plan.calibrate` fitted to named records — so a prediction can be
 traced to its assumptions.
 """
