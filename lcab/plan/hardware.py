@@ -167,7 +167,11 @@ class Hardware:
         return from_dict(data)
 
     def parameter_names(self) -> list[str]:
-        """Dotted names of the profile's numeric parameters (what `with_values` can set)."""
+        """Dotted names of the profile's numeric parameters (what `with_values` can set).
+
+        A link may also be given its own efficiency for any kind the profile's ``efficiency``
+        names (``inter.efficiency.a2a``), whether or not it has one yet.
+        """
 
         def walk(node: Any, prefix: str) -> list[str]:
             if isinstance(node, dict):
@@ -177,6 +181,9 @@ class Hardware:
 
         data = self.to_dict()
         data.pop("sources", None)
+        for link in ("intra", "inter"):
+            for kind in self.efficiency:
+                data[link]["efficiency"].setdefault(kind, None)
         return walk(data, "")
 
     def to_dict(self) -> dict[str, Any]:

@@ -279,6 +279,12 @@ def test_a_what_if_setting_changes_that_parameter_and_says_so():
     assert "matmul_tflops" in base.parameter_names()
     assert "sources" not in " ".join(base.parameter_names())
     assert "kernels.fa3.pack_gqa" not in base.parameter_names()  # a switch, not a number
+    # a link can be given its own efficiency for any kind the profile knows, new or not
+    linked = with_settings(base, ["intra.efficiency.a2a=0.8", "inter.efficiency.allgather=0.5"])
+    assert linked.intra.efficiency == {"a2a": 0.8}
+    assert linked.inter.efficiency == {**base.inter.efficiency, "allgather": 0.5}
+    with pytest.raises(KeyError, match=r"intra\.efficiency\.p2p"):  # names the valid ones
+        base.with_values({"intra.efficiency.bogus": 0.5})
 
 
 def test_a_backward_call_pays_its_kernels_passes_over_every_token_it_is_given():
