@@ -288,7 +288,14 @@ def _report(args: argparse.Namespace) -> int:
     merge = correction if args.eager_merge else torch.compile(correction)
     shape = (len(layouts[args.rank]), cell.heads_q, cell.heads_kv, cell.head_dim)
     kv_heads = cell.heads_kv if gqa else cell.heads_q
-    time_forward(calls, shape, call, kv_heads, "cuda", merge)  # warm-up (and compile)
+    try:
+        time_forward(calls, shape, call, kv_heads, "cuda", merge)  # warm-up (and compile)
+    except Exception as exc:  # any compiler failure: time the eager merge instead
+        if merge is correction:
+            raise
+        print(f"torch.compile failed ({type(exc).__name__}: {exc}); the merge runs eagerly")
+        merge = correction
+        time_forward(calls, shape, call, kv_heads, "cuda", merge)
     runs = [time_forward(calls, shape, call, kv_heads, "cuda", merge) for _ in range(args.repeats)]
     measured = {part: float(np.median([r[part] for r in runs])) for part in PARTS}
     name = torch.cuda.get_device_name(0)
