@@ -164,6 +164,29 @@ def time_forward(
     return spent
 
 
+def warm_up(
+    calls: list[StepCall],
+    shape: tuple[int, int, int, int],
+    call: VarlenCall,
+    kv_heads_for_call: int,
+    device: str,
+    merge: Callable[..., torch.Tensor],
+) -> Callable[..., torch.Tensor]:
+    """Run the forward once, compiling ``merge``; return the merge to time.
+
+    That is ``merge``, or the eager `correction` where compiling it fails (said on stdout).
+    """
+    try:
+        time_forward(calls, shape, call, kv_heads_for_call, device, merge)
+        return merge
+    except Exception as exc:  # any compiler failure: time the eager merge instead
+        if merge is correction:
+            raise
+        print(f"torch.compile failed ({type(exc).__name__}: {exc}); the merge runs eagerly")
+        time_forward(calls, shape, call, kv_heads_for_call, device, correction)
+        return correction
+
+
 def planner_parts(
     mask: AttnMask, cell_args: tuple[str, int, int], rank: int, hardware: Hardware, kernel: str
 ) -> tuple[dict[str, float], list[np.ndarray]]:
@@ -288,14 +311,7 @@ def _report(args: argparse.Namespace) -> int:
     merge = correction if args.eager_merge else torch.compile(correction)
     shape = (len(layouts[args.rank]), cell.heads_q, cell.heads_kv, cell.head_dim)
     kv_heads = cell.heads_kv if gqa else cell.heads_q
-    try:
-        time_forward(calls, shape, call, kv_heads, "cuda", merge)  # warm-up (and compile)
-    except Exception as exc:  # any compiler failure: time the eager merge instead
-        if merge is correction:
-            raise
-        print(f"torch.compile failed ({type(exc).__name__}: {exc}); the merge runs eagerly")
-        merge = correction
-        time_forward(calls, shape, call, kv_heads, "cuda", merge)
+    merge = warm_up(calls, shape, call, kv_heads, "cuda", merge)
     runs = [time_forward(calls, shape, call, kv_heads, "cuda", merge) for _ in range(args.repeats)]
     measured = {part: float(np.median([r[part] for r in runs])) for part in PARTS}
     name = torch.cuda.get_device_name(0)

@@ -17,7 +17,15 @@ from lcab.plan.model import CostModel
 from lcab.plan.predict import mask_for, strategy_for
 from lcab.plan.published import paper_cell
 from lcab.plan.replay import replay
-from lcab.plan.ring_step import PARTS, correction, main, planner_parts, step_calls, time_forward
+from lcab.plan.ring_step import (
+    PARTS,
+    correction,
+    main,
+    planner_parts,
+    step_calls,
+    time_forward,
+    warm_up,
+)
 
 S = 512
 
@@ -89,6 +97,12 @@ def test_the_timer_runs_every_part_and_hands_the_kernel_each_step_s_sequences():
         return out, None
 
     shape = (plan.shard_len, 4, 2, 16)
+
+    def broken_compile(*args):
+        raise RuntimeError("no compiler")
+
+    assert warm_up(calls, shape, stand_in, 4, "cpu", broken_compile) is correction
+    seen.clear()
     spent = time_forward(calls, shape, stand_in, 4, "cpu")
     assert set(spent) == set(PARTS) and all(ms > 0 for ms in spent.values())
     assert [s[:4] for s in seen] == [(c.cu_q, c.cu_k, c.max_q, c.max_k) for c in calls]
