@@ -50,8 +50,9 @@ done
 # the planner's probes first: seconds, and they need nothing but torch
 "$python" -m lcab.plan.probe --device cuda >"$out/probe.txt" 2>&1
 "$python" -m lcab.plan.empty_blocks --device cuda >"$out/empty_blocks.txt" 2>&1
-for cp in 8 64; do
-  "$python" -m lcab.plan.ring_step --cp "$cp" >>"$out/ring_step.txt" 2>&1
+for args in "--cp 8" "--cp 64" "--cp 8 --mask causal"; do
+  # shellcheck disable=SC2086  # two words each
+  "$python" -m lcab.plan.ring_step $args >>"$out/ring_step.txt" 2>&1
 done
 cat "$out/probe.txt" "$out/empty_blocks.txt" "$out/ring_step.txt"
 

@@ -17,8 +17,10 @@ where FlashAttention-3 is installed), costed at the profile's ``fa2`` rate: its 
 planner's call model — tiles, documents, saturation — on real document shapes. The merge is a
 stand-in for TransformerEngine's ``thd_out_correction`` (the same reads and writes, fused by
 ``torch.compile``), not its code; the LSE pad and merge are timed but the planner does not cost
-them. Only full masks within documents (``full``, ``full_document``): every query of a document
-attends all its keys, so a step's call is the documents' blocks.
+them. Full masks within documents (``full``, ``full_document``: a step's call is the documents'
+blocks) and causal ones (``causal``, ``causal_document``: step 0 a causal call, a step on an
+earlier rank's K/V calls with the first half of them, one on a later rank's with the second
+half of the queries, each half extracted first, as ``thd_read_half_tensor`` does).
 
     python -m lcab.plan.ring_step --cp 8                        # full_document, pack 0, rank 0
 """
@@ -34,23 +36,27 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from lcab.cp.base import accumulator_bytes, element_bytes
+from lcab.kernels import Problem
 from lcab.kernels.torch_varlen import api_reasons
 from lcab.masks.core import AttnMask
+from lcab.plan.calls import attends_only_past
 from lcab.plan.empty_blocks import FLASH_MODULES, KERNELS, VarlenCall, varlen_call
 from lcab.plan.hardware import Hardware, list_profiles, load_profile
-from lcab.plan.harness import LONGCA
+from lcab.plan.harness import LONGCA, Elements
 from lcab.plan.model import CostModel
 from lcab.plan.predict import mask_for, strategy_for
 from lcab.plan.probe import merge_lse, pad, pad_lse, unpad
 from lcab.plan.published import paper_cell
-from lcab.plan.replay import replay
+from lcab.plan.replay import replay, zigzag_halves
 
-MASKS = ("full_document", "full")
-PARTS = ("unpad q, k, v", "kernel", "pad out", "pad lse", "merge after the ring")
+MASKS = ("full_document", "full", "causal_document", "causal")
+PARTS = ("extract half", "unpad q, k, v", "kernel", "pad out", "pad lse", "merge after the ring")
 #: The planner's rate for each kernel the command can time (torch's varlen runs FA2's kernels).
 PROFILE_KERNEL = {"torch_varlen": "fa2", "fa2": "fa2", "fa3": "fa3"}
 
@@ -67,16 +73,30 @@ class StepCall:
     cu_k: torch.Tensor
     max_q: int
     max_k: int
+    q_half: torch.Tensor | None = None
+    """Local positions of the half of the queries the step extracts first (None: all)."""
+    kv_half: torch.Tensor | None = None
+    """Positions of the half of the received K/V the step extracts first (None: all)."""
+    causal: bool = False
+    """A causal call (a causal mask's step on the rank's own K/V)."""
 
 
 def step_calls(mask: AttnMask, layouts: Sequence[np.ndarray], rank: int) -> list[StepCall]:
     """The call of each ring step of ``rank`` (step t: the K/V block of rank ``rank - t``).
 
     A shard is an array of token ids (-1: padding). Every document is a sequence of every call,
-    empty where a shard holds none of it (the published ``cu_seqlens`` list them all).
+    empty where a shard holds none of it (the published ``cu_seqlens`` list them all). On a
+    mask that attends only the past (zigzag shards), a step on an earlier rank's K/V takes the
+    first half of them and one on a later rank's the second half of the queries; the indices
+    of such a step count from the start of its half.
     """
     lengths = mask.doc_lengths if mask.doc_lengths is not None else np.array([mask.seqlen_q])
     starts = np.concatenate([[0], np.cumsum(lengths)])
+    causal = attends_only_past(mask)
+    shards = len(layouts)
+
+    def halves(layout: np.ndarray) -> list[np.ndarray]:
+        return zigzag_halves(np.arange(len(layout)), lengths, shards)
 
     def grouped(layout: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
         positions = np.flatnonzero(layout >= 0)
@@ -86,11 +106,21 @@ def step_calls(mask: AttnMask, layouts: Sequence[np.ndarray], rank: int) -> list
         cu = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int32)
         return torch.from_numpy(positions[order]), cu, int(counts.max())
 
-    q_index, cu_q, max_q = grouped(layouts[rank])
     calls = []
-    for t in range(len(layouts)):
-        kv_index, cu_k, max_k = grouped(layouts[(rank - t) % len(layouts)])
-        calls.append(StepCall(q_index, kv_index, cu_q, cu_k, max_q, max_k))
+    for t in range(shards):
+        source = (rank - t) % shards
+        q_pos, kv_pos = np.arange(len(layouts[rank])), np.arange(len(layouts[source]))
+        q_half = kv_half = None
+        if causal and source > rank:
+            q_pos = halves(layouts[rank])[1]
+            q_half = torch.from_numpy(q_pos)
+        elif causal and source < rank:
+            kv_pos = halves(layouts[source])[0]
+            kv_half = torch.from_numpy(kv_pos)
+        q_index, cu_q, max_q = grouped(layouts[rank][q_pos])
+        kv_index, cu_k, max_k = grouped(layouts[source][kv_pos])
+        on_own = causal and source == rank
+        calls.append(StepCall(q_index, kv_index, cu_q, cu_k, max_q, max_k, q_half, kv_half, on_own))
     return calls
 
 
@@ -124,7 +154,8 @@ def time_forward(
 
     q, k, v = rand(tokens, heads_q, dim), rand(tokens, heads_kv, dim), rand(tokens, heads_kv, dim)
     moved = [_on(c, device) for c in calls]
-    lse_stub = rand(heads_q, len(calls[0].q_index), dtype=torch.float32)  # its shape is what counts
+    rows = max(len(c.q_index) for c in calls)
+    lse_stub = rand(heads_q, rows, dtype=torch.float32)  # its shape is what counts
     marks: list[tuple[str, object]] = []
     clock = _Clock(device)
 
@@ -134,7 +165,14 @@ def time_forward(
     mark("")
     outs, lses = [], []
     for c in moved:
-        qp, kp, vp = unpad(q, c.q_index), unpad(k, c.kv_index), unpad(v, c.kv_index)
+        q_in, k_in, v_in = q, k, v
+        if c.q_half is not None or c.kv_half is not None:
+            if c.q_half is not None:
+                q_in = q.index_select(0, c.q_half)
+            if c.kv_half is not None:
+                k_in, v_in = k.index_select(0, c.kv_half), v.index_select(0, c.kv_half)
+            mark("extract half")
+        qp, kp, vp = unpad(q_in, c.q_index), unpad(k_in, c.kv_index), unpad(v_in, c.kv_index)
         if kv_heads_for_call != heads_kv:
             mark("unpad q, k, v")
             repeat = kv_heads_for_call // heads_kv
@@ -142,19 +180,26 @@ def time_forward(
             mark("")  # not the published code's: a kernel without GQA needs it
         else:
             mark("unpad q, k, v")
-        result = call(qp, kp, vp, c.cu_q, c.cu_k, c.max_q, c.max_k, False)
+        result = call(qp, kp, vp, c.cu_q, c.cu_k, c.max_q, c.max_k, c.causal)
         out = result[0] if isinstance(result, tuple) else result
         mark("kernel")
-        outs.append(pad(out, c.q_index, tokens))
+        outs.append(pad(out, c.q_index, len(q_in)))
         mark("pad out")
-        lses.append(pad_lse(lse_stub, c.q_index, tokens))
+        lses.append(pad_lse(lse_stub[:, : len(c.q_index)], c.q_index, len(q_in)))
         mark("pad lse")
     result_out = torch.zeros_like(q)
-    lse = lses[0].clone()
-    for step_lse in lses[1:]:
-        merge_lse(lse, step_lse)
-    for step_out, step_lse in zip(outs, lses, strict=True):
-        result_out = merge(result_out, step_out, lse, step_lse)
+    lse = lses[0].clone()  # step 0 holds every query
+    for c, step_lse in zip(moved[1:], lses[1:], strict=True):
+        if c.q_half is None:
+            merge_lse(lse, step_lse)
+        else:  # the second half only (``thd_second_half_lse_correction``)
+            lse[:, c.q_half] = merge_lse(lse[:, c.q_half], step_lse)
+    for c, step_out, step_lse in zip(moved, outs, lses, strict=True):
+        if c.q_half is None:
+            result_out = merge(result_out, step_out, lse, step_lse)
+        else:
+            half = merge(result_out[c.q_half], step_out, lse[:, c.q_half], step_lse)
+            result_out[c.q_half] = half
     mark("merge after the ring")
     clock.wait()
     spent = dict.fromkeys(PARTS, 0.0)
@@ -201,20 +246,40 @@ def planner_parts(
     bandwidth = hardware.memory_gbps * 1e9
     parts = dict.fromkeys(PARTS, 0.0)
     windows = replayed.passes["fwd"][rank]
-    for stage in windows[0].stages:
+    halves = attends_only_past(mask) and plan.placement.balancer == "zigzag"
+    for t, stage in enumerate(windows[0].stages):
+        source = (rank - t) % world
+        half = "" if not halves or source == rank else ("q" if source > rank else "kv")
+        extracted = _half_bytes(half, plan.shard_len, plan.heads, problem) / bandwidth
         for work in stage.calls:
             plain = work.memory_bytes - work.gather_bytes - work.scatter_bytes
             unpadded = work.gather_bytes / (bandwidth * hardware.gather_efficiency)
             scattered = work.scatter_bytes / (bandwidth * hardware.scatter_efficiency)
-            padded = plain / bandwidth + scattered
+            padded = plain / bandwidth - extracted + scattered
+            parts["extract half"] += 1e3 * extracted
             parts["unpad q, k, v"] += 1e3 * unpadded
             parts["pad out"] += 1e3 * padded
-            parts["kernel"] += 1e3 * float(model.compute_s(work, False) - unpadded - padded)
+            copies = extracted + unpadded + padded
+            parts["kernel"] += 1e3 * float(model.compute_s(work, False) - copies)
     for window in windows[1:]:  # the merge after the ring
         parts["merge after the ring"] += 1e3 * float(
             sum(model.compute_s(w, False) for s in window.stages for w in s.calls)
         )
     return parts, list(plan.rank_layouts)
+
+
+def _half_bytes(half: str, tokens: int, heads: Any, problem: Problem) -> float:
+    """Bytes the published code moves extracting a causal step's ``half`` (q | kv | "")."""
+    if not half:
+        return 0.0
+    q_size, kv_size = heads.local_q * problem.head_dim, heads.local_kv * problem.head_dim
+    q_tokens = tokens // 2 if half == "q" else tokens
+    kv_tokens = tokens // 2 if half == "kv" else tokens
+    elements = Elements(q_tokens * q_size, kv_tokens * kv_size, 0.0, 0.0)
+    moved = LONGCA.half_passes(half, False).bytes(
+        elements, element_bytes(problem), accumulator_bytes(problem)
+    )
+    return moved.total
 
 
 class _Clock:

@@ -30,25 +30,39 @@ from lcab.plan.ring_step import (
 S = 512
 
 
-def test_each_step_call_attends_exactly_the_mask_pairs_of_its_two_shards():
-    mask = make_mask(
-        "full_document", S, seed=2, doc_source="uniform", min_doc_len=9, max_doc_len=90
-    )
+@pytest.mark.parametrize("name", ["full_document", "causal_document", "causal"])
+def test_each_step_call_attends_exactly_the_mask_pairs_of_its_two_shards(name):
+    """Full masks: every query of a document attends its keys; causal masks: step 0 is causal
+    within each sequence, other steps call with one half (queries or keys) of a zigzag shard —
+    and either way the call's pairs are the mask's pairs between the two whole shards."""
+    params = {"doc_source": "uniform", "min_doc_len": 9, "max_doc_len": 90}
+    mask = make_mask(name, S, seed=2, **({} if name == "causal" else params))
     problem = Problem(S, S, 4, 2, 16, torch.bfloat16)
     plan = STRATEGIES.get("ring")({"balance": "zigzag"}, 4).plan(mask, problem, 4)
     layouts = list(plan.rank_layouts)
     dense = mask.to_dense().numpy()
+    documents = 1 if mask.doc_lengths is None else len(mask.doc_lengths)
+    halves = 0
     for rank in range(4):
         calls = step_calls(mask, layouts, rank)
         assert len(calls) == 4
         for t, call in enumerate(calls):
             mine, theirs = layouts[rank], layouts[(rank - t) % 4]
-            assert len(call.cu_q) == len(call.cu_k) == len(mask.doc_lengths) + 1
+            assert len(call.cu_q) == len(call.cu_k) == documents + 1
+            assert call.causal == (name != "full_document" and t == 0)
+            q_ids = mine if call.q_half is None else mine[call.q_half.numpy()]
+            k_ids = theirs if call.kv_half is None else theirs[call.kv_half.numpy()]
+            halves += (call.q_half is not None) + (call.kv_half is not None)
             pairs = set()
             for i in range(len(call.cu_q) - 1):
-                rows = mine[call.q_index[call.cu_q[i] : call.cu_q[i + 1]].numpy()]
-                cols = theirs[call.kv_index[call.cu_k[i] : call.cu_k[i + 1]].numpy()]
-                pairs |= {(int(a), int(b)) for a in rows for b in cols}
+                rows = q_ids[call.q_index[call.cu_q[i] : call.cu_q[i + 1]].numpy()]
+                cols = k_ids[call.kv_index[call.cu_k[i] : call.cu_k[i + 1]].numpy()]
+                pairs |= {
+                    (int(a), int(b))
+                    for x, a in enumerate(rows)
+                    for y, b in enumerate(cols)
+                    if not call.causal or y <= x  # causal within the sequence, in local order
+                }
             ids_q, ids_k = mine[mine >= 0], theirs[theirs >= 0]
             sub = dense[np.ix_(ids_q, ids_k)]
             expected = {
@@ -56,6 +70,8 @@ def test_each_step_call_attends_exactly_the_mask_pairs_of_its_two_shards():
             }
             assert pairs == expected
             assert call.max_q == int(np.diff(call.cu_q.numpy()).max())
+    # a causal ring of 4: each rank has 3 steps on other ranks' K/V, each with one half
+    assert halves == (0 if name == "full_document" else 4 * 3)
 
 
 def test_the_merge_of_two_partial_attentions_is_the_attention_over_all_keys():
@@ -74,13 +90,12 @@ def test_the_merge_of_two_partial_attentions_is_the_attention_over_all_keys():
     assert torch.allclose(merged, whole, atol=1e-5)
 
 
-def test_the_timer_runs_every_part_and_hands_the_kernel_each_step_s_sequences():
-    mask = make_mask(
-        "full_document", S, seed=1, doc_source="uniform", min_doc_len=30, max_doc_len=200
-    )
+@pytest.mark.parametrize("name", ["full_document", "causal_document"])
+def test_the_timer_runs_every_part_and_hands_the_kernel_each_step_s_sequences(name):
+    mask = make_mask(name, S, seed=1, doc_source="uniform", min_doc_len=30, max_doc_len=200)
     problem = Problem(S, S, 4, 2, 16, torch.bfloat16)
-    plan = STRATEGIES.get("ring")({"balance": "zigzag"}, 2).plan(mask, problem, 2)
-    calls = step_calls(mask, list(plan.rank_layouts), 1)
+    plan = STRATEGIES.get("ring")({"balance": "zigzag"}, 4).plan(mask, problem, 4)
+    calls = step_calls(mask, list(plan.rank_layouts), 1)  # causal: own, kv half, q half, q half
     seen = []
 
     def stand_in(q, k, v, cu_q, cu_k, max_q, max_k, causal):
@@ -92,7 +107,7 @@ def test_the_timer_runs_every_part_and_hands_the_kernel_each_step_s_sequences():
             if rows.stop > rows.start and cols.stop > cols.start:
                 qi, ki, vi = (x.transpose(0, 1) for x in (q[rows], k[cols], v[cols]))
                 ki, vi = (x.repeat_interleave(q.shape[1] // k.shape[1], 0) for x in (ki, vi))
-                att = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi)
+                att = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=causal)
                 out[rows] = att.transpose(0, 1)
         return out, None
 
@@ -104,18 +119,28 @@ def test_the_timer_runs_every_part_and_hands_the_kernel_each_step_s_sequences():
     assert warm_up(calls, shape, stand_in, 4, "cpu", broken_compile) is correction
     seen.clear()
     spent = time_forward(calls, shape, stand_in, 4, "cpu")
-    assert set(spent) == set(PARTS) and all(ms > 0 for ms in spent.values())
-    assert [s[:4] for s in seen] == [(c.cu_q, c.cu_k, c.max_q, c.max_k) for c in calls]
-    assert all(not causal and heads == 4 for *_, causal, heads in seen)  # K/V repeated to 4
+    assert set(spent) == set(PARTS)
+    assert all(ms > 0 for part, ms in spent.items() if part != "extract half")
+    assert (spent["extract half"] > 0) == (name == "causal_document")
+    expected = [(c.cu_q, c.cu_k, c.max_q, c.max_k, c.causal, 4) for c in calls]  # K/V to 4 heads
+    assert seen == expected
+    assert [c.causal for c in calls] == [name == "causal_document", False, False, False]
 
 
-def test_the_planner_column_splits_the_rank_s_own_forward_cost():
+@pytest.mark.parametrize("name", ["full_document", "causal"])
+def test_the_planner_column_splits_the_rank_s_own_forward_cost(name):
     hardware = load_profile("h100_nvlink_ib")
-    cell = paper_cell("full_document", "ring", 8, 0)
+    cell = paper_cell(name, "ring", 8, 0)
     mask = mask_for(cell)
-    parts, layouts = planner_parts(mask, ("full_document", 8, 0), 3, hardware, "fa3")
-    assert len(layouts) == 8 and all(ms > 0 for p, ms in parts.items() if p != "pad lse")
-    assert parts["pad lse"] == 0
+    parts, layouts = planner_parts(mask, (name, 8, 0), 3, hardware, "fa3")
+    assert len(layouts) == 8 and parts["pad lse"] == 0
+    assert all(ms > 0 for p, ms in parts.items() if p not in ("pad lse", "extract half"))
+    # causal, rank 3 of 8: 4 steps on later ranks extract half of q (read + write), 3 on earlier
+    # ones half of K and V (2 x read + write); 8192 tokens, 64 query and 8 KV heads of 128, bf16
+    half = 8192 // 2
+    by_hand = 4 * 2 * half * 64 * 128 * 2 + 3 * 4 * half * 8 * 128 * 2
+    expected = 0.0 if name == "full_document" else 1e3 * by_hand / (hardware.memory_gbps * 1e9)
+    assert parts["extract half"] == pytest.approx(expected)
     # the same rank costed stage by stage (compute only: a ring step's transfer runs beside it)
     strategy = strategy_for(cell)
     replayed = replay(strategy, mask, cell.problem(), 8, harness=LONGCA)
@@ -134,5 +159,5 @@ def test_bad_input_and_a_missing_gpu_exit_2_naming_the_problem(capsys):
     assert "'h200' is no profile; valid: cpu_gloo_local, h100_nvlink_ib" in err
     assert "no CUDA device" in err
     with pytest.raises(SystemExit):
-        main(["--mask", "causal"])  # argparse names the valid choices
+        main(["--mask", "sliding_window"])  # argparse names the valid choices
     assert "full_document" in capsys.readouterr().err
