@@ -18,10 +18,10 @@ planner's call model — tiles, documents, saturation — on real document shape
 stand-in for TransformerEngine's ``thd_out_correction`` (the same reads and writes, fused by
 ``torch.compile``), not its code — on a causal step's half it runs through an index, which TE
 does not; the LSE pad, and the LSE merge inside the merge row, are timed but the planner does
-not cost them. Full masks within documents (``full``, ``full_document``: a step's call is the documents'
-blocks) and causal ones (``causal``, ``causal_document``: step 0 a causal call, a step on an
-earlier rank's K/V calls with the first half of them, one on a later rank's with the second
-half of the queries, each half extracted first, as ``thd_read_half_tensor`` does).
+not cost them. Full masks within documents (``full``, ``full_document``: a step's call is the
+documents' blocks) and causal ones (``causal``, ``causal_document``: step 0 a causal call, a
+step on an earlier rank's K/V calls with the first half of them, one on a later rank's with the
+second half of the queries, each half extracted first, as ``thd_read_half_tensor`` does).
 
     python -m lcab.plan.ring_step --cp 8                        # full_document, pack 0, rank 0
 """
