@@ -37,12 +37,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from lcab.cp.base import accumulator_bytes, element_bytes
+from lcab.cp.base import HeadSplit, accumulator_bytes, element_bytes
 from lcab.kernels import Problem
 from lcab.kernels.torch_varlen import api_reasons
 from lcab.masks.core import AttnMask
@@ -269,7 +268,7 @@ def planner_parts(
     return parts, list(plan.rank_layouts)
 
 
-def _half_bytes(half: str, tokens: int, heads: Any, problem: Problem) -> float:
+def _half_bytes(half: str, tokens: int, heads: HeadSplit, problem: Problem) -> float:
     """Bytes the published code moves extracting a causal step's ``half`` (q | kv | "")."""
     if not half:
         return 0.0
