@@ -50,40 +50,58 @@ class Point:
 
 
 def points_of(records: Iterable[RunRecord]) -> list[Point]:
-    """Measured passes of every ``ok`` context-parallel record (fwd and bwd p50 times)."""
-    points = []
-    cache: dict[tuple[str, ...], Replay] = {}
+    """One point per measured cell and pass of the ``ok`` records (fwd and bwd p50 times).
+
+    A cell measured in several runs (several records of the same cell, as
+    ``launchers/plan_cpu_measurements.sh`` writes them) gives one point at the median of its
+    runs: one run that stalled — ranks sharing cores, a neighbour's job — does not decide it,
+    and every cell weighs the same in a fit whatever its number of runs. Context-parallel
+    records need two ranks at least; single-device kernel records (``cp=none``) are one call
+    over the whole mask.
+    """
+    runs_of: dict[str, list[RunRecord]] = {}
     for record in records:
-        if record.status != "ok":
+        if record.status != "ok" or (record.cp != "none" and record.world_size < 2):
             continue
-        if record.cp == "none":
-            points += _kernel_points(record)
-            continue
-        if record.world_size < 2:
-            continue
-        cell = PlanCell.of_record(record)
-        key = (repr(cell),)
-        if key not in cache:
-            strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
-            cache[key] = replay(strategy, mask_for(cell), cell.problem(), cell.world)
-        for pass_ in ("fwd", "bwd"):
-            result = record.pass_result(pass_)
-            if result.status == "ok" and result.ms_p50:
-                points.append(Point(cell, pass_, float(result.ms_p50), cache[key], record))
-    return points
-
-
-def _kernel_points(record: RunRecord) -> list[Point]:
-    """One call over the whole mask per measured pass of a single-device kernel record."""
-    cell = PlanCell.of_record(record)
-    forward = whole_mask_call(mask_for(cell), cell.heads_q, cell.heads_kv, cell.head_dim)
+        runs_of.setdefault(repr(PlanCell.of_record(record)), []).append(record)
     points = []
-    for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
-        result = record.pass_result(pass_)
-        if result.status == "ok" and result.ms_p50:
-            single = dataclasses.replace(forward, flops=forward.flops * factor)
-            points.append(Point(cell, pass_, float(result.ms_p50), None, record, single))
+    for runs in runs_of.values():
+        cell = PlanCell.of_record(runs[0])
+        if cell.cp == "none":
+            forward = whole_mask_call(mask_for(cell), cell.heads_q, cell.heads_kv, cell.head_dim)
+            replayed, calls = None, {"fwd": forward, "bwd": _backward_call(forward)}
+        else:
+            strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
+            replayed = replay(strategy, mask_for(cell), cell.problem(), cell.world)
+            calls = {"fwd": None, "bwd": None}
+        for pass_, single in calls.items():
+            median = _median_run(runs, pass_)
+            if median is not None:
+                ms, record = median
+                points.append(Point(cell, pass_, ms, replayed, record, single))
     return points
+
+
+def _median_run(runs: list[RunRecord], pass_: str) -> tuple[float, RunRecord] | None:
+    """The median p50 time of ``pass_`` over ``runs``, and the run that measured it.
+
+    Of an even number of runs, the median is the mean of the middle two and the record the
+    faster of them. None when no run measured the pass.
+    """
+    timed = sorted(
+        (float(r.pass_result(pass_).ms_p50), i)
+        for i, r in enumerate(runs)
+        if r.pass_result(pass_).status == "ok" and r.pass_result(pass_).ms_p50
+    )
+    if not timed:
+        return None
+    middle = (len(timed) - 1) // 2
+    return float(np.median([ms for ms, _ in timed])), runs[timed[middle][1]]
+
+
+def _backward_call(forward: Work) -> Work:
+    """A single-device kernel's backward: the forward call at 2.5 times its FLOPs."""
+    return dataclasses.replace(forward, flops=forward.flops * 2.5)
 
 
 def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) -> Work:
