@@ -47,14 +47,8 @@ for extra in ${LCAB_GPU_EXTRAS-fa4 cudnn flashinfer}; do
   fi
 done
 
-# the planner's probes first: seconds, and they need nothing but torch
-"$python" -m lcab.plan.probe --device cuda >"$out/probe.txt" 2>&1
-"$python" -m lcab.plan.empty_blocks --device cuda >"$out/empty_blocks.txt" 2>&1
-for args in "--cp 8" "--cp 64" "--cp 8 --mask causal"; do
-  # shellcheck disable=SC2086  # two words each
-  "$python" -m lcab.plan.ring_step $args >>"$out/ring_step.txt" 2>&1
-done
-cat "$out/probe.txt" "$out/empty_blocks.txt" "$out/ring_step.txt"
+# the planner's probes first: minutes, and they need nothing but torch, numpy and PyYAML
+LCAB_PYTHON="$python" bash launchers/plan_gpu_probes.sh "$out" || echo "plan_gpu_probes: some failed"
 
 LCAB_GPU_VERIFICATION="$out/verification.jsonl" "$python" -m pytest -m gpu -rA \
   -n "${LCAB_GPU_WORKERS:-1}" --timeout 600 -p no:cacheprovider -p no:benchmark \
