@@ -67,6 +67,8 @@ def points_of(records: Iterable[RunRecord]) -> list[Point]:
     points = []
     for runs in runs_of.values():
         cell = PlanCell.of_record(runs[0])
+        calls: dict[str, Work | None]
+        replayed: Replay | None
         if cell.cp == "none":
             forward = whole_mask_call(mask_for(cell), cell.heads_q, cell.heads_kv, cell.head_dim)
             replayed, calls = None, {"fwd": forward, "bwd": _backward_call(forward)}
@@ -89,9 +91,9 @@ def _median_run(runs: list[RunRecord], pass_: str) -> tuple[float, RunRecord] | 
     faster of them. None when no run measured the pass.
     """
     timed = sorted(
-        (float(r.pass_result(pass_).ms_p50), i)
+        (float(ms), i)
         for i, r in enumerate(runs)
-        if r.pass_result(pass_).status == "ok" and r.pass_result(pass_).ms_p50
+        if r.pass_result(pass_).status == "ok" and (ms := r.pass_result(pass_).ms_p50)
     )
     if not timed:
         return None
