@@ -6,8 +6,8 @@
 # The whole sweep runs LCAB_PLAN_RUNS times (default 3), each cell in fresh processes, and every
 # record is kept: the planner takes the median of a cell's runs (`lcab.plan.calibrate.points_of`),
 # so one run that stalls (8 gloo ranks share 2 cores) does not decide a point. Writes the merged
-# records to ${1:-notebooks/data/plan_cpu_records.jsonl}. ~25 min a run on 2 cores; run it on an
-# otherwise idle machine (the figures are wall-clock times).
+# records to ${1:-notebooks/data/plan_cpu_records.jsonl}. ~11 min a run on 2 cores (33 min for
+# three); run it on an otherwise idle machine (the figures are wall-clock times).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-notebooks/data/plan_cpu_records.jsonl}

@@ -2,12 +2,14 @@
 
 ``notebooks/data/plan_cpu_records.jsonl`` holds the CP runs of
 ``launchers/plan_cpu_measurements.sh``: 5 strategies x causal, causal_document, share_question
-x world 2, 4, 6, 8, on gloo. Calibrating on some of them must predict the others: a world size
-never seen (6), and a mask never seen (share_question). The expectation is the measurements.
+x world 2, 4, 6, 8, on gloo, each cell in three runs (a point is their median). Calibrating on
+some of them must predict the others: a world size never seen (6), and a mask never seen
+(share_question). The expectation is the measurements.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,13 @@ def points():
 
 def test_the_committed_measurements_cover_every_strategy_mask_and_world(points):
     cells = {(p.cell.cp, p.cell.mask, p.cell.world, p.pass_) for p in points}
-    assert len(cells) == 5 * 3 * 4 * 2
+    assert len(cells) == len(points) == 5 * 3 * 4 * 2
+
+
+def test_every_cell_was_measured_in_three_runs():
+    runs = Counter((r.cp, r.mask, r.world_size) for r in read_records(RECORDS))
+    assert len(runs) == 5 * 3 * 4
+    assert set(runs.values()) == {3}
 
 
 @pytest.mark.parametrize(
@@ -44,5 +52,5 @@ def test_calibrated_on_a_disjoint_subset_the_planner_predicts_the_rest(points, t
     errors = np.abs([r.error for r in rows])
     assert len(rows) >= 30
     assert np.median(errors) <= 0.15
-    assert (errors <= 0.30).mean() >= 0.9  # README: 29/30 and 39/40 within ±30 %
+    assert (errors <= 0.30).mean() >= 0.9  # README: 30/30 and 39/40 within ±30 %
     assert errors.max() <= 0.40
