@@ -112,6 +112,19 @@ def attends_only_past(mask: AttnMask) -> bool:
     return bool((np.minimum(hi, k1 - 1 - q0) <= 0).all())
 
 
+def causal_half(position: int, source: int) -> str:
+    """The half a zigzag ring step on a causal mask calls with, extracted first (q | kv | "").
+
+    Ring position ``position`` holding the K/V of ``source``: its own K/V need the whole call;
+    an earlier position's K/V are attended only through their first half ("kv"), and a later
+    position's only by the second half of the queries ("q") — the published
+    ``FA3RingAttnFunc``'s ``is_half_kv`` / ``is_half_q``.
+    """
+    if source == position:
+        return ""
+    return "kv" if source < position else "q"
+
+
 def documents_of(mask: AttnMask) -> int:
     """Documents of ``mask`` (1 when it has none)."""
     return max(len(mask.doc_lengths), 1) if mask.doc_lengths is not None else 1

@@ -40,6 +40,7 @@ from lcab.plan.calls import (
     accumulate_work,
     attends_only_past,
     call_work,
+    causal_half,
     copies_work,
     documents_of,
     merge_work,
@@ -303,15 +304,14 @@ def _ring(
         harness.causal_halves and plan.placement.balancer == "zigzag" and attends_only_past(mask)
     )
     calls = {
+        "": whole,
         "q": replace(whole, q_tokens=tokens // 2, half="q"),
         "kv": replace(whole, kv_tokens=tokens // 2, half="kv"),
     }
 
     def call_for(p: int, source: int) -> Call:
         """The call of ring position ``p`` on the K/V of position ``source``."""
-        if not halves or source == p:
-            return whole
-        return calls["kv"] if source < p else calls["q"]
+        return calls[causal_half(p, source)] if halves else whole
 
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):

@@ -45,7 +45,7 @@ from lcab.cp.base import HeadSplit, accumulator_bytes, element_bytes
 from lcab.kernels import Problem
 from lcab.kernels.torch_varlen import api_reasons
 from lcab.masks.core import AttnMask
-from lcab.plan.calls import attends_only_past
+from lcab.plan.calls import attends_only_past, causal_half
 from lcab.plan.empty_blocks import FLASH_MODULES, KERNELS, VarlenCall, varlen_call
 from lcab.plan.hardware import Hardware, list_profiles, load_profile
 from lcab.plan.harness import LONGCA, Elements
@@ -111,10 +111,11 @@ def step_calls(mask: AttnMask, layouts: Sequence[np.ndarray], rank: int) -> list
         source = (rank - t) % shards
         q_pos, kv_pos = np.arange(len(layouts[rank])), np.arange(len(layouts[source]))
         q_half = kv_half = None
-        if causal and source > rank:
+        half = causal_half(rank, source) if causal else ""
+        if half == "q":
             q_pos = halves(layouts[rank])[1]
             q_half = torch.from_numpy(q_pos)
-        elif causal and source < rank:
+        elif half == "kv":
             kv_pos = halves(layouts[source])[0]
             kv_half = torch.from_numpy(kv_pos)
         q_index, cu_q, max_q = grouped(layouts[rank][q_pos])
@@ -249,7 +250,7 @@ def planner_parts(
     halves = attends_only_past(mask) and plan.placement.balancer == "zigzag"
     for t, stage in enumerate(windows[0].stages):
         source = (rank - t) % world
-        half = "" if not halves or source == rank else ("q" if source > rank else "kv")
+        half = causal_half(rank, source) if halves else ""
         extracted = _half_bytes(half, plan.shard_len, plan.heads, problem) / bandwidth
         for work in stage.calls:
             plain = work.memory_bytes - work.gather_bytes - work.scatter_bytes
