@@ -80,11 +80,23 @@ def with_settings(hardware: Hardware, settings: list[str]) -> Hardware:
     return dataclasses.replace(changed, name=f"{hardware.name} with {' '.join(settings)}")
 
 
+#: The record fields a ``--where`` usually selects on (any field of `RunRecord` works).
+WHERE_FIELDS = (
+    "cp, mask, world_size, kernel, seqlen, nodes, devices_per_node, heads_q, heads_kv, "
+    "head_dim, dtype, device, sweep_id, git_sha, hostname"
+)
+
+
 def _filter(records: list[RunRecord], where: list[str]) -> list[RunRecord]:
     for clause in where:
         key, _, values = clause.partition("=")
-        if not values or not hasattr(RunRecord(), key):
-            raise ValueError(f"--where {clause!r}: expected FIELD=V1,V2 with a record field")
+        if not values:
+            raise ValueError(f"--where {clause!r}: expected FIELD=V1,V2 (e.g. world_size=2,4)")
+        if not hasattr(RunRecord(), key):
+            raise ValueError(
+                f"--where {clause!r}: {key!r} is no record field; valid: {WHERE_FIELDS} "
+                "(any field of lcab.records.schema.RunRecord)"
+            )
         wanted = set(values.split(","))
         records = [r for r in records if str(getattr(r, key)) in wanted]
     return records
@@ -117,8 +129,9 @@ def run(argv: list[str]) -> int:
 
         points = points_of(records)
         if not points:
+            matching = f" matching --where {' '.join(args.where)}" if args.where else ""
             raise ValueError(
-                f"{path}: no ok records (kernel runs or context-parallel cells) to use"
+                f"{path}: no ok records (kernel runs or context-parallel cells){matching} to use"
             )
     except ValueError as err:
         print(f"lcab plan: {err}", file=sys.stderr)

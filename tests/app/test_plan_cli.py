@@ -84,6 +84,12 @@ def test_bad_input_exits_2_naming_the_key_and_the_valid_options():
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     flag = plan("--check")
     assert flag.returncode == 2
+    records = "notebooks/data/plan_cpu_records.jsonl"
+    bad_where = plan("--check", records, "--where", "ranks=2")
+    assert bad_where.returncode == 2
+    assert "'ranks' is no record field" in bad_where.stderr and "world_size" in bad_where.stderr
+    no_values = plan("--check", records, "--where", "world_size")
+    assert no_values.returncode == 2 and "FIELD=V1,V2" in no_values.stderr
     bad_set = plan("--published", "--set", "kernels.sdpa.call_us=5")
     assert bad_set.returncode == 2
     assert "'kernels.sdpa.call_us' does not exist" in bad_set.stderr
