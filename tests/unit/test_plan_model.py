@@ -280,8 +280,9 @@ def test_a_what_if_setting_changes_that_parameter_and_says_so():
     assert "sources" not in " ".join(base.parameter_names())
     assert "kernels.fa3.pack_gqa" not in base.parameter_names()  # a switch, not a number
     # a link can be given its own efficiency for any kind the profile knows, new or not
-    linked = with_settings(base, ["intra.efficiency.a2a=0.8", "inter.efficiency.allgather=0.5"])
-    assert linked.intra.efficiency == {"a2a": 0.8}
+    linked = with_settings(base, ["intra.efficiency.p2p=0.9", "inter.efficiency.allgather=0.5"])
+    assert "p2p" not in base.intra.efficiency
+    assert linked.intra.efficiency == {**base.intra.efficiency, "p2p": 0.9}
     assert linked.inter.efficiency == {**base.inter.efficiency, "allgather": 0.5}
     with pytest.raises(KeyError, match=r"intra\.efficiency\.p2p"):  # names the valid ones
         base.with_values({"intra.efficiency.bogus": 0.5})
