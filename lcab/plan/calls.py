@@ -112,6 +112,14 @@ def attends_only_past(mask: AttnMask) -> bool:
     return bool((np.minimum(hi, k1 - 1 - q0) <= 0).all())
 
 
+def ring_calls_halves(harness: Harness, balancer: str, mask: AttnMask) -> bool:
+    """Whether ``harness``'s ring steps extract and call with halves (`causal_half`).
+
+    On a mask that attends only the past, placed by zigzag, with code that does (the published).
+    """
+    return harness.causal_halves and balancer == "zigzag" and attends_only_past(mask)
+
+
 def causal_half(position: int, source: int) -> str:
     """The half a zigzag ring step on a causal mask calls with, extracted first (q | kv | "").
 

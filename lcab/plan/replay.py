@@ -38,12 +38,12 @@ from lcab.plan.areas import pair_work
 from lcab.plan.calls import (
     Call,
     accumulate_work,
-    attends_only_past,
     call_work,
     causal_half,
     copies_work,
     documents_of,
     merge_work,
+    ring_calls_halves,
 )
 from lcab.plan.harness import LCAB, Elements, Harness
 from lcab.plan.steps import Stage, Transfer, Window, Work
@@ -300,9 +300,7 @@ def _ring(
     acc = block * acc_elem
     tokens = plan.shard_len * plan.ulysses
     whole = Call("ring", harness, tokens, tokens, documents_of(mask))
-    halves = (
-        harness.causal_halves and plan.placement.balancer == "zigzag" and attends_only_past(mask)
-    )
+    halves = ring_calls_halves(harness, plan.placement.balancer, mask)
     calls = {
         "": whole,
         "q": replace(whole, q_tokens=tokens // 2, half="q"),

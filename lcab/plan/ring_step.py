@@ -45,7 +45,7 @@ from lcab.cp.base import HeadSplit, accumulator_bytes, element_bytes
 from lcab.kernels import Problem
 from lcab.kernels.torch_varlen import api_reasons
 from lcab.masks.core import AttnMask
-from lcab.plan.calls import attends_only_past, causal_half
+from lcab.plan.calls import attends_only_past, causal_half, ring_calls_halves
 from lcab.plan.empty_blocks import FLASH_MODULES, KERNELS, VarlenCall, varlen_call
 from lcab.plan.hardware import Hardware, list_profiles, load_profile
 from lcab.plan.harness import LONGCA, Elements
@@ -247,7 +247,7 @@ def planner_parts(
     bandwidth = hardware.memory_gbps * 1e9
     parts = dict.fromkeys(PARTS, 0.0)
     windows = replayed.passes["fwd"][rank]
-    halves = attends_only_past(mask) and plan.placement.balancer == "zigzag"
+    halves = ring_calls_halves(LONGCA, plan.placement.balancer, mask)
     for t, stage in enumerate(windows[0].stages):
         source = (rank - t) % world
         half = causal_half(rank, source) if halves else ""
