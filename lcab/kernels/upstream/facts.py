@@ -1,0 +1,99 @@
+"""The row types of the upstream tables: a library function and its LSE, as its source says.
+
+A row is data, not a reading of lcab's needs: parameter names are every parameter of the
+upstream function in its order, with the defaults its source gives, so a stand-in built from
+the row accepts exactly the calls the real function accepts, and a test can compare the row
+with the real signature (``inspect.signature`` of an installed package, or the AST of a
+downloaded source file).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+LseLayout = Literal["bhs", "ht", "th", "bhs1"]
+"""(B, H, S); (H, total_q); (total_q, H); (B, H, S, 1)."""
+
+REQUIRED: Any = inspect.Parameter.empty
+"""Marks a parameter without a default in `UpstreamFunction.defaults` (the default)."""
+
+
+@dataclass(frozen=True)
+class LseFact:
+    """How a function's log-sum-exp comes back (or goes in, for a backward)."""
+
+    layout: LseLayout
+    base: Literal["e", "2"] = "e"
+    """Natural log, or log2 (FlashInfer)."""
+    dtype: str = "float32"
+    empty_rows: str = "undocumented"
+    """Value on rows that attend no key, as the source writes it (``+inf``, ``-inf``, ...)."""
+    differentiable: bool = False
+    """Whether a gradient given to the LSE reaches the inputs. False for fused kernels whose
+    backward ignores ``dlse`` although autograd sees an LSE that requires grad."""
+    varlen_layout: LseLayout | None = None
+    """Layout of the varlen variant's LSE, when the library has one and it differs."""
+
+
+@dataclass(frozen=True)
+class UpstreamFunction:
+    """One library function, as its source defines it."""
+
+    module: str
+    """Import path (``flash_attn.flash_attn_interface``)."""
+    name: str
+    """Attribute of the module (dotted for a method)."""
+    params: tuple[str, ...]
+    """Every parameter, in order (``*args``/``**kwargs`` excluded)."""
+    source: str
+    """Where this row was read: ``owner/repo@version-or-commit:path[:lines]``."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Defaults of the parameters that have one (the others are required)."""
+    keyword_only: tuple[str, ...] = ()
+    """Parameters after a bare ``*``."""
+    returns: tuple[str, ...] = ()
+    """What it returns, in order (its arity); empty: returns None or fills outputs in place."""
+    lse: LseFact | None = None
+    alignment: str = ""
+    """Causal / window diagonal alignment (``bottom-right``, ``top-left``, ``n/a``)."""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = (set(self.defaults) | set(self.keyword_only)) - set(self.params)
+        if unknown:
+            raise ValueError(f"{self.qualname}: {sorted(unknown)} are not among its params")
+
+    @property
+    def qualname(self) -> str:
+        """``module.name``."""
+        return f"{self.module}.{self.name}"
+
+    def signature(self) -> inspect.Signature:
+        """The function's signature, built from this row (what a stand-in exposes)."""
+        kinds = inspect.Parameter
+        return inspect.Signature(
+            [
+                kinds(
+                    name,
+                    kinds.KEYWORD_ONLY
+                    if name in self.keyword_only
+                    else kinds.POSITIONAL_OR_KEYWORD,
+                    default=self.defaults.get(name, REQUIRED),
+                )
+                for name in self.params
+            ]
+        )
+
+    def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Arguments of a call as the real function would receive them, defaults applied.
+
+        Raises:
+            TypeError: the call does not fit the signature (as the real function would).
+
+        """
+        bound = self.signature().bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
