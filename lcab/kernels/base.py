@@ -119,6 +119,14 @@ class PreparedAttention(ABC):
     """A kernel bound to one mask and problem: everything but the timed call is done."""
 
     layout: ClassVar[Layout] = "shd"
+    lse_grad: ClassVar[bool] = False
+    """Whether the LSE that `run` returns carries its gradient back to q, k and v.
+
+    The generic `backward` differentiates through the LSE, so it is allowed only where this is
+    True (torch's own ops, FlexAttention, FA4 from beta 5). FA2, FA3, FFA and FlashMask return
+    an LSE that *looks* differentiable on a GPU (``requires_grad=True``) while their backward
+    ignores its gradient: testing ``requires_grad`` would not catch them, so it is declared here
+    per class, from the library's source (`lcab.kernels.upstream`)."""
 
     def to_native(self, x: torch.Tensor) -> torch.Tensor:
         """Packed (S, H, D) → the kernel's layout (outside the timer)."""
@@ -147,9 +155,15 @@ class PreparedAttention(ABC):
         FlashAttention's backward. This default differentiates `run`: with this block's own
         (o_b, l_b) and weights w = exp(l_b - lse), the gradient is that of o_b under
         w·dout plus that of l_b under w·(rowsum(dout·o_b) - rowsum(dout·out)), which equals
-        P_global ⊙ (dP - delta) on the block. It needs a differentiable LSE; kernels whose LSE
-        is not (a fused op's statistic) override this method.
+        P_global ⊙ (dP - delta) on the block. It needs a differentiable LSE (`lse_grad`);
+        kernels whose LSE is not (a fused op's statistic) override this method with their
+        library's own backward.
         """
+        if not self.lse_grad:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no backward from merged softmax statistics (its "
+                "library's LSE carries no gradient)"
+            )
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         with torch.enable_grad():
             block_out, block_lse = self.run(*leaves)

@@ -67,6 +67,8 @@ class PreparedFA4(PreparedFlash):
     """FA2/FA3's lowered call with FA4's spellings: ``return_lse``, ``None`` = unbounded."""
 
     lse_kwargs: ClassVar[dict[str, Any]] = {"return_lse": True}
+    #: flash-attn-4 >= 4.0.0b5 passes the LSE's gradient (dlse) to its backward
+    lse_grad = True
     library: ClassVar[str] = "FlashAttention 4"
     follows: ClassVar[str] = "flash-attn-4 4.0.0b5+"
 

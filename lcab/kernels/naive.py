@@ -17,6 +17,7 @@ from lcab.masks.core import AttnMask
 
 class _PreparedNaive(PreparedAttention):
     layout = "bhsd"
+    lse_grad = True  # plain torch ops: autograd reaches q/k/v through the LSE
 
     def __init__(self, mask: AttnMask, problem: Problem) -> None:
         dense = mask.to_dense(max_elements=1 << 40).to(problem.device)

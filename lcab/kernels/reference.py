@@ -59,6 +59,8 @@ def dense_attention(
 
 
 class _PreparedReference(PreparedAttention):
+    lse_grad = True  # plain torch ops: autograd reaches q/k/v through the LSE
+
     def __init__(self, mask: AttnMask, problem: Problem) -> None:
         self.mask = mask
         self.scale = 1.0 / math.sqrt(problem.head_dim)
