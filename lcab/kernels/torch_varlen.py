@@ -3,21 +3,31 @@
 ``torch.nn.attention.varlen.varlen_attn`` runs torch's built-in FlashAttention 2 kernels
 (``aten::_flash_attention_forward``; CUDA only) on packed sequences: documents through
 ``cu_seq_q``/``cu_seq_k``, causal and sliding windows through ``window_size`` — (-1, 0) is
-causal, (W, 0) causal with a window — GQA through ``enable_gqa``, the LSE as (T_q, H_q) in
-natural log through ``return_aux=AuxRequest(lse=True)``. On a GPU machine with nothing but torch
-this is the cell that tells whether a separately built flash-attn is worth its build.
+causal, (W, 0) causal with a window — GQA through ``enable_gqa``, and the natural-log LSE through
+``return_aux=AuxRequest(lse=True)``. The call and the LSE's layout come from the table
+`lcab.kernels.upstream.torch_attention` (row ``VARLEN_ATTN``): the LSE is **(H_q, T_q)**, as
+torch's own fake kernel and ``meta__flash_attention_forward`` say — not the (T_q, H_q) of
+``varlen_attn``'s docstring, which this adapter once followed and then raised on every GPU
+call. On a GPU machine with nothing but torch this is the cell that tells whether a separately
+built flash-attn is worth its build.
 
 It takes the same varlen lowering as ``fa2`` (one call, a single sequence being N = 1). torch
 does not document how a causal or windowed sequence aligns when its query and key counts
 differ, so such masks (CP rectangles of causal masks) are refused rather than guessed; rows that
-attend nothing get lcab's convention (out 0, LSE -inf) from the mask. **CPU contract-tested
-only**: the tests replace ``varlen_attn`` by a plain-torch stand-in of its documented contract.
+attend nothing get lcab's convention (out 0, LSE -inf) from the mask. The LSE is not
+differentiable (torch's ``_backward`` ignores ``grad_lse``), so there is no backward from merged
+statistics (``lse_grad`` False, ``stats_backward`` False).
+
+**CPU contract-tested only**: the tests run this adapter's whole path on meta tensors, where
+torch's own fake kernel of ``varlen_attn`` gives the output and LSE shapes, and against a
+plain-torch stand-in built from the table row (``tests/helpers/standin_torch_varlen.py``) for
+the numbers. Neither is a GPU run.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -30,14 +40,17 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
     empty_rows,
 )
-from lcab.kernels.library_results import to_lcab_convention
+from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream.torch_attention import VARLEN_ATTN
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import lowering_reason, to_varlen
 
-MODULE = "torch.nn.attention.varlen"
+MODULE = VARLEN_ATTN.module
 #: Keywords lcab passes to ``varlen_attn`` (after the seven positional arguments).
 CALL_KWARGS = ("return_aux", "scale", "window_size", "enable_gqa")
+#: The LSE's layout, as the table's row states it ((H_q, T_q); tests check the row has one).
+LSE_LAYOUT = cast(LseLayout, VARLEN_ATTN.lse.layout if VARLEN_ATTN.lse else None)
 
 
 def api_reasons() -> list[str]:
@@ -81,7 +94,7 @@ class _PreparedTorchVarlen(PreparedAttention):
         args = to_varlen(mask)
         left, right = (int(w) for w in args.window_size)
         device = problem.device
-        self.fn = varlen.varlen_attn
+        self.fn = getattr(varlen, VARLEN_ATTN.name)
         self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
         self.positional = (
             torch.as_tensor(args.cu_seqlens_q, dtype=torch.int32).to(device).contiguous(),
@@ -96,8 +109,9 @@ class _PreparedTorchVarlen(PreparedAttention):
             "window_size": (left, 0) if args.causal else (left, right),
             "enable_gqa": problem.heads_q != problem.heads_kv,
         }
-        self.empty = empty_rows(mask)[0].to(device)
-        self.has_empty = bool(self.empty.any())
+        empty = empty_rows(mask)[0]
+        self.has_empty = bool(empty.any())  # on the host: also on meta or fake devices
+        self.empty = empty.to(device)
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -106,13 +120,13 @@ class _PreparedTorchVarlen(PreparedAttention):
         return to_lcab_convention(
             out,
             lse,
-            "th",
+            LSE_LAYOUT,
             heads=self.heads,
             seqlen=self.seqlen,
             empty=self.empty if self.has_empty else None,
             dtype=q.dtype,
             library="varlen_attn",
-            follows="torch 2.11-2.13",
+            follows=f"{VARLEN_ATTN.source} ({LSE_LAYOUT})",
         )
 
 

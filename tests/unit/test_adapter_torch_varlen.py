@@ -1,52 +1,35 @@
 """torch_varlen: CPU contract tests of lcab's call into ``torch.nn.attention.varlen`` (no GPU).
 
-torch's ``varlen_attn`` runs only on CUDA, so a stand-in of its documented contract — packed
-(T, H, D) inputs, cu_seq_q/cu_seq_k, ``window_size`` with (-1, 0) = causal, ``enable_gqa``,
-LSE (T_q, H_q) in natural log with ``return_aux=AuxRequest(lse=True)`` — computes in plain
-torch, and the adapter's whole path is compared with lcab's fp64 reference. The emulated call
-mask must equal ``AttnMask.to_dense()`` for every mask the adapter claims.
+torch's ``varlen_attn`` computes only on CUDA. Two things stand in for the GPU:
+
+* torch's own meta kernel: the adapter's whole path (prepare, the call, the LSE's layout, empty
+  rows) runs on meta tensors, where ``varlen_attn``'s registered fake kernel decides the shapes —
+  the LSE is (H_q, T_q), and an adapter reading it as (T_q, H_q) fails here;
+* for the numbers, a plain-torch stand-in built from the table row
+  (``tests/helpers/standin_torch_varlen.py``, signature and LSE layout from
+  `lcab.kernels.upstream.torch_attention.VARLEN_ATTN`), compared with lcab's fp64 reference;
+  the emulated call mask must equal ``AttnMask.to_dense()`` for every mask the adapter claims.
 """
 
 from __future__ import annotations
-
-import types
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lcab.kernels import Problem, get_kernel, torch_varlen
+from lcab.kernels.library_results import lse_to_lcab
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
+from tests.helpers import standin_torch_varlen as standin
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted
-from tests.helpers.standin_flash_attn import _attend, varlen_allowed
+from tests.helpers.standin_flash_attn import varlen_allowed
 
-CALLS: list[dict] = []
-
-
-@dataclass
-class AuxRequest:
-    lse: bool = False
-
-
-def varlen_attn(
-    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-    window_size=(-1, -1), enable_gqa=False,
-):  # fmt: skip
-    """The documented contract, in plain torch (causal = window (-1, 0))."""
-    assert query.dim() == 3 and cu_seq_q.dtype == torch.int32 and isinstance(max_q, int)
-    assert enable_gqa == (query.shape[1] != key.shape[1])
-    CALLS.append({"cu_q": cu_seq_q, "cu_k": cu_seq_k, "window_size": window_size})
-    allowed = varlen_allowed(cu_seq_q, cu_seq_k, False, window_size)
-    out, lse, empty = _attend(query, key, value, allowed, scale)
-    lse = lse.masked_fill(empty[None, :], float("inf"))  # what lcab must not rely on
-    return (out, lse.t().contiguous()) if return_aux is not None and return_aux.lse else out
-
-
-STANDIN = types.SimpleNamespace(varlen_attn=varlen_attn, AuxRequest=AuxRequest)
+CALLS = standin.CALLS
+STANDIN = standin.varlen_module()
 
 
 def run(mask: AttnMask, q, k, v):
@@ -65,7 +48,7 @@ def check_call(mask: AttnMask) -> None:
         assert any("varlen" in r or "per-KV-head" in r for r in reasons), reasons
         return
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(mask.seqlen_q, 2, 8, generator=gen)
+    q = torch.randn(mask.seqlen_q, 2, 8, generator=gen)  # GQA 2:1
     k, v = (torch.randn(mask.seqlen_k, 1, 8, generator=gen) for _ in range(2))
     CALLS.clear()
     run(mask, q, k, v)
@@ -152,3 +135,48 @@ def test_this_torch_has_the_api_and_a_missing_keyword_is_a_precise_reason(monkey
     monkeypatch.setattr(varlen, "varlen_attn", old)
     (why,) = torch_varlen.api_reasons()
     assert f"torch {torch.__version__}'s varlen_attn has no window_size, enable_gqa" == why
+
+
+# ----------------------------------------------------------------------------- torch's own kernels
+META_CASES = {
+    "causal_document": make_mask("causal_document", S, seed=2, **DOCS),
+    "sliding_window_causal": make_mask("sliding_window_causal", S, window=13),
+    "empty_rows": make_mask("full_document", S, seed=5, **DOCS).restrict((0, S), (50, S)),
+}
+
+
+@pytest.mark.parametrize("heads", [(6, 6), (6, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("name", list(META_CASES))
+def test_adapter_runs_on_torchs_own_meta_kernel_of_varlen_attn(name, heads):
+    """The real ``varlen_attn`` on meta tensors: its fake kernel gives (H_q, T_q), and the
+    adapter must turn that into lcab's (H_q, S_q) — an adapter expecting (T_q, H_q) raises."""
+    mask, (hq, hkv) = META_CASES[name], heads
+    meta = torch.device("meta")
+    problem = Problem(mask.seqlen_q, mask.seqlen_k, hq, hkv, 64, torch.bfloat16, meta)
+    prepared = get_kernel("torch_varlen").prepare(mask, problem)
+    q = torch.empty(mask.seqlen_q, hq, 64, dtype=torch.bfloat16, device=meta)
+    k, v = (torch.empty(mask.seqlen_k, hkv, 64, dtype=torch.bfloat16, device=meta) for _ in "kv")
+    _, raw_lse = prepared.fn(q, k, v, *prepared.positional, **prepared.kwargs)
+    assert raw_lse.shape == (hq, mask.seqlen_q) and raw_lse.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="documented th layout"):
+        lse_to_lcab(raw_lse, "th", hq, mask.seqlen_q)  # the old misreading, on torch's answer
+    out, lse = prepared.run(q, k, v)
+    assert out.shape == (mask.seqlen_q, hq, 64) and out.device == meta
+    assert lse is not None and lse.shape == (hq, mask.seqlen_q) and lse.dtype == torch.float32
+
+
+def test_the_call_on_fake_cuda_tensors_gives_torchs_layout():
+    """Under FakeTensorMode with CUDA fake tensors (what a GPU would see), the adapter's call
+    comes back with the LSE in the layout its table row states."""
+    mask = META_CASES["causal_document"]
+    prepared = get_kernel("torch_varlen").prepare(mask, Problem(S, S, 4, 2, 64, torch.bfloat16))
+    cu_q, cu_k, max_q, max_k = prepared.positional  # host tensors: a fake CUDA copy is made
+    with FakeTensorMode():  # of their values (a CPU build of torch cannot move to fake CUDA)
+        cuda = torch.device("cuda")
+        q = torch.empty(S, 4, 64, dtype=torch.bfloat16, device=cuda)
+        k = v = torch.empty(S, 2, 64, dtype=torch.bfloat16, device=cuda)
+        cu = [torch.tensor(c.tolist(), dtype=torch.int32, device=cuda) for c in (cu_q, cu_k)]
+        out, lse = prepared.fn(q, k, v, *cu, max_q, max_k, **prepared.kwargs)
+        assert lse.device.type == "cuda" and out.shape == q.shape
+        got = lse_to_lcab(lse, torch_varlen.LSE_LAYOUT, 4, S)
+        assert got.shape == (4, S)

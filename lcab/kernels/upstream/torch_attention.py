@@ -1,0 +1,282 @@
+"""PyTorch's own attention entry points that lcab calls: varlen attention and SDPA.
+
+Read from torch 2.13.0 (git cf30153c), the files the wheel installs; each row's ``source`` names
+the file and lines. ``tests/unit/test_upstream_torch_attention.py`` holds every row to the
+installed torch: Python functions by ``inspect.signature``, ATen and custom ops by their
+registered schema, and the LSE layouts by running the ops on meta tensors and on fake CUDA
+tensors (``FakeTensorMode``), so torch's own meta/fake kernels give the shapes.
+
+Facts beyond the signatures, with their lines:
+
+* ``varlen_attn`` returns the LSE as **(H_q, T_q)**, float32: its custom op's fake kernel
+  (``torch/nn/attention/varlen.py`` L135-173, "logsumexp shape: (num_heads, total_q)") and
+  ``meta__flash_attention_forward`` (``torch/_meta_registrations.py`` L6665-6675: (B, H, S)
+  without ``cum_seq_q``, (H, total_q) with it) agree. The public docstring's "(T_q, H_q)"
+  (L249) is wrong, and an adapter that trusted it raised on every GPU call.
+* ``varlen_attn`` treats ``window_size == (-1, 0)`` (a tuple) as ``is_causal`` (L307) and
+  passes the window on to ``aten::_flash_attention_forward``; the Python source does not say how
+  a causal or windowed sequence aligns when its query and key counts differ.
+* Its autograd backward ``_backward(ctx, grad_out, grad_lse, grad_rng)`` (L605-635) never reads
+  ``grad_lse``: the LSE is not differentiable, although autograd marks it as requiring grad.
+* ``scaled_dot_product_attention``'s documented reference (``torch/nn/functional.py``
+  L6341-6380) takes ``torch.softmax`` of the biased scores, which is NaN on a row whose bias is
+  all -inf; torch's math backend uses a safe softmax (0 there), and the fused CUDA backends
+  document nothing for such rows. ``is_causal`` is top-left aligned (L6468-6470).
+"""
+
+from __future__ import annotations
+
+from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+
+TORCH = "pytorch/pytorch@v2.13.0 (cf30153c)"
+VARLEN_FILE = "torch/nn/attention/varlen.py"
+META_FILE = "torch/_meta_registrations.py"
+FUNCTIONAL_FILE = "torch/nn/functional.py"
+NATIVE_FUNCTIONS = "aten/src/ATen/native/native_functions.yaml (schema as registered)"
+
+VARLEN_LSE = LseFact(layout="ht", empty_rows="undocumented", differentiable=False)
+"""(H_q, total_q), natural log, float32; its backward ignores the LSE's gradient."""
+
+_VARLEN_KW = ("return_aux", "scale", "window_size", "enable_gqa", "seqused_k", "block_table",
+              "num_splits")  # fmt: skip
+VARLEN_ATTN = UpstreamFunction(
+    module="torch.nn.attention.varlen",
+    name="varlen_attn",
+    params=("query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", *_VARLEN_KW),
+    defaults={
+        "return_aux": None,
+        "scale": None,
+        "window_size": (-1, -1),
+        "enable_gqa": False,
+        "seqused_k": None,
+        "block_table": None,
+        "num_splits": None,
+    },
+    keyword_only=_VARLEN_KW,
+    returns=("output", "lse"),
+    lse=VARLEN_LSE,
+    alignment="undocumented for unequal lengths",
+    source=f"{TORCH}:{VARLEN_FILE}:L176-326",
+    notes="returns output alone unless return_aux=AuxRequest(lse=True); window (-1, 0) = causal",
+)
+VARLEN_AUX_REQUEST = UpstreamFunction(
+    module="torch.nn.attention.varlen",
+    name="AuxRequest",
+    params=("lse",),
+    defaults={"lse": False},
+    source=f"{TORCH}:{VARLEN_FILE}:L35-42",
+    notes="a NamedTuple",
+)
+VARLEN_OP = UpstreamFunction(
+    module="torch.ops.torch_attn",
+    name="_varlen_attn",
+    params=(
+        "query",
+        "key",
+        "value",
+        "cu_seq_q",
+        "cu_seq_k",
+        "max_q",
+        "max_k",
+        "is_causal",
+        "scale",
+        "window_size",
+        "enable_gqa",
+        "seqused_k",
+        "block_table",
+        "num_splits",
+    ),
+    defaults={
+        "is_causal": False,
+        "scale": None,
+        "window_size": None,
+        "enable_gqa": False,
+        "seqused_k": None,
+        "block_table": None,
+        "num_splits": None,
+    },
+    returns=("output", "softmax_lse", "rng_state"),
+    lse=VARLEN_LSE,
+    source=f"{TORCH}:{VARLEN_FILE}:L45-173",
+    notes="custom op behind varlen_attn; calls aten::_flash_attention_forward on CUDA",
+)
+VARLEN_BACKWARD_OP = UpstreamFunction(
+    module="torch.ops.torch_attn",
+    name="_varlen_attn_backward",
+    params=(
+        "grad_out",
+        "query",
+        "key",
+        "value",
+        "out",
+        "lse",
+        "cu_seq_q",
+        "cu_seq_k",
+        "max_q",
+        "max_k",
+        "is_causal",
+        "rng_state",
+        "scale",
+        "window_size",
+    ),
+    defaults={"scale": None, "window_size": None},
+    returns=("grad_query", "grad_key", "grad_value"),
+    lse=VARLEN_LSE,
+    source=f"{TORCH}:{VARLEN_FILE}:L507-635",
+    notes="takes out and lse as given: what _backward passes (its grad_lse is unused)",
+)
+FLASH_FORWARD = UpstreamFunction(
+    module="torch.ops.aten",
+    name="_flash_attention_forward",
+    params=(
+        "query",
+        "key",
+        "value",
+        "cum_seq_q",
+        "cum_seq_k",
+        "max_q",
+        "max_k",
+        "dropout_p",
+        "is_causal",
+        "return_debug_mask",
+        "scale",
+        "window_size_left",
+        "window_size_right",
+        "seqused_k",
+        "alibi_slopes",
+        "block_table",
+        "num_splits",
+    ),
+    defaults={
+        "scale": None,
+        "window_size_left": None,
+        "window_size_right": None,
+        "seqused_k": None,
+        "alibi_slopes": None,
+        "block_table": None,
+        "num_splits": None,
+    },
+    keyword_only=(
+        "scale",
+        "window_size_left",
+        "window_size_right",
+        "seqused_k",
+        "alibi_slopes",
+        "block_table",
+        "num_splits",
+    ),
+    returns=("output", "softmax_logsumexp", "rng_state", "unused", "debug_attn_mask"),
+    lse=LseFact(layout="bhs", varlen_layout="ht"),
+    source=f"{TORCH}:{META_FILE}:L6634-6709 + {NATIVE_FUNCTIONS}",
+)
+FLASH_BACKWARD = UpstreamFunction(
+    module="torch.ops.aten",
+    name="_flash_attention_backward",
+    params=(
+        "grad_out",
+        "query",
+        "key",
+        "value",
+        "out",
+        "logsumexp",
+        "cum_seq_q",
+        "cum_seq_k",
+        "max_q",
+        "max_k",
+        "dropout_p",
+        "is_causal",
+        "rng_state",
+        "unused",
+        "scale",
+        "window_size_left",
+        "window_size_right",
+    ),
+    defaults={"scale": None, "window_size_left": None, "window_size_right": None},
+    keyword_only=("scale", "window_size_left", "window_size_right"),
+    returns=("grad_query", "grad_key", "grad_value"),
+    lse=LseFact(layout="bhs", varlen_layout="ht"),
+    source=f"{TORCH}:{META_FILE}:L6801 + {NATIVE_FUNCTIONS}",
+)
+
+SDPA = UpstreamFunction(
+    module="torch.nn.functional",
+    name="scaled_dot_product_attention",
+    params=("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+    defaults={
+        "attn_mask": None,
+        "dropout_p": 0.0,
+        "is_causal": False,
+        "scale": None,
+        "enable_gqa": False,
+    },
+    keyword_only=("scale", "enable_gqa"),
+    returns=("output",),
+    alignment="top-left",
+    source=f"{TORCH}:{FUNCTIONAL_FILE}:L6341-6480 (aten::scaled_dot_product_attention schema)",
+    notes="no LSE; a row whose bias is all -inf: NaN in the documented reference, 0 from the "
+    "math backend's safe softmax, undocumented for the fused CUDA backends",
+)
+FUSED_SDP_CHOICE = UpstreamFunction(
+    module="torch",
+    name="_fused_sdp_choice",
+    params=("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+    defaults={
+        "attn_mask": None,
+        "dropout_p": 0.0,
+        "is_causal": False,
+        "scale": None,
+        "enable_gqa": False,
+    },
+    keyword_only=("scale", "enable_gqa"),
+    returns=("backend",),
+    source=f"{TORCH}:{NATIVE_FUNCTIONS} (aten::_fused_sdp_choice)",
+    notes="an int, SDPBackend's value; on meta tensors the MATH choice, on CUDA tensors the "
+    "CUDA chooser (a CPU-only build has none: it raises on fake CUDA tensors)",
+)
+SDPA_FLASH_CPU = UpstreamFunction(
+    module="torch.ops.aten",
+    name="_scaled_dot_product_flash_attention_for_cpu",
+    params=("query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"),
+    defaults={"dropout_p": 0.0, "is_causal": False, "attn_mask": None, "scale": None},
+    keyword_only=("attn_mask", "scale"),
+    returns=("output", "logsumexp"),
+    lse=LseFact(layout="bhs", empty_rows="0", differentiable=False),
+    alignment="top-left",
+    source=f"{TORCH}:{NATIVE_FUNCTIONS} (aten::_scaled_dot_product_flash_attention_for_cpu)",
+)
+SDPA_FLASH_CPU_BACKWARD = UpstreamFunction(
+    module="torch.ops.aten",
+    name="_scaled_dot_product_flash_attention_for_cpu_backward",
+    params=(
+        "grad_out",
+        "query",
+        "key",
+        "value",
+        "out",
+        "logsumexp",
+        "dropout_p",
+        "is_causal",
+        "attn_mask",
+        "scale",
+    ),
+    defaults={"attn_mask": None, "scale": None},
+    keyword_only=("attn_mask", "scale"),
+    returns=("grad_query", "grad_key", "grad_value"),
+    lse=LseFact(layout="bhs"),
+    source=f"{TORCH}:{NATIVE_FUNCTIONS} (aten::_scaled_dot_product_flash_attention_for_cpu_"
+    "backward)",
+)
+
+ROWS: tuple[UpstreamFunction, ...] = (
+    VARLEN_ATTN,
+    VARLEN_AUX_REQUEST,
+    VARLEN_OP,
+    VARLEN_BACKWARD_OP,
+    FLASH_FORWARD,
+    FLASH_BACKWARD,
+    SDPA,
+    FUSED_SDP_CHOICE,
+    SDPA_FLASH_CPU,
+    SDPA_FLASH_CPU_BACKWARD,
+)
+"""Every row of this table (what the tests hold to the installed torch)."""

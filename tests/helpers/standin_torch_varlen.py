@@ -1,0 +1,62 @@
+"""Stand-in for ``torch.nn.attention.varlen`` (CUDA only) in plain torch, built from the table.
+
+Its signature is the table row's (`lcab.kernels.upstream.torch_attention.VARLEN_ATTN`), which
+``tests/unit/test_upstream_torch_attention.py`` holds to the installed torch, and its LSE comes
+back in the row's layout — (H_q, T_q), what torch's own fake kernel of ``varlen_attn`` returns
+(``torch/nn/attention/varlen.py`` L135-173) — so this stand-in cannot share a misreading with
+the adapter: both read the same row, and the row is checked against torch itself.
+
+What the numbers follow (torch 2.13's ``varlen_attn``, L176-326): packed (T, H, D) inputs,
+``cu_seq_q``/``cu_seq_k`` int32, causal when ``window_size == (-1, 0)`` and a window otherwise,
+a ValueError when the head counts differ without ``enable_gqa``; the attended set of each
+sequence is FlashAttention's window rule (`tests.helpers.standin_flash_attn.varlen_allowed`,
+equal lengths only: lcab refuses the rest). The LSE of a row attending no key is undocumented:
++inf here, which lcab must not rely on. The LSE is detached (torch's backward ignores its
+gradient). Every call is appended to ``CALLS``.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any, NamedTuple
+
+import torch
+
+from lcab.kernels.upstream.torch_attention import VARLEN_ATTN, VARLEN_AUX_REQUEST
+from tests.helpers.standin_flash_attn import _attend, varlen_allowed
+
+CALLS: list[dict[str, Any]] = []
+
+
+class AuxRequest(NamedTuple):
+    """torch's ``AuxRequest`` (a NamedTuple of one field, ``lse``, default False)."""
+
+    lse: bool = VARLEN_AUX_REQUEST.defaults["lse"]
+
+
+def _varlen_attn(*args: Any, **kwargs: Any) -> Any:
+    a = VARLEN_ATTN.bind(*args, **kwargs)  # a TypeError where torch's would raise one
+    q, k, v = a["query"], a["key"], a["value"]
+    assert q.dim() == 3 and a["cu_seq_q"].dtype == torch.int32 and isinstance(a["max_q"], int)
+    assert a["seqused_k"] is None and a["block_table"] is None
+    if not a["enable_gqa"] and q.shape[1] != k.shape[1]:
+        raise ValueError("Expect query and key/value to have the same number of heads")
+    window = tuple(a["window_size"])
+    CALLS.append({"cu_q": a["cu_seq_q"], "cu_k": a["cu_seq_k"], "window_size": window, **a})
+    allowed = varlen_allowed(a["cu_seq_q"], a["cu_seq_k"], False, window)  # (-1, 0) = causal
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, lse, empty = _attend(q, k, v, allowed, scale)  # lse (H_q, T_q)
+    lse = lse.masked_fill(empty[None, :], float("inf"))  # float32 (float64 for float64 inputs)
+    assert VARLEN_ATTN.lse is not None and VARLEN_ATTN.lse.layout == "ht"
+    aux = a["return_aux"]
+    return (out, lse.contiguous()) if aux is not None and aux.lse else out
+
+
+varlen_attn = _varlen_attn
+varlen_attn.__signature__ = VARLEN_ATTN.signature()  # type: ignore[attr-defined]
+
+
+def varlen_module() -> types.SimpleNamespace:
+    """What the adapter takes from ``torch.nn.attention.varlen``: the function and AuxRequest."""
+    return types.SimpleNamespace(varlen_attn=varlen_attn, AuxRequest=AuxRequest)
