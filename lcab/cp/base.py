@@ -185,10 +185,11 @@ class Strategy(ABC):
                     f"{self.name} merges partial results by log-sum-exp, and kernel "
                     f"{kernel.name!r} returns none on {problem.device.type}"
                 )
-            if pass_ != "fwd" and not kernel.caps.stats_backward:
+            missing = kernel.stats_backward_reasons(problem) if pass_ != "fwd" else []
+            if missing:
                 reasons.append(
                     f"{self.name}'s backward needs the kernel's backward from merged softmax "
-                    f"statistics, which kernel {kernel.name!r} does not provide"
+                    f"statistics: {'; '.join(missing)}"
                 )
         return reasons
 

@@ -284,6 +284,16 @@ class Kernel(ABC):
         """Kernel-specific static limits beyond `KernelCaps` (override when needed)."""
         return []
 
+    def stats_backward_reasons(self, problem: Problem) -> list[str]:
+        """Why there is no backward from merged softmax statistics for ``problem`` (CP rings).
+
+        From the capabilities here; adapters to a library add what the installed library lacks
+        (a private backward of another generation, say), checked only where a cell would run.
+        """
+        if self.caps.stats_backward:
+            return []
+        return [f"kernel {self.name!r} provides no backward from merged softmax statistics"]
+
     def returns_lse(self, device_type: str) -> bool:
         """Whether `run` returns the log-sum-exp on this device type."""
         return self.caps.returns_lse

@@ -1,6 +1,6 @@
 """FlashAttention 2 (``flash_attn``) and 3 (``flash_attn_interface``) adapters, varlen lowering.
 
-Written against the documented APIs (flash-attn 2.8 and the FA3 hopper build of July 2025 or
+Written against the documented APIs (flash-attn 2.8 and the FA3 hopper build of 2025-08-29 or
 later; see the version probe) and **CPU contract-tested only**: the tests run this adapter's
 whole path against stand-in modules that implement the documented semantics, never against
 the real CUDA kernels. The first GPU run must confirm it (numerics check of every cell).
@@ -17,14 +17,30 @@ Rows the lowering puts in a sequence with no keys attend nothing: the libraries 
 for them and an LSE of +inf (FA2) or -inf (FA3); the adapter sets lcab's convention (out 0,
 lse -inf) from the mask itself, so the result does not depend on that difference.
 
+The functions, parameters, LSE layouts and window rules used here are the rows of
+`lcab.kernels.upstream.flash_attn` (FA2 2.8.3, FA3 hopper at 0251105a and 203b9b3d), each with
+the file and lines it was read from.
+
 LSE: both libraries return it only with ``return_attn_probs=True`` — FA2 as
 ``(out, lse, S_dmask)``, FA3 as ``(out, lse)`` — in natural log, float32, laid out (B, H, S)
 for the dense call and (H, total_q) for the varlen call. `lse_to_lcab` converts both to lcab's
-(Hq, Sq) and refuses any other shape rather than guessing. The LSE is not differentiable in
-either library, so the backward is autograd through ``out`` only (GQA gradients are summed
-over the query group by the library) and there is no backward from merged statistics
-(``stats_backward=False``: ring-style CP backward needs the private ``_flash_attn_backward``,
-whose signature changes between releases).
+(Hq, Sq) and refuses any other shape rather than guessing. Neither library passes the LSE's
+gradient to its backward (autograd still marks it as requiring grad), so a single-device
+backward is autograd through ``out`` (GQA gradients are summed over the query group by the
+library), and the backward from merged statistics that ring-style CP needs is the libraries'
+private backward, called as ring-flash-attn calls it (`lcab.kernels.flash_backward`).
+
+Edges of the libraries' own rules, handled here:
+
+* FA2's varlen forward takes a "swapped" path when ``max_seqlen_q == 1`` with GQA and no window
+  (``flash_api.cpp`` L592-598) that reshapes q as if every sequence had one query and returns the
+  LSE as (Hq, batch): lowerings with key-only sequences break it. The adapter spells the unbounded
+  left side as ``max_seqlen_k``, which skips that path and is turned back into -1 right after it
+  (L608);
+* FA2 turns a window side ≥ seqlen_k into -1 and then, facing a bounded side, into seqlen_k
+  (L608-609, L141-142): a right window ≥ the longest key sequence that still binds (a sequence
+  with more than max_seqlen_k + 1 queries) is refused (`fa2_window_reason`);
+* FA3 checks ``head_dim % 8 == 0`` and does not pad: other head dims are refused.
 
 FlashAttention 4 (`lcab.kernels.fa4`) reuses `PreparedFlash`: same lowering and LSE layouts, a
 different way of asking for the LSE and of spelling an unbounded window side.
@@ -39,6 +55,7 @@ from typing import Any, ClassVar
 import torch
 from typing_extensions import override
 
+from lcab.kernels import flash_backward
 from lcab.kernels.base import (
     Kernel,
     KernelCaps,
@@ -50,8 +67,14 @@ from lcab.kernels.base import (
 from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.masks.core import AttnMask
-from lcab.masks.lowering import to_varlen
+from lcab.masks.lowering import VarlenArgs, to_varlen, varlen_reason
+from lcab.masks.lowering.varlen import varlen_row_intervals
+
+#: A library's backward from merged statistics bound to a lowered call: (prepared, dout, q, k,
+#: v, out, lse) → (dq, dk, dv), packed tensors.
+StatsBackward = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 #: Keywords the adapter passes to both calls (FA2 and FA3 spell them the same).
 CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_attn_probs")
@@ -81,10 +104,12 @@ class PreparedFlash(PreparedAttention):
         problem: Problem,
         dense_fn: Callable[..., Any],
         varlen_fn: Callable[..., Any],
+        stats_backward: StatsBackward | None = None,
     ) -> None:
         args = to_varlen(mask)
         self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
-        left, right = args.window_size
+        self.stats_backward = stats_backward
+        left, right = self.unswapped(args, problem)
         self.kwargs: dict[str, Any] = {
             "softmax_scale": problem.head_dim**-0.5,
             "causal": bool(args.causal),
@@ -107,6 +132,30 @@ class PreparedFlash(PreparedAttention):
     def window(left: int, right: int) -> tuple[int | None, int | None]:
         """The library's ``window_size`` for the lowering's (left, right), -1 = unbounded."""
         return left, right
+
+    def unswapped(self, args: VarlenArgs, problem: Problem) -> tuple[int, int]:
+        """The lowering's window, as the library must be given it (FA2 overrides)."""
+        return args.window_size
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gradients of this block under the merged (out, lse): the library's own backward.
+
+        FA4 differentiates its LSE (`lse_grad`) and takes the generic route; FA2 and FA3 call
+        their private backward with the merged statistics (`lcab.kernels.flash_backward`).
+        """
+        if self.lse_grad:
+            return super().backward(dout, q, k, v, out, lse)
+        if self.stats_backward is None:
+            raise NotImplementedError(f"{self.library}: no backward from merged statistics")
+        return self.stats_backward(self, dout, q, k, v, out, lse)
 
     @staticmethod
     def _cu(values: Any, device: torch.device) -> torch.Tensor:
@@ -138,14 +187,78 @@ class PreparedFlash(PreparedAttention):
         )
 
 
+class PreparedFA2(PreparedFlash):
+    """FA2's call: the lowering's window, minus the path that breaks key-only sequences."""
+
+    library: ClassVar[str] = "FlashAttention 2"
+    follows: ClassVar[str] = "flash-attn 2.8.3"
+
+    @override
+    def unswapped(self, args: VarlenArgs, problem: Problem) -> tuple[int, int]:
+        """Left spelled ``max_seqlen_k`` where FA2 would take its swapped GQA path.
+
+        ``mha_varlen_fwd`` checks ``max_seqlen_q == 1 && Hq > Hkv && left < 0 && right < 0``
+        before it turns a side ≥ ``max_seqlen_k`` into -1 (``flash_api.cpp`` L592, L608), so
+        this spelling means the same window and keeps the ordinary path.
+        """
+        left, right = args.window_size
+        swapped = (
+            not args.is_single_sequence
+            and args.max_seqlen_q == 1
+            and problem.heads_q > problem.heads_kv
+            and left < 0
+            and right < 0
+        )
+        return (args.max_seqlen_k, right) if swapped else (left, right)
+
+
+def fa2_window_reason(mask: AttnMask) -> str | None:
+    """Why FA2's window rule would attend other keys than ``mask`` (None: the same keys).
+
+    FA2 turns a side ≥ seqlen_k (max_seqlen_k for varlen) into -1 and then an unbounded side
+    that faces a bounded one into seqlen_k (``flash_api.cpp`` L399-400, L608-609, L141-142);
+    the lowering assumes a side is unbounded only from ``max_seqlen_q - 1`` on.
+    """
+    if varlen_reason(mask) is not None:
+        return None  # refused as not expressible already
+    args = to_varlen(mask)
+    longest_k = args.max_seqlen_k
+    left, right = args.window_size
+    left = -1 if left >= longest_k else left
+    right = 0 if args.causal else (-1 if right >= longest_k else right)
+    if left < 0 <= right:
+        left = longest_k
+    if left >= 0 > right:
+        right = longest_k
+    applied = VarlenArgs(
+        args.cu_seqlens_q,
+        args.cu_seqlens_k,
+        args.max_seqlen_q,
+        longest_k,
+        args.causal,
+        (left, right),
+    )
+    want = varlen_row_intervals(args, mask.seqlen_q)
+    got = varlen_row_intervals(applied, mask.seqlen_q)
+    differs = (want[0] != got[0]) | (want[1] != got[1])
+    if not differs.any():
+        return None
+    row = int(differs.argmax())
+    return (
+        f"FA2 applies window_size {args.window_size} as {(left, right)} "
+        f"(a side >= max_seqlen_k={longest_k} is cut to it), which changes query row {row}"
+    )
+
+
 def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:
-    """CUDA fwd + bwd in fp16/bf16, head dim ≤ 256, native GQA, LSE returned."""
+    """CUDA fwd + bwd in fp16/bf16, head dim ≤ 256, native GQA, LSE, backward from statistics."""
     return cuda_adapter_caps(
         "varlen",
         max_head_dim=256,
         package=package,
         pip_name=pip_name,
         min_compute_capability=sm,
+        stats_backward=True,
     )
 
 
@@ -156,19 +269,50 @@ def _needs() -> tuple[ApiNeed, ...]:
     )
 
 
+def _module_or_none(name: str) -> Any:
+    """``name`` imported, or None when it is missing or fails to import (a reason elsewhere)."""
+    try:
+        return importlib.import_module(name)
+    except Exception:  # a CUDA extension built for another torch raises all sorts
+        return None
+
+
 class _FlashAttnKernel(Kernel):
     """Shared by FA2 and FA3: same keywords, same lowering, same LSE layouts."""
 
     probe: ClassVar[PackageProbe]
+    prepared_cls: ClassVar[type[PreparedFlash]] = PreparedFlash
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
         return probe_reasons(self.probe, problem.device)
 
+    def library_backward(self) -> StatsBackward | None:
+        """The installed library's backward from merged statistics (None: not found)."""
+        return None
+
+    def library_backward_reasons(self) -> list[str]:
+        """Why the installed library offers no backward lcab can call (empty: it does)."""
+        return []
+
+    @override
+    def stats_backward_reasons(self, problem: Problem) -> list[str]:
+        reasons = super().stats_backward_reasons(problem)
+        would_run = problem.device.type == "cuda" and cuda_present()
+        if reasons or not would_run or self.environment_reasons(problem.device):
+            return reasons
+        return self.library_backward_reasons()
+
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
-        return PreparedFlash(mask, problem, module.flash_attn_func, module.flash_attn_varlen_func)
+        return self.prepared_cls(
+            mask,
+            problem,
+            module.flash_attn_func,
+            module.flash_attn_varlen_func,
+            self.library_backward(),
+        )
 
 
 @register_kernel
@@ -178,6 +322,7 @@ class FA2Kernel(_FlashAttnKernel):
     name = "fa2"
     summary = "FlashAttention 2 (flash_attn), varlen + window"
     caps = _fa_caps("flash_attn", "flash-attn", (8, 0))
+    prepared_cls = PreparedFA2
     probe = PackageProbe(
         module="flash_attn",
         distributions=("flash-attn", "flash_attn"),
@@ -185,6 +330,41 @@ class FA2Kernel(_FlashAttnKernel):
         min_version="2.8",
         requirement=">= 2.8",
     )
+    rows = (fa_table.FA2_BACKWARD, fa_table.FA2_VARLEN_BACKWARD)
+
+    @override
+    def not_supported_reasons(
+        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
+    ) -> list[str]:
+        reasons = super().not_supported_reasons(problem, mask, pass_)
+        why = fa2_window_reason(mask) if mask is not None and mask.num_heads == 1 else None
+        return reasons + ([why] if why else [])
+
+    @override
+    def library_backward(self) -> StatsBackward | None:
+        module = _module_or_none(fa_table.FA2_BACKWARD.module)
+        if module is None or self.library_backward_reasons():
+            return None
+        functions = {row.name: getattr(module, row.name) for row in self.rows}
+
+        def call(prepared: PreparedFlash, *tensors: torch.Tensor) -> flash_backward.Grads:
+            return flash_backward.fa2_backward(
+                functions, prepared.kwargs, prepared.varlen, *tensors
+            )
+
+        return call
+
+    @override
+    def library_backward_reasons(self) -> list[str]:
+        module = _module_or_none(fa_table.FA2_BACKWARD.module)
+        if module is None:
+            return [f"{fa_table.FA2_BACKWARD.module} does not import"]
+        return [
+            f"flash_attn has no {row.name} with the parameters of flash-attn 2.8.3 "
+            f"({', '.join(row.params)})"
+            for row in self.rows
+            if not flash_backward.takes(getattr(module, row.name, None), row)
+        ]
 
 
 @register_kernel
@@ -203,12 +383,15 @@ class FA3Kernel(_FlashAttnKernel):
         distributions=("flash_attn_3", "flash-attn-3"),
         needs=_needs(),
         min_version="3.0",
-        requirement="a hopper build from July 2025 or later, whose calls take return_attn_probs",
+        requirement="a hopper build from 2025-08-29 (203b9b3d) or later, whose calls take "
+        "return_attn_probs",
     )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
         reasons = super().extra_reasons(problem, pass_)
+        if problem.head_dim % 8:  # hopper flash_api.cpp L854-855: checked, never padded
+            reasons.append(f"FA3 takes head dims in multiples of 8, not {problem.head_dim}")
         if problem.device.type == "cuda" and cuda_present():
             major, minor = torch.cuda.get_device_capability(problem.device)
             if major != 9:  # sm_90a code runs on Hopper only, not on later architectures
@@ -216,3 +399,31 @@ class FA3Kernel(_FlashAttnKernel):
                     f"FA3's hopper build has sm_90a kernels only (this GPU is sm_{major}{minor})"
                 )
         return reasons
+
+    @override
+    def library_backward(self) -> StatsBackward | None:
+        module = _module_or_none(self.probe.module)
+        fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
+        row = flash_backward.fa3_generation(fn) if fn is not None else None
+        if fn is None or row is None:
+            return None
+
+        def call(prepared: PreparedFlash, *tensors: torch.Tensor) -> flash_backward.Grads:
+            assert fn is not None and row is not None
+            return flash_backward.fa3_backward(fn, row, prepared.kwargs, prepared.varlen, *tensors)
+
+        return call
+
+    @override
+    def library_backward_reasons(self) -> list[str]:
+        module = _module_or_none(self.probe.module)
+        fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
+        if fn is not None and flash_backward.fa3_generation(fn) is not None:
+            return []
+        rows = (fa_table.FA3_BACKWARD, fa_table.FA3_BACKWARD_AUG_2025)
+        known = "; ".join(f"{row.source.split(':')[0]}: {', '.join(row.params)}" for row in rows)
+        found = "none" if fn is None else ", ".join(flash_backward.parameters(fn))
+        return [
+            f"flash_attn_interface._flash_attn_backward has parameters ({found}), neither "
+            f"generation lcab calls ({known})"
+        ]

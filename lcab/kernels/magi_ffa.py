@@ -20,9 +20,13 @@ lcab does not pass). ``max_seqlen_q`` stays at its default (None): its exact mea
 not documented beyond "optional", so lcab does not guess it.
 
 LSE: ``meta.lse`` is natural log, float32, (total_q, Hq) → transposed to lcab's (Hq, Sq) by
-`lse_to_lcab` (any other shape is an error). Its value on rows attending no key is undocumented,
-so the adapter sets lcab's convention (out 0, lse -inf) from the mask. The LSE is not
-differentiable; the backward is autograd through ``out`` (``stats_backward=False``).
+`lse_to_lcab` (any other shape is an error); FFA fills it with -inf before the kernel runs, and
+the adapter sets lcab's convention (out 0, lse -inf) from the mask anyway. FFA's backward ignores
+the LSE's gradient, so a single-device backward is autograd through ``out``, and the backward
+from merged statistics that ring-style CP needs is ``_flex_flash_attn_backward`` with the merged
+(out, lse), as MagiAttention's own ``dist_attn.py`` calls it per stage
+(`lcab.kernels.flash_backward.ffa_backward`). Every function and fact here is a row of
+`lcab.kernels.upstream.magi_ffa` (v1.1.1, with file and lines).
 """
 
 from __future__ import annotations
@@ -42,9 +46,11 @@ from lcab.kernels.base import (
     empty_rows,
     lse_dtype,
 )
+from lcab.kernels.flash_backward import ffa_backward, takes
 from lcab.kernels.library_results import to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream.magi_ffa import FFA_BACKWARD
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import to_ffa
 
@@ -74,10 +80,17 @@ class _PreparedFFA(PreparedAttention):
 
     layout = "shd"
 
-    def __init__(self, mask: AttnMask, problem: Problem, fn: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        mask: AttnMask,
+        problem: Problem,
+        fn: Callable[..., Any],
+        backward_fn: Callable[..., Any] | None = None,
+    ) -> None:
         args = to_ffa(mask)
         device = problem.device
         self.fn = fn
+        self.backward_fn = backward_fn
         self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
         self.kwargs: dict[str, Any] = {
             "q_ranges": torch.from_numpy(args.q_ranges).to(device).contiguous(),
@@ -108,6 +121,25 @@ class _PreparedFFA(PreparedAttention):
             follows=FOLLOWS,
         )
 
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gradients of this block under the merged (out, lse): FFA's own backward kernel."""
+        if self.no_slices:
+            return q * 0, k * 0, v * 0
+        if self.backward_fn is None:
+            raise NotImplementedError(
+                f"FFA: no {FFA_BACKWARD.name} in {FFA_BACKWARD.module}, so no backward from "
+                "merged softmax statistics"
+            )
+        return ffa_backward(self.backward_fn, self.kwargs, dout, q, k, v, out, lse)
+
 
 @register_kernel
 class FFAKernel(Kernel):
@@ -121,6 +153,7 @@ class FFAKernel(Kernel):
         package="magi_attention",
         pip_name="magi_attention (source build, Hopper/Blackwell)",
         min_compute_capability=(9, 0),
+        stats_backward=True,
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
         module="magi_attention.functional",
@@ -147,4 +180,25 @@ class FFAKernel(Kernel):
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
-        return _PreparedFFA(mask, problem, module.flex_flash_attn_func)
+        return _PreparedFFA(mask, problem, module.flex_flash_attn_func, self._backward_fn())
+
+    def _backward_fn(self) -> Callable[..., Any] | None:
+        """The installed ``_flex_flash_attn_backward`` when its parameters are v1.1.1's."""
+        try:
+            module = importlib.import_module(FFA_BACKWARD.module)
+        except Exception:  # a CUDA extension built for another torch raises all sorts
+            return None
+        fn = getattr(module, FFA_BACKWARD.name, None)
+        return fn if takes(fn, FFA_BACKWARD) else None
+
+    @override
+    def stats_backward_reasons(self, problem: Problem) -> list[str]:
+        would_run = problem.device.type == "cuda" and cuda_present()
+        if not would_run or self.environment_reasons(problem.device):
+            return []
+        if self._backward_fn() is not None:
+            return []
+        return [
+            f"{FFA_BACKWARD.module} has no {FFA_BACKWARD.name} with the parameters of "
+            f"MagiAttention v1.1.1 ({', '.join(FFA_BACKWARD.params)})"
+        ]

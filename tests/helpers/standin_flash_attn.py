@@ -1,16 +1,25 @@
 """Stand-ins for ``flash_attn`` (2.8) and ``flash_attn_interface`` (FA3 hopper) in plain torch.
 
-They implement the *documented* signatures and semantics (gpu_kernels.md §1.1, §1.2, §3.1,
-§3.2), not lcab's lowering, so lcab's adapters can be contract-tested on CPU (never
-GPU-verified):
+Their signatures are the rows of `lcab.kernels.upstream.flash_attn` (`from_row`), held to
+flash-attn's own source by ``tests/unit/test_upstream_flash_attn.py``; their semantics are the
+libraries' (gpu_kernels.md §1.1, §1.2, §3.1, §3.2, and FA2's ``flash_api.cpp`` window and
+swapped-GQA rules), not lcab's lowering, so lcab's adapters can be contract-tested on CPU
+(never GPU-verified):
 
 * emulator of the mask: sequence b owns query rows ``cu_q[b]:cu_q[b+1]`` (sq) and key columns
   ``cu_k[b]:cu_k[b+1]`` (sk); local query i sees local key j iff
   ``i + sk - sq - left <= j <= i + sk - sq + right`` (bottom-right aligned diagonal), with
   -1 = unbounded side and ``causal=True`` meaning right = 0; no key of another sequence;
+* FA2 first rewrites the window as ``flash_api.cpp`` does (a side ≥ seqlen_k → -1, then an
+  unbounded side facing a bounded one → seqlen_k; `fa2_applied_window`), and its varlen call
+  takes the swapped GQA path of L592 (LSE (Hq, batch); q reshaped as one query per sequence,
+  which fails when a sequence has none);
 * softmax attention under that mask, any float dtype (float64 for exact comparisons), GQA by
-  query groups (Hq % Hkv == 0), autograd through ``out``; the LSE is detached (the libraries'
-  LSE is not differentiable);
+  query groups (Hq % Hkv == 0), autograd through ``out``; the LSE requires grad as on a GPU
+  but its gradient is dropped, as the libraries' backward drops it;
+* the private backwards (FA2 ``_flash_attn_backward`` / ``_flash_attn_varlen_backward``, FA3's
+  two generations of ``_flash_attn_backward``) fill the preallocated dq/dk/dv from the given
+  out and LSE with FlashAttention's backward algorithm (`standin_rows.flash_backward_math`);
 * returns as documented: FA2 ``(out, lse, S_dmask)`` and FA3 ``(out, lse)`` with
   ``return_attn_probs=True``, else ``out``; LSE natural log in (B, H, Sq) for the dense call and
   (H, total_q) for varlen; fully masked rows: out 0 and LSE +inf (FA2) or -inf (FA3). The LSE
@@ -28,6 +37,9 @@ import types
 from typing import Any
 
 import torch
+
+from lcab.kernels.upstream import flash_attn as table
+from tests.helpers.standin_rows import flash_backward_math, from_row, looks_differentiable
 
 CALLS: list[dict[str, Any]] = []
 
@@ -59,6 +71,19 @@ def varlen_allowed(
         q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
         out[q0:q1, k0:k1] = window_allowed(q1 - q0, k1 - k0, causal, window_size)
     return out
+
+
+def fa2_applied_window(left: int, right: int, causal: bool, seqlen_k: int) -> tuple[int, int]:
+    """The window FA2's kernel applies (``flash_api.cpp`` L399-404/L586-609, L141-142)."""
+    if causal:
+        right = 0
+    left = -1 if left >= seqlen_k else left
+    right = -1 if right >= seqlen_k else right
+    if left < 0 <= right:
+        left = seqlen_k
+    if left >= 0 > right:
+        right = seqlen_k
+    return left, right
 
 
 def allowed_of_call(call: dict[str, Any], seqlen_q: int, seqlen_k: int) -> torch.Tensor:
@@ -100,6 +125,8 @@ def _dense(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_qkv(q, k, v, 4)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if fn_name == "fa2":
+        window_size = fa2_applied_window(*window_size, causal, k.shape[1])
     allowed = window_allowed(q.shape[1], k.shape[1], causal, tuple(window_size))
     outs, lses = [], []
     for b in range(q.shape[0]):
@@ -130,6 +157,14 @@ def _varlen(
         assert isinstance(longest, int) and longest >= int(cu.diff().max())
     assert len(cu_q) == len(cu_k)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    swapped = False
+    if fn_name == "fa2":
+        left, right = window_size[0], 0 if causal else window_size[1]
+        swapped = max_q == 1 and q.shape[1] > k.shape[1] and left < 0 and right < 0
+        assert not swapped or q.shape[0] == len(cu_q) - 1, (
+            "FA2's swapped GQA path reshapes q as one query per sequence (flash_api.cpp L595)"
+        )
+        window_size = fa2_applied_window(*window_size, causal, max_k)
     allowed = varlen_allowed(cu_q, cu_k, causal, tuple(window_size))
     out, lse, empty = _attend(q, k, v, allowed, scale)
     lse = lse.masked_fill(empty[None], empty_lse)  # (H, total_q)
@@ -154,26 +189,25 @@ def _varlen(
 
 
 # ----------------------------------------------------------------------------- FA2 (2.8 API)
-def fa2_flash_attn_func(
-    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-):  # fmt: skip
-    assert dropout_p == 0.0 and softcap == 0.0 and alibi_slopes is None
-    out, lse = _dense(q, k, v, softmax_scale, causal, window_size, float("inf"), "fa2")
-    return (out, lse, torch.empty(0)) if return_attn_probs else out
+def _fa2_call(a: dict[str, Any]) -> Any:
+    assert a["dropout_p"] == 0.0 and a["softcap"] == 0.0 and a["alibi_slopes"] is None
+    q, k, v = a["q"], a["k"], a["v"]
+    if "cu_seqlens_q" in a:
+        assert a["block_table"] is None
+        out, lse = _varlen(
+            q, k, v, a["cu_seqlens_q"], a["cu_seqlens_k"], a["max_seqlen_q"], a["max_seqlen_k"],
+            a["softmax_scale"], a["causal"], a["window_size"], float("inf"), "fa2",
+        )  # fmt: skip
+    else:
+        out, lse = _dense(
+            q, k, v, a["softmax_scale"], a["causal"], a["window_size"], float("inf"), "fa2"
+        )
+    lse = looks_differentiable(lse, q, k, v)
+    return (out, lse, torch.empty(0)) if a["return_attn_probs"] else out
 
 
-def fa2_flash_attn_varlen_func(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, block_table=None,
-):  # fmt: skip
-    assert dropout_p == 0.0 and softcap == 0.0 and alibi_slopes is None and block_table is None
-    out, lse = _varlen(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-        window_size, float("inf"), "fa2",
-    )  # fmt: skip
-    return (out, lse, torch.empty(0)) if return_attn_probs else out
+fa2_flash_attn_func = from_row(table.FA2_FUNC, _fa2_call)
+fa2_flash_attn_varlen_func = from_row(table.FA2_VARLEN_FUNC, _fa2_call)
 
 
 def fa2_varlen_without_window(
@@ -184,29 +218,89 @@ def fa2_varlen_without_window(
     raise AssertionError("the probe must refuse this version before any call")
 
 
+def _fill(a: dict[str, Any], grads: tuple[torch.Tensor, ...], batched: bool) -> None:
+    """Write grads into the preallocated dq, dk, dv (the ops mutate them)."""
+    for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
+        target = a[name]
+        assert isinstance(target, torch.Tensor) and target.shape[-1] == grad.shape[-1]
+        (target[0] if batched else target).copy_(grad)
+
+
+def _backward_of(a: dict[str, Any], window: tuple[int, int], causal: bool, library: str) -> None:
+    """Shared by every private backward: check the inputs as the kernels do, fill dq/dk/dv."""
+    q, k, v, out, dout, lse = a["q"], a["k"], a["v"], a["out"], a["dout"], a["softmax_lse"]
+    assert q.shape[-1] % 8 == 0, "head_size should be a multiple of 8 (flash_api.cpp L829)"
+    assert lse.dtype in (torch.float32, torch.float64) and lse.is_contiguous()
+    scale = a["softmax_scale"]
+    if a.get("cu_seqlens_q") is not None:
+        cu_q, cu_k = a["cu_seqlens_q"], a["cu_seqlens_k"]
+        assert lse.shape == (q.shape[1], q.shape[0]), "varlen LSE is (H, total_q)"
+        if library == "fa2":
+            window = fa2_applied_window(*window, causal, a["max_seqlen_k"])
+        allowed = varlen_allowed(cu_q, cu_k, causal, window)
+        grads = flash_backward_math(dout, q, k, v, out, lse, allowed, scale)
+        _fill(a, grads, batched=False)
+        return
+    assert q.shape[0] == 1 and lse.shape == (1, q.shape[2], q.shape[1]), "dense LSE is (B, H, Sq)"
+    if library == "fa2":
+        window = fa2_applied_window(*window, causal, k.shape[1])
+    allowed = window_allowed(q.shape[1], k.shape[1], causal, window)
+    grads = flash_backward_math(dout[0], q[0], k[0], v[0], out[0], lse[0], allowed, scale)
+    _fill(a, grads, batched=True)
+
+
+def _fa2_backward(a: dict[str, Any]) -> torch.Tensor:
+    assert a["dropout_p"] == 0.0 and a["alibi_slopes"] is None and a["softcap"] == 0.0
+    window = (a["window_size_left"], a["window_size_right"])
+    _backward_of(a, window, a["causal"], "fa2")
+    CALLS.append({"fn": "backward", "api": "fa2", "kwargs": dict(a)})
+    return torch.empty(0)  # softmax_d, unused by callers
+
+
+fa2_flash_attn_backward = from_row(table.FA2_BACKWARD, _fa2_backward)
+fa2_flash_attn_varlen_backward = from_row(table.FA2_VARLEN_BACKWARD, _fa2_backward)
+
+
 # ----------------------------------------------------------------------------- FA3 (hopper)
-def fa3_flash_attn_func(
-    q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
-    v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
-    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False,
-):  # fmt: skip
-    assert qv is None and attention_chunk == 0 and softcap == 0.0
-    out, lse = _dense(q, k, v, softmax_scale, causal, window_size, float("-inf"), "fa3")
-    return (out, lse) if return_attn_probs else out
+def _fa3_call(a: dict[str, Any]) -> Any:
+    assert a["qv"] is None and a["attention_chunk"] == 0 and a["softcap"] == 0.0
+    assert a["q"].shape[-1] % 8 == 0, "head_size should be a multiple of 8 (flash_api.cpp L855)"
+    q, k, v = a["q"], a["k"], a["v"]
+    if "cu_seqlens_q" in a:
+        assert a["seqused_q"] is None and a["seqused_k"] is None
+        out, lse = _varlen(
+            q, k, v, a["cu_seqlens_q"], a["cu_seqlens_k"], a["max_seqlen_q"], a["max_seqlen_k"],
+            a["softmax_scale"], a["causal"], a["window_size"], float("-inf"), "fa3",
+        )  # fmt: skip
+    else:
+        out, lse = _dense(
+            q, k, v, a["softmax_scale"], a["causal"], a["window_size"], float("-inf"), "fa3"
+        )
+    lse = looks_differentiable(lse, q, k, v)
+    return (out, lse) if a["return_attn_probs"] else out
 
 
-def fa3_flash_attn_varlen_func(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
-    seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
-    v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
-    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False,
-):  # fmt: skip
-    assert seqused_q is None and seqused_k is None and qv is None and attention_chunk == 0
-    out, lse = _varlen(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-        window_size, float("-inf"), "fa3",
-    )  # fmt: skip
-    return (out, lse) if return_attn_probs else out
+fa3_flash_attn_func = from_row(table.FA3_FUNC, _fa3_call)
+fa3_flash_attn_varlen_func = from_row(table.FA3_VARLEN_FUNC, _fa3_call)
+
+
+def _fa3_backward(a: dict[str, Any]) -> torch.Tensor:
+    assert a["sequed_q"] is None and a["sequed_k"] is None and a["softcap"] == 0.0
+    window = (a["window_size_left"], a["window_size_right"])
+    _backward_of(a, window, a["is_causal"], "fa3")
+    CALLS.append({"fn": "backward", "api": "fa3", "kwargs": dict(a)})
+    return torch.empty(0)
+
+
+def _fa3_backward_aug_2025(a: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    assert a["sequed_q"] is None and a["sequed_k"] is None and a["softcap"] == 0.0
+    _backward_of(a, tuple(a["window_size"]), a["causal"], "fa3")
+    CALLS.append({"fn": "backward", "api": "fa3-2025-08", "kwargs": dict(a)})
+    return a["dq"], a["dk"], a["dv"], torch.empty(0)
+
+
+fa3_flash_attn_backward = from_row(table.FA3_BACKWARD, _fa3_backward)
+fa3_flash_attn_backward_aug_2025 = from_row(table.FA3_BACKWARD_AUG_2025, _fa3_backward_aug_2025)
 
 
 def fa3_flash_attn_func_before_july_2025(
@@ -214,7 +308,7 @@ def fa3_flash_attn_func_before_july_2025(
     v_descale=None, window_size=(-1, -1), softcap=0.0, num_splits=1, pack_gqa=None,
     deterministic=False, sm_margin=0,
 ):  # fmt: skip
-    """An FA3 build from before July 2025: always (out, lse), no return_attn_probs."""
+    """An FA3 build from before 203b9b3d (2025-08-29): always (out, lse), no return_attn_probs."""
     raise AssertionError("the probe must refuse this build before any call")
 
 
@@ -228,22 +322,39 @@ def module(name: str, **functions: Any) -> types.ModuleType:
     return mod
 
 
-def fa2_module(**overrides: Any) -> types.ModuleType:
-    """Stand-in ``flash_attn`` (2.8 API); ``overrides`` replace functions."""
-    fns = {
+def fa2_modules(**overrides: Any) -> dict[str, types.ModuleType]:
+    """Stand-ins ``flash_attn`` (2.8 API) and ``flash_attn.flash_attn_interface``, by name."""
+    public = {
         "flash_attn_func": fa2_flash_attn_func,
         "flash_attn_varlen_func": fa2_flash_attn_varlen_func,
     }
-    return module("flash_attn", **(fns | overrides))
+    private = {
+        "_flash_attn_backward": fa2_flash_attn_backward,
+        "_flash_attn_varlen_backward": fa2_flash_attn_varlen_backward,
+    }
+    interface = module("flash_attn.flash_attn_interface", **(public | private | overrides))
+    parent = module("flash_attn", flash_attn_interface=interface, **(public | overrides))
+    return {"flash_attn": parent, "flash_attn.flash_attn_interface": interface}
 
 
-def fa3_module(**overrides: Any) -> types.ModuleType:
-    """Stand-in ``flash_attn_interface`` (FA3 hopper, July 2025+ API)."""
+def fa3_modules(**overrides: Any) -> dict[str, types.ModuleType]:
+    """Stand-in ``flash_attn_interface`` (FA3 hopper at 0251105a; 203b9b3d by override)."""
     fns = {
         "flash_attn_func": fa3_flash_attn_func,
         "flash_attn_varlen_func": fa3_flash_attn_varlen_func,
+        "_flash_attn_backward": fa3_flash_attn_backward,
     }
-    return module("flash_attn_interface", **(fns | overrides))
+    return {"flash_attn_interface": module("flash_attn_interface", **(fns | overrides))}
 
 
-STANDINS = {"fa2": ("flash_attn", fa2_module), "fa3": ("flash_attn_interface", fa3_module)}
+def fa2_module(**overrides: Any) -> types.ModuleType:
+    """Stand-in ``flash_attn`` alone (for probes that import only the top module)."""
+    return fa2_modules(**overrides)["flash_attn"]
+
+
+def fa3_module(**overrides: Any) -> types.ModuleType:
+    """Stand-in ``flash_attn_interface``."""
+    return fa3_modules(**overrides)["flash_attn_interface"]
+
+
+STANDINS = {"fa2": fa2_modules, "fa3": fa3_modules}

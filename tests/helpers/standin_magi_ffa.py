@@ -1,7 +1,8 @@
 """Stand-in for ``magi_attention.functional`` (MagiAttention v1.1 FFA) in plain torch.
 
-It implements the *documented* signature and semantics (gpu_kernels.md §3.7), not lcab's
-lowering, so lcab's adapter can be contract-tested on CPU (never GPU-verified):
+Its signatures are the rows of `lcab.kernels.upstream.magi_ffa` (v1.1.1, built by `from_row`);
+its semantics are FFA's (gpu_kernels.md §3.7, ``flex_flash_attn.py``), not lcab's lowering, so
+lcab's adapter can be contract-tested on CPU (never GPU-verified):
 
 * emulator of the mask: slice s covers query rows ``q_ranges[s]`` (m rows) and key columns
   ``k_ranges[s]`` (n columns); local row i sees local column j under ``attn_type_map[s]``:
@@ -12,7 +13,11 @@ lowering, so lcab's adapter can be contract-tested on CPU (never GPU-verified):
   multiplicity (``log(count)`` added to the scores), so an adapter that passed overlapping
   slices would fail the contract test rather than pass by luck;
 * softmax attention, any float dtype (float64 for exact comparisons), GQA by query groups,
-  autograd through ``out``; the LSE is detached (FFA's is not differentiable);
+  autograd through ``out``; the LSE requires grad as on a GPU, its gradient dropped as
+  ``FlexFlashAttnFunc.backward`` drops it;
+* ``_flex_flash_attn_backward`` computes dq/dk/dv from the given out and LSE (total_q, Hq)
+  with FlashAttention's backward algorithm over the same covered pairs, allocating them in
+  ``dq/dk/dv_type`` as v1.1.1 does when given None;
 * returns ``(out, meta)`` with ``meta.lse`` natural log, (total_q, Hq), float32 for 16/32-bit
   inputs (float64 for float64 inputs, so the contract test can be exact). The value on rows
   attending no key is undocumented (-inf here by default; ``EMPTY_LSE`` changes it).
@@ -28,7 +33,9 @@ from typing import Any
 
 import torch
 
+from lcab.kernels.upstream import magi_ffa as table
 from tests.helpers.standin_flash_attn import module
+from tests.helpers.standin_rows import flash_backward_math, from_row, looks_differentiable
 
 CALLS: list[dict[str, Any]] = []
 EMPTY_LSE = {"value": float("-inf")}
@@ -75,15 +82,13 @@ def _check_ranges(ranges: torch.Tensor, total: int, q: torch.Tensor) -> None:
     assert bool((ranges[:, 0] < ranges[:, 1]).all()), "empty range"
 
 
-def flex_flash_attn_func(
-    q, k, v, q_ranges=None, k_ranges=None, attn_type_map=None, *, sink=None,
-    softmax_scale=None, softcap=0.0, deterministic=False, sm_margin=0,
-    disable_fwd_atomic_reduction=False, disable_bwd_dkv_atomic_reduction=False,
-    max_seqlen_q=None, auto_range_merge=False, pack_gqa=False, cat_gqa=False,
-    sparse_load=False, swap_ab=False, ref_block_size=None, return_max_logits=False,
-):  # fmt: skip
-    """v1.1's ``flex_flash_attn_func``: q (total_q, Hq, D), k/v (total_k, Hkv, D)."""
-    assert sink is None and softcap == 0.0 and not disable_fwd_atomic_reduction
+def _ffa_call(a: dict[str, Any]) -> tuple[torch.Tensor, types.SimpleNamespace]:
+    """v1.1.1's ``flex_flash_attn_func``: q (total_q, Hq, D), k/v (total_k, Hkv, D)."""
+    q, k, v = a["q"], a["k"], a["v"]
+    q_ranges, k_ranges, attn_type_map = a["q_ranges"], a["k_ranges"], a["attn_type_map"]
+    softmax_scale = a["softmax_scale"]
+    assert a["sink"] is None and a["softcap"] == 0.0 and not a["disable_fwd_atomic_reduction"]
+    assert a["index_attn_indices"] is None and not a["index_attn"]
     assert q.dim() == k.dim() == v.dim() == 3 and k.shape == v.shape
     assert q.shape[-1] == k.shape[-1] and q.shape[1] % k.shape[1] == 0
     _check_ranges(q_ranges, q.shape[0], q)
@@ -105,6 +110,7 @@ def flex_flash_attn_func(
     out = torch.einsum("hqk,khd->qhd", probs, vv)
     lse = lse.detach().masked_fill(empty[None], EMPTY_LSE["value"])
     lse = lse.t().contiguous().to(torch.promote_types(q.dtype, torch.float32))  # (total_q, Hq)
+    lse = looks_differentiable(lse, q, k, v)
     CALLS.append(
         {
             "kwargs": {
@@ -117,6 +123,32 @@ def flex_flash_attn_func(
         }
     )
     return out, types.SimpleNamespace(lse=lse, max_logits=None)
+
+
+flex_flash_attn_func = from_row(table.FFA_FUNC, _ffa_call)
+
+
+def _ffa_backward(a: dict[str, Any]) -> tuple[Any, ...]:
+    """v1.1.1's ``_flex_flash_attn_backward`` (dq/dk/dv given as None: allocated here)."""
+    q, k, v, out, dout, lse = a["q"], a["k"], a["v"], a["out"], a["dout"], a["lse"]
+    assert a["sink"] is None and a["dsink"] is None and a["softcap"] == 0.0
+    assert not a["disable_bwd_dkv_atomic_reduction"] and not a["auto_range_merge"]
+    assert lse.shape == (q.shape[0], q.shape[1]) and lse.is_contiguous(), "LSE is (total_q, Hq)"
+    for name in ("q_ranges", "k_ranges"):
+        _check_ranges(a[name], (q if name == "q_ranges" else k).shape[0], q)
+    count = coverage(a["q_ranges"], a["k_ranges"], a["attn_type_map"], q.shape[0], k.shape[0])
+    grads = flash_backward_math(dout, q, k, v, out, lse.t(), count, a["softmax_scale"])
+    result = []
+    for name, grad, like in zip(("dq", "dk", "dv"), grads, (q, k, v), strict=True):
+        kind = a[f"{name}_type"] or torch.float32
+        given = a[name]
+        target = torch.zeros_like(like, dtype=kind) if given is None else given
+        result.append(target.add_(grad.to(target.dtype)))  # FFA accumulates into given buffers
+    CALLS.append({"fn": "backward", "kwargs": dict(a)})
+    return (*result, None)
+
+
+flex_flash_attn_backward = from_row(table.FFA_BACKWARD, _ffa_backward)
 
 
 def flex_flash_attn_func_before_v1_1(
@@ -134,11 +166,28 @@ def returning_lse_tensor(q, k, v, q_ranges=None, k_ranges=None, attn_type_map=No
     return out, meta.lse
 
 
+def backward_before_v1_1(dout, q, k, v, out, lse, dq, dk, dv, q_ranges, k_ranges, **kw):
+    """A private backward of another generation (no sink, different order)."""
+    raise AssertionError("lcab must not call a backward whose parameters it does not know")
+
+
 # ----------------------------------------------------------------------------- modules
 def modules(**overrides: Any) -> dict[str, types.ModuleType]:
     """Stand-ins for ``magi_attention`` and ``magi_attention.functional``, by name."""
+    backward = overrides.pop("_flex_flash_attn_backward", flex_flash_attn_backward)
+    private = module(
+        "magi_attention.functional.flex_flash_attn",
+        flex_flash_attn_func=flex_flash_attn_func,
+        _flex_flash_attn_backward=backward,
+    )
     functional = module(
-        "magi_attention.functional", **({"flex_flash_attn_func": flex_flash_attn_func} | overrides)
+        "magi_attention.functional",
+        flex_flash_attn=private,
+        **({"flex_flash_attn_func": flex_flash_attn_func} | overrides),
     )
     parent = module("magi_attention", functional=functional)
-    return {"magi_attention": parent, "magi_attention.functional": functional}
+    return {
+        "magi_attention": parent,
+        "magi_attention.functional": functional,
+        "magi_attention.functional.flex_flash_attn": private,
+    }

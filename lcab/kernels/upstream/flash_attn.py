@@ -68,7 +68,7 @@ _FA2_CALL_DEFAULTS = {
     "deterministic": False,
     "return_attn_probs": False,
 }
-_VARLEN = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 FA2_FUNC = UpstreamFunction(
     module="flash_attn",
@@ -84,7 +84,7 @@ FA2_FUNC = UpstreamFunction(
 FA2_VARLEN_FUNC = UpstreamFunction(
     module="flash_attn",
     name="flash_attn_varlen_func",
-    params=("q", "k", "v", *_VARLEN, *_FA2_CALL_TAIL, "block_table"),
+    params=("q", "k", "v", *VARLEN_ARGS, *_FA2_CALL_TAIL, "block_table"),
     defaults=_FA2_CALL_DEFAULTS | {"block_table": None},
     returns=("out", "softmax_lse", "S_dmask"),
     lse=FA2_LSE,
@@ -118,7 +118,7 @@ FA2_BACKWARD = UpstreamFunction(
 FA2_VARLEN_BACKWARD = UpstreamFunction(
     module="flash_attn.flash_attn_interface",
     name="_flash_attn_varlen_backward",
-    params=(*_FA2_BWD_HEAD, *_VARLEN, *_FA2_BWD_TAIL, "zero_tensors"),
+    params=(*_FA2_BWD_HEAD, *VARLEN_ARGS, *_FA2_BWD_TAIL, "zero_tensors"),
     defaults={"rng_state": None, "zero_tensors": False},
     returns=("softmax_d",),
     lse=FA2_LSE,
@@ -173,7 +173,7 @@ FA3_FUNC = UpstreamFunction(
 FA3_VARLEN_FUNC = UpstreamFunction(
     module="flash_attn_interface",
     name="flash_attn_varlen_func",
-    params=("q", "k", "v", *_VARLEN, "seqused_q", "seqused_k", *_FA3_CALL_TAIL),
+    params=("q", "k", "v", *VARLEN_ARGS, "seqused_q", "seqused_k", *_FA3_CALL_TAIL),
     defaults=_FA3_CALL_DEFAULTS | {"seqused_q": None, "seqused_k": None},
     returns=("out", "softmax_lse"),
     lse=FA3_LSE,
