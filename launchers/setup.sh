@@ -18,5 +18,19 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     "${pip[@]}" "$torch_spec"
   fi
   "${pip[@]}" -e ".[dev]"
+  # The GPU libraries' Python sources for tests/unit/test_upstream_packages.py: the pins of the
+  # `upstream` extra, without their CUDA dependencies, in a folder lcab never imports from.
+  upstream=.venv/lcab-upstream
+  mapfile -t pins < <(.venv/bin/python - <<'PINS'
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+with open("pyproject.toml", "rb") as f:
+    print("\n".join(tomllib.load(f)["project"]["optional-dependencies"]["upstream"]))
+PINS
+  )
+  rm -rf "$upstream"
+  "${pip[@]}" --no-deps --target "$upstream" "${pins[@]}"
   echo "$want" > "$stamp"
 fi

@@ -1,7 +1,8 @@
 """MIT-Han-Lab Block-Sparse-Attention (``block_sparse_attn.block_sparse_attn_func``): FA2 Sparse.
 
-Written against the library's source (mit-han-lab/Block-Sparse-Attention v0.0.2, Dec 2025;
-gpu_kernels.md §3.8) and **CPU contract-tested only**: the tests run this adapter's whole path
+Written against the library's source (mit-han-lab/Block-Sparse-Attention v0.0.2 at 49d6c39;
+the call and its LSE are the row of `lcab.kernels.upstream.block_sparse_attn`) and **CPU
+contract-tested only**: the tests run this adapter's whole path
 against a stand-in module implementing the documented semantics, never the real CUDA kernels.
 The first GPU run must confirm it (numerics check of every cell).
 
@@ -52,9 +53,11 @@ from lcab.kernels.base import (
     empty_rows,
 )
 from lcab.kernels.block_grid import partial_tile_reason
-from lcab.kernels.library_results import to_lcab_convention
+from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, distribution_version, probe_reasons, release
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream import block_sparse_attn as upstream
+from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import SliceKind
 from lcab.masks.lowering import lowering_reason
@@ -77,6 +80,17 @@ BSA_KWARGS = (
 )
 """Keywords the adapter passes to ``block_sparse_attn_func`` (after q, k, v by position)."""
 FOLLOWS = "Block-Sparse-Attention v0.0.2 (block_sparse_attn_func, return_attn_probs=True)"
+
+
+def natural_lse_layout(row: UpstreamFunction) -> LseLayout:
+    """The layout of ``row``'s LSE, which must be natural log to be taken as it is."""
+    layout = None if row.lse is None else row.lse.layout
+    if row.lse is None or row.lse.base != "e" or layout not in ("bhs", "ht", "th"):
+        raise ValueError(f"{row.qualname}: lcab's table states no natural-log LSE it can read")
+    return layout
+
+
+LSE_LAYOUT = natural_lse_layout(upstream.BLOCK_SPARSE_ATTN_FUNC)
 
 
 def aligned_full_slices(mask: AttnMask, block: int = BLOCK) -> bool:
@@ -169,7 +183,7 @@ class _PreparedBSA(PreparedAttention):
         return to_lcab_convention(
             out,
             lse.detach(),
-            "bhs",
+            LSE_LAYOUT,
             heads=self.heads,
             seqlen=self.seqlen,
             empty=self.empty if self.has_empty else None,
@@ -197,9 +211,9 @@ class BlockSparseAttnKernel(Kernel):
         min_compute_capability=(8, 0),
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
-        module="block_sparse_attn",
+        module=upstream.MODULE,
         distributions=("block_sparse_attn", "block-sparse-attn"),
-        needs=(ApiNeed("block_sparse_attn_func", BSA_KWARGS, positional=3),),
+        needs=(ApiNeed(upstream.BLOCK_SPARSE_ATTN_FUNC.name, BSA_KWARGS, positional=3),),
         min_version="0.0.2",
         requirement=">= 0.0.2 (the Dec 2025 source tree with Hopper/Blackwell builds)",
     )
@@ -248,4 +262,4 @@ class BlockSparseAttnKernel(Kernel):
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
-        return _PreparedBSA(mask, problem, module.block_sparse_attn_func)
+        return _PreparedBSA(mask, problem, getattr(module, upstream.BLOCK_SPARSE_ATTN_FUNC.name))

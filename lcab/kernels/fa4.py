@@ -1,18 +1,19 @@
 """FlashAttention 4 (``flash-attn-4``, CuTe DSL, module ``flash_attn.cute``), varlen lowering.
 
-Written against the API of flash-attn-4 4.0.0b5 and later (read in the Dao-AILab/flash-attention
-sources of ``flash_attn/cute/interface.py``, snapshot of 2026-08, and the 4.0.0b36 wheel;
-gpu_kernels.md §3.3) and **CPU contract-tested only**: the tests run this adapter's whole path
-against a stand-in package implementing the documented semantics, never the real kernels, which
-are JIT-compiled on their first call. The first GPU run must confirm it.
+Written against the API of flash-attn-4 4.0.0b5 and later; its calls, LSE facts and window rule
+are the rows of `lcab.kernels.upstream.fa4` (read in the 4.0.0b36 wheel's
+``flash_attn/cute/interface.py``, held to the installed package by
+``tests/unit/test_upstream_packages.py``) and **CPU contract-tested only**: the tests run this
+adapter's whole path against a stand-in package built from those rows, never the real kernels,
+which are JIT-compiled on their first call. The first GPU run must confirm it.
 
 The call is FA2/FA3's (`lcab.kernels.flash_attn.PreparedFlash`): the mask is lowered once by
 `lcab.masks.lowering.to_varlen` to the dense ``flash_attn_func`` on (1, S, H, D) views (one
 sequence) or ``flash_attn_varlen_func`` with int32 ``cu_seqlens_q/k`` and ``max_seqlen_q/k``,
 with ``causal`` and a bottom-right aligned ``window_size``. Two spellings differ from FA2/FA3:
 
-* an unbounded window side is ``None``, not -1: FA4 reads ints literally, and only a pair whose
-  sum is negative counts as "no window" — (-1, 5) would be a window, not a causal band;
+* an unbounded window side is ``None``, not -1: FA4 reads ints literally, and only a pair of two
+  negative ints counts as "no window" — (-1, 5) would be a window, not a causal band;
 * the LSE is asked for with ``return_lse=True``; both functions always return ``(out, lse)``.
 
 LSE: natural log, float32, (B, H, S) for the dense call and (H, total_q) for varlen (as FA2/FA3;
@@ -51,9 +52,10 @@ from lcab.kernels.base import Kernel, PreparedAttention, Problem, cuda_adapter_c
 from lcab.kernels.flash_attn import VARLEN_KWARGS, PreparedFlash
 from lcab.kernels.probe import ApiNeed, PackageProbe, release
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream import fa4 as upstream
 from lcab.masks.core import AttnMask
 
-MODULE = "flash_attn.cute"
+MODULE = upstream.MODULE
 PIP_NAME = '--pre "flash-attn-4[cu13]"'
 #: Keywords the adapter passes to both calls.
 CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_lse")
@@ -68,7 +70,7 @@ class PreparedFA4(PreparedFlash):
 
     lse_kwargs: ClassVar[dict[str, Any]] = {"return_lse": True}
     #: flash-attn-4 >= 4.0.0b5 passes the LSE's gradient (dlse) to its backward
-    lse_grad = True
+    lse_grad = upstream.LSE.differentiable
     library: ClassVar[str] = "FlashAttention 4"
     follows: ClassVar[str] = "flash-attn-4 4.0.0b5+"
 
@@ -129,8 +131,10 @@ class FA4Kernel(Kernel):
         module=MODULE,
         distributions=("flash-attn-4",),
         needs=(
-            ApiNeed("flash_attn_func", CALL_KWARGS),
-            ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS)),
+            ApiNeed(upstream.FLASH_ATTN_FUNC.name, CALL_KWARGS, positional=3),
+            ApiNeed(
+                upstream.FLASH_ATTN_VARLEN_FUNC.name, (*VARLEN_KWARGS, *CALL_KWARGS), positional=3
+            ),
         ),
         min_version=f"4.0.0b{MIN_BETA}",
         requirement=f"flash-attn-4 >= 4.0.0b{MIN_BETA}",
@@ -205,4 +209,6 @@ class FA4Kernel(Kernel):
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(MODULE)  # lazily: CUDA-only package
-        return PreparedFA4(mask, problem, module.flash_attn_func, module.flash_attn_varlen_func)
+        dense = getattr(module, upstream.FLASH_ATTN_FUNC.name)
+        varlen = getattr(module, upstream.FLASH_ATTN_VARLEN_FUNC.name)
+        return PreparedFA4(mask, problem, dense, varlen)

@@ -1,7 +1,9 @@
 """``sparse_flashinfer``: FlashInfer's block-sparse wrappers (forward only), block-table lowering.
 
-Written against the documented API of ``flashinfer-python`` (>= 0.2.7, read at 0.6.18 and
-0.7.2.post1; see the version probe) and **CPU contract-tested only**: the tests run this
+Written against the API of ``flashinfer-python`` (>= 0.2.7; see the version probe), whose
+wrappers, parameters and LSE facts are the rows of `lcab.kernels.upstream.flashinfer` (read in
+the 0.7.2.post1 wheel, held to the installed package by ``tests/unit/test_upstream_packages.py``)
+and **CPU contract-tested only**: the tests run this
 adapter's whole path against stand-in classes implementing the documented semantics, never
 against the real CUDA kernels. The first GPU run must confirm it.
 
@@ -55,13 +57,27 @@ from lcab.kernels.flashinfer_lowering import (
     per_head_partition_reason,
     variable_args,
 )
-from lcab.kernels.library_results import lse_to_lcab, to_lcab_convention
+from lcab.kernels.library_results import LseLayout, lse_to_lcab, to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream import flashinfer as upstream
+from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.blocks import BlockTable, block_table
 
 LN2 = math.log(2.0)
+
+
+def lse_conversion(run: UpstreamFunction) -> tuple[float, LseLayout]:
+    """What a wrapper's ``run`` LSE is multiplied by to be natural log, and its layout."""
+    layout = None if run.lse is None else run.lse.layout
+    if run.lse is None or layout not in ("th", "ht", "bhs"):
+        raise ValueError(f"{run.qualname}: lcab's table states no LSE lcab can read ({layout})")
+    return (LN2 if run.lse.base == "2" else 1.0), layout
+
+
+BSR_LSE = lse_conversion(upstream.BSR_RUN)
+VARIABLE_LSE = lse_conversion(upstream.VARIABLE_RUN)
 #: Largest element mask (nnz·R·C booleans) lcab builds; FlashInfer copies and packs it on the
 #: GPU in ``plan``, so this is about 2 × 4 GiB of transient device memory.
 ELEMENT_MASK_LIMIT = 2**32
@@ -102,7 +118,7 @@ class _PreparedBsr(PreparedAttention):
             return
         args, device = bsr_args(mask, table, block), problem.device
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.wrapper = module.BlockSparseAttentionWrapper(workspace, backend="auto")
+        self.wrapper = getattr(module, upstream.BSR)(workspace, backend="auto")
         self.wrapper.plan(
             indptr=args.indptr.to(device),
             indices=args.indices.to(device),
@@ -139,10 +155,11 @@ class _PreparedBsr(PreparedAttention):
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return out, lse.to(lse_dtype(q.dtype))
         out, lse = self.wrapper.run(q, k, v, return_lse=True)
+        factor, layout = BSR_LSE  # (M, Hq), log2
         return to_lcab_convention(
             out[: self.seqlen],
-            lse[: self.seqlen] * LN2,  # (M, Hq) log2 → natural log
-            "th",
+            lse[: self.seqlen] * factor,
+            layout,
             heads=self.heads,
             seqlen=self.seqlen,
             empty=self.empty,
@@ -164,7 +181,7 @@ class _PreparedVariable(PreparedAttention):
             return
         args = variable_args(mask)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=problem.device)
-        self.wrapper = module.VariableBlockSparseAttentionWrapper(workspace, backend="auto")
+        self.wrapper = getattr(module, upstream.VARIABLE)(workspace, backend="auto")
         self.wrapper.plan(
             block_mask_map=args.block_mask_map.to(problem.device),
             block_row_sz=args.block_row_sz.to(problem.device),
@@ -192,9 +209,10 @@ class _PreparedVariable(PreparedAttention):
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return torch.zeros_like(q), lse.to(lse_dtype(q.dtype))
         out, lse = self.wrapper.run(q, k, v, return_lse=True)
+        factor, layout = VARIABLE_LSE  # (Hq, S), log2
         lse = lse_to_lcab(
-            lse * LN2,  # (Hq, S) log2 → natural log
-            "ht",
+            lse * factor,
+            layout,
             self.heads,
             self.seqlen,
             "FlashInfer VariableBlockSparseAttentionWrapper",
@@ -226,15 +244,15 @@ class FlashInferSparseKernel(Kernel):
         min_compute_capability=(8, 0),
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
-        module="flashinfer",
-        distributions=("flashinfer-python", "flashinfer"),
+        module=upstream.MODULE,
+        distributions=(upstream.DISTRIBUTION, "flashinfer"),
         needs=(
-            ApiNeed("BlockSparseAttentionWrapper", ("backend",), positional=1),
-            ApiNeed("BlockSparseAttentionWrapper.plan", BSR_PLAN_KWARGS, positional=1),
-            ApiNeed("BlockSparseAttentionWrapper.run", ("return_lse",), positional=4),
-            ApiNeed("VariableBlockSparseAttentionWrapper", ("backend",), positional=1),
-            ApiNeed("VariableBlockSparseAttentionWrapper.plan", VARIABLE_PLAN_KWARGS, positional=1),
-            ApiNeed("VariableBlockSparseAttentionWrapper.run", ("return_lse",), positional=4),
+            ApiNeed(upstream.BSR_INIT.name, ("backend",), positional=1),
+            ApiNeed(upstream.BSR_PLAN.name, BSR_PLAN_KWARGS, positional=1),
+            ApiNeed(upstream.BSR_RUN.name, ("return_lse",), positional=4),
+            ApiNeed(upstream.VARIABLE_INIT.name, ("backend",), positional=1),
+            ApiNeed(upstream.VARIABLE_PLAN.name, VARIABLE_PLAN_KWARGS, positional=1),
+            ApiNeed(upstream.VARIABLE_RUN.name, ("return_lse",), positional=4),
         ),
         min_version="0.2.7",
         requirement=">= 0.2.7 (VariableBlockSparseAttentionWrapper)",

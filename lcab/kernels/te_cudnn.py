@@ -1,10 +1,11 @@
 """cuDNN fused attention through TransformerEngine's ``DotProductAttention`` (thd layout).
 
-Written against TransformerEngine 2.x's documented module (gpu_kernels.md §3.4.2, read in
-2.20.2) and **CPU contract-tested only**: the tests run this adapter's whole path against a
-stand-in module that implements the documented semantics, never against TE or cuDNN. The first
-GPU run must confirm it, including that TE picked "FusedAttention" (``NVTE_DEBUG=1
-NVTE_DEBUG_LEVEL=2``).
+Written against TransformerEngine 2.x's module, whose constructor and ``forward`` are the rows
+of `lcab.kernels.upstream.cudnn` (read in the 2.20.2 wheel, held to the installed file by
+``tests/unit/test_upstream_packages.py``) and **CPU contract-tested only**: the tests run this
+adapter's whole path against a stand-in module built from those rows, never against TE or
+cuDNN. The first GPU run must confirm it, including that TE picked "FusedAttention"
+(``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2``).
 
 The mask is lowered once, in `prepare`, by `lcab.masks.lowering.to_varlen` (as for fa2): packed
 (T, H, D) tensors, ``qkv_format="thd"``, int32 ``cu_seqlens_q/kv`` on the device,
@@ -49,6 +50,7 @@ from lcab.kernels.base import (
 )
 from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream import cudnn as upstream
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import VarlenArgs, lowering_reason, to_varlen
 
@@ -119,7 +121,7 @@ class _PreparedTE(PreparedAttention):
         left, right = (int(w) for w in args.window_size)
         mask_type = "padding_causal" if args.causal else "padding"
         window = (left, 0) if args.causal else (left, right)
-        self.module = te_pytorch.DotProductAttention(
+        self.module = getattr(te_pytorch, upstream.DOT_PRODUCT_ATTENTION.name)(
             num_attention_heads=problem.heads_q,
             kv_channels=problem.head_dim,
             num_gqa_groups=problem.heads_kv,
@@ -176,11 +178,11 @@ class CudnnKernel(Kernel):
         min_compute_capability=(8, 0),
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
-        module="transformer_engine.pytorch",
-        distributions=("transformer_engine", "transformer-engine"),
+        module=upstream.MODULE,
+        distributions=("transformer_engine", upstream.DISTRIBUTION),
         needs=(
-            ApiNeed("DotProductAttention", INIT_KWARGS, positional=0),
-            ApiNeed("DotProductAttention.forward", CALL_KWARGS, positional=4),
+            ApiNeed(upstream.DOT_PRODUCT_ATTENTION.name, INIT_KWARGS, positional=0),
+            ApiNeed(upstream.DOT_PRODUCT_ATTENTION_FORWARD.name, CALL_KWARGS, positional=4),
         ),
         min_version="2.0",
         requirement=">= 2.0 (written against 2.20)",

@@ -1,7 +1,9 @@
 """VSA (Video Sparse Attention) kernels of ``fastvideo-kernel``: ThunderKittens and Triton.
 
 Written against ``fastvideo_kernel.block_sparse_attn`` of fastvideo-kernel 0.3.x (the
-index-native ops behind ``block_sparse_attn_from_indices``) and **CPU contract-tested only**:
+index-native ops behind ``block_sparse_attn_from_indices``; their signatures and LSE facts are
+the rows of `lcab.kernels.upstream.vsa`, read in the 0.3.5 sdist) and **CPU contract-tested
+only**:
 the tests run this adapter's whole path against a stand-in of the documented semantics, never
 the real kernels. The first GPU run must confirm it.
 
@@ -23,7 +25,7 @@ computed whole, so the kernels are exact only for masks whose touched 64x64 tile
 (`partial_tile_reason`: ``block_sparse`` with block_size=64, ``full``); one mask head per query
 head (Hq == Hkv, no GQA); non-causal; softmax scale 1/sqrt(D) fixed by the library.
 
-LSE (read from the sources of fastvideo-kernel 0.3.2): Triton returns log2 units (B, H, S)
+LSE (read from the sources of fastvideo-kernel 0.3.2 and 0.3.5): Triton returns log2 units (B, H, S)
 (``m_i + log2(l_i)`` on scores scaled by scale·log2 e), so lcab multiplies by ln 2; TK returns
 (B, H, S, 1) holding ``-sqrt(D) · lse`` in natural log (its backward's convention), so lcab divides
 by -sqrt(D). The TK forward always runs a "last" iteration on entry ``q2k_num - 1``, which reads
@@ -58,13 +60,15 @@ from lcab.kernels.base import (
 from lcab.kernels.block_grid import partial_tile_reason
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream import vsa as upstream
+from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.blocks import BlockTable, block_table, uniform_bounds
 
 #: VSA's tile: 64 queries x 64 keys (a 4x4x4 video cube).
 VSA_BLOCK = 64
 #: The module whose autograd ops lcab calls.
-VSA_MODULE = "fastvideo_kernel.block_sparse_attn"
+VSA_MODULE = upstream.MODULE
 PIP_NAME = "fastvideo-kernel --no-deps (0.3.x; 0.3.5 would pull torch 2.12)"
 
 
@@ -100,6 +104,15 @@ def variable_block_sizes(seqlen_k: int) -> torch.Tensor:
     return torch.from_numpy(np.diff(uniform_bounds(seqlen_k, VSA_BLOCK)).astype(np.int32))
 
 
+def natural_lse_scale(row: UpstreamFunction, head_dim: int) -> float:
+    """What the op's LSE is multiplied by to be natural log (`lcab.kernels.upstream.vsa`)."""
+    if row is upstream.BLOCK_SPARSE_ATTN_SM90:
+        return 1.0 / upstream.tk_lse_factor(head_dim)
+    if row.lse is None:
+        raise ValueError(f"{row.qualname}: lcab's table states no LSE")
+    return math.log(2.0) if row.lse.base == "2" else 1.0
+
+
 class _PreparedVSA(PreparedAttention):
     """One VSA op bound to the mask's indices; pads to 64, converts the LSE, sets empty rows."""
 
@@ -121,7 +134,12 @@ class _PreparedVSA(PreparedAttention):
         self.pad_q = -problem.seqlen_q % VSA_BLOCK
         self.pad_k = -problem.seqlen_k % VSA_BLOCK
         # natural-log LSE = native * lse_scale (module docstring)
-        self.lse_scale = -(problem.head_dim**-0.5) if thunderkittens else math.log(2.0)
+        self.lse_scale = natural_lse_scale(
+            upstream.BLOCK_SPARSE_ATTN_SM90
+            if thunderkittens
+            else upstream.BLOCK_SPARSE_ATTN_TRITON,
+            problem.head_dim,
+        )
         self.thunderkittens = thunderkittens
         empty = empty_rows(mask).to(device)  # (H_mask, Sq); H_mask is 1 or Hq (= Hkv)
         self.has_empty = bool(empty.any())
@@ -165,11 +183,11 @@ def _vsa_caps(min_cc: tuple[int, int]) -> KernelCaps:
     )
 
 
-def _probe(op: str) -> PackageProbe:
+def _probe(op: UpstreamFunction) -> PackageProbe:
     return PackageProbe(
-        module=VSA_MODULE,
-        distributions=("fastvideo-kernel", "fastvideo_kernel"),
-        needs=(ApiNeed(op, (), positional=6),),
+        module=op.module,
+        distributions=(upstream.DISTRIBUTION, "fastvideo_kernel"),
+        needs=(ApiNeed(op.name, (), positional=len(op.params)),),
         min_version="0.3.0",
         requirement=">= 0.3.0, whose block-sparse ops take q2k_idx/q2k_num",
     )
@@ -226,9 +244,9 @@ class VSAThunderKittensKernel(_VSAKernel):
     name = "sparse_vsa"
     summary = "VSA block-sparse 64x64 (fastvideo-kernel, ThunderKittens sm90a)"
     caps = _vsa_caps((9, 0))
-    op_name = "block_sparse_attn_sm90"
+    op_name = upstream.BLOCK_SPARSE_ATTN_SM90.name
     thunderkittens = True
-    probe = _probe("block_sparse_attn_sm90")
+    probe = _probe(upstream.BLOCK_SPARSE_ATTN_SM90)
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
@@ -251,6 +269,6 @@ class VSATritonKernel(_VSAKernel):
     name = "sparse_vsa_triton"
     summary = "VSA block-sparse 64x64 (fastvideo-kernel, Triton)"
     caps = _vsa_caps((8, 0))
-    op_name = "block_sparse_attn_triton"
+    op_name = upstream.BLOCK_SPARSE_ATTN_TRITON.name
     thunderkittens = False
-    probe = _probe("block_sparse_attn_triton")
+    probe = _probe(upstream.BLOCK_SPARSE_ATTN_TRITON)

@@ -1,0 +1,59 @@
+"""mit-han-lab Block-Sparse-Attention (``block_sparse_attn``), read at commit 49d6c39 (v0.0.2).
+
+Not on PyPI (a CUDA source build), so no CPU test imports it: the row is held to the
+repository's ``block_sparse_attn/block_sparse_attn_interface.py`` by a one-off AST check (see
+``tests/unit/test_upstream_packages.py``'s docstring). Facts beyond the signature, same file:
+the wrapper hard-codes 128x128 blocks (L474), renumbers the ones of ``head_mask_type`` into a
+running count and asserts ``base_blockmask.shape[1]`` equals it (L465-467);
+``BlockSparseAttnFunc.forward`` returns ``out``, or ``(out, softmax_lse, S_dmask)`` when
+``return_attn_probs=True`` (L404). The LSE is FA2's: natural log, float32,
+(batch, Hq, max_seqlen_q), +inf on rows attending nothing, and its gradient is not used by the
+backward (``ctx`` keeps it; ``backward(ctx, dout, *args)``).
+"""
+
+from __future__ import annotations
+
+from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+
+VERSION = "49d6c39"
+MODULE = "block_sparse_attn"
+_FILE = (
+    f"mit-han-lab/Block-Sparse-Attention@{VERSION}:block_sparse_attn/block_sparse_attn_interface.py"
+)
+
+BLOCK_SPARSE_ATTN_FUNC = UpstreamFunction(
+    module=MODULE,
+    name="block_sparse_attn_func",
+    params=(
+        "q",
+        "k",
+        "v",
+        "cu_seqlens_q",
+        "cu_seqlens_k",
+        "head_mask_type",
+        "streaming_info",
+        "base_blockmask",
+        "max_seqlen_q_",
+        "max_seqlen_k_",
+        "p_dropout",
+        "deterministic",
+        "softmax_scale",
+        "is_causal",
+        "exact_streaming",
+        "return_attn_probs",
+    ),
+    defaults={
+        "deterministic": False,
+        "softmax_scale": None,
+        "is_causal": False,
+        "exact_streaming": False,
+        "return_attn_probs": False,
+    },
+    returns=("out", "softmax_lse", "S_dmask"),
+    lse=LseFact("bhs", empty_rows="+inf"),
+    alignment="n/a: whole 128x128 blocks (is_causal=False)",
+    source=f"{_FILE}:L451-464",
+    notes="varlen q/k/v (total, H, D); lse (batch, Hq, max_seqlen_q)",
+)
+
+ROWS = (BLOCK_SPARSE_ATTN_FUNC,)

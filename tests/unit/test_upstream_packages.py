@@ -1,0 +1,247 @@
+"""The FA4, FlashInfer and TransformerEngine tables held to the installed packages themselves.
+
+``launchers/setup.sh`` installs the pins of the ``upstream`` extra with ``--no-deps`` into
+``.venv/lcab-upstream`` (outside lcab's import path). Every row of `lcab.kernels.upstream.fa4`,
+``.flashinfer`` and ``.cudnn`` must then state the installed function's parameters in order,
+their defaults and keyword-only marks — read with ``inspect.signature`` in a subprocess where
+the package imports without a GPU (flashinfer), and from the installed file's AST where it does
+not (flash-attn-4 needs ``cutlass``; TE's wheel without its 276 MB core raises on import) — and
+cite lines of that file that hold the definition. Every adapter's probe must ask only for
+functions and keywords its table states.
+
+Block-Sparse-Attention and fastvideo-kernel do not install on a CPU machine (a CUDA source
+build; fastvideo-kernel's only wheel is CPython 3.12 pinning torch 2.12). Their rows are held to
+their sources by the same AST comparison when ``LCAB_UPSTREAM_SOURCES`` names a folder holding
+``mit-han-lab+Block-Sparse-Attention`` (a checkout of the cited commit) and
+``hao-ai-lab+FastVideo`` (with ``fastvideo-kernel/`` from the cited sdist); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from lcab.kernels.block_sparse_attn import BlockSparseAttnKernel
+from lcab.kernels.fa4 import FA4Kernel
+from lcab.kernels.flashinfer import FlashInferSparseKernel
+from lcab.kernels.probe import ApiNeed, PackageProbe
+from lcab.kernels.te_cudnn import CudnnKernel
+from lcab.kernels.upstream import block_sparse_attn, cudnn, fa4, flashinfer, vsa
+from lcab.kernels.upstream.facts import UpstreamFunction
+from lcab.kernels.vsa import VSAThunderKittensKernel, VSATritonKernel
+
+TARGET = Path(os.environ.get("LCAB_UPSTREAM_TARGET", Path(sys.prefix) / "lcab-upstream"))
+INSTALLED_TABLES = (fa4, flashinfer, cudnn)
+SOURCE_TABLES = (block_sparse_attn, vsa)
+#: Each adapter's probe and the table it is held to.
+PROBES: dict[str, tuple[PackageProbe, ModuleType]] = {
+    "fa4": (FA4Kernel.probe, fa4),
+    "sparse_flashinfer": (FlashInferSparseKernel.probe, flashinfer),
+    "cudnn": (CudnnKernel.probe, cudnn),
+    "sparse_fa2": (BlockSparseAttnKernel.probe, block_sparse_attn),
+    "sparse_vsa": (VSAThunderKittensKernel.probe, vsa),
+    "sparse_vsa_triton": (VSATritonKernel.probe, vsa),
+}
+
+Signature = dict[str, Any]
+"""{"params": [...], "defaults": {name: repr}, "keyword_only": [...]}."""
+
+_INSPECT = r"""
+import importlib, inspect, json, sys
+out = {}
+for qualname in sys.argv[1:]:
+    module, name = qualname.split(":")
+    try:
+        target = importlib.import_module(module)
+        for part in name.split("."):
+            target = getattr(target, part)
+        params = [p for p in inspect.signature(target).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except Exception as err:
+        out[qualname] = {"error": f"{type(err).__name__}: {err}"}
+        continue
+    out[qualname] = {
+        "params": [p.name for p in params],
+        "defaults": {p.name: repr(p.default) for p in params if p.default is not p.empty},
+        "keyword_only": [p.name for p in params if p.kind is p.KEYWORD_ONLY],
+    }
+print(json.dumps(out))
+"""
+
+
+def cited(row: UpstreamFunction) -> tuple[str, int, int]:
+    """(path, first line, last line) of ``owner/repo@version:path:La-b``."""
+    _, path, lines = row.source.rsplit(":", 2)
+    first, last = lines.removeprefix("L").split("-")
+    return path, int(first), int(last)
+
+
+def row_signature(row: UpstreamFunction) -> Signature:
+    return {
+        "params": list(row.params),
+        "defaults": {name: repr(value) for name, value in row.defaults.items()},
+        "keyword_only": list(row.keyword_only),
+    }
+
+
+def definition(tree: ast.Module, name: str) -> tuple[ast.FunctionDef, bool]:
+    """The ``def`` of ``name`` (``f``, ``Class.method``; a class: its ``__init__``), and
+    whether ``self`` must be dropped (a class row lists what ``inspect.signature`` shows)."""
+    *owners, last = name.split(".")
+    body: list[ast.stmt] = tree.body
+    for owner in owners:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == owner).body
+    node = next(n for n in body if getattr(n, "name", None) == last)
+    if isinstance(node, ast.ClassDef):
+        init = next(n for n in node.body if getattr(n, "name", None) == "__init__")
+        assert isinstance(init, ast.FunctionDef)
+        return init, True
+    assert isinstance(node, ast.FunctionDef)
+    return node, False
+
+
+def ast_signature(node: ast.FunctionDef, drop_self: bool) -> Signature:
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    pairs = list(
+        zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True)
+    )
+    pairs += [
+        (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
+    ]
+    names = [a.arg for a in (*positional, *args.kwonlyargs)]
+    return {
+        "params": names[1:] if drop_self else names,
+        "defaults": {a.arg: repr(ast.literal_eval(d)) for a, d in pairs},
+        "keyword_only": [a.arg for a in args.kwonlyargs],
+    }
+
+
+def source_signature(root: Path, row: UpstreamFunction) -> tuple[Signature, int]:
+    """The row's function as the file it cites defines it, and its ``def`` line."""
+    path, _, _ = cited(row)
+    node, drop_self = definition(ast.parse((root / path).read_text()), row.name)
+    return ast_signature(node, drop_self), node.lineno
+
+
+# ----------------------------------------------------------------------------- installed
+@pytest.fixture(scope="module")
+def target() -> Path:
+    if not TARGET.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"{TARGET} is missing: launchers/setup.sh installs it")
+        pytest.skip(f"{TARGET} is missing (run launchers/setup.sh)")
+    return TARGET
+
+
+@pytest.fixture(scope="module")
+def inspected(target: Path) -> dict[str, Any]:
+    """``inspect.signature`` of every installed row, imported in a subprocess from ``target``."""
+    names = [f"{row.module}:{row.name}" for table in INSTALLED_TABLES for row in table.ROWS]
+    env = os.environ | {"PYTHONPATH": str(target), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", _INSPECT, *names],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def installed_version(target: Path, distribution: str) -> str | None:
+    for dist in importlib.metadata.distributions(path=[str(target)]):
+        if dist.metadata["Name"].lower().replace("_", "-") == distribution:
+            return dist.version
+    return None
+
+
+@pytest.mark.parametrize("table", INSTALLED_TABLES, ids=lambda t: t.DISTRIBUTION)
+def test_the_installed_version_is_the_one_the_table_read(table: ModuleType, target: Path) -> None:
+    assert installed_version(target, table.DISTRIBUTION) == table.VERSION
+
+
+@pytest.mark.parametrize(
+    "row", [r for t in INSTALLED_TABLES for r in t.ROWS], ids=lambda r: r.qualname
+)
+def test_row_matches_the_installed_package(
+    row: UpstreamFunction, target: Path, inspected: dict[str, Any]
+) -> None:
+    """Imported where it imports on a CPU, else read from the installed file."""
+    from_source, line = source_signature(target, row)
+    real = inspected[f"{row.module}:{row.name}"]
+    if "error" in real:  # no import without a GPU: the installed file is the package
+        real = from_source
+    assert row_signature(row) == real
+    _, first, last = cited(row)
+    assert first <= line <= last, f"{row.source} cites lines that do not hold the def (L{line})"
+
+
+def test_flashinfer_is_compared_by_import_and_the_others_by_source(
+    inspected: dict[str, Any],
+) -> None:
+    """Which of the comparisons above read ``inspect.signature`` (says what the run checked)."""
+    imported = {name.split(":")[0] for name, real in inspected.items() if "error" not in real}
+    assert imported == {flashinfer.MODULE}
+
+
+def test_the_comparison_catches_a_wrong_row(target: Path) -> None:
+    """A row without FA4's b36 keyword ``gather_bwd_token_chunk`` does not match the file."""
+    params = fa4.FLASH_ATTN_FUNC.params[:-1]
+    defaults = {k: v for k, v in fa4.FLASH_ATTN_FUNC.defaults.items() if k in params}
+    old = UpstreamFunction(
+        fa4.MODULE, "flash_attn_func", params, fa4.FLASH_ATTN_FUNC.source, defaults
+    )
+    assert row_signature(old) != source_signature(target, old)[0]
+
+
+# ----------------------------------------------------------------------------- sources only
+def _source_root(row: UpstreamFunction) -> Path:
+    folder = os.environ.get("LCAB_UPSTREAM_SOURCES")
+    if not folder:
+        pytest.skip("set LCAB_UPSTREAM_SOURCES to check Block-Sparse-Attention and VSA rows")
+    repo = row.source.split("@")[0].replace("/", "+")
+    return Path(folder) / repo
+
+
+@pytest.mark.parametrize(
+    "row", [r for t in SOURCE_TABLES for r in t.ROWS], ids=lambda r: r.qualname
+)
+def test_row_matches_the_cited_source(row: UpstreamFunction) -> None:
+    real, line = source_signature(_source_root(row), row)
+    assert row_signature(row) == real
+    _, first, last = cited(row)
+    assert first <= line <= last
+
+
+# ----------------------------------------------------------------------------- adapters
+
+
+@pytest.mark.parametrize(
+    ("kernel", "need"),
+    [(name, need) for name, (probe, _) in PROBES.items() for need in probe.needs],
+    ids=lambda c: c if isinstance(c, str) else c.function,
+)
+def test_each_probe_asks_only_what_its_table_states(kernel: str, need: ApiNeed) -> None:
+    """The function is a row; its keywords are the row's; nothing required goes unpassed."""
+    probe, table = PROBES[kernel]
+    rows = {row.name: row for row in table.ROWS}
+    assert need.function in rows, f"{kernel} probes {need.function}, not in its table"
+    row = rows[need.function]
+    assert probe.module == row.module
+    assert set(need.params) <= set(row.params), set(need.params) - set(row.params)
+    assert need.positional is not None, "state how many arguments go by position"
+    by_position = [p for p in row.params if p not in row.keyword_only][: need.positional]
+    required = [p for p in row.params if p not in row.defaults]
+    assert set(required) <= set(by_position) | set(need.params)
