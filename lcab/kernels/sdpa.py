@@ -16,6 +16,13 @@ tokens), once without and once with ``requires_grad`` (a backward can rule backe
 pins the choice for the call's grad mode and sets ``backend_used`` (also set at prepare, to the
 forward choice). Should the fake-tensor selection fail, the choice is made on the real tensors
 at the first call instead (``backend_resolved_at`` says which).
+
+Rows that attend no key: SDPA does not say what they give. Its documented reference takes
+``torch.softmax`` of an all -inf row (NaN), the math backend's safe softmax gives 0, and the
+fused CUDA backends document nothing (`lcab.kernels.upstream.torch_attention`, row ``SDPA``).
+So no backend is handed such a row: the dense mask gives those rows a finite bias (0), and lcab
+sets their output to 0 afterwards (LSE -inf where one is returned), on every path, CPU or CUDA —
+the output's gradient there is then 0 and no NaN reaches q, k or v.
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ class _PreparedSDPA(PreparedAttention):
         self.bias: torch.Tensor | None = None
         if whole is None:
             dense = mask.to_dense(max_elements=1 << 40).to(problem.device)
+            dense = dense | ~dense.any(-1, keepdim=True)  # empty rows: a finite bias, out 0 later
             if dense.dim() == 3:
                 dense = dense.repeat_interleave(problem.heads_q // mask.num_heads, dim=0)
             bias = torch.zeros(dense.shape, dtype=problem.dtype, device=problem.device)
@@ -78,9 +86,10 @@ class _PreparedSDPA(PreparedAttention):
                 self.bias = self.bias.reshape(1, 1, *self.bias.shape)
             else:
                 self.bias = self.bias.unsqueeze(0)
-        rows = empty_rows(mask)
-        self.empty = rows.repeat_interleave(problem.heads_q // mask.num_heads, 0).to(problem.device)
-        self.has_empty = bool(self.empty.any())
+        rows = empty_rows(mask).repeat_interleave(problem.heads_q // mask.num_heads, 0)
+        self.has_empty = bool(rows.any())  # on the host
+        self.empty = rows.to(problem.device)
+        """(Hq, Sq): rows attending no key, whose out lcab sets to 0 (and lse to -inf)."""
         self.cpu_lse = calls_cpu_flash_op(backend, problem.device)
         self.backend_used: str | None = "FLASH_ATTENTION" if self.cpu_lse else backend
         """The SDPA backend of the latest call (for the default kernel: PyTorch's choice)."""
@@ -140,13 +149,17 @@ class _PreparedSDPA(PreparedAttention):
                 q, k, v, 0.0, self.is_causal, attn_mask=self.bias, scale=self.scale
             )
             lse = lse[0].to(lse_dtype(q.dtype))
-            if self.has_empty:  # the CPU op reports lse 0 for rows with no key
+            if self.has_empty:  # lcab's convention, whatever the op gave (its lse: 0)
                 lse = lse.masked_fill(self.empty, float("-inf"))
-            return out, lse
+            return self._zero_empty(out), lse
         name = self.backend or self._pin_default(q, k, v)
         self.backend_used = name
         with sdpa_kernel(getattr(SDPBackend, name)):
-            return self._call(q, k, v, self.bias), None
+            return self._zero_empty(self._call(q, k, v, self.bias)), None
+
+    def _zero_empty(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (1, Hq, Sq, D) with lcab's 0 on the rows that attend no key."""
+        return out.masked_fill(self.empty[None, :, :, None], 0.0) if self.has_empty else out
 
     def backward(
         self,
@@ -163,8 +176,10 @@ class _PreparedSDPA(PreparedAttention):
         group = self.group if self.bias is not None and self.bias.shape[1] > 1 else 1
         kk = k.repeat_interleave(group, dim=1) if group > 1 else k
         vv = v.repeat_interleave(group, dim=1) if group > 1 else v
-        # rows with no key anywhere: +inf makes their probabilities exp(s - inf) = 0, not NaN
-        stats = lse.masked_fill(torch.isneginf(lse), float("inf")).to(q.dtype).unsqueeze(0)
+        # +inf makes probabilities exp(s - inf) = 0, not NaN, on rows with no key anywhere and
+        # on rows with no key in this block (their bias is finite: see the module's docstring)
+        no_key = torch.isneginf(lse) | self.empty if self.has_empty else torch.isneginf(lse)
+        stats = lse.masked_fill(no_key, float("inf")).to(q.dtype).unsqueeze(0)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout.contiguous(),
             q,

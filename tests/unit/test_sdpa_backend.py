@@ -5,19 +5,26 @@ it about the problem's exact shapes, strides, dtype, mask and grad mode, pins th
 ``sdpa_kernel`` and exposes it as ``backend_used``. They are no evidence of what PyTorch picks on
 a GPU, nor that the fake-tensor route reaches the CUDA selection: the GPU test at the end checks
 that on a machine with CUDA.
+
+Rows that attend no key are tested through the same code path as on CUDA (the ``as_on_cuda``
+fixture, and the pinned ``sdpa_math`` on CPU): no backend is handed a row of only -inf, and with
+a backend that follows SDPA's documented reference (NaN on such a row) the output and gradients
+still equal lcab's fp64 reference.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.attention import SDPBackend
 
+from lcab.cp.merge import merge_into
 from lcab.kernels import Problem, get_kernel, sdpa
-from lcab.masks import make_mask
+from lcab.masks import AttnMask, make_mask
 from tests.helpers.run_if import run_if
 
 S, HQ, HKV, D = 48, 4, 2, 8
@@ -174,3 +181,108 @@ def test_gpu_prepare_choice_equals_pytorchs_choice_on_real_tensors(mask_name, dt
         )
         native = [prepared.to_native(t) for t in (q, k, v)]
         assert prepared.choices[grad] == prepared._default_backend(*native, prepared.bias)
+
+
+# ----------------------------------------------------------------------------- rows with no key
+def masks_with_empty_rows() -> list[AttnMask]:
+    """Rows 0..11 of a CP block attending nothing; a per-KV-head mask with such rows in one."""
+    block = make_mask("full_document", S, doc_lengths=[12, 20, 16]).restrict((0, S), (12, S))
+    causal = make_mask("causal", S).slices
+    late = np.array([[10, S, 0, S, 0]])  # head 1: rows 0..9 attend nothing
+    per_head = AttnMask(
+        np.concatenate([causal, late]), S, head_ptr=np.array([0, len(causal), len(causal) + 1])
+    )
+    return [block, per_head]
+
+
+def documented_reference(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         *, scale=None, enable_gqa=False):  # fmt: skip
+    """SDPA as its docstring defines it (torch/nn/functional.py L6341-6380): a plain softmax of
+    the biased scores, which gives NaN on a row whose bias is all -inf — what a backend may do."""
+    assert dropout_p == 0.0 and not is_causal
+    if enable_gqa:
+        group = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(group, -3), value.repeat_interleave(group, -3)
+    scores = query @ key.transpose(-2, -1) * scale + attn_mask
+    return torch.softmax(scores, dim=-1) @ value
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa_math"])
+@pytest.mark.parametrize("case", [0, 1], ids=["block", "per_head"])
+def test_no_backend_is_handed_a_row_whose_bias_is_all_minus_inf(name, case, as_on_cuda, pins,
+                                                                 monkeypatch):  # fmt: skip
+    """The CUDA path (and the pinned variants) hand F.sdpa no row without a finite bias."""
+    mask = masks_with_empty_rows()[case]
+    seen: list[torch.Tensor] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["attn_mask"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", recording)
+    prepared = get_kernel(name).prepare(mask, Problem(*mask.shape, HQ, HKV, D))
+    q, k, v = qkv()
+    out, _ = run(prepared, q[: mask.seqlen_q], k[: mask.seqlen_k], v[: mask.seqlen_k])
+    (bias,) = seen
+    assert torch.isfinite(bias).any(-1).all(), "a row of only -inf reached the backend"
+    empty = ~torch.as_tensor(mask.to_dense()).any(-1)  # (Sq,) or (H_mask, Sq)
+    rows = out[empty] if empty.dim() == 1 else out.transpose(0, 1)[empty.repeat_interleave(2, 0)]
+    assert rows.numel() > 0 and torch.all(rows == 0)
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["block", "per_head"])
+def test_cuda_path_gives_lcabs_convention_where_the_backend_gives_nan(case, as_on_cuda, pins,
+                                                                     monkeypatch):  # fmt: skip
+    """With a backend that follows SDPA's documented reference (NaN on an all -inf row), the
+    output and the gradients still equal lcab's fp64 reference: out 0 on rows with no key."""
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", documented_reference)
+    mask = masks_with_empty_rows()[case]
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(mask.seqlen_q, HQ, D, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(mask.seqlen_k, HKV, D, generator=gen, dtype=torch.float64) for _ in "kv")
+    dout = torch.randn_like(q)
+    prepared = get_kernel("sdpa").prepare(mask, Problem.of(q, k))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, _ = run(prepared, *leaves)
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ref_out, _ = get_kernel("reference")(*ref, mask)
+    ref_grads = torch.autograd.grad(ref_out, ref, dout)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    for got, want, name in zip(grads, ref_grads, "qkv", strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
+def test_cpu_backward_of_a_block_with_rows_it_gives_no_key():
+    """Ring-style: rows 0..11 attend keys of block 1 only; block 2's backward under the merged
+    (out, lse) must give them nothing although their bias there is finite."""
+    mask = make_mask("full_document", S, doc_lengths=[12, 20, 16])
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(S, HQ, D, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(S, HKV, D, generator=gen, dtype=torch.float64) for _ in "kv")
+    dout = torch.randn_like(q)
+    blocks = [(0, 12), (12, S)]
+    out = torch.zeros_like(q)
+    lse = torch.full((HQ, S), float("-inf"), dtype=torch.float64)
+    parts = []
+    for k0, k1 in blocks:
+        part = get_kernel("sdpa").prepare(mask.restrict((0, S), (k0, k1)), Problem.of(q, k[k0:k1]))
+        part_out, part_lse = run(part, q, k[k0:k1], v[k0:k1])
+        merge_into(out, lse, part_out, part_lse)
+        parts.append(part)
+    dq, dks, dvs = torch.zeros_like(q), [], []
+    native = parts[0].to_native
+    for part, (k0, k1) in zip(parts, blocks, strict=True):
+        gq, gk, gv = part.backward(
+            native(dout), native(q), native(k[k0:k1]), native(v[k0:k1]), native(out), lse
+        )
+        dq += part.from_native(gq)
+        dks.append(part.from_native(gk))
+        dvs.append(part.from_native(gv))
+    ref = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ref_out, _ = get_kernel("reference")(*ref, mask)
+    ref_grads = torch.autograd.grad(ref_out, ref, dout)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    for got, want in zip((dq, torch.cat(dks), torch.cat(dvs)), ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
