@@ -1,14 +1,16 @@
 """Stand-in for flash-attn-4's ``flash_attn.cute`` in plain torch (CPU contract tests only).
 
-It implements the documented signatures and semantics of ``flash_attn_func`` and
-``flash_attn_varlen_func`` (gpu_kernels.md §1.1, §1.2, §3.3; flash_attn/cute/interface.py), not
-lcab's lowering:
+Its two functions take their signatures from the rows of `lcab.kernels.upstream.fa4` (read in
+the 4.0.0b36 wheel's ``flash_attn/cute/interface.py``, held to the installed package by
+``tests/unit/test_upstream_packages.py``): a call the real functions reject fails here too.
+Their semantics are the source's, not lcab's lowering:
 
 * emulator of the mask: sequence b owns query rows ``cu_q[b]:cu_q[b+1]`` (sq) and key columns
   ``cu_k[b]:cu_k[b+1]`` (sk); local query i sees local key j iff
   ``i + sk - sq - left <= j <= i + sk - sq + right`` (bottom-right aligned diagonal). ``None``
-  is an unbounded side; an int is taken literally, even a negative one, and only a pair of ints
-  summing below zero means "no window" (FA4's rule); ``causal=True`` makes right = 0;
+  is an unbounded side; an int is taken literally, even a negative one, and only a pair of two
+  negative ints means "no window" (``_resolve_causal_local_window``, L438-459);
+  ``causal=True`` makes right = 0;
 * softmax attention under that mask in any float dtype, GQA by query groups (Hq % Hkv == 0),
   autograd through ``out`` **and** ``lse`` when ``return_lse=True`` (FA4's LSE is
   differentiable); with ``return_lse=False`` the LSE is returned detached when a grad is needed
@@ -32,7 +34,9 @@ from typing import Any
 import pytest
 import torch
 
+from lcab.kernels.upstream import fa4 as upstream
 from tests.helpers.standin_flash_attn import module
+from tests.helpers.standin_rows import from_row
 
 CALLS: list[dict[str, Any]] = []
 Window = tuple[int | None, int | None]
@@ -42,12 +46,10 @@ Window = tuple[int | None, int | None]
 def window_allowed(sq: int, sk: int, causal: bool, window_size: Window) -> torch.Tensor:
     """(sq, sk) bool: what one sequence attends under FA4's documented rule."""
     left, right = window_size
+    if left is not None and right is not None and left < 0 and right < 0:
+        left = right = None  # FA4: two negative sides are no window at all
     if causal:
         right = 0
-    if left is not None and right is not None and left + right < 0:
-        left = right = None  # FA4: a negative-sum pair is no window at all
-        if causal:
-            right = 0
     i = torch.arange(sq)[:, None]
     j = torch.arange(sk)[None, :]
     diag = i + sk - sq
@@ -115,16 +117,20 @@ def _finish(out, lse, return_lse, record) -> tuple[torch.Tensor, torch.Tensor | 
     return out, (lse.detach() if needs_grad else None)
 
 
-def flash_attn_func(
-    q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
-    window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
-    deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
-    aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None,
-    return_lse=False,
-):  # fmt: skip
+def _unused(call: dict[str, Any], *names: str, **values: Any) -> None:
+    """The arguments lcab never passes keep their defaults (nothing else is emulated)."""
+    for name in names:
+        assert call[name] is None, name
+    for name, value in values.items():
+        assert call[name] == value, name
+
+
+def _dense(call: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, S, H, D) inputs → (out, lse (B, H, Sq))."""
-    assert qv is None and mask_mod is None and score_mod is None and softcap == 0.0
-    assert block_sparse_tensors is None and learnable_sink is None
+    q, k, v = call["q"], call["k"], call["v"]
+    causal, window_size, softmax_scale = call["causal"], call["window_size"], call["softmax_scale"]
+    _unused(call, "qv", "gather_kv_indices", "mask_mod", "score_mod", "block_sparse_tensors")
+    _unused(call, "learnable_sink", softcap=0.0)
     _check(q, k, v, 4, window_size)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     allowed = window_allowed(q.shape[1], k.shape[1], causal, window_size)
@@ -136,21 +142,17 @@ def flash_attn_func(
         "kwargs": {"causal": causal, "window_size": window_size, "scale": scale},
         "shapes": (tuple(q.shape), tuple(k.shape)),
     }
-    return _finish(torch.stack(outs), torch.stack(lses), return_lse, record)
+    return _finish(torch.stack(outs), torch.stack(lses), call["return_lse"], record)
 
 
-def flash_attn_varlen_func(
-    q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-    max_seqlen_k=None, min_seqlen_k=None, seqused_q=None, seqused_k=None,
-    gather_kv_indices=None, page_table=None, softmax_scale=None, causal=False,
-    window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
-    deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None,
-    block_sparse_tensors=None, aux_tensors=None, aux_scalars=None, return_lse=False,
-    scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False,
-):  # fmt: skip
+def _varlen(call: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(total, H, D) inputs with int32 cu_seqlens → (out, lse (H, total_q))."""
-    assert qv is None and mask_mod is None and seqused_q is None and seqused_k is None
-    assert page_table is None and softcap == 0.0 and learnable_sink is None
+    q, k, v = call["q"], call["k"], call["v"]
+    causal, window_size, softmax_scale = call["causal"], call["window_size"], call["softmax_scale"]
+    cu_seqlens_q, cu_seqlens_k = call["cu_seqlens_q"], call["cu_seqlens_k"]
+    max_seqlen_q, max_seqlen_k = call["max_seqlen_q"], call["max_seqlen_k"]
+    _unused(call, "qv", "mask_mod", "seqused_q", "seqused_k", "page_table", "learnable_sink")
+    _unused(call, "gather_kv_indices", "score_mod", "block_sparse_tensors", softcap=0.0)
     _check(q, k, v, 3, window_size)
     for cu, total, longest in (
         (cu_seqlens_q, q.shape[0], max_seqlen_q),
@@ -177,7 +179,11 @@ def flash_attn_varlen_func(
         },
         "shapes": (tuple(q.shape), tuple(k.shape)),
     }
-    return _finish(out, lse, return_lse, record)
+    return _finish(out, lse, call["return_lse"], record)
+
+
+flash_attn_func = from_row(upstream.FLASH_ATTN_FUNC, _dense)
+flash_attn_varlen_func = from_row(upstream.FLASH_ATTN_VARLEN_FUNC, _varlen)
 
 
 def flash_attn_func_before_return_lse(

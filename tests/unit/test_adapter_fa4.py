@@ -17,6 +17,7 @@ refuses CPU, as it should).
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import numpy as np
@@ -27,7 +28,9 @@ from hypothesis import strategies as st
 
 from lcab.cp.merge import merge_into
 from lcab.kernels import Problem, get_kernel, probe
-from lcab.kernels.fa4 import version_reasons
+from lcab.kernels.fa4 import PreparedFA4, version_reasons
+from lcab.kernels.upstream import fa4 as fa4_table
+from lcab.kernels.upstream import flash_attn as flash_table
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_fa4 as standin
@@ -372,3 +375,36 @@ def test_probe_skips_import_checks_without_cuda(monkeypatch) -> None:
     versions(monkeypatch, "4.0.0b36")
     monkeypatch.setattr(probe, "cuda_present", lambda: False)
     assert get_kernel("fa4").extra_reasons(CUDA_BF16, "fwd") == []
+
+
+# ----------------------------------------------------------------------------- upstream rows
+def test_standin_signatures_are_the_rows() -> None:
+    """The stand-in accepts exactly the calls the table (held to the wheel) says FA4 accepts."""
+    for fn, row in (
+        (standin.flash_attn_func, fa4_table.FLASH_ATTN_FUNC),
+        (standin.flash_attn_varlen_func, fa4_table.FLASH_ATTN_VARLEN_FUNC),
+    ):
+        assert inspect.signature(fn) == row.signature()
+    q = torch.zeros(1, 4, 1, 8)
+    with pytest.raises(TypeError, match="return_softmax_lse"):  # FA3's spelling, not FA4's
+        standin.flash_attn_func(q, q, q, return_softmax_lse=True)
+    with pytest.raises(TypeError):  # one argument more than the 23 the wheel defines
+        standin.flash_attn_func(q, q, q, None, None, None, False, (None, None), None, 0.0, 1,
+                                None, False, None, None, None, None, None, None, None, True,
+                                False, None, "one too many")  # fmt: skip
+
+
+def test_a_pair_with_one_negative_side_is_a_window() -> None:
+    """FA4 drops the window only when both sides are negative (L438-459): (-1, 0) stays one."""
+    assert not bool(standin.window_allowed(6, 6, False, (-1, 0)).all())
+    assert bool(standin.window_allowed(6, 6, False, (-3, -1)).all())
+
+
+def test_the_adapter_reads_the_lse_as_the_table_states() -> None:
+    """PreparedFlash reads FA2's layouts; FA4's table must state the same, and a gradient."""
+    assert fa4_table.FLASH_ATTN_FUNC.lse == fa4_table.LSE
+    assert (fa4_table.LSE.layout, fa4_table.FLASH_ATTN_VARLEN_FUNC.lse.layout) == (
+        flash_table.FA2_LSE.layout,
+        flash_table.FA2_LSE.varlen_layout,
+    )
+    assert PreparedFA4.lse_grad is fa4_table.LSE.differentiable is True
