@@ -1,8 +1,9 @@
 """Stand-in for ``block_sparse_attn`` (mit-han-lab Block-Sparse-Attention v0.0.2) in plain torch.
 
-It implements the *documented* signature and semantics (gpu_kernels.md §3.8, read against the
-library's ``block_sparse_attn_interface.py``, ``flash_api.cpp`` and ``flash_blockmask.h``), not
-lcab's lowering, so lcab's adapter can be contract-tested on CPU (never GPU-verified):
+Its signature is the row of `lcab.kernels.upstream.block_sparse_attn` (read at 49d6c39); its
+semantics are the library's ``block_sparse_attn_interface.py``, ``flash_api.cpp`` and
+``flash_blockmask.h``, not lcab's lowering, so lcab's adapter can be contract-tested on CPU
+(never GPU-verified):
 
 * argument checks of the wrapper and ``mha_varlen_fwd_block``: int32 contiguous
   ``cu_seqlens``, ``head_mask_type`` (Hq,) and ``streaming_info`` (2 Hq,) on the inputs'
@@ -32,7 +33,9 @@ from typing import Any
 
 import torch
 
+from lcab.kernels.upstream import block_sparse_attn as upstream
 from tests.helpers.standin_flash_attn import module
+from tests.helpers.standin_rows import from_row
 
 CALLS: list[dict[str, Any]] = []
 BLOCK = 128
@@ -93,12 +96,16 @@ def _check(kw: dict[str, Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     assert len(kw["cu_seqlens_q"]) == len(kw["cu_seqlens_k"])
 
 
-def block_sparse_attn_func(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, head_mask_type, streaming_info, base_blockmask,
-    max_seqlen_q_, max_seqlen_k_, p_dropout, deterministic=False, softmax_scale=None,
-    is_causal=False, exact_streaming=False, return_attn_probs=False,
-):  # fmt: skip
-    """The documented ``block_sparse_attn_func`` (v0.0.2), computed densely."""
+def _block_sparse_attn_func(given: dict[str, Any]) -> Any:
+    """``block_sparse_attn_func`` (the row's signature, v0.0.2 at 49d6c39), computed densely."""
+    q, k, v = given["q"], given["k"], given["v"]
+    cu_seqlens_q, cu_seqlens_k = given["cu_seqlens_q"], given["cu_seqlens_k"]
+    head_mask_type, streaming_info = given["head_mask_type"], given["streaming_info"]
+    base_blockmask, max_seqlen_q_ = given["base_blockmask"], given["max_seqlen_q_"]
+    max_seqlen_k_, softmax_scale = given["max_seqlen_k_"], given["softmax_scale"]
+    p_dropout, is_causal, exact_streaming = (
+        given["p_dropout"], given["is_causal"], given["exact_streaming"]
+    )  # fmt: skip
     kw = {
         "cu_seqlens_q": cu_seqlens_q,
         "cu_seqlens_k": cu_seqlens_k,
@@ -139,7 +146,10 @@ def block_sparse_attn_func(
         lse[b, :, : cq[b + 1] - cq[b]] = lse_rows[:, cq[b] : cq[b + 1]]
     call["lse"] = lse
     CALLS.append(call)
-    return (out, lse, torch.empty(0)) if return_attn_probs else out
+    return (out, lse, torch.empty(0)) if given["return_attn_probs"] else out
+
+
+block_sparse_attn_func = from_row(upstream.BLOCK_SPARSE_ATTN_FUNC, _block_sparse_attn_func)
 
 
 def block_sparse_attn_func_without_lse(

@@ -1,8 +1,9 @@
 """Stand-in for ``fastvideo_kernel.block_sparse_attn`` (0.3.x) in plain torch.
 
-It implements the documented semantics of the two index-native autograd ops (gpu_kernels.md
-§3.10 and the sources of fastvideo-kernel 0.3.2), not lcab's lowering, so the sparse_vsa
-adapters can be contract-tested on CPU (never GPU-verified):
+Its two ops take their signatures from the rows of `lcab.kernels.upstream.vsa` (read in the
+fastvideo-kernel 0.3.5 sdist) and implement the semantics of those sources (0.3.2 and 0.3.5),
+not lcab's lowering, so the sparse_vsa adapters can be contract-tested on CPU (never
+GPU-verified):
 
 * emulator of the mask: query row i (in 64-row block qb) attends key j iff j's 64-key block is
   one of the first ``q2k_num[0, h, qb]`` entries of ``q2k_idx[0, h, qb]`` and
@@ -26,6 +27,9 @@ import types
 from typing import Any
 
 import torch
+
+from lcab.kernels.upstream import vsa as upstream
+from tests.helpers.standin_rows import from_row
 
 CALLS: list[dict[str, Any]] = []
 BLOCK = 64
@@ -93,14 +97,21 @@ def _attend(q, k, v, q2k_idx, q2k_num, sizes, thunderkittens: bool, op: str):
     return out, raw
 
 
-def block_sparse_attn_triton(q, k, v, q2k_idx, q2k_num, variable_block_sizes):
+def _triton(call: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton op: (out (B, H, S, D), M (B, H, S) log2)."""
-    return _attend(q, k, v, q2k_idx, q2k_num, variable_block_sizes, False, "triton")
+    q, k, v = call["q"], call["k"], call["v"]
+    return _attend(q, k, v, *(call[name] for name in INDICES), False, "triton")
 
 
-def block_sparse_attn_sm90(q_padded, k_padded, v_padded, q2k_idx, q2k_num, variable_block_sizes):
+def _sm90(call: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The ThunderKittens op: (out (B, H, S, D), lse (B, H, S, 1) = -sqrt(D)·ln-LSE)."""
-    return _attend(q_padded, k_padded, v_padded, q2k_idx, q2k_num, variable_block_sizes, True, "tk")
+    q, k, v = call["q_padded"], call["k_padded"], call["v_padded"]
+    return _attend(q, k, v, *(call[name] for name in INDICES), True, "tk")
+
+
+INDICES = ("q2k_idx", "q2k_num", "variable_block_sizes")
+block_sparse_attn_triton = from_row(upstream.BLOCK_SPARSE_ATTN_TRITON, _triton)
+block_sparse_attn_sm90 = from_row(upstream.BLOCK_SPARSE_ATTN_SM90, _sm90)
 
 
 def block_sparse_attn_triton_with_block_size(

@@ -18,6 +18,7 @@ refuses CPU, as it should).
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import numpy as np
@@ -30,6 +31,7 @@ from lcab.kernels import Problem, get_kernel, probe
 from lcab.kernels.block_grid import partial_tile_reason
 from lcab.kernels.block_sparse_attn import aligned_full_slices, kept_blocks
 from lcab.kernels.probe import probe_reasons
+from lcab.kernels.upstream import block_sparse_attn as bsa_table
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering.blocks import block_table
 from tests.helpers import standin_block_sparse_attn as standin
@@ -358,3 +360,14 @@ def test_probe_without_package_names_it(monkeypatch) -> None:
     version(monkeypatch, None)
     reasons = get_kernel(KERNEL).not_supported_reasons(CUDA_BF16)
     assert any(r.startswith("needs package 'block_sparse_attn', not installed") for r in reasons)
+
+
+def test_standin_has_the_rows_signature() -> None:
+    """A call v0.0.2 rejects (a missing p_dropout, an unknown keyword) fails in the stand-in."""
+    assert inspect.signature(standin.block_sparse_attn_func) == (
+        bsa_table.BLOCK_SPARSE_ATTN_FUNC.signature()
+    )
+    with pytest.raises(TypeError, match="p_dropout"):
+        standin.block_sparse_attn_func(*[None] * 10)
+    with pytest.raises(TypeError, match="return_softmax_lse"):
+        standin.block_sparse_attn_func(*[None] * 11, return_softmax_lse=True)

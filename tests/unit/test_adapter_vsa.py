@@ -17,6 +17,7 @@ with a CPU float problem (``not_supported_reasons`` would refuse it, as it shoul
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import numpy as np
@@ -27,6 +28,7 @@ from hypothesis import strategies as st
 
 from lcab.kernels import Problem, get_kernel, probe, vsa
 from lcab.kernels.probe import probe_reasons
+from lcab.kernels.upstream import vsa as vsa_table
 from lcab.masks import AttnMask, make_mask
 from tests.helpers import standin_vsa as standin
 from tests.helpers.contract import forward_backward
@@ -342,3 +344,24 @@ def test_thunderkittens_needs_sm90_exactly(on_cuda) -> None:
     (reason,) = get_kernel("sparse_vsa").extra_reasons(CUDA_BF16, "fwd")
     assert "sm_90a only (this GPU is sm_100)" in reason
     assert get_kernel("sparse_vsa_triton").extra_reasons(CUDA_BF16, "fwd") == []
+
+
+def test_standin_ops_have_the_rows_signatures() -> None:
+    """The stand-in ops take exactly what the 0.3.5 sources define (the TK op's q is q_padded)."""
+    assert inspect.signature(standin.block_sparse_attn_triton) == (
+        vsa_table.BLOCK_SPARSE_ATTN_TRITON.signature()
+    )
+    assert inspect.signature(standin.block_sparse_attn_sm90) == (
+        vsa_table.BLOCK_SPARSE_ATTN_SM90.signature()
+    )
+    with pytest.raises(TypeError, match="q"):
+        standin.block_sparse_attn_sm90(q=None, k=None, v=None, q2k_idx=None, q2k_num=None,
+                                       variable_block_sizes=None)  # fmt: skip
+
+
+def test_lse_scales_follow_the_table() -> None:
+    """Triton's M is log2 (x ln 2); TK's is -sqrt(D) times the natural log (/ -sqrt(D))."""
+    assert vsa.natural_lse_scale(vsa_table.BLOCK_SPARSE_ATTN_TRITON, 64) == pytest.approx(
+        0.6931471805
+    )
+    assert vsa.natural_lse_scale(vsa_table.BLOCK_SPARSE_ATTN_SM90, 64) == pytest.approx(-1 / 8)
