@@ -1,8 +1,10 @@
 """Stand-in for ``flashinfer``'s block-sparse wrappers in plain torch (documented semantics only).
 
-Implements what the docs of ``flashinfer-python`` (``flashinfer/sparse.py``, 0.6-0.7;
-gpu_kernels.md §3.9) say, not lcab's lowering, so the adapter is contract-tested on CPU (never
-GPU-verified):
+Constructors, ``plan`` and ``run`` take their signatures from the rows of
+`lcab.kernels.upstream.flashinfer` (read in the 0.7.2.post1 wheel, held to the installed package
+by ``tests/unit/test_upstream_packages.py``): a call the real wrappers reject fails here too.
+They implement what ``flashinfer/sparse.py`` says, not lcab's lowering, so the adapter is
+contract-tested on CPU (never GPU-verified):
 
 * ``BlockSparseAttentionWrapper(float_workspace_buffer, backend="auto")``; ``plan(indptr,
   indices, M, N, R, C, num_qo_heads, num_kv_heads, head_dim, mask=None, ...)``: a BSR matrix of
@@ -32,6 +34,9 @@ import types
 from typing import Any
 
 import torch
+
+from lcab.kernels.upstream import flashinfer as upstream
+from tests.helpers.standin_rows import constructor_from_row, from_row
 
 CALLS: list[dict[str, Any]] = []
 #: What the stand-in writes on rows attending nothing (the library's value is undocumented).
@@ -103,49 +108,54 @@ def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
     return getattr(torch, value) if isinstance(value, str) else value
 
 
+def _init(wrapper: Any, call: dict[str, Any]) -> None:
+    assert call["float_workspace_buffer"].dtype == torch.uint8
+    wrapper.backend, wrapper.planned = call["backend"], None
+
+
+def _unused(call: dict[str, Any], *names: str) -> None:
+    """Arguments lcab never passes keep their default None (nothing else is emulated)."""
+    for name in names:
+        assert call[name] is None, name
+
+
 class BlockSparseAttentionWrapper:
-    """Stand-in of the documented BSR wrapper."""
+    """Stand-in of the BSR wrapper; constructor, ``plan`` and ``run`` have the rows' signatures."""
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
-        assert float_workspace_buffer.dtype == torch.uint8
-        self.backend, self.planned = backend, None
+    planned: dict[str, Any] | None
+    __init__ = constructor_from_row(upstream.BSR_INIT, _init)
 
-    def plan(
-        self, indptr, indices, M, N, R, C, num_qo_heads, num_kv_heads, head_dim, mask=None,
-        packed_mask=None, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
-        logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
-        q_data_type="float16", kv_data_type=None, o_data_type="float16", non_blocking=True,
-        block_mask=None,
-    ) -> None:  # fmt: skip
-        assert packed_mask is None and block_mask is None
+    def _plan(self, call: dict[str, Any]) -> None:
+        indptr, indices, mask = call["indptr"], call["indices"], call["mask"]
+        m, n, r, c = call["M"], call["N"], call["R"], call["C"]
+        num_qo_heads, num_kv_heads = call["num_qo_heads"], call["num_kv_heads"]
+        _unused(call, "packed_mask", "block_mask", "kv_block_lens", "q2k_indices", "q2k_num")
         assert indptr.dtype == torch.int32 and indices.dtype == torch.int32
-        assert N % C == 0, "N must be divisible by C"
-        assert len(indptr) == -(-M // R) + 1 and int(indptr[0]) == 0
+        assert n % c == 0, "N must be divisible by C"
+        assert len(indptr) == -(-m // r) + 1 and int(indptr[0]) == 0
         assert int(indptr[-1]) == len(indices)
-        if int(indices.max().item()) * C > N:  # as the library: fails on nnz = 0 too
+        if int(indices.max().item()) * c > n:  # as the library: fails on nnz = 0 too
             raise ValueError("indices out of bound")
         assert num_qo_heads % num_kv_heads == 0
         if mask is not None:
-            assert mask.dtype == torch.bool and tuple(mask.shape) == (len(indices), R, C)
+            assert mask.dtype == torch.bool and tuple(mask.shape) == (len(indices), r, c)
         self.planned = {
             "wrapper": "bsr",
             "indptr": indptr.clone(),
             "indices": indices.clone(),
-            "M": M, "N": N, "R": R, "C": C,
+            "M": m, "N": n, "R": r, "C": c,
             "mask": None if mask is None else mask.clone(),
-            "causal": causal,
-            "heads": (num_qo_heads, num_kv_heads, head_dim),
-            "sm_scale": sm_scale,
-            "dtypes": (_dtype(q_data_type), _dtype(kv_data_type), _dtype(o_data_type)),
+            "causal": call["causal"],
+            "heads": (num_qo_heads, num_kv_heads, call["head_dim"]),
+            "sm_scale": call["sm_scale"],
+            "dtypes": tuple(_dtype(call[f"{x}_data_type"]) for x in ("q", "kv", "o")),
         }  # fmt: skip
         CALLS.append(self.planned)
 
-    def run(
-        self, q, k, v, scale_q=None, scale_k=None, scale_v=None, out=None, lse=None,
-        return_lse=False, enable_pdl=None,
-    ):  # fmt: skip
-        p = self.planned
+    def _run(self, call: dict[str, Any]) -> Any:
+        q, k, v, p = call["q"], call["k"], call["v"], self.planned
         assert p is not None, "plan first"
+        _unused(call, "scale_q", "scale_k", "scale_v", "out", "lse")
         hq, hkv, d = p["heads"]
         assert q.shape == (p["M"], hq, d) and k.shape == v.shape == (p["N"], hkv, d)
         assert q.dtype == p["dtypes"][0]
@@ -162,26 +172,25 @@ class BlockSparseAttentionWrapper:
         )
         o, lse2 = o.transpose(0, 1).to(p["dtypes"][2]), lse2.t().contiguous()  # (M, Hq)
         CALLS.append({"wrapper": "bsr", "run": True, "lse": lse2})
-        return (o, lse2) if return_lse else o
+        return (o, lse2) if call["return_lse"] else o
+
+    plan = from_row(upstream.BSR_PLAN, lambda call: call["self"]._plan(call))
+    run = from_row(upstream.BSR_RUN, lambda call: call["self"]._run(call))
 
 
 class VariableBlockSparseAttentionWrapper:
-    """Stand-in of the documented variable-block wrapper."""
+    """Stand-in of the variable-block wrapper; signatures from the rows."""
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
-        assert float_workspace_buffer.dtype == torch.uint8
-        self.backend, self.planned = backend, None
+    planned: dict[str, Any] | None
+    __init__ = constructor_from_row(upstream.VARIABLE_INIT, _init)
 
-    def plan(
-        self, block_mask_map, block_row_sz, block_col_sz, num_qo_heads, num_kv_heads, head_dim,
-        causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
-        logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
-        non_blocking=True, q_data_type="float16", kv_data_type=None,
-    ) -> None:  # fmt: skip
-        assert not causal and block_mask_map.dtype == torch.bool
+    def _plan(self, call: dict[str, Any]) -> None:
+        block_mask_map, num_kv_heads = call["block_mask_map"], call["num_kv_heads"]
+        block_row_sz, block_col_sz = call["block_row_sz"], call["block_col_sz"]
+        assert not call["causal"] and block_mask_map.dtype == torch.bool
         assert block_row_sz.dtype == torch.int32 and block_col_sz.dtype == torch.int32
         heads, mb, nb = block_mask_map.shape
-        assert heads == num_kv_heads and num_qo_heads % num_kv_heads == 0
+        assert heads == num_kv_heads and call["num_qo_heads"] % num_kv_heads == 0
         assert block_row_sz.shape == (heads, mb) and block_col_sz.shape == (heads, nb)
         assert bool((block_row_sz > 0).all()) and bool((block_col_sz > 0).all())
         # every head's blocks cover the whole sequence (q/k are reshaped head by head)
@@ -193,15 +202,16 @@ class VariableBlockSparseAttentionWrapper:
             "block_mask_map": block_mask_map.clone(),
             "block_row_sz": block_row_sz.clone(),
             "block_col_sz": block_col_sz.clone(),
-            "heads": (num_qo_heads, num_kv_heads, head_dim),
-            "sm_scale": sm_scale,
-            "dtypes": (_dtype(q_data_type), _dtype(kv_data_type)),
+            "heads": (call["num_qo_heads"], num_kv_heads, call["head_dim"]),
+            "sm_scale": call["sm_scale"],
+            "dtypes": (_dtype(call["q_data_type"]), _dtype(call["kv_data_type"])),
         }
         CALLS.append(self.planned)
 
-    def run(self, q, k, v, out=None, lse=None, return_lse=False, enable_pdl=None):
-        p = self.planned
+    def _run(self, call: dict[str, Any]) -> Any:
+        q, k, v, p = call["q"], call["k"], call["v"], self.planned
         assert p is not None, "plan first"
+        _unused(call, "out", "lse")
         hq, hkv, d = p["heads"]
         sq, sk = int(p["block_row_sz"][0].sum()), int(p["block_col_sz"][0].sum())
         assert q.shape == (hq, sq, d) and k.shape == v.shape == (hkv, sk, d)
@@ -210,7 +220,10 @@ class VariableBlockSparseAttentionWrapper:
         scale = p["sm_scale"] if p["sm_scale"] is not None else 1.0 / math.sqrt(d)
         o, lse2 = attend(q, k, v, allowed, scale)  # (Hq, S, D), (Hq, S)
         CALLS.append({"wrapper": "variable", "run": True, "lse": lse2})
-        return (o, lse2) if return_lse else o
+        return (o, lse2) if call["return_lse"] else o
+
+    plan = from_row(upstream.VARIABLE_PLAN, lambda call: call["self"]._plan(call))
+    run = from_row(upstream.VARIABLE_RUN, lambda call: call["self"]._run(call))
 
 
 def module(**overrides: Any) -> types.ModuleType:

@@ -16,6 +16,7 @@ through the LSE), so the two can disagree. As the kernels do, an LSE of -inf is 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,28 @@ def from_row(row: UpstreamFunction, impl: Callable[[dict[str, Any]], Any]) -> Ca
     standin.__name__ = row.name.split(".")[-1]
     standin.__qualname__ = standin.__name__
     return standin
+
+
+def constructor_from_row(
+    row: UpstreamFunction, impl: Callable[[Any, dict[str, Any]], None]
+) -> Callable[..., None]:
+    """An ``__init__`` for a stand-in class whose row is the class itself.
+
+    A class row lists the constructor's parameters without ``self`` (``inspect.signature`` of
+    the class); this ``__init__`` binds them as the real constructor would and calls
+    ``impl(self, arguments)``.
+    """
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        impl(self, row.bind(*args, **kwargs))
+
+    own = row.signature()
+    first = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    init.__signature__ = own.replace(  # type: ignore[attr-defined]
+        parameters=[first, *own.parameters.values()]
+    )
+    init.__name__ = init.__qualname__ = "__init__"
+    return init
 
 
 def flash_backward_math(

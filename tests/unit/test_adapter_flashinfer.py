@@ -16,6 +16,7 @@ refuses CPU, as it should).
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import numpy as np
@@ -25,8 +26,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lcab.kernels import Problem, get_kernel, probe
+from lcab.kernels import flashinfer as sparse_flashinfer
 from lcab.kernels.flashinfer_lowering import refine
 from lcab.kernels.probe import probe_reasons
+from lcab.kernels.upstream import flashinfer as fi_table
 from lcab.masks import AttnMask, make_mask
 from tests.helpers import standin_flashinfer as standin
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted, slice_masks
@@ -359,3 +362,30 @@ def test_probe_skips_import_checks_without_cuda(monkeypatch) -> None:
     assert probe_reasons(get_kernel(NAME).probe, torch.device("cpu")) == []
     monkeypatch.setattr(probe, "cuda_present", lambda: False)
     assert probe_reasons(get_kernel(NAME).probe, CUDA) == []
+
+
+# ----------------------------------------------------------------------------- upstream rows
+def test_standin_wrappers_have_the_rows_signatures() -> None:
+    """Constructors, plan and run accept exactly what the 0.7.2.post1 wheel's do."""
+    for cls, init, plan, run in (
+        (standin.BlockSparseAttentionWrapper, fi_table.BSR_INIT, fi_table.BSR_PLAN,
+         fi_table.BSR_RUN),
+        (standin.VariableBlockSparseAttentionWrapper, fi_table.VARIABLE_INIT,
+         fi_table.VARIABLE_PLAN, fi_table.VARIABLE_RUN),
+    ):  # fmt: skip
+        assert inspect.signature(cls) == init.signature()
+        assert inspect.signature(cls.plan) == plan.signature()
+        assert inspect.signature(cls.run) == run.signature()
+    wrapper = standin.VariableBlockSparseAttentionWrapper(torch.empty(8, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="o_data_type"):  # the BSR plan's keyword only
+        wrapper.plan(None, None, None, 1, 1, 64, o_data_type=torch.float16)
+
+
+def test_lse_conversion_follows_the_table() -> None:
+    """log2 → natural log, and each wrapper's layout, as the table states them."""
+    factors = {"bsr": sparse_flashinfer.BSR_LSE, "variable": sparse_flashinfer.VARIABLE_LSE}
+    assert {name: layout for name, (_, layout) in factors.items()} == {
+        "bsr": "th",
+        "variable": "ht",
+    }
+    assert all(f == pytest.approx(0.693147180559) for f, _ in factors.values())
