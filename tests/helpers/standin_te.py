@@ -1,6 +1,8 @@
 """Stand-in for ``transformer_engine.pytorch.DotProductAttention`` (TE 2.x, thd) in plain torch.
 
-It implements the *documented* signature and semantics (gpu_kernels.md §3.4.2), not lcab's
+Its constructor and ``forward`` take their signatures from the rows of
+`lcab.kernels.upstream.cudnn` (read in the TE 2.20.2 wheel, held to the installed file by
+``tests/unit/test_upstream_packages.py``); the semantics are the documented ones, not lcab's
 lowering, so lcab's adapter can be contract-tested on CPU (never GPU-verified):
 
 * emulator of the mask: ``qkv_format="thd"``; sequence b owns query rows
@@ -27,7 +29,9 @@ from typing import Any
 
 import torch
 
+from lcab.kernels.upstream import cudnn as upstream
 from tests.helpers.standin_flash_attn import module
+from tests.helpers.standin_rows import constructor_from_row, from_row
 
 CALLS: list[dict[str, Any]] = []
 
@@ -64,61 +68,60 @@ def allowed_of_call(call: dict[str, Any]) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the module
+def _init(module: Any, call: dict[str, Any]) -> None:
+    torch.nn.Module.__init__(module)
+    assert call["attention_dropout"] == 0.0 and call["attention_type"] == "self"
+    assert call["cp_group"] is None and call["bottom_right_diagonal"] is None
+    assert call["softcap"] == 0.0 and call["softmax_type"] == "vanilla"
+    module.heads, module.head_dim = call["num_attention_heads"], call["kv_channels"]
+    module.groups = call["num_gqa_groups"] or module.heads
+    module.scale = call["softmax_scale"] or 1.0 / math.sqrt(module.head_dim)
+    module.defaults = {name: call[name] for name in ("qkv_format", "attn_mask_type", "window_size")}
+
+
 class DotProductAttention(torch.nn.Module):
-    """TE 2.x ``DotProductAttention`` (the arguments lcab can meet; the rest as defaults)."""
+    """TE 2.20's ``DotProductAttention``: constructor and ``forward`` from the rows."""
 
-    def __init__(
-        self, num_attention_heads, kv_channels, num_gqa_groups=None, attention_dropout=0.0,
-        qkv_format="sbhd", attn_mask_type="causal", window_size=None, sequence_parallel=False,
-        tp_size=1, get_rng_state_tracker=None, tp_group=None, layer_number=None,
-        attention_type="self", cp_group=None, cp_global_ranks=None, cp_stream=None,
-        cp_comm_type="p2p", softmax_scale=None,
-    ):  # fmt: skip
-        super().__init__()
-        assert attention_dropout == 0.0 and attention_type == "self" and cp_group is None
-        self.heads, self.head_dim = num_attention_heads, kv_channels
-        self.groups = num_gqa_groups or num_attention_heads
-        self.scale = softmax_scale or 1.0 / math.sqrt(kv_channels)
-        self.defaults = {"qkv_format": qkv_format, "attn_mask_type": attn_mask_type,
-                         "window_size": window_size}  # fmt: skip
+    __init__ = constructor_from_row(upstream.DOT_PRODUCT_ATTENTION, _init)
 
-    def forward(
-        self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None,
-        cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
-        cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type=None,
-        window_size=None, checkpoint_core_attention=False, core_attention_bias_type="no_bias",
-        core_attention_bias=None, alibi_slopes=None, fast_zero_fill=True, inference_params=None,
-    ):  # fmt: skip
+    def _forward(self, call: dict[str, Any]) -> torch.Tensor:
         """q (T, Hq, D), k/v (T, Hkv, D) → out (T, Hq·D)."""
         for name, value in (("NVTE_FUSED_ATTN", "1"), ("NVTE_FLASH_ATTN", "0")):
             assert os.environ.get(name) == value, f"{name} must force cuDNN"
         assert os.environ.get("NVTE_UNFUSED_ATTN") == "0"
-        assert attention_mask is None and cu_seqlens_q_padded is None
-        fmt = qkv_format or self.defaults["qkv_format"]
-        mask_type = attn_mask_type or self.defaults["attn_mask_type"]
-        window = tuple(window_size or self.defaults["window_size"] or (-1, -1))
+        for unused in ("attention_mask", "cu_seqlens_q_padded", "bottom_right_diagonal"):
+            assert call[unused] is None, unused
+        assert call["qkv_layer"] is None and call["kv_layer"] is None
+        fmt = call["qkv_format"] or self.defaults["qkv_format"]
+        mask_type = call["attn_mask_type"] or self.defaults["attn_mask_type"]
+        window = tuple(call["window_size"] or self.defaults["window_size"] or (-1, -1))
         assert fmt == "thd" and mask_type in ("padding", "padding_causal")
         assert window == (-1, -1) or window == (-1, 0) or min(window) >= 0, "not FusedAttention"
-        q, k, v = query_layer, key_layer, value_layer
+        q, k, v = call["query_layer"], call["key_layer"], call["value_layer"]
+        cu_seqlens_q, cu_seqlens_kv = call["cu_seqlens_q"], call["cu_seqlens_kv"]
         assert q.dim() == 3 and k.shape == v.shape and q.shape[1] == self.heads
         assert k.shape[1] == self.groups and q.shape[2] == self.head_dim
-        for cu, total, longest in ((cu_seqlens_q, q.shape[0], max_seqlen_q),
-                                   (cu_seqlens_kv, k.shape[0], max_seqlen_kv)):  # fmt: skip
+        for cu, total, longest in ((cu_seqlens_q, q.shape[0], call["max_seqlen_q"]),
+                                   (cu_seqlens_kv, k.shape[0], call["max_seqlen_kv"])):  # fmt: skip
             assert isinstance(cu, torch.Tensor) and cu.dtype == torch.int32 and cu.dim() == 1
             assert cu.device == q.device and int(cu[0]) == 0 and int(cu[-1]) == total
             assert bool((cu.diff() > 0).all()), "empty sequences are undocumented"
             assert isinstance(longest, int) and longest >= int(cu.diff().max())
-        call = {"cu_seqlens_q": cu_seqlens_q.clone(), "cu_seqlens_kv": cu_seqlens_kv.clone(),
-                "attn_mask_type": mask_type, "window_size": window}  # fmt: skip
-        allowed = allowed_of_call(call)
+        record = {"cu_seqlens_q": cu_seqlens_q.clone(), "cu_seqlens_kv": cu_seqlens_kv.clone(),
+                  "attn_mask_type": mask_type, "window_size": window}  # fmt: skip
+        allowed = allowed_of_call(record)
         group = self.heads // self.groups
         kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q, kk) * self.scale
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, -1)
         out = torch.einsum("hqk,khd->qhd", probs, vv)
-        CALLS.append(call)
+        CALLS.append(record)
         return out.reshape(q.shape[0], self.heads * self.head_dim)
+
+    forward = from_row(
+        upstream.DOT_PRODUCT_ATTENTION_FORWARD, lambda call: call["self"]._forward(call)
+    )
 
 
 class DotProductAttentionBefore2(torch.nn.Module):

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import numpy as np
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from lcab.kernels import Problem, get_kernel, probe
 from lcab.kernels.probe import probe_reasons
 from lcab.kernels.te_cudnn import BACKEND_ENV
+from lcab.kernels.upstream import cudnn as te_table
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_te as standin
@@ -201,3 +203,18 @@ def test_probe_old_version(monkeypatch) -> None:
     monkeypatch.setattr(probe, "distribution_version", lambda names: "1.13.0")
     (reason,) = probe_reasons(get_kernel("cudnn").probe, CUDA_BF16.device)
     assert "1.13.0 is older than lcab's adapter supports" in reason
+
+
+# ----------------------------------------------------------------------------- upstream rows
+def test_standin_module_has_the_rows_signatures() -> None:
+    """Constructor and forward accept what TE 2.20.2's do; FA's ``cu_seqlens_k`` is refused."""
+    assert inspect.signature(standin.DotProductAttention) == (
+        te_table.DOT_PRODUCT_ATTENTION.signature()
+    )
+    assert inspect.signature(standin.DotProductAttention.forward) == (
+        te_table.DOT_PRODUCT_ATTENTION_FORWARD.signature()
+    )
+    module = standin.DotProductAttention(2, 8, qkv_format="thd")
+    q = torch.zeros(4, 2, 8)
+    with pytest.raises(TypeError, match="cu_seqlens_k"):
+        module(q, q, q, cu_seqlens_k=torch.tensor([0, 4], dtype=torch.int32))
