@@ -75,6 +75,12 @@ class RingAllGather(Strategy):
     merges_partials = False
 
     @override
+    def blocks(self, plan: Plan) -> list[tuple[Any, Any]]:
+        """Each rank's rows against every key, in the gathered order."""
+        keys = np.concatenate(plan.placement.layouts)
+        return [(rows, keys) for rows in plan.rank_layouts]
+
+    @override
     def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         if plan.ring == 1:
             return {}

@@ -133,6 +133,11 @@ def step_mask(
     return sub
 
 
+BLOCK_CLOSED_LOWERINGS = frozenset({"dense", "ranges", "flex", "block_table", "ffa"})
+"""Lowerings that take every rectangle of a one-head mask they take whole (slices stay slices,
+BlockMasks and dense masks are per element)."""
+
+
 @dataclass
 class StrategyOptions:
     """Options every strategy takes (its config group ``cp`` is generated from these)."""
@@ -230,7 +235,41 @@ class Strategy(ABC):
         reasons += self.kernel_reasons(kernel, problem, pass_)
         if mask is not None and mask.num_heads > 1 and not kernel.caps.per_head_masks:
             reasons.append(f"kernel {kernel.name} takes no per-KV-head masks")
+        if mask is not None and mask.num_heads == 1 and not reasons:
+            reasons += self.block_reasons(kernel, mask, problem, world)
         return reasons
+
+    def blocks(self, plan: Plan) -> list[tuple[IntArray, IntArray]]:
+        """(query rows, keys) of every kernel call the plan makes, over all ranks.
+
+        Rings (and Ulysses, a ring of one) call the kernel with one ring shard's rows against
+        each ring shard's keys; strategies that call it otherwise override this.
+        """
+        shards = plan.placement.layouts
+        return [(rows, keys) for rows in shards for keys in shards]
+
+    def block_reasons(
+        self, kernel: Kernel, mask: AttnMask, problem: Problem, world: int
+    ) -> list[str]:
+        """Why ``kernel`` cannot take one of the blocks of ``mask`` this strategy gives it.
+
+        A kernel whose lowering takes any rectangle of a mask it takes (ranges, FFA, Flex, ...)
+        is checked once on the whole mask; a varlen kernel on every block (the first refusal
+        is reported, with the block).
+        """
+        if kernel.caps.lowering in BLOCK_CLOSED_LOWERINGS:
+            return [f"kernel {kernel.name}: {r}" for r in kernel.mask_reasons(mask)]
+        plan = self.plan(mask, problem, world)
+        for rows, keys in self.blocks(plan):
+            block = remap(mask, rows, keys)
+            why = kernel.mask_reasons(block) if block.num_slices else []
+            if why:
+                return [
+                    f"kernel {kernel.name} cannot take a {len(rows)}x{len(keys)} block of the "
+                    f"mask that {self.name} gives it ({world} ranks, {self.balancer}): "
+                    + "; ".join(why)
+                ]
+        return []
 
     def plan(self, mask: AttnMask, problem: Problem, world: int) -> Plan:
         """The plan for ``mask`` on ``world`` ranks (pure; no communication)."""

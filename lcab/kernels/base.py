@@ -274,15 +274,23 @@ class Kernel(ABC):
                     f"mask has {mask.num_heads} heads, the problem {problem.heads_kv} KV heads"
                 )
             else:
-                why = lowering_reason(mask, caps.lowering)
-                if why is not None:
-                    reasons.append(f"mask not expressible as {caps.lowering}: {why}")
+                reasons.extend(self.mask_reasons(mask))
         reasons.extend(self.environment_reasons(problem.device))
         return reasons
 
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
         """Kernel-specific static limits beyond `KernelCaps` (override when needed)."""
         return []
+
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        """Why this kernel cannot take ``mask`` (one mask for all heads); empty if it can.
+
+        Checked for a whole mask and, under context parallelism, for every block of it a rank
+        calls the kernel with (`lcab.cp.base.Strategy.block_reasons`): a varlen kernel can run
+        a causal mask yet not every rectangle of it.
+        """
+        why = lowering_reason(mask, self.caps.lowering)
+        return [] if why is None else [f"mask not expressible as {self.caps.lowering}: {why}"]
 
     def stats_backward_reasons(self, problem: Problem) -> list[str]:
         """Why there is no backward from merged softmax statistics for ``problem`` (CP rings).

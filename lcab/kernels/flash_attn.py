@@ -32,14 +32,10 @@ private backward, called as ring-flash-attn calls it (`lcab.kernels.flash_backwa
 
 Edges of the libraries' own rules, handled here:
 
-* FA2's varlen forward takes a "swapped" path when ``max_seqlen_q == 1`` with GQA and no window
-  (``flash_api.cpp`` L592-598) that reshapes q as if every sequence had one query and returns the
-  LSE as (Hq, batch): lowerings with key-only sequences break it. The adapter spells the unbounded
-  left side as ``max_seqlen_k``, which skips that path and is turned back into -1 right after it
-  (L608);
-* FA2 turns a window side ≥ seqlen_k into -1 and then, facing a bounded side, into seqlen_k
-  (L608-609, L141-142): a right window ≥ the longest key sequence that still binds (a sequence
-  with more than max_seqlen_k + 1 queries) is refused (`fa2_window_reason`);
+* FA2 rewrites the window it is given (a side ≥ max_seqlen_k becomes unbounded, then
+  seqlen_k) and takes a broken "swapped" path for one-query sequences with GQA:
+  `lcab.kernels.fa2_window` spells each window so that FA2 applies exactly the lowering's
+  mask, and refuses the rare mask no spelling reaches (`fa2_window_reason`);
 * FA3 checks ``head_dim % 8 == 0`` and does not pad: other head dims are refused.
 
 FlashAttention 4 (`lcab.kernels.fa4`) reuses `PreparedFlash`: same lowering and LSE layouts, a
@@ -64,13 +60,13 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
     empty_rows,
 )
+from lcab.kernels.fa2_window import fa2_spelling, fa2_window_reason
 from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.masks.core import AttnMask
-from lcab.masks.lowering import VarlenArgs, to_varlen, varlen_reason
-from lcab.masks.lowering.varlen import varlen_row_intervals
+from lcab.masks.lowering import VarlenArgs, to_varlen
 
 #: A library's backward from merged statistics bound to a lowered call: (prepared, dout, q, k,
 #: v, out, lse) → (dq, dk, dv), packed tensors.
@@ -188,66 +184,23 @@ class PreparedFlash(PreparedAttention):
 
 
 class PreparedFA2(PreparedFlash):
-    """FA2's call: the lowering's window, minus the path that breaks key-only sequences."""
+    """FA2's call: the lowering's window spelled so that FA2 applies it exactly."""
 
     library: ClassVar[str] = "FlashAttention 2"
     follows: ClassVar[str] = "flash-attn 2.8.3"
 
     @override
     def unswapped(self, args: VarlenArgs, problem: Problem) -> tuple[int, int]:
-        """Left spelled ``max_seqlen_k`` where FA2 would take its swapped GQA path.
+        """`fa2_spelling` of the lowering's window (see `lcab.kernels.fa2_window`).
 
-        ``mha_varlen_fwd`` checks ``max_seqlen_q == 1 && Hq > Hkv && left < 0 && right < 0``
-        before it turns a side ≥ ``max_seqlen_k`` into -1 (``flash_api.cpp`` L592, L608), so
-        this spelling means the same window and keeps the ordinary path.
+        Raises:
+            ValueError: FA2 cannot apply it (`fa2_window_reason` refuses such masks first).
+
         """
-        left, right = args.window_size
-        swapped = (
-            not args.is_single_sequence
-            and args.max_seqlen_q == 1
-            and problem.heads_q > problem.heads_kv
-            and left < 0
-            and right < 0
-        )
-        return (args.max_seqlen_k, right) if swapped else (left, right)
-
-
-def fa2_window_reason(mask: AttnMask) -> str | None:
-    """Why FA2's window rule would attend other keys than ``mask`` (None: the same keys).
-
-    FA2 turns a side ≥ seqlen_k (max_seqlen_k for varlen) into -1 and then an unbounded side
-    that faces a bounded one into seqlen_k (``flash_api.cpp`` L399-400, L608-609, L141-142);
-    the lowering assumes a side is unbounded only from ``max_seqlen_q - 1`` on.
-    """
-    if varlen_reason(mask) is not None:
-        return None  # refused as not expressible already
-    args = to_varlen(mask)
-    longest_k = args.max_seqlen_k
-    left, right = args.window_size
-    left = -1 if left >= longest_k else left
-    right = 0 if args.causal else (-1 if right >= longest_k else right)
-    if left < 0 <= right:
-        left = longest_k
-    if left >= 0 > right:
-        right = longest_k
-    applied = VarlenArgs(
-        args.cu_seqlens_q,
-        args.cu_seqlens_k,
-        args.max_seqlen_q,
-        longest_k,
-        args.causal,
-        (left, right),
-    )
-    want = varlen_row_intervals(args, mask.seqlen_q)
-    got = varlen_row_intervals(applied, mask.seqlen_q)
-    differs = (want[0] != got[0]) | (want[1] != got[1])
-    if not differs.any():
-        return None
-    row = int(differs.argmax())
-    return (
-        f"FA2 applies window_size {args.window_size} as {(left, right)} "
-        f"(a side >= max_seqlen_k={longest_k} is cut to it), which changes query row {row}"
-    )
+        spelled = fa2_spelling(args, problem.seqlen_q, problem.heads_q > problem.heads_kv)
+        if spelled is None:
+            raise ValueError(f"FA2 cannot apply window_size {args.window_size} exactly")
+        return spelled
 
 
 def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:
@@ -333,11 +286,9 @@ class FA2Kernel(_FlashAttnKernel):
     rows = (fa_table.FA2_BACKWARD, fa_table.FA2_VARLEN_BACKWARD)
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        why = fa2_window_reason(mask) if mask is not None and mask.num_heads == 1 else None
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        reasons = super().mask_reasons(mask)
+        why = None if reasons else fa2_window_reason(mask)
         return reasons + ([why] if why else [])
 
     @override

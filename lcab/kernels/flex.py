@@ -2,10 +2,16 @@
 
 ``compile=True`` (default) runs ``torch.compile(flex_attention)``, the way FlexAttention is
 meant to be used; compilation is timed as setup (first call), not as the kernel. PyTorch has no
-FlexAttention backward on CPU, so backward cells on CPU are skipped with that reason; and its
-compiled CPU path cannot return the log-sum-exp (torch 2.13: "torch.compile on CPU only
-supports inference and return_lse is not supported yet"), so compiled on CPU the kernel returns
-no LSE (numerics then check the output only; strategies that merge by LSE refuse it).
+FlexAttention backward on CPU (torch 2.13 raises in eager and compiled mode alike), so backward
+cells on CPU are skipped with that reason; and its compiled CPU path cannot return the
+log-sum-exp (torch 2.13: "torch.compile on CPU only supports inference and return_lse is not
+supported yet"), so compiled on CPU the kernel returns no LSE (numerics then check the output
+only; strategies that merge by LSE refuse it).
+
+Flex's LSE is differentiable (`lcab.kernels.upstream.torch_flex`: its autograd op hands
+``grad_logsumexp`` to its backward), so the backward from merged statistics that ring-style CP
+needs is the generic one (`PreparedAttention.backward`: autograd through out and lse of the
+compiled call), on CUDA.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ FLEX_CAPS = KernelCaps(
     lowering="flex",
     backward_devices=frozenset({"cuda"}),
     per_head_masks=True,
+    stats_backward=True,  # differentiable LSE (upstream.torch_flex); backward on CUDA only
 )
 """What FlexAttention runs: any device, any float dtype, backward on CUDA only."""
 

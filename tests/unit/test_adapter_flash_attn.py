@@ -28,7 +28,7 @@ from lcab.kernels import Problem, get_kernel, probe
 from lcab.kernels.library_results import lse_to_lcab
 from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons, release
 from lcab.masks import AttnMask, make_mask
-from lcab.masks.lowering import lowering_reason
+from lcab.masks.lowering import lowering_reason, to_varlen
 from tests.helpers import standin_flash_attn as standin
 from tests.helpers.contract import forward_backward, tensors
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted
@@ -71,6 +71,20 @@ def check_lowered_call(kernel: str, mask: AttnMask, must_claim: bool = False) ->
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(mask.seqlen_q, 2, 8, generator=gen)
     k, v = (torch.randn(mask.seqlen_k, 1, 8, generator=gen) for _ in range(2))
+    if any(r.startswith("FA2 cannot apply window_size") for r in reasons):
+        # FA2's own window rule (flash_api.cpp L608-609, L141-142) changes the mask: the
+        # adapter must not call it, and the emulated kernel must indeed differ
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(ValueError, match="FA2 cannot"):
+            install(mp, kernel)
+            get_kernel(kernel).prepare(mask, Problem.of(q, k))
+        args = to_varlen(mask)
+        window = standin.fa2_applied_window(*args.window_size, args.causal, args.max_seqlen_k)
+        emulated = standin.varlen_allowed(
+            torch.as_tensor(args.cu_seqlens_q), torch.as_tensor(args.cu_seqlens_k), args.causal,
+            window,
+        )  # fmt: skip
+        assert not np.array_equal(emulated.numpy(), dense3(mask)[0])
+        return
     standin.CALLS.clear()
     with pytest.MonkeyPatch.context() as mp:
         install(mp, kernel)
@@ -78,11 +92,6 @@ def check_lowered_call(kernel: str, mask: AttnMask, must_claim: bool = False) ->
     (call,) = standin.CALLS
     got = standin.allowed_of_call(call, *mask.shape).numpy()
     want = dense3(mask)[0]
-    if any(r.startswith("FA2 applies window_size") for r in reasons):
-        # FA2's own window rule (flash_api.cpp L608-609, L141-142) would change the mask: the
-        # refusal must be exactly where the emulated kernel differs
-        assert not np.array_equal(got, want), f"{mask!r}: refused, yet FA2 would run it exactly"
-        return
     if not np.array_equal(got, want):
         bad = tuple(np.argwhere(got != want)[0].tolist())
         raise AssertionError(f"{mask!r}: call {call['kwargs']} gives {got[bad]} at {bad}")
