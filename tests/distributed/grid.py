@@ -8,6 +8,7 @@ so one bad case cannot hide the others or hang the suite.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,9 +115,17 @@ def rank_main(rank: int, world: int, rendezvous: str, messages: Any, cases: list
 
 
 def run_grid(
-    world: int, cases: list[Case], workdir: Path, case_timeout: float = 60.0
+    world: int,
+    cases: list[Case],
+    workdir: Path,
+    case_timeout: float = 60.0,
+    rank_fn: Callable[..., None] | None = None,
 ) -> list[Outcome]:
-    """Every case's outcome; a hang or crash fails its case and the rest run on a new world."""
+    """Every case's outcome; a hang or crash fails its case and the rest run on a new world.
+
+    ``rank_fn`` replaces `rank_main` (same arguments), e.g. to install library stand-ins in
+    each rank's process before it runs the cases.
+    """
     outcomes: dict[int, Outcome] = {}
     start = 0
     while start < len(cases):
@@ -127,7 +136,7 @@ def run_grid(
             outcomes[base + index] = Outcome(chunk[index], status, detail, errors)
             return case_timeout
 
-        result = launch(rank_main, world, (chunk,), case_timeout, on_message, workdir)
+        result = launch(rank_fn or rank_main, world, (chunk,), case_timeout, on_message, workdir)
         done = max(outcomes, default=start - 1) + 1
         if result.status != "done":
             outcomes[done] = Outcome(
