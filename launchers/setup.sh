@@ -12,7 +12,7 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 
 stamp=.venv/.lcab-setup-stamp
 want=$(cat pyproject.toml launchers/setup.sh | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ] || [ ! -d .venv/lcab-upstream ]; then
   torch_spec=${LCAB_TORCH:-torch==2.13.0}
   if [ "$torch_spec" != skip ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" "$torch_spec"
