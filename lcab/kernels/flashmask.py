@@ -3,44 +3,44 @@
 PaddlePaddle's own ``paddle.nn.functional.flashmask_attention`` needs Paddle 3.x GPU wheels,
 which PyPI does not serve (its ``paddlepaddle-gpu`` 2.6.2 predates FlashMask), and it would time
 Paddle tensors copied out of torch. The repository's ``flashmask_attention_v3/setup_torch.py``
-builds the same kernel as a torch extension (distribution ``flashmask`` 3.0.0b1, module
-``flashmask_interface``); this adapter is written against that module's documented
-``flashmask_attention`` and is **CPU contract-tested only** (stand-in module, never the CUDA
-kernel). The first GPU run must confirm it.
+builds the same kernel as a torch extension: distribution ``flashmask`` 3.0.0b1, Python module
+**``interface_torch``** (the module name ``flashmask_interface`` that this adapter once imported
+exists only in the unmerged PR #98, so lcab always reported FlashMask as not installed). Every
+call, keyword and fact here comes from the table `lcab.kernels.upstream.flashmask` (rows
+``FLASHMASK_ATTENTION``, ``FLASHMASK_BWD``), read at PaddlePaddle/flash-attention 9985af53.
+**CPU contract-tested only** (a stand-in module built from those rows, never the CUDA kernel):
+the first GPU run must confirm it.
 
 The mask is lowered once, in `prepare`, by `lcab.masks.lowering.to_flashmask`: int32
 ``startend_row_indices`` (1, H_mask, Sk, C) with H_mask 1 or Hkv (per-KV-head masks are
-native) and the ``causal`` flag, on the device. The call takes (1, S, H, D) views.
+native) and the ``causal`` flag. The kernel applies the column intervals as absolute row
+intervals, which is what the lowering states, so every mask the lowering expresses runs, on any
+rectangle: the lowering uses FlashMask's causal flag (bottom-right aligned, FA3's causal mask)
+only on square masks, where it means rows >= j, and states a context-parallel block's rows
+without it. The call takes (1, S, H, D) views.
 
-What lcab refuses rather than guesses (`mask_reasons`, checked before any run):
+Backward: autograd through ``out`` (``FlashMaskFunc.backward`` ignores the LSE's gradient, so
+``lse_grad`` is False), and, for ring-style context parallelism, from merged softmax statistics
+(``stats_backward``): `_PreparedFlashMask.backward` calls the interface's own backward op
+``flashmask_cuda.bwd`` (``torch.ops.flashmask.bwd``) with the merged ``out`` and LSE, as
+``FlashMaskFunc.backward`` calls it with its saved ones and as ring-flash-attn calls FA2's
+``_flash_attn_backward``.
 
-* FlashMask's docstring applies [LTS, LTE) to the *lower-left triangle* and [UTS, UTE) to the
-  *upper-right triangle* of the score matrix without saying which one owns the diagonal, while
-  lcab's lowering states absolute row intervals. A mask is claimed only when every column's
-  intervals give the same mask under both readings (diagonal in either triangle). Where the
-  lowering's form is ambiguous (a column no row attends, say), the adapter passes the
-  equivalent non-causal 4-column form that states each triangle's masked rows exactly
-  (`flashmask_args`); a column whose masked rows on one side of the diagonal are not one
-  interval is refused;
-* rectangles (Sq != Sk, context-parallel blocks): the triangles and ``causal`` are documented
-  for square score matrices only.
+Reasons (`FlashMaskKernel.extra_reasons`): the head dim must be a multiple of 8 (the kernel
+checks, it does not pad); ``FLAGS_flash_attn_version`` other than 3 (unset means 3), and
+``FLAGS_cudnn_deterministic=1`` with a head dim above 128, both send the interface to its
+version-2 path, which raises NotImplementedError.
 
-The module reads ``FLAGS_flash_attn_version`` with ``int(os.getenv(...))`` and needs it to be
-3; `prepare` sets it when unset, and another value is a reason.
-
-LSE: ``return_softmax_lse=True`` → ``[out, lse]``, natural log (FA3-derived), taken to be
-(B, Hq, Sq) like FA3's dense call — unconfirmed, so `lse_to_lcab` refuses any other shape
-rather than transpose silently. Rows attending no key get lcab's out 0 / lse -inf from the
-mask. Backward: autograd through ``out`` (FlashMask's autograd function ignores the LSE's
-gradient, so ``stats_backward=False``).
+LSE: ``return_softmax_lse=True`` → ``[out, lse]``, natural log, (B, Hq, Sq) float32
+(`lse_to_lcab` refuses any other shape rather than transpose silently). Rows attending no key
+get lcab's out 0 / lse -inf from the mask.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -53,119 +53,34 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
     empty_rows,
 )
-from lcab.kernels.library_results import to_lcab_convention
+from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
 from lcab.kernels.registry import register_kernel
+from lcab.kernels.upstream.flashmask import (
+    DISTRIBUTION,
+    FLASHMASK_ATTENTION,
+    FLASHMASK_BWD,
+    MODULE,
+    VERSION,
+)
 from lcab.masks.core import AttnMask
-from lcab.masks.lowering import FlashMaskArgs, lowering_reason, to_flashmask
+from lcab.masks.lowering import to_flashmask
 
 #: Keywords the adapter passes to ``flashmask_attention`` (after q, k, v by position).
 FLASHMASK_KWARGS = ("startend_row_indices", "causal", "return_softmax_lse", "softmax_scale")
+#: Keywords the adapter passes to the backward op (all of them: a torch op takes keywords).
+BWD_KWARGS = ("dout", "q", "k", "v", "out", "softmax_lse", "startend_row_indices",
+              "softmax_scale", "is_causal", "deterministic")  # fmt: skip
 VERSION_FLAG = "FLAGS_flash_attn_version"
-FOLLOWS = "the torch build of FlashMask V3, flashmask 3.0.0b1"
+DETERMINISTIC_FLAG = "FLAGS_cudnn_deterministic"
+FOLLOWS = f"the torch build of FlashMask V3, {DISTRIBUTION} {VERSION}"
+#: The LSE's layout, as the table's row states it ((B, Hq, Sq)).
+LSE_LAYOUT = cast(LseLayout, FLASHMASK_ATTENTION.lse.layout if FLASHMASK_ATTENTION.lse else None)
 
 
-def _intervals(args: FlashMaskArgs, sq: int) -> tuple[np.ndarray, ...]:
-    """(LTS, LTE, UTS, UTE) per (head, column) of any of the four column forms."""
-    idx = args.startend_row_indices[0].astype(np.int64)  # (H, Sk, C)
-    none, whole = np.zeros_like(idx[..., 0]), np.full_like(idx[..., 0], sq)
-    if args.causal:
-        lte = idx[..., 1] if idx.shape[-1] == 2 else whole
-        return idx[..., 0], lte, none, none
-    if idx.shape[-1] == 2:
-        return idx[..., 0], whole, none, idx[..., 1]
-    return idx[..., 0], idx[..., 1], idx[..., 2], idx[..., 3]
-
-
-def triangle_reason(args: FlashMaskArgs, sq: int) -> str | None:
-    """None if the column form means the same with the diagonal in either triangle, else why.
-
-    With lower = rows >= j + d and upper = rows < j + d (d = 0 or 1), the documented mask of
-    column j is (L ∩ lower) ∪ (U ∩ upper) (plus rows < j when causal), the lowering's is L ∪ U:
-    they agree when L ∩ upper is covered by U (by causality when causal) and U ∩ lower by L.
-    """
-    lts, lte, uts, ute = _intervals(args, sq)
-    j = np.arange(lts.shape[-1])[None, :]
-    bad = np.zeros(lts.shape, dtype=bool)
-    for d in (0, 1):
-        x_lo, x_hi = lts, np.minimum(lte, j + d)  # L ∩ upper
-        if args.causal:  # rows < j are masked anyway: what is left is L ∩ [j, j + d)
-            bad |= np.maximum(x_lo, j) < x_hi
-            continue
-        bad |= (x_lo < x_hi) & ~((uts <= x_lo) & (ute >= x_hi))
-        y_lo, y_hi = np.maximum(uts, j + d), ute  # U ∩ lower
-        bad |= (y_lo < y_hi) & ~((lts <= y_lo) & (lte >= y_hi))
-    if not bad.any():
-        return None
-    head, col = (int(x) for x in np.argwhere(bad)[0])
-    return (
-        f"key column {col} (mask head {head}) has masked rows crossing the diagonal in "
-        f"{args.layout}; FlashMask documents its intervals per lower-left / upper-right "
-        "triangle without saying which owns the diagonal, so lcab does not guess"
-    )
-
-
-def _union(
-    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], none: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lo, hi, ok): union of two intervals per column, ``ok`` False where it is not one."""
-    a_has, b_has = a[0] < a[1], b[0] < b[1]
-    lo = np.where(a_has & b_has, np.minimum(a[0], b[0]), np.where(a_has, a[0], b[0]))
-    hi = np.where(a_has & b_has, np.maximum(a[1], b[1]), np.where(a_has, a[1], b[1]))
-    ok = ~(a_has & b_has) | (np.maximum(a[0], b[0]) <= np.minimum(a[1], b[1]))
-    empty = ~(a_has | b_has)
-    return np.where(empty, none, lo), np.where(empty, none, hi), ok
-
-
-def _per_triangle(args: FlashMaskArgs, sq: int) -> tuple[FlashMaskArgs, np.ndarray]:
-    """The same mask as non-causal [LTS, LTE, UTS, UTE] whichever triangle owns the diagonal.
-
-    Under either reading, [LTS, LTE) must equal the masked rows >= j of column j (within rows
-    >= j) and [UTS, UTE) the masked rows <= j (within rows <= j); so take exactly those, which
-    is possible where each is one interval: the second result marks the (head, column) pairs
-    where it is not. Causal masks rows < j as part of the upper interval (square matrices only).
-    """
-    lts, lte, uts, ute = _intervals(args, sq)
-    j = np.broadcast_to(np.arange(lts.shape[-1])[None, :], lts.shape)
-    if args.causal:
-        uts, ute = np.zeros_like(uts), j.copy()
-    low = _union((np.maximum(lts, j), lte), (np.maximum(uts, j), ute), sq)
-    up = _union((lts, np.minimum(lte, j + 1)), (uts, np.minimum(ute, j + 1)), 0)
-    four = np.stack([low[0], low[1], up[0], up[1]], -1)[None].astype(np.int32)
-    return FlashMaskArgs(four, False), ~(low[2] & up[2])
-
-
-def flashmask_args(mask: AttnMask) -> tuple[FlashMaskArgs, str | None]:
-    """The column form the adapter passes, and why it cannot be passed (None: it can).
-
-    The lowering's own form when it means the same under both readings of the diagonal, else
-    the per-triangle 4-column form (`_per_triangle`). Square masks only.
-    """
-    args = to_flashmask(mask)
-    if triangle_reason(args, mask.seqlen_q) is None:
-        return args, None
-    four, split = _per_triangle(args, mask.seqlen_q)
-    if not split.any():
-        return four, triangle_reason(four, mask.seqlen_q)
-    head, col = (int(x) for x in np.argwhere(split)[0])
-    return four, (
-        f"key column {col} (mask head {head}) has masked rows in two pieces on one side of "
-        "the diagonal; FlashMask documents one interval per lower-left / upper-right triangle "
-        "without saying which owns the diagonal, so lcab does not guess"
-    )
-
-
-def mask_reasons(mask: AttnMask) -> list[str]:
-    """Reasons beyond the lowering's: rectangles, and intervals ambiguous at the diagonal."""
-    if mask.seqlen_q != mask.seqlen_k:
-        return [
-            f"FlashMask documents its triangles and causal for square score matrices only "
-            f"(this mask is {mask.seqlen_q} x {mask.seqlen_k})"
-        ]
-    if lowering_reason(mask, "flashmask") is not None:
-        return []  # the base class already reports it
-    why = flashmask_args(mask)[1]
-    return [] if why is None else [why]
+def _deterministic() -> bool:
+    """What the interface reads for its ``deterministic`` (``interface_torch.py`` L870-871)."""
+    return os.environ.get(DETERMINISTIC_FLAG, "0") == "1"
 
 
 class _PreparedFlashMask(PreparedAttention):
@@ -173,9 +88,12 @@ class _PreparedFlashMask(PreparedAttention):
 
     layout = "shd"
 
-    def __init__(self, mask: AttnMask, problem: Problem, fn: Callable[..., Any]) -> None:
-        args = flashmask_args(mask)[0]
-        self.fn = fn
+    def __init__(self, mask: AttnMask, problem: Problem, module: Any) -> None:
+        args = to_flashmask(mask)
+        self.fn = getattr(module, FLASHMASK_ATTENTION.name)
+        self.bwd = module
+        for name in FLASHMASK_BWD.name.split("."):  # flashmask_cuda.bwd
+            self.bwd = getattr(self.bwd, name)
         self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
         indices = torch.from_numpy(np.ascontiguousarray(args.startend_row_indices))
         self.kwargs: dict[str, Any] = {
@@ -185,9 +103,9 @@ class _PreparedFlashMask(PreparedAttention):
             "softmax_scale": problem.head_dim**-0.5,
         }
         empty = empty_rows(mask)  # (H_mask, Sq) → one row per query head
-        group = problem.heads_q // mask.num_heads
-        self.empty = empty.repeat_interleave(group, 0).to(problem.device)
-        self.has_empty = bool(self.empty.any())
+        empty = empty.repeat_interleave(problem.heads_q // mask.num_heads, 0)
+        self.has_empty = bool(empty.any())  # on the host
+        self.empty = empty.to(problem.device)
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -196,7 +114,7 @@ class _PreparedFlashMask(PreparedAttention):
         return to_lcab_convention(
             result[0].squeeze(0),
             result[1],
-            "bhs",
+            LSE_LAYOUT,
             heads=self.heads,
             seqlen=self.seqlen,
             empty=self.empty if self.has_empty else None,
@@ -204,6 +122,37 @@ class _PreparedFlashMask(PreparedAttention):
             library="FlashMask",
             follows=FOLLOWS,
         )
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) of this block of keys under the merged (out, lse): FlashMask's own op.
+
+        ``flashmask_cuda.bwd`` takes ``out`` and ``softmax_lse`` as given, so the merged
+        statistics of a ring step go in where ``FlashMaskFunc.backward`` passes its saved ones:
+        the LSE as (1, Hq, Sq), which is lcab's (Hq, Sq) with the batch put back. Rows with no
+        key anywhere (merged LSE -inf) are read as 0 by the kernel, where their every score is
+        masked; rows with no key in this block are masked in it.
+        """
+        dq, dk, dv = self.bwd(
+            dout=dout.unsqueeze(0).contiguous(),
+            q=q.unsqueeze(0),
+            k=k.unsqueeze(0),
+            v=v.unsqueeze(0),
+            out=out.unsqueeze(0).contiguous(),
+            softmax_lse=lse.unsqueeze(0).contiguous(),
+            startend_row_indices=self.kwargs["startend_row_indices"],
+            softmax_scale=self.kwargs["softmax_scale"],
+            is_causal=self.kwargs["causal"],
+            deterministic=_deterministic(),
+        )
+        return dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
 
 
 @register_kernel
@@ -216,41 +165,44 @@ class FlashMaskKernel(Kernel):
         "flashmask",
         max_head_dim=256,
         per_head_masks=True,
-        package="flashmask_interface",
+        package=MODULE,
         pip_name=(
-            "flashmask, the torch build of PaddlePaddle/flash-attention's "
-            "flashmask/flash_mask/flashmask_attention_v3/setup_torch.py; PyPI's "
-            "paddlepaddle-gpu 2.6.2 predates FlashMask"
+            f"{DISTRIBUTION}, the torch build of PaddlePaddle/flash-attention's "
+            "flashmask/flash_mask/flashmask_attention_v3/setup_torch.py (module "
+            f"{MODULE}); PyPI's paddlepaddle-gpu 2.6.2 predates FlashMask"
         ),
         min_compute_capability=(9, 0),
+        stats_backward=True,
     )
     probe: ClassVar[PackageProbe] = PackageProbe(
-        module="flashmask_interface",
-        distributions=("flashmask",),
-        needs=(ApiNeed("flashmask_attention", FLASHMASK_KWARGS, positional=3),),
+        module=MODULE,
+        distributions=(DISTRIBUTION,),
+        needs=(
+            ApiNeed(FLASHMASK_ATTENTION.name, FLASHMASK_KWARGS, positional=3),
+            ApiNeed(FLASHMASK_BWD.name, BWD_KWARGS),
+        ),
         min_version="3.0",
-        requirement="the torch build of FlashMask V3, flashmask >= 3.0.0b1",
+        requirement=f"the torch build of FlashMask V3, {DISTRIBUTION} >= {VERSION}",
     )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
         reasons = probe_reasons(self.probe, problem.device)
+        if problem.head_dim % 8:
+            reasons.append(
+                f"FlashMask needs head_dim % 8 == 0 and does not pad (head_dim {problem.head_dim})"
+            )
         flag = os.environ.get(VERSION_FLAG)
         if flag is not None and flag.strip() != "3":
             reasons.append(f"{VERSION_FLAG}={flag} selects a FlashMask path other than V3")
-        return reasons
-
-    @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        if mask is not None and mask.num_heads in (1, problem.heads_kv):
-            reasons.extend(mask_reasons(mask))
+        if _deterministic() and problem.head_dim > 128:
+            reasons.append(
+                f"{DETERMINISTIC_FLAG}=1 with head_dim {problem.head_dim} > 128 sends "
+                "FlashMask to its version-2 path, which raises NotImplementedError"
+            )
         return reasons
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
-        os.environ.setdefault(VERSION_FLAG, "3")  # the module does int(os.getenv(...))
-        return _PreparedFlashMask(mask, problem, module.flashmask_attention)
+        return _PreparedFlashMask(mask, problem, module)

@@ -308,7 +308,8 @@ def to_flashmask_reference(mask: AttnMask) -> fm.FlashMaskArgs:
     e_last = np.where(has, ci.ends[idx_last] if len(ci.ends) else 0, 0)
     shape = (1, heads, sk)
 
-    lower_triangular = bool(np.all(~has | (s0 >= col)))
+    # FlashMask's causal is bottom-right: its causal forms only on square masks
+    lower_triangular = sq == sk and bool(np.all(~has | (s0 >= col)))
     if lower_triangular:
         # attended = [j, LTS) ∪ [LTE, Sq)
         one = (n == 0) | ((n == 1) & (s0 == col))

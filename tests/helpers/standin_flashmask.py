@@ -1,110 +1,182 @@
-"""Stand-in for ``flashmask_interface`` (torch build of FlashMask V3) in plain torch.
+"""Stand-in for ``interface_torch`` (FlashMask V3's torch build) in plain torch, from its source.
 
-It implements the *documented* signature and semantics (the module's docstring; gpu_kernels.md
-§3.6), not lcab's lowering, so lcab's adapter can be contract-tested on CPU (never GPU-verified):
+Built from the table `lcab.kernels.upstream.flashmask` — every function's signature is its
+row's (``UpstreamFunction.signature``/``bind``) — and from the semantics of the real source at
+PaddlePaddle/flash-attention 9985af53, ``flashmask/flash_mask/flashmask_attention_v3/``, not from
+lcab's lowering, so lcab's adapter is contract-tested on CPU (never GPU-verified):
 
-* emulator of the mask: ``startend_row_indices`` (B, H_mask, Sk, C) int32, per key column j:
-  causal C=1 masks rows >= LTS of the lower-left triangle, causal C=2 rows in [LTS, LTE) of it;
-  non-causal C=2 masks rows >= LTS of the lower-left and rows < UTE of the upper-right triangle,
-  C=4 rows in [LTS, LTE) of the lower-left and [UTS, UTE) of the upper-right; ``causal`` also
-  masks rows i < j. The docs do not say which triangle owns the diagonal, so the emulator takes
-  it as a parameter (``DIAGONAL["in_lower"]``) and the tests run both;
-* square score matrices only (Sq == Sk; the triangles are not defined otherwise);
-* H_mask is 1 (broadcast), Hkv (query head h uses KV head h // group) or Hq;
-* softmax attention in any float dtype, GQA, autograd through ``out``; the LSE is detached;
-* ``int(os.getenv("FLAGS_flash_attn_version"))`` must be 3, as in the module;
-* returns ``[out, lse]`` with ``return_softmax_lse=True`` (else ``out``), LSE natural log
-  (B, Hq, Sq), float32 for 16/32-bit inputs (float64 for float64 ones); on rows attending no
-  key the LSE is undocumented (``EMPTY_LSE``, +inf by default).
+* ``flashmask_attention`` does the Python checks of ``interface_torch.py`` L756-952 (int32
+  ``startend_row_indices`` of rank 4, shape[0] = B, shape[2] = Sk, shape[1] in {1, Hq, Hkv},
+  C by ``causal``, ``FLAGS_flash_attn_version`` defaulting to "3", the NotImplementedError of
+  ``FLAGS_cudnn_deterministic=1`` with head dim > 128) and calls ``FlashMaskFunc.apply``, whose
+  forward calls ``flashmask_cuda.fwd`` and whose backward calls ``flashmask_cuda.bwd`` with the
+  saved out and LSE, ignoring ``dlse`` (L33-100);
+* the mask (`allowed`): the kernel's **absolute row intervals** per key column
+  (``mainloop_fwd_sm90_tma_gmma_ws.hpp`` L1472-1545, ``flash_mask.hpp`` L50-81) and FA3's causal
+  mask, bottom-right aligned (``mask.h`` L99-111), for any Sq and Sk; mask head
+  ``h // (Hq / H_mask)`` for query head h (``flash_api_torch.cpp`` L1048-1049);
+* ``fwd``: out (B, Sq, Hq, D) and the LSE (B, Hq, Sq), natural log, -inf on rows with no key
+  (``softmax.h`` L165; ``EMPTY_LSE`` lets a test vary it), float32 (float64 for float64 inputs:
+  the real kernel takes fp16/bf16 only, the stand-in also float for exact comparisons);
+* ``bwd``: dq, dk, dv from the ``out`` and ``softmax_lse`` it is given (a ring step's merged
+  statistics), an LSE of -inf read as 0 (``flash_bwd_preprocess_kernel.h`` L242), dk/dv summed
+  over the query heads of each KV head.
 
-Every call is appended to ``CALLS``.
+Every call of ``fwd`` and ``bwd`` is appended to ``CALLS``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import types
 from typing import Any
 
 import torch
 
+from lcab.kernels.upstream.flashmask import FLASHMASK_ATTENTION, FLASHMASK_BWD, FLASHMASK_FWD
 from tests.helpers.standin_flash_attn import module
 
 CALLS: list[dict[str, Any]] = []
-DIAGONAL = {"in_lower": True}
-EMPTY_LSE = {"value": float("inf")}
+EMPTY_LSE = {"value": float("-inf")}
 
 
-# ----------------------------------------------------------------------------- emulator
-def allowed(
-    indices: torch.Tensor, causal: bool, seqlen_q: int, in_lower: bool | None = None
-) -> torch.Tensor:
-    """(H_mask, Sq, Sk) bool: what the documented column form attends (batch 0)."""
-    in_lower = DIAGONAL["in_lower"] if in_lower is None else in_lower
+# ----------------------------------------------------------------------------- the mask
+def allowed(indices: torch.Tensor, causal: bool, seqlen_q: int) -> torch.Tensor:
+    """(H_mask, Sq, Sk) bool: what the kernel attends for ``startend_row_indices`` (batch 0)."""
     idx = indices[0].to(torch.int64)  # (H, Sk, C)
     sk, c = idx.shape[1], idx.shape[2]
     i = torch.arange(seqlen_q)[None, :, None]
     j = torch.arange(sk)[None, None, :]
-    lower = i >= j if in_lower else i > j
-    upper = ~lower
 
     def col(n: int) -> torch.Tensor:
         return idx[:, None, :, n]  # (H, 1, Sk)
 
     if causal:
         lte = col(1) if c == 2 else seqlen_q
-        masked = (lower & (i >= col(0)) & (i < lte)) | (i < j)
+        masked = ((i >= col(0)) & (i < lte)) | (j > i + (sk - seqlen_q))
     elif c == 2:
-        masked = (lower & (i >= col(0))) | (upper & (i < col(1)))
+        masked = (i >= col(0)) | (i < col(1))
     else:
-        masked = (lower & (i >= col(0)) & (i < col(1))) | (upper & (i >= col(2)) & (i < col(3)))
+        masked = ((i >= col(0)) & (i < col(1))) | ((i >= col(2)) & (i < col(3)))
     return ~masked
 
 
 def allowed_of_call(call: dict[str, Any], seqlen_q: int) -> torch.Tensor:
     """The (H_mask, Sq, Sk) mask a recorded call applies."""
-    return allowed(call["startend_row_indices"], call["causal"], seqlen_q)
+    return allowed(call["startend_row_indices"], call["is_causal"], seqlen_q)
 
 
-# ----------------------------------------------------------------------------- attention
-def flashmask_attention(
-    query, key, value, startend_row_indices=None, *, dropout=0.0, causal=False,
-    window_size=None, return_softmax_lse=False, return_seed_offset=False,
-    fixed_seed_offset=None, rng_name="", training=True, name=None, softmax_scale=None,
-    block_mask=None,
-):  # fmt: skip
-    """FlashMask V3's torch ``flashmask_attention``: q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D)."""
-    assert int(os.getenv("FLAGS_flash_attn_version")) == 3  # type: ignore[arg-type]  # noqa: SIM112
-    assert dropout == 0.0 and window_size is None and block_mask is None and training
-    q, k, v, idx = query, key, value, startend_row_indices
-    assert q.dim() == k.dim() == v.dim() == 4 and k.shape == v.shape and q.shape[0] == 1
-    assert q.shape[1] == k.shape[1], "square score matrices only"
-    assert q.shape[2] % k.shape[2] == 0 and q.stride(-1) == 1
-    assert isinstance(idx, torch.Tensor) and idx.dtype == torch.int32 and idx.dim() == 4
-    assert idx.device == q.device and idx.shape[0] == 1 and idx.shape[2] == k.shape[1]
-    assert idx.shape[1] in (1, q.shape[2], k.shape[2])
-    assert idx.shape[3] in ((1, 2) if causal else (2, 4))
-    assert bool((idx >= 0).all()) and bool((idx <= q.shape[1]).all())
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+def _per_query_head(indices: torch.Tensor, causal: bool, sq: int, hq: int) -> torch.Tensor:
+    ok = allowed(indices, causal, sq)  # (H_mask, Sq, Sk)
+    return ok.repeat_interleave(hq // ok.shape[0], 0)  # h_h_flashmask_ratio = Hq / H_mask
+
+
+def _scores(a: dict[str, Any], q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Scaled scores (Hq, Sq, Sk), what is attended, and K/V-head-repeated k."""
     hq, hkv, sq = q.shape[2], k.shape[2], q.shape[1]
-    ok = allowed(idx, causal, sq)  # (H_mask, Sq, Sk)
-    per_q_head = ok.expand(hq, -1, -1) if ok.shape[0] == 1 else ok
-    if ok.shape[0] == hkv and hkv != hq:
-        per_q_head = ok.repeat_interleave(hq // hkv, 0)
-    kk, vv = k[0].repeat_interleave(hq // hkv, 1), v[0].repeat_interleave(hq // hkv, 1)
-    scores = torch.einsum("qhd,khd->hqk", q[0], kk) * scale
-    empty = ~per_q_head.any(-1)  # (Hq, Sq)
-    scores = scores.masked_fill(~(per_q_head | empty[..., None]), float("-inf"))
+    assert hq % hkv == 0 and q.stride(-1) == 1 and k.stride(-1) == 1
+    ok = _per_query_head(a["startend_row_indices"], a["is_causal"], sq, hq)
+    kk = k[0].repeat_interleave(hq // hkv, 1)
+    return torch.einsum("qhd,khd->hqk", q[0], kk) * a["softmax_scale"], ok, kk
+
+
+# ----------------------------------------------------------------------------- the ops
+def _fwd(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    a = FLASHMASK_FWD.bind(*args, **kwargs)
+    q, k, v = a["q"], a["k"], a["v"]
+    assert a["startend_row_indices"] is not None and a["block_mask"] is None
+    assert (a["window_size_left"], a["window_size_right"], a["softcap"]) == (-1, -1, 0.0)
+    scores, ok, _ = _scores(a, q, k)
+    empty = ~ok.any(-1)  # (Hq, Sq)
+    scores = scores.masked_fill(~(ok | empty[..., None]), float("-inf"))
     lse = torch.logsumexp(scores, -1)
     probs = torch.exp(scores - lse[..., None]).masked_fill(empty[..., None], 0.0)
-    out = torch.einsum("hqk,khd->qhd", probs, vv)[None]
-    lse = lse.detach().masked_fill(empty, EMPTY_LSE["value"])[None]
+    vv = v[0].repeat_interleave(q.shape[2] // v.shape[2], 1)
+    out = torch.einsum("hqk,khd->qhd", probs, vv)[None].to(q.dtype)
+    lse = lse.masked_fill(empty, EMPTY_LSE["value"])[None]
     lse = lse.to(torch.promote_types(q.dtype, torch.float32))
-    CALLS.append(
-        {"startend_row_indices": idx.clone(), "causal": causal, "scale": scale, "lse": lse}
-    )
-    return [out, lse] if return_softmax_lse else out
+    CALLS.append({"op": "fwd", **a, "lse": lse})
+    return out, lse
+
+
+def _bwd(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = FLASHMASK_BWD.bind(*args, **kwargs)
+    dout, q, k, v, out, lse = (a[n] for n in ("dout", "q", "k", "v", "out", "softmax_lse"))
+    assert lse.shape == (1, q.shape[2], q.shape[1]), "softmax_lse is (B, Hq, Sq)"
+    assert dout.shape == out.shape == q.shape and a["dq"] is None
+    CALLS.append({"op": "bwd", **a})
+    scores, ok, kk = _scores(a, q, k)
+    stats = lse[0].masked_fill(torch.isneginf(lse[0]), 0.0)  # -inf is read as 0
+    probs = torch.exp(scores - stats[..., None]).masked_fill(~ok, 0.0)
+    group = q.shape[2] // k.shape[2]
+    vv = v[0].repeat_interleave(group, 1)
+    d_o, o = dout[0], out[0]
+    delta = (d_o * o).sum(-1).t()  # (Hq, Sq)
+    dp = torch.einsum("qhd,khd->hqk", d_o, vv)
+    ds = probs * (dp - delta[..., None])
+    dq = torch.einsum("hqk,khd->qhd", ds, kk) * a["softmax_scale"]
+    dk = torch.einsum("hqk,qhd->khd", ds, q[0]) * a["softmax_scale"]
+    dv = torch.einsum("hqk,qhd->khd", probs, d_o)
+    dk, dv = (t.unflatten(1, (k.shape[2], group)).sum(2) for t in (dk, dv))
+    return dq[None].to(q.dtype), dk[None].to(q.dtype), dv[None].to(q.dtype)
+
+
+_fwd.__signature__ = FLASHMASK_FWD.signature()  # type: ignore[attr-defined]
+_bwd.__signature__ = FLASHMASK_BWD.signature()  # type: ignore[attr-defined]
+flashmask_cuda = types.SimpleNamespace(fwd=_fwd, bwd=_bwd)
+
+
+class FlashMaskFunc(torch.autograd.Function):
+    """``interface_torch.FlashMaskFunc``: fwd, and bwd on the saved (out, lse); dlse unused."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, startend_row_indices, block_mask, softmax_scale, causal,
+                window_size_left, window_size_right, softcap, deterministic):  # fmt: skip
+        out, lse = flashmask_cuda.fwd(
+            q=q, k=k, v=v, startend_row_indices=startend_row_indices, block_mask=block_mask,
+            softmax_scale=softmax_scale, is_causal=causal, window_size_left=window_size_left,
+            window_size_right=window_size_right, softcap=softcap,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, startend_row_indices)
+        ctx.kw = {"softmax_scale": softmax_scale, "is_causal": causal,
+                  "deterministic": deterministic}  # fmt: skip
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, indices = ctx.saved_tensors
+        dq, dk, dv = flashmask_cuda.bwd(
+            dout=dout.contiguous(), q=q, k=k, v=v, out=out, softmax_lse=lse,
+            startend_row_indices=indices, **ctx.kw,
+        )  # fmt: skip
+        return dq, dk, dv, *([None] * 8)
+
+
+def _flashmask_attention(*args: Any, **kwargs: Any) -> Any:
+    a = FLASHMASK_ATTENTION.bind(*args, **kwargs)
+    q, k, v, idx = a["query"], a["key"], a["value"], a["startend_row_indices"]
+    assert a["window_size"] is None and a["block_mask"] is None
+    if idx is None:
+        raise ValueError("startend_row_indices cannot be None when calling flashmask_attention")
+    assert idx.dtype == torch.int32 and idx.dim() == 4 and idx.device == q.device
+    assert idx.shape[0] == k.shape[0] and idx.shape[2] == k.shape[1]
+    assert idx.shape[1] in (1, q.shape[2], k.shape[2])
+    if idx.shape[-1] not in ((1, 2) if a["causal"] else (2, 4)):
+        raise ValueError(f"Invalid shape of startend_row_indices: {tuple(idx.shape)}")
+    version = int(os.getenv("FLAGS_flash_attn_version", "3"))  # noqa: SIM112 (its name)
+    deterministic = os.getenv("FLAGS_cudnn_deterministic", "0") == "1"  # noqa: SIM112
+    if version != 3 or (deterministic and q.shape[3] > 128):
+        raise NotImplementedError("FlashMask is not supported. Please use FlashMask V3.")
+    assert a["dropout"] == 0.0 and not a["return_seed_offset"] and a["training"]
+    assert a["fixed_seed_offset"] is None and a["rng_name"] == "" and a["name"] is None
+    scale = a["softmax_scale"] if a["softmax_scale"] is not None else q.shape[-1] ** -0.5
+    out, lse = FlashMaskFunc.apply(q, k, v, idx, None, scale, a["causal"], -1, -1, 0.0,
+                                   deterministic)  # fmt: skip
+    return [out, lse] if a["return_softmax_lse"] else out
+
+
+flashmask_attention = _flashmask_attention
+flashmask_attention.__signature__ = FLASHMASK_ATTENTION.signature()  # type: ignore[attr-defined]
 
 
 def flashmask_attention_without_lse(
@@ -114,8 +186,11 @@ def flashmask_attention_without_lse(
     raise AssertionError("the probe must refuse this build before any call")
 
 
-# ----------------------------------------------------------------------------- modules
 def flashmask_module(**overrides: Any) -> types.ModuleType:
-    """Stand-in ``flashmask_interface``; ``overrides`` replace functions."""
-    fns = {"flashmask_attention": flashmask_attention}
-    return module("flashmask_interface", **(fns | overrides))
+    """Stand-in ``interface_torch``; ``overrides`` replace its attributes."""
+    attrs = {
+        "flashmask_attention": flashmask_attention,
+        "flashmask_cuda": flashmask_cuda,
+        "FlashMaskFunc": FlashMaskFunc,
+    }
+    return module(FLASHMASK_ATTENTION.module, **(attrs | overrides))

@@ -1,13 +1,20 @@
 """flashmask adapter: CPU contract tests against a stand-in of FlashMask V3's torch module (no GPU).
 
+The stand-in (``tests/helpers/standin_flashmask.py``) takes its signatures from the table
+`lcab.kernels.upstream.flashmask` and its semantics from the real source (absolute row
+intervals, bottom-right causal, the interface's checks, the backward op on given statistics):
+
 * lowering semantics: the adapter's recorded ``startend_row_indices`` and ``causal``, turned
-  into a dense mask by an emulator of FlashMask's documented column form
-  (``tests/helpers/standin_flashmask.py``), equal ``AttnMask.to_dense()`` for every mask the
-  adapter claims, with the diagonal in the lower *and* in the upper triangle (the docs do not
-  say which); every refusal for that ambiguity is necessary (one reading differs);
+  into a dense mask by the stand-in's emulator of the kernel, equal ``AttnMask.to_dense()`` for
+  every mask the adapter claims — and it claims every mask the lowering expresses, rectangles
+  (context-parallel blocks) included;
 * contract: the adapter's whole path (column indices per KV head, GQA, LSE (1, Hq, Sq), empty
-  rows, autograd) on the stand-in computing in float64, against lcab's fp64 reference kernel;
-* the version probe and the reasons (rectangles, FLAGS_flash_attn_version, the PyPI paddle).
+  rows, autograd through ``FlashMaskFunc``) on the stand-in computing in float64, against lcab's
+  fp64 reference kernel;
+* the backward from merged statistics: ring attention at world 2 and 4 (every query chunk ×
+  every key chunk, merged by LSE, each block's ``backward`` under the merged (out, lse)) gives
+  the reference's dq, dk, dv for every mask pattern;
+* the version probe and the reasons (head dim, the two FLAGS, the PyPI paddle).
 
 The tests call ``Kernel.prepare`` directly with a CPU float problem (``not_supported_reasons``
 would refuse it, as it should).
@@ -15,31 +22,35 @@ would refuse it, as it should).
 
 from __future__ import annotations
 
+import itertools
 import sys
+import types
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from lcab.cp.merge import merge_into
 from lcab.kernels import Problem, get_kernel, probe
-from lcab.kernels.flashmask import VERSION_FLAG
+from lcab.kernels.flashmask import DETERMINISTIC_FLAG, VERSION_FLAG
 from lcab.kernels.probe import probe_reasons
+from lcab.kernels.upstream.flashmask import MODULE
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_flashmask as standin
 from tests.helpers.contract import forward_backward, tensors
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted, slice_masks
 
-DIAGONAL_TEXT = "which owns the diagonal"
 #: Arbitrary block patterns: claimed when expressible; every other pattern must be (§3.6: N).
 SPARSE = {"block_sparse", "varblock_sparse"}
 
 
 def install(mp: pytest.MonkeyPatch, **overrides) -> None:
-    mp.setitem(sys.modules, "flashmask_interface", standin.flashmask_module(**overrides))
-    mp.delenv(VERSION_FLAG, raising=False)  # prepare must set it
+    mp.setitem(sys.modules, MODULE, standin.flashmask_module(**overrides))
+    mp.delenv(VERSION_FLAG, raising=False)  # unset: the interface takes version 3
+    mp.delenv(DETERMINISTIC_FLAG, raising=False)
 
 
 def run_adapter(mask: AttnMask, q, k, v):
@@ -55,13 +66,10 @@ def check_lowered_call(mask: AttnMask, must_claim: bool = False) -> None:
     problem = Problem(*mask.shape, 2 * heads, heads, 64, torch.bfloat16, torch.device("cuda"))
     reasons = get_kernel("flashmask").not_supported_reasons(problem, mask)
     lowered = lowering_reason(mask, "flashmask") is None
-    square = mask.seqlen_q == mask.seqlen_k
-    mask_refusals = [r for r in reasons if "not expressible" in r or "FlashMask documents" in r]
-    assert lowered or any("not expressible" in r for r in reasons), reasons
-    assert square or any("square score matrices" in r for r in reasons), reasons
-    claimed = not mask_refusals
-    assert claimed or not must_claim, f"{mask!r} should be claimed: {mask_refusals}"
-    if not (lowered and square):
+    mask_refusals = [r for r in reasons if "expressible" in r or "diagonal" in r or "square" in r]
+    assert lowered == (not mask_refusals), reasons  # the lowering is the only mask refusal
+    assert lowered or not must_claim, f"{mask!r} should be claimed: {mask_refusals}"
+    if not lowered:
         return
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(mask.seqlen_q, 2 * heads, 8, generator=gen)
@@ -71,14 +79,8 @@ def check_lowered_call(mask: AttnMask, must_claim: bool = False) -> None:
         install(mp)
         run_adapter(mask, q, k, v)
     (call,) = standin.CALLS
-    want = dense3(mask)
-    readings = [standin.allowed(call["startend_row_indices"], call["causal"], mask.seqlen_q, d)
-                for d in (True, False)]  # fmt: skip
-    same = [np.array_equal(got.numpy(), want) for got in readings]
-    if claimed:
-        assert all(same), f"{mask!r}: the call differs from the mask (diagonal in lower: {same})"
-    else:  # refused for the diagonal: one reading must really differ
-        assert any(DIAGONAL_TEXT in r for r in reasons) and not all(same), reasons
+    got = standin.allowed_of_call(call, mask.seqlen_q)
+    assert np.array_equal(got.numpy(), dense3(mask)), f"{mask!r}: the call differs from the mask"
 
 
 @pytest.mark.parametrize("name", ALL_PATTERNS)
@@ -97,7 +99,7 @@ def test_cpu_contract_emulated_call_mask_equals_dense_mask_cp_rectangles(name, d
 
 @fast(80)
 @given(mask=slice_masks(max_heads=2))
-def test_cpu_contract_random_slices_claimed_exactly_refused_only_when_ambiguous(mask) -> None:
+def test_cpu_contract_random_slices_claimed_exactly_when_expressible(mask) -> None:
     check_lowered_call(mask)
 
 
@@ -114,6 +116,9 @@ CASES = {
     "global_sliding_window": make_mask("global_sliding_window", S, window=9, global_tokens=5),
     # a square CP diagonal block of a document mask
     "document_block": make_mask("causal_document", S, seed=2, **DOCS).restrict((30, 80), (30, 80)),
+    # rectangles: a causal CP block below the diagonal and one with rows that attend nothing
+    "causal_rectangle": make_mask("causal", S).restrict((40, S), (0, 70)),
+    "document_rectangle": make_mask("full_document", S, seed=5, **DOCS).restrict((0, 60), (30, S)),
 }
 
 
@@ -122,7 +127,7 @@ def check_contract(mask: AttnMask, heads: tuple[int, int], monkeypatch) -> None:
     q, k, v, dout = tensors(mask, *heads, torch.float64)
     standin.CALLS.clear()
     out, lse, grads = forward_backward(lambda *t: run_adapter(mask, *t), q, k, v, dout)
-    assert len(standin.CALLS) == 1
+    assert [c["op"] for c in standin.CALLS] == ["fwd", "bwd"]  # autograd: FlashMask's bwd
     ref_out, ref_lse, ref_grads = forward_backward(
         lambda *t: get_kernel("reference")(*t, mask), q, k, v, dout
     )
@@ -137,11 +142,9 @@ def check_contract(mask: AttnMask, heads: tuple[int, int], monkeypatch) -> None:
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"d{name}")
 
 
-@pytest.mark.parametrize("in_lower", [True, False], ids=["diag_lower", "diag_upper"])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_cpu_contract_adapter_matches_fp64_reference(case, heads, in_lower, monkeypatch):
-    monkeypatch.setitem(standin.DIAGONAL, "in_lower", in_lower)
+def test_cpu_contract_adapter_matches_fp64_reference(case, heads, monkeypatch):
     check_contract(CASES[case], heads, monkeypatch)
 
 
@@ -176,8 +179,8 @@ def test_cpu_contract_float32_and_empty_rows_whatever_flashmask_reports(raw_empt
 
 
 def test_cpu_contract_prepare_imports_lazily_and_names_the_package() -> None:
-    assert "flashmask_interface" not in sys.modules
-    with pytest.raises(ModuleNotFoundError, match="flashmask_interface"):
+    assert MODULE == "interface_torch" and MODULE not in sys.modules
+    with pytest.raises(ModuleNotFoundError, match=MODULE):
         get_kernel("flashmask").prepare(make_mask("causal", 8), Problem(8, 8, 1, 1, 8))
 
 
@@ -187,18 +190,19 @@ CUDA_BF16 = Problem(256, 256, 8, 2, 128, torch.bfloat16, torch.device("cuda"))
 
 def test_reasons_on_this_machine_name_cuda_the_package_and_paddle() -> None:
     k = get_kernel("flashmask")
-    assert k.caps.adapter_ready and k.caps.per_head_masks and not k.caps.stats_backward
+    assert k.caps.adapter_ready and k.caps.per_head_masks and k.caps.stats_backward
     for problem in (CUDA_BF16, Problem(256, 256, 8, 2, 128)):
         text = " ".join(k.not_supported_reasons(problem))
-        assert "CUDA" in text and "flashmask_interface" in text and "not written" not in text
+        assert "CUDA" in text and "'interface_torch'" in text and "not written" not in text
+        assert "flashmask_interface" not in text  # the module of the unmerged PR #98
         assert "paddlepaddle-gpu 2.6.2 predates FlashMask" in text
 
 
-def test_rectangles_are_refused() -> None:
+def test_rectangles_are_claimed() -> None:
     mask = make_mask("causal", 64).restrict((32, 64), (0, 64))
     problem = Problem(32, 64, 8, 2, 128, torch.bfloat16, torch.device("cuda"))
-    assert any("square score matrices only (this mask is 32 x 64)" in r
-               for r in get_kernel("flashmask").not_supported_reasons(problem, mask))  # fmt: skip
+    reasons = get_kernel("flashmask").not_supported_reasons(problem, mask)
+    assert not any("square" in r or "diagonal" in r or "expressible" in r for r in reasons)
 
 
 def test_version_flag_other_than_3_is_a_reason(monkeypatch) -> None:
@@ -208,10 +212,41 @@ def test_version_flag_other_than_3_is_a_reason(monkeypatch) -> None:
     ).extra_reasons(CUDA_BF16, "fwd")
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_deterministic_flag_with_a_large_head_dim_is_a_reason(head_dim, monkeypatch) -> None:
+    """As the interface does (its version-2 path raises), and only above head dim 128."""
+    monkeypatch.setenv(DETERMINISTIC_FLAG, "1")
+    problem = Problem(256, 256, 8, 2, head_dim, torch.bfloat16, torch.device("cuda"))
+    reasons = get_kernel("flashmask").extra_reasons(problem, "fwd")
+    assert any(DETERMINISTIC_FLAG in r for r in reasons) == (head_dim > 128)
+    install(monkeypatch)
+    monkeypatch.setenv(DETERMINISTIC_FLAG, "1")
+    mask = make_mask("causal", 16)
+    q, k, v, _ = tensors(mask, 2, 1, torch.float64, head_dim=head_dim)
+    if head_dim > 128:  # the stand-in does what the interface does
+        with pytest.raises(NotImplementedError):
+            run_adapter(mask, q, k, v)
+    else:
+        run_adapter(mask, q, k, v)
+
+
+def test_head_dim_not_a_multiple_of_8_is_a_reason() -> None:
+    problem = Problem(256, 256, 8, 2, 100, torch.bfloat16, torch.device("cuda"))
+    (why,) = [r for r in get_kernel("flashmask").extra_reasons(problem, "fwd") if "% 8" in r]
+    assert "head_dim 100" in why
+
+
 @pytest.fixture
 def on_cuda(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.setattr(probe, "cuda_present", lambda: True)
     return monkeypatch
+
+
+def test_probe_refuses_a_build_without_the_backward_op(on_cuda) -> None:
+    install(on_cuda, flashmask_cuda=types.SimpleNamespace(fwd=standin.flashmask_cuda.fwd))
+    on_cuda.setattr(probe, "distribution_version", lambda names: "3.0.0b1")
+    (reason,) = probe_reasons(get_kernel("flashmask").probe, CUDA_BF16.device)
+    assert reason.startswith("interface_torch 3.0.0b1 has no flashmask_cuda.bwd")
 
 
 def test_probe_accepts_the_documented_api(on_cuda) -> None:
@@ -225,7 +260,7 @@ def test_probe_refuses_a_build_without_lse(on_cuda) -> None:
     on_cuda.setattr(probe, "distribution_version", lambda names: "3.0.0b1")
     (reason,) = probe_reasons(get_kernel("flashmask").probe, CUDA_BF16.device)
     assert reason.startswith(
-        "flashmask_interface 3.0.0b1 has no return_softmax_lse in flashmask_attention"
+        "interface_torch 3.0.0b1 has no return_softmax_lse in flashmask_attention"
     )
 
 
@@ -233,3 +268,79 @@ def test_probe_old_version(monkeypatch) -> None:
     monkeypatch.setattr(probe, "distribution_version", lambda names: "2.6.2")
     (reason,) = probe_reasons(get_kernel("flashmask").probe, CUDA_BF16.device)
     assert "older than lcab's adapter supports" in reason
+
+
+# ----------------------------------------------------------------------------- (c) ring backward
+def chunks(length: int, world: int) -> list[tuple[int, int]]:
+    """``world`` contiguous chunks, unequal when ``world`` does not divide ``length``."""
+    edges = [round(length * r / world) for r in range(world + 1)]
+    return list(itertools.pairwise(edges))
+
+
+def ring(mask: AttnMask, q, k, v, dout, world: int):
+    """Ring attention on one process: every query chunk meets every key chunk (a rectangle of
+    the mask), results merged by LSE, then each block's backward under its rows' merged
+    (out, lse); dq summed over key chunks, dk/dv over query chunks."""
+    kernel = get_kernel("flashmask")
+    out, lse = torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"),
+                                               dtype=q.dtype)  # fmt: skip
+    steps = []
+    for q0, q1 in chunks(mask.seqlen_q, world):
+        for k0, k1 in chunks(mask.seqlen_k, world):
+            part = kernel.prepare(mask.restrict((q0, q1), (k0, k1)), Problem.of(q[q0:q1], k[k0:k1]))
+            part_out, part_lse = part.run(q[q0:q1], k[k0:k1], v[k0:k1])
+            merge_into(out[q0:q1], lse[:, q0:q1], part_out, part_lse)
+            steps.append((part, (q0, q1), (k0, k1)))
+    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+    for part, (q0, q1), (k0, k1) in steps:
+        gq, gk, gv = part.backward(
+            dout[q0:q1], q[q0:q1], k[k0:k1], v[k0:k1], out[q0:q1], lse[:, q0:q1]
+        )
+        dq[q0:q1] += gq
+        dk[k0:k1] += gk
+        dv[k0:k1] += gv
+    return out, lse, (dq, dk, dv)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("name", ALL_PATTERNS)
+@fast(4)
+@given(data=st.data())
+def test_cpu_contract_ring_backward_from_merged_statistics(name, world, data) -> None:
+    """Every mask pattern under ring attention at world 2 and 4: the stand-in's backward op
+    driven by the merged statistics gives the fp64 reference's dq, dk, dv of the whole mask."""
+    mask = data.draw(pattern_masks(name, max_seqlen=90))
+    assume(mask.seqlen_q >= world)
+    assume(all(
+        lowering_reason(mask.restrict(qs, ks), "flashmask") is None
+        for qs in chunks(mask.seqlen_q, world) for ks in chunks(mask.seqlen_k, world)
+    ))  # fmt: skip
+    hkv = mask.num_heads
+    q, k, v, dout = tensors(mask, 2 * hkv, hkv, torch.float64, seed=data.draw(st.integers(0, 99)))
+    standin.CALLS.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        install(mp)
+        out, lse, grads = ring(mask, q, k, v, dout, world)
+    assert sum(c["op"] == "bwd" for c in standin.CALLS) == world * world
+    ref_out, ref_lse, ref_grads = forward_backward(
+        lambda *t: get_kernel("reference")(*t, mask), q, k, v, dout
+    )
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    for got, want, label in zip(grads, ref_grads, "qkv", strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"d{label}")
+
+
+def test_cpu_contract_stats_backward_hands_flashmask_the_merged_statistics(monkeypatch) -> None:
+    """The op gets the merged out and LSE (batch put back), not the block's own."""
+    install(monkeypatch)
+    mask = make_mask("causal_document", 64, seed=1, **DOCS)
+    q, k, v, dout = tensors(mask, 4, 2, torch.float64)
+    part = get_kernel("flashmask").prepare(mask.restrict((0, 64), (0, 32)), Problem.of(q, k[:32]))
+    merged_out, merged_lse = torch.randn_like(q), torch.randn(4, 64, dtype=torch.float64)
+    standin.CALLS.clear()
+    part.backward(dout, q, k[:32], v[:32], merged_out, merged_lse)
+    (call,) = standin.CALLS
+    assert call["op"] == "bwd" and torch.equal(call["out"][0], merged_out)
+    assert torch.equal(call["softmax_lse"], merged_lse[None])
+    assert call["softmax_scale"] == 16**-0.5 and call["is_causal"] is False  # a rectangle

@@ -1,9 +1,12 @@
-"""FlashMask lowering against an emulator of FlashMask's documented column semantics.
+"""FlashMask lowering against an emulator of what FlashMask's kernel applies.
 
-Emulator (from the FlashMask documentation, not from lcab), per key column j, row i:
+Emulator (from the kernel's source at PaddlePaddle/flash-attention 9985af53: absolute row
+intervals in ``flashmask_apply``, ``mainloop_fwd_sm90_tma_gmma_ws.hpp`` L1472-1545, and FA3's
+bottom-right causal mask, ``mask.h`` L99-111; not from lcab), per key column j, row i, with
+off = Sk - Sq:
 
-* causal, C=1 ``[LTS]``: masked if i < j or i >= LTS;
-* causal, C=2 ``[LTS, LTE]``: masked if i < j or LTS <= i < LTE;
+* causal, C=1 ``[LTS]``: masked if j > i + off or i >= LTS;
+* causal, C=2 ``[LTS, LTE]``: masked if j > i + off or LTS <= i < LTE;
 * non-causal, C=2 ``[LTS, UTE]``: masked if i >= LTS or i < UTE;
 * non-causal, C=4 ``[LTS, LTE, UTS, UTE]``: masked if LTS <= i < LTE or UTS <= i < UTE;
 
@@ -70,7 +73,7 @@ def flashmask_dense(sri: np.ndarray, causal: bool, sq: int) -> np.ndarray:
     col = [sri[0, :, :, c][:, None, :] for c in range(C)]  # each (H, 1, Sk)
     masked = np.zeros((H, sq, sk), dtype=bool)
     if causal:
-        masked |= i < j
+        masked |= j > i + (sk - sq)  # FA3's causal: bottom-right
         if C == 1:
             (lts,) = col
             masked |= i >= lts
@@ -165,10 +168,13 @@ def test_flashmask_generated_masks_expressible(case) -> None:
     dense, _causal, C = case
     args = check_flashmask(from_dense(dense), must_succeed=True)
     assert args is not None
-    if C == 1:  # C=1 is the smallest form: a mask stated in it must come back in it
+    square = dense.shape[1] == dense.shape[2]
+    if C == 1 and square:  # C=1 is the smallest form: a mask stated in it must come back in it
         assert args.startend_row_indices.shape[-1] == 1 and args.causal
-    if C == 2:
+    if C == 1 or (C == 2 and square):
         assert args.startend_row_indices.shape[-1] <= 2
+    if not square:  # FlashMask's causal is bottom-right: rectangles get a non-causal form
+        assert not args.causal
 
 
 # ----------------------------------------------------------------------------- examples
@@ -206,3 +212,14 @@ def test_flashmask_per_head(heads: int) -> None:
     args = check_flashmask(mask)
     if args is not None:
         assert args.startend_row_indices.shape[1] == heads
+
+
+def test_rectangles_never_use_flashmasks_bottom_right_causal() -> None:
+    """A causal CP block with fewer queries than keys: rows i attend keys j <= i (top-left in
+    the block), which FlashMask's causal (j <= i + Sk - Sq) would get wrong; the lowering states
+    the rows instead, and the emulator of the kernel reproduces the mask."""
+    mask = make_mask("causal", 64).restrict((0, 32), (0, 64))
+    args = check_flashmask(mask, must_succeed=True)
+    assert args is not None and not args.causal
+    causal_as_kernel = flashmask_dense(np.full((1, 1, 64, 1), 32, dtype=np.int32), True, 32)
+    assert not np.array_equal(causal_as_kernel, dense3(mask))  # what causal=True would do

@@ -1,12 +1,20 @@
 """FlashMask lowering: column-wise start/end row indices (``startend_row_indices``).
 
 FlashMask (PaddlePaddle ``flashmask_attention``) describes a mask per *key column* j by up to
-two masked row intervals, shape (batch, kv_heads, Sk, C) int32 plus a ``causal`` flag:
+two masked row intervals, shape (batch, heads, Sk, C) int32 plus a ``causal`` flag. The kernel
+applies them as **absolute row intervals** of the whole score matrix (not per lower-left /
+upper-right triangle, as its docstring's wording suggests; `lcab.kernels.upstream.flashmask`
+cites the lines):
 
-* causal, C=1, ``[LTS]``: rows >= LTS are masked (rows < j are masked by causality);
+* causal, C=1, ``[LTS]``: rows >= LTS are masked;
 * causal, C=2, ``[LTS, LTE]``: rows in [LTS, LTE) are masked;
 * non-causal, C=2, ``[LTS, UTE]``: rows >= LTS and rows < UTE are masked;
 * non-causal, C=4, ``[LTS, LTE, UTS, UTE]``: rows in [LTS, LTE) and in [UTS, UTE) are masked.
+
+``causal`` adds FlashAttention 3's causal mask, which is bottom-right aligned (column j masked
+for rows i < j + Sq - Sk). The lowering uses the causal forms on square masks only, where that
+is rows i < j; a rectangle (a context-parallel block) gets a non-causal form, which states the
+same rows without relying on any alignment.
 
 So a column may attend at most ``[0, UTS) ∪ [UTE, LTS) ∪ [LTE, Sq)``. The lowering reads each
 column's attended rows from the transposed mask and picks the smallest form that fits every
@@ -66,7 +74,8 @@ def to_flashmask(mask: AttnMask) -> FlashMaskArgs:
     e_last = np.where(has, ci.ends[idx_last] if len(ci.ends) else 0, 0)
     shape = (1, heads, sk)
 
-    lower_triangular = bool(np.all(~has | (s0 >= col)))
+    # the causal forms only where FlashMask's bottom-right causal is rows >= j: square masks
+    lower_triangular = sq == sk and bool(np.all(~has | (s0 >= col)))
     if lower_triangular:
         # attended = [j, LTS) ∪ [LTE, Sq)
         one = (n == 0) | ((n == 1) & (s0 == col))
