@@ -235,7 +235,7 @@ class Strategy(ABC):
         reasons += self.kernel_reasons(kernel, problem, pass_)
         if mask is not None and mask.num_heads > 1 and not kernel.caps.per_head_masks:
             reasons.append(f"kernel {kernel.name} takes no per-KV-head masks")
-        if mask is not None and mask.num_heads == 1 and not reasons:
+        if mask is not None and mask.num_heads == 1:  # the plan exists: reasons() is empty
             reasons += self.block_reasons(kernel, mask, problem, world)
         return reasons
 

@@ -25,9 +25,18 @@ EXIT_BAD_INPUT = 2
 
 
 def _support(args: argparse.Namespace) -> int:
-    from lcab.report.support import kernel_matrix_markdown, strategy_matrix_markdown
+    from lcab.report.support import (
+        gpu_strategy_matrix_markdown,
+        kernel_matrix_markdown,
+        strategy_matrix_markdown,
+    )
 
-    print(kernel_matrix_markdown(), strategy_matrix_markdown(), sep="\n\n")
+    print(
+        kernel_matrix_markdown(),
+        strategy_matrix_markdown(),
+        gpu_strategy_matrix_markdown(),
+        sep="\n\n",
+    )
     return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from lcab.report.gpu_verification import read_verification, verification_markdown
 from lcab.report.support import (
     VERIFICATION_FILE,
+    gpu_strategy_matrix_markdown,
     kernel_list_markdown,
     kernel_matrix_markdown,
     strategy_matrix_markdown,
@@ -32,6 +33,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "kernels": kernel_list_markdown,
     "kernel-matrix": kernel_matrix_markdown,
     "strategy-matrix": strategy_matrix_markdown,
+    "gpu-strategy-matrix": gpu_strategy_matrix_markdown,
     "gpu-verification": committed_gpu_table,
 }
 

@@ -5,7 +5,10 @@
   GPU-only kernels — with this machine's circumstances (no CUDA, package not installed)
   left out, so the matrix says what a kernel can do, not what this laptop has.
 * strategy x mask: which CPU local kernels run forward+backward under each CP strategy at
-  world 4, checked by the same `Strategy.not_supported_reasons` the runner uses.
+  world 4, checked by the same `Strategy.not_supported_reasons` the runner uses;
+* strategy x GPU kernel: on how many masks each GPU kernel runs forward+backward (or forward
+  only) under each strategy at world 4, on the GPU problem, by the same check — every block a
+  rank would give the kernel included.
 
 Cells are derived from `Kernel.not_supported_reasons` and the CP checks, so the matrix cannot
 drift from what the runner actually skips; tests keep the README copy current.
@@ -84,9 +87,12 @@ class Verdict:
         return "+".join(self.passes) if self.passes else "-"
 
 
-def home_problem(kernel: Kernel, heads_kv: int | None = None) -> Problem:
-    """The problem a kernel is judged on: CPU defaults if it runs on CPU, else the GPU shape."""
-    on_cpu = "cpu" in kernel.caps.devices
+def home_problem(kernel: Kernel, heads_kv: int | None = None, gpu: bool = False) -> Problem:
+    """The problem a kernel is judged on: CPU defaults if it runs on CPU, else the GPU shape.
+
+    ``gpu``: the GPU shape on CUDA whatever the kernel also runs on (the GPU matrices).
+    """
+    on_cpu = "cpu" in kernel.caps.devices and not gpu
     shape: dict[str, Any] = CPU_PROBLEM if on_cpu else GPU_PROBLEM
     if not kernel.caps.gqa:  # judged on MHA (the paper's 64:64 runs), not refused for GQA
         shape = {**shape, "heads_kv": shape["heads_q"]}
@@ -279,3 +285,46 @@ def kernel_list_markdown() -> str:
         "shown here",
     ]
     return "\n".join(_table(header, rows))
+
+
+GPU_CP_KERNELS = ("fa2", "fa3", "fa4", "ffa", "flex", "cudnn", "flashmask", "torch_varlen")
+"""The GPU kernels of the strategy x kernel matrix: the dense ones the paper runs under CP."""
+
+
+def gpu_strategy_cell(strategy: str, kernel_name: str, masks: list[str]) -> str:
+    """How many masks run fwd+bwd (and forward only) under ``strategy`` with a GPU kernel.
+
+    Judged on the kernel's home GPU problem at `CP_WORLD` ranks with this machine's
+    circumstances (no CUDA, package missing) left out, by the runner's own
+    `Strategy.not_supported_reasons` — every block each rank would call the kernel with included.
+    """
+    kernel = get_kernel(kernel_name)
+    problem = home_problem(kernel, gpu=True)
+    machine = {f"kernel {kernel.name}: {r}" for r in kernel.environment_reasons(problem.device)}
+    instance = STRATEGIES.get(strategy)({}, CP_WORLD)
+    both = forward = 0
+    for name in masks:
+        mask = matrix_mask(name, problem.heads_kv)
+        runs = [
+            not [
+                r
+                for r in instance.not_supported_reasons(kernel, problem, mask, CP_WORLD, p)
+                if r not in machine
+            ]
+            for p in SHOWN_PASSES
+        ]
+        both += all(runs)
+        forward += runs[0] and not runs[1]
+    cells = [f"✓ {both}"] if both else []
+    cells += [f"fwd {forward}"] if forward else []
+    return " · ".join(cells) or "–"
+
+
+def gpu_strategy_matrix_markdown() -> str:
+    """Markdown: strategies (rows) x GPU kernels (columns); masks of 14 each pass runs."""
+    masks = list_masks()
+    kernels = [k for k in GPU_CP_KERNELS if k in KERNELS.names()]
+    rows = [
+        [f"`{s}`", *(gpu_strategy_cell(s, k, masks) for k in kernels)] for s in STRATEGIES.names()
+    ]
+    return "\n".join(_table(["strategy", *(f"`{k}`" for k in kernels)], rows))
