@@ -206,6 +206,47 @@ def test_the_comparison_catches_a_wrong_row(target: Path) -> None:
     assert row_signature(old) != source_signature(target, old)[0]
 
 
+#: Facts beyond the signatures that the adapters and stand-ins rely on, as text of the installed
+#: files: (table, file, text, the fact it shows).
+SOURCE_FACTS = (
+    (fa4, "flash_attn/cute/interface.py",
+     "lse_shape = (batch_size, num_head, seqlen_q) if cu_seqlens_q is None"
+     " else (num_head, total_q)",
+     "LSE layouts (B, H, Sq) dense and (H, total_q) varlen"),
+    (fa4, "flash_attn/cute/interface.py",
+     "and window_size_left < 0 and window_size_right < 0):",
+     "only two negative window sides are no window"),
+    (fa4, "flash_attn/cute/interface.py", "if not ctx.return_lse:\n            dlse = None",
+     "dlse reaches the backward when return_lse=True"),
+    (fa4, "flash_attn/cute/softmax.py",
+     "(row_max_scaled + cute.math.log2(row_sum_cur, fastmath=True)) * LN2",
+     "the LSE is natural log (base-2 sum times ln 2)"),
+    (fa4, "flash_attn/cute/softmax.py", "else -Float32.inf", "-inf on rows with nothing"),
+    (flashinfer, "flashinfer/sparse.py",
+     "(q.size(0), q.size(1)), dtype=torch.float32, device=q.device",
+     "float32 LSE of q's first two dims: (M, Hq) for the BSR wrapper"),
+    (flashinfer, "flashinfer/sparse.py",
+     '"(num_kv_heads qo_len) gqa_group_size -> (num_kv_heads gqa_group_size) qo_len"',
+     "the variable wrapper's LSE comes back (Hq, S)"),
+    (flashinfer, "flashinfer/data/include/flashinfer/attention/prefill.cuh",
+     "math::ptx_log2(d[mma_q][j]) + float(m[mma_q][j])", "the LSE is in log2 units"),
+    (cudnn,
+     "transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py",
+     "If `None`, it will be set to `False` for `attn_mask_type` =",
+     "causal masks align top-left unless told otherwise"),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("table", "path", "text", "fact"), SOURCE_FACTS, ids=[f[3] for f in SOURCE_FACTS]
+)
+def test_fact_is_in_the_installed_source(
+    table: ModuleType, path: str, text: str, fact: str, target: Path
+) -> None:
+    assert installed_version(target, table.DISTRIBUTION) == table.VERSION
+    assert text in (target / path).read_text(), fact
+
+
 # ----------------------------------------------------------------------------- sources only
 def _source_root(row: UpstreamFunction) -> Path:
     folder = os.environ.get("LCAB_UPSTREAM_SOURCES")

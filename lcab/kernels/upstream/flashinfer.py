@@ -8,10 +8,11 @@ parameters without ``self``, a method row (``Class.method``) with it. ``run`` is
 Facts beyond the signatures, same file: the BSR wrapper's ``run`` allocates the LSE float32
 (M, num_qo_heads) (L1559-1567), the variable wrapper's comes back (num_qo_heads, qo_len)
 (L2229-2234); both return ``(out, lse)`` when ``return_lse=True``, else ``out`` (L1645,
-L2236). The LSE is in **log2** units (the kernels scale scores by log2 e; ``prefill.py``'s
-wrappers take ``lse_base="log2"`` by default, the sparse ones have no such option). The
-value on rows attending nothing is not documented. FlashInfer has no autograd. The causal
-flag of the BSR plan is bottom-right aligned per row block over its gathered keys.
+L2236). The LSE is in **log2** units: the kernels scale scores by log2 e and the FA2 kernel
+writes ``ptx_log2(d) + m`` (``data/include/flashinfer/attention/prefill.cuh`` L3410-3411);
+``prefill.py``'s wrappers take ``lse_base="log2"`` by default, the sparse ones have no such
+option. The value on rows attending nothing is not documented. FlashInfer has no autograd.
+The causal flag of the BSR plan is bottom-right aligned per row block over its gathered keys.
 """
 
 from __future__ import annotations
