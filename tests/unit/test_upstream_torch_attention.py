@@ -156,3 +156,42 @@ def test_fused_sdp_choice_on_meta_and_fake_cuda() -> None:
     with FakeTensorMode(), pytest.raises(RuntimeError, match="missing kernel for cuda"):
         q = torch.empty(1, 8, 128, 64, dtype=torch.bfloat16, device="cuda")
         torch._fused_sdp_choice(q, q, q, None, 0.0, True)
+
+
+# ----------------------------------------------------------------------------- lcab's calls
+def test_torch_varlen_adapter_takes_its_call_and_layout_from_the_row() -> None:
+    from lcab.kernels import torch_varlen
+
+    assert table.VARLEN_ATTN.module == torch_varlen.MODULE
+    assert set(torch_varlen.CALL_KWARGS) <= set(table.VARLEN_ATTN.keyword_only)
+    assert table.VARLEN_ATTN.lse is not None
+    assert table.VARLEN_ATTN.lse.layout == torch_varlen.LSE_LAYOUT
+
+
+def test_sdpa_calls_fit_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sdpa kernel's calls of ``torch._fused_sdp_choice`` and ``F.sdpa`` on its CUDA path
+    (run on CPU tensors) bind to the rows, which the schema test holds to torch."""
+    from lcab.kernels import Problem, get_kernel, sdpa
+    from lcab.masks import make_mask
+
+    bound: dict[str, dict[str, Any]] = {}
+
+    def through(row: UpstreamFunction, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound[row.name] = row.bind(*args, **kwargs)  # TypeError if lcab's call does not fit
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(sdpa, "calls_cpu_flash_op", lambda backend, device: False)
+    choice = through(table.FUSED_SDP_CHOICE, torch._fused_sdp_choice)
+    monkeypatch.setattr(torch, "_fused_sdp_choice", choice)
+    call = through(table.SDPA, torch.nn.functional.scaled_dot_product_attention)
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", call)
+    mask = make_mask("sliding_window", 32, window=5)
+    prepared = get_kernel("sdpa").prepare(mask, Problem(32, 32, 4, 2, 8))
+    q = prepared.to_native(torch.randn(32, 4, 8))
+    k, v = (prepared.to_native(torch.randn(32, 2, 8)) for _ in "kv")
+    prepared.run(q, k, v)
+    assert bound[table.SDPA.name]["enable_gqa"] is True
+    assert bound[table.FUSED_SDP_CHOICE.name]["attn_mask"] is not None
