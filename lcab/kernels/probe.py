@@ -23,12 +23,12 @@ import importlib
 import importlib.metadata
 import importlib.util
 import inspect
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+from packaging.version import InvalidVersion, Version
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,13 @@ def release(version: str) -> tuple[int, ...]:
     """The numeric release of a version string: "2.8.3.post2" → (2, 8, 3); "3.0.0b1" → (3, 0, 0).
 
     Pre/post/local tags are ignored on purpose: the adapters depend on API generations, which
-    the release numbers mark, and this avoids a dependency on ``packaging``.
+    the release numbers mark. Parsed by ``packaging`` (PEP 440); a version it cannot parse has
+    no known release, ``()``, which compares below every real one.
     """
-    parts = []
-    for piece in version.split("+")[0].split("."):
-        match = re.match(r"\d+", piece)
-        if match is None:
-            break
-        parts.append(int(match.group()))
-        if match.end() != len(piece):  # "0b1": the release ends inside this piece
-            break
-    return tuple(parts)
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return ()
 
 
 def distribution_version(names: tuple[str, ...]) -> str | None:
