@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import re
 from typing import Any, ClassVar
 
 import torch
+from packaging.version import InvalidVersion, Version
 from typing_extensions import override
 
 from lcab.kernels import probe
@@ -82,8 +82,12 @@ class PreparedFA4(PreparedFlash):
 
 def _beta(version: str) -> int | None:
     """The beta number of a 4.0.0 pre-release ("4.0.0b36" → 36); None for anything else."""
-    match = re.match(r"^4\.0\.0\.?b(?:eta)?\.?(\d+)", version)
-    return int(match.group(1)) if match else None
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return None
+    is_beta = parsed.release == (4, 0, 0) and parsed.pre is not None and parsed.pre[0] == "b"
+    return parsed.pre[1] if is_beta and parsed.pre is not None else None
 
 
 def version_reasons(version: str | None) -> list[str]:
