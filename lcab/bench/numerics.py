@@ -5,16 +5,24 @@ tolerance per dtype fits out, lse and gradients alike. NaN or a finite/-inf disa
 LSE is an infinite error: it never passes. When the whole reference would not fit
 (heads_q·Sq·Sk above ``numerics_full_max``), a sample of query rows is checked instead; the rows
 check out, lse and dq exactly, while dk/dv (which sum over every row) are left unchecked.
+
+At context-parallel lengths nothing global is built: the reference draws the sampled rows and
+streams K/V key chunks from the seeded source (`lcab.bench.inputs`), and the results travel to
+rank 0 alone, only the rows checked (`Collector`). What the check needs is estimated first
+(`reference_bytes`); above the memory budget it is skipped with the reason recorded.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Protocol
 
 import torch
 
+from lcab.bench.inputs import SeededInputs
 from lcab.kernels import PreparedAttention, get_kernel
-from lcab.kernels.reference import reference_rows, sample_rows
+from lcab.kernels.reference import STREAM_CHUNK_BYTES, streamed_rows
 from lcab.masks import AttnMask
 
 #: Normalised max-error tolerance per dtype.
@@ -57,18 +65,51 @@ def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
     return float((lse64[keep] - ref64[keep]).abs().max()) / scale
 
 
+_FULL_OVERHEAD = 3
+"""Score-sized fp64 blocks the full autograd reference keeps per attended pair (scores,
+probabilities and their gradient); the whole score tensor is held for the backward."""
+
+
+def reference_bytes(
+    heads_q: int, heads_kv: int, head_dim: int, seqlen: int, rows: int | None
+) -> int:
+    """Bytes the checking rank needs for one check: reference and collected results.
+
+    Full mode (``rows`` None) holds q, k, v, dout and their gradients in fp64 and the score
+    tensors of the autograd reference; sampled mode holds only the rows, a few streamed key
+    chunks and a key chunk of K/V.
+    """
+    tokens = 4 * (heads_q + heads_kv) * head_dim  # q, dout, dq, out + k, v, dk, dv per token
+    if rows is None:
+        return seqlen * tokens * 8 * 2 + _FULL_OVERHEAD * heads_q * seqlen * seqlen * 8
+    return rows * tokens * 8 * 2 + 2 * STREAM_CHUNK_BYTES
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes a numerics check may take: 90 % of the free GPU memory, half the host's available."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * 0.9)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 1 << 62  # no reading: do not refuse
+
+
 class Reference:
     """The fp64 reference of one (seqlen, mask sample), computed on first use.
 
-    Full (out, lse and every gradient) up to ``bench.numerics_full_max``; above it, the exact
-    rows of a seeded sample of queries (out, lse, dq).
+    Full (out, lse and every gradient) up to ``bench.numerics_full_max`` from the whole inputs
+    (bounded by that setting); above it, the exact rows of a seeded sample of queries (out, lse,
+    dq) with K/V streamed in key chunks from the seeded source, so no global tensor is held.
     """
 
-    def __init__(
-        self, mask: AttnMask, inputs: dict[str, torch.Tensor], full: bool, rows: int, seed: int
-    ) -> None:
-        self.mask, self.inputs, self.full = mask, inputs, full
-        self.rows = None if full else sample_rows(mask.seqlen_q, rows, seed)
+    def __init__(self, mask: AttnMask, source: SeededInputs, rows: torch.Tensor | None) -> None:
+        self.mask, self.source, self.rows = mask, source, rows
+        self.full = rows is None
         self._fwd: tuple[torch.Tensor, torch.Tensor] | None = None
         self._grads: dict[str, torch.Tensor | None] | None = None
 
@@ -87,63 +128,111 @@ class Reference:
         return self._grads
 
     def _compute(self) -> None:
-        x = self.inputs
-        if self.full:
-            leaves = [x[n].detach().double().requires_grad_(True) for n in ("q", "k", "v")]
+        src = self.source
+        if self.rows is None:
+            leaves = [src.whole(n).double().requires_grad_(True) for n in ("q", "k", "v")]
             out, lse = get_kernel("reference")(leaves[0], leaves[1], leaves[2], self.mask)
             assert lse is not None
-            grads = torch.autograd.grad(out, leaves, x["dout"].double())
+            grads = torch.autograd.grad(out, leaves, src.whole("dout").double())
             self._fwd = (out.detach(), lse.detach())
             self._grads = {"dq": grads[0], "dk": grads[1], "dv": grads[2]}
         else:
-            assert self.rows is not None
-            out, lse, dq = reference_rows(
-                x["q"], x["k"], x["v"], self.mask, self.rows, x["dout"][self.rows]
+            out, lse, dq = streamed_rows(
+                src.rows("q", self.rows),
+                self.rows,
+                self.mask,
+                lambda a, b: (src.span("k", a, b), src.span("v", a, b)),
+                src.problem.heads_kv,
+                src.rows("dout", self.rows),
             )
             self._fwd = (out, lse)
             self._grads = {"dq": dq, "dk": None, "dv": None}
 
 
-def check_pass(
+class Collector(Protocol):
+    """How a check brings chosen global rows of a result to the checking rank."""
+
+    is_root: bool
+    """Whether this rank checks (rank 0 under CP; the single device otherwise)."""
+
+    def collect(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor | None:
+        """Rows ``rows`` (sorted; None: all) of the global tensor of native ``x``, on the root."""
+
+    def collect_lse(self, lse: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor | None:
+        """Columns ``rows`` of the global (H, S) LSE of native ``lse``, on the root."""
+
+
+class LocalCollector:
+    """`Collector` of a single-device kernel: its whole output, the rows picked."""
+
+    is_root = True
+
+    def __init__(self, prepared: PreparedAttention) -> None:
+        self.prepared = prepared
+
+    def collect(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """The rows of the whole output."""
+        whole = self.prepared.from_native(x)
+        return whole if rows is None else whole[rows.to(whole.device)]
+
+    def collect_lse(self, lse: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """The columns of the whole LSE."""
+        whole = self.prepared.lse_from_native(lse)
+        return whole if rows is None else whole[:, rows.to(whole.device)]
+
+
+Results = dict[str, torch.Tensor | None]
+
+
+def run_check(
     pass_: str,
     prepared: PreparedAttention,
     native: dict[str, torch.Tensor],
-    reference: Reference | None,
-) -> dict[str, float] | None:
-    """Normalised errors of one untimed call of ``pass_`` against the reference.
+    rows: torch.Tensor | None,
+    collector: Collector,
+) -> Results | None:
+    """One untimed call of ``pass_`` and its results, rows ``rows``, on the checking rank.
 
-    Every rank makes the call (under CP it is collective, and so is ``from_native``); only the
-    rank holding the reference compares, the others return None.
+    Every rank makes the call and the collection (under CP both are collective); other ranks
+    get None. The root gets ``out`` and ``lse`` for fwd, else ``dq``, ``dk``, ``dv`` (None for a
+    gradient the kernel did not produce). dk and dv sum over every query row, so a sample of
+    rows cannot check them: in sampled mode they are left out.
     """
-    rows = reference.rows if reference is not None else None
-    pick = (lambda t: t) if rows is None else (lambda t: t[rows])
     if pass_ == "fwd":
         with torch.no_grad():
             out, lse = prepared.run(native["q"], native["k"], native["v"])
-        out = prepared.from_native(out)
-        lse = None if lse is None else prepared.lse_from_native(lse)
-        if reference is None:
-            return None
-        ref_out, ref_lse = reference.forward()
-        errors = {"out": normalised_error(pick(out), ref_out)}
+        got: Results = {"out": collector.collect(out, rows)}
         if lse is not None:
-            lse_rows = lse if rows is None else lse[:, rows]
-            errors["lse"] = lse_error(lse_rows, ref_lse)
-        return errors
+            got["lse"] = collector.collect_lse(lse, rows)
+        return got if collector.is_root else None
     leaves = [native[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v")]
     out, _ = prepared.run(*leaves)
     out.backward(native["dout"])
-    grads = {
-        name: None if leaf.grad is None else prepared.from_native(leaf.grad)
-        for name, leaf in zip(("dq", "dk", "dv"), leaves, strict=True)
-    }
-    if reference is None:
-        return None
-    errors = {}
-    for name, grad in grads.items():
-        ref = reference.grads()[name]
+    del out
+    got = {}
+    for name, leaf in zip(("dq", "dk", "dv"), leaves, strict=True):
+        if name != "dq" and rows is not None:
+            continue
+        got[name] = None if leaf.grad is None else collector.collect(leaf.grad, rows)
+    return got if collector.is_root else None
+
+
+def compare(results: Results, reference: Reference) -> dict[str, float]:
+    """Normalised error of every result against the reference (a missing gradient: inf)."""
+    errors: dict[str, float] = {}
+    if "out" in results:
+        ref_out, ref_lse = reference.forward()
+        out = results["out"]
+        errors["out"] = math.inf if out is None else normalised_error(out, ref_out)
+        lse = results.get("lse")
+        if lse is not None:
+            errors["lse"] = lse_error(lse, ref_lse)
+        return errors
+    ref_grads = reference.grads()
+    for name, grad in results.items():
+        ref = ref_grads[name]
         if grad is None:
-            errors[name] = float("inf")
+            errors[name] = math.inf
         elif ref is not None:
-            errors[name] = normalised_error(pick(grad), ref)
+            errors[name] = normalised_error(grad, ref)
     return errors

@@ -25,8 +25,16 @@ import torch
 
 from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
 from lcab.bench.environment import environment
+from lcab.bench.inputs import SeededInputs
 from lcab.bench.memory import PeakMemory
-from lcab.bench.numerics import Reference, check_pass, tolerance
+from lcab.bench.numerics import (
+    Reference,
+    compare,
+    memory_budget,
+    reference_bytes,
+    run_check,
+    tolerance,
+)
 from lcab.bench.results import (
     SampleMeasure,
     base_record,
@@ -40,25 +48,11 @@ from lcab.bench.timing import Timing, TimingConfig, measure, quantiles
 from lcab.cell import Cell
 from lcab.flops import as_pass, attention_flops, dense_flops
 from lcab.kernels import PreparedAttention, Problem
+from lcab.kernels.reference import sample_rows
 from lcab.masks import AttnMask, make_mask
 from lcab.records.schema import RunRecord
 
 Tensors = dict[str, torch.Tensor]
-
-
-def _inputs(cell: Cell, seqlen: int, sample: int, problem: Problem) -> Tensors:
-    """Seeded q, k, v, dout (packed); identical on every rank."""
-    gen = torch.Generator().manual_seed(hash((cell.seed, seqlen, sample)) % (1 << 62))
-    shapes = {
-        "q": (seqlen, problem.heads_q, problem.head_dim),
-        "k": (seqlen, problem.heads_kv, problem.head_dim),
-        "v": (seqlen, problem.heads_kv, problem.head_dim),
-        "dout": (seqlen, problem.heads_q, problem.head_dim),
-    }
-    return {
-        name: torch.randn(shape, generator=gen).to(dtype=problem.dtype, device=problem.device)
-        for name, shape in shapes.items()
-    }
 
 
 def _pass_callable(
@@ -125,6 +119,14 @@ class _LengthRun:
         self.timing = _timing_config(cell)
         self.tolerance = tolerance(self.problem.dtype, cell.bench.tolerance)
         self.full_reference = cell.heads_q * seqlen * seqlen <= cell.bench.numerics_full_max
+        self.check_rows = (
+            None
+            if self.full_reference
+            else sample_rows(seqlen, cell.bench.numerics_rows, cell.seed)
+        )
+        """Query rows checked (None: all); every rank knows them, since under CP every rank
+        sends rank 0 its part of them."""
+        self.check_skipped: str | None = None
 
     # ------------------------------------------------------------------ phases
     def static_skips(self) -> bool:
@@ -168,14 +170,14 @@ class _LengthRun:
         return bool(self.live)
 
     def prepare(
-        self, mask: AttnMask, inputs: Tensors, sample: int
+        self, mask: AttnMask, source: SeededInputs, sample: int
     ) -> tuple[PreparedAttention, Tensors] | None:
-        """Setup (timed) and, for the first sample, the first call; None after a failure."""
+        """Setup (timed), this rank's inputs and the first sample's first call; None on failure."""
         try:
             start = time.perf_counter()
             prepared = self.target.prepare(mask, self.problem)
             self.setup_prepare_ms.append((time.perf_counter() - start) * 1e3)
-            native = {n: prepared.to_native(t) for n, t in inputs.items()}
+            native = self.target.inputs(prepared, source)
             if sample == 0:
                 start = time.perf_counter()
                 with torch.no_grad():
@@ -203,11 +205,9 @@ class _LengthRun:
         mask: AttnMask,
         prepared: PreparedAttention,
         native: Tensors,
-        reference: Reference | None,
-        check: bool,
         profile: bool = False,
     ) -> None:
-        """Time one pass on one sample (check its numerics, trace it); failures end the pass."""
+        """Time one pass on one sample (and trace it); failures end the pass."""
         target, problem = self.target, self.problem
         try:
             fn, before_each = _pass_callable(pass_, prepared, native)
@@ -247,11 +247,6 @@ class _LengthRun:
             if profile:
                 self._profile(pass_, fn, before_each)
             del fn, before_each
-            if check:
-                errors = check_pass(pass_, prepared, native, reference)
-                if errors is not None:
-                    self.results[pass_].errors = errors
-                    self.results[pass_].max_abs_err = max(errors.values()) if errors else None
         except Exception as err:
             if target.world > 1:
                 # peers wait inside collectives with this rank: end the cell (the
@@ -263,31 +258,84 @@ class _LengthRun:
             self.live.remove(pass_)
             self.samples.pop(pass_)
 
+    def check_allowed(self, source: SeededInputs) -> bool:
+        """Whether the checking rank can afford the check, decided there and shared.
+
+        Every rank must agree (the check's call and collection are collective), so rank 0's
+        verdict is the one all ranks follow; a refusal is recorded with the figures.
+        """
+        p = self.problem
+        rows = None if self.check_rows is None else len(self.check_rows)
+        need = reference_bytes(p.heads_q, p.heads_kv, p.head_dim, self.seqlen, rows)
+        budget = memory_budget(p.device) if self.target.rank == 0 else 0
+        allowed = self.target.share([float(need <= budget)])[0] > 0
+        if not allowed:
+            self.check_skipped = (
+                f"numerics check skipped: it needs about {need / 2**20:,.0f} MiB on the checking "
+                f"rank, over its budget of {budget / 2**20:,.0f} MiB (timings kept)"
+            )
+        return allowed
+
+    def check_numerics(
+        self,
+        pass_: str,
+        prepared: PreparedAttention,
+        native: Tensors,
+        reference: Reference | None,
+    ) -> None:
+        """Check one pass against the reference; a failing check never costs the timings.
+
+        The untimed call and the collection are collective: under CP a failure there ends the
+        cell (peers wait in the collective). The reference itself is computed on rank 0 after
+        every collective, so its failure (an out-of-memory error) is only a recorded reason.
+        """
+        try:
+            results = run_check(
+                pass_, prepared, native, self.check_rows, self.target.collector(prepared)
+            )
+        except Exception as err:
+            if self.target.world > 1:
+                raise
+            self._check_failed(pass_, err)
+            return
+        if results is None or reference is None:
+            return
+        try:
+            errors = compare(results, reference)
+        except Exception as err:
+            self._check_failed(pass_, err)
+            return
+        self.results[pass_].errors = errors
+        self.results[pass_].max_abs_err = max(errors.values()) if errors else None
+
+    def _check_failed(self, pass_: str, err: Exception) -> None:
+        kind = "out of memory" if is_oom(err) else type(err).__name__
+        self.record.reasons.append(
+            f"{pass_}: numerics check failed ({kind}: {short_error(err, 200)}); timings kept"
+        )
+
     def run_sample(
         self, sample: int, mask: AttnMask, on_progress: Callable[[str], None] | None
     ) -> None:
         """Setup and every live pass on one mask sample."""
         cell, target = self.cell, self.target
-        inputs = _inputs(cell, self.seqlen, sample, self.problem)
-        ready = self.prepare(mask, inputs, sample)
+        source = SeededInputs(cell.seed, self.seqlen, sample, self.problem)
+        ready = self.prepare(mask, source, sample)
         if ready is None:
             return
         prepared, native = ready
-        check = sample == 0 and cell.bench.check_numerics
-        reference = None
-        if check and target.rank == 0:
-            reference = Reference(
-                mask, inputs, self.full_reference, cell.bench.numerics_rows, cell.seed
-            )
         for p in list(self.live):
             if on_progress:
                 on_progress(f"S={self.seqlen:,} {p} mask {sample + 1}/{cell.mask_samples}")
-            self.measure_pass(
-                p, mask, prepared, native, reference, check, sample == 0 and cell.bench.profile
-            )
+            self.measure_pass(p, mask, prepared, native, sample == 0 and cell.bench.profile)
+        if sample == 0 and cell.bench.check_numerics and self.live and self.check_allowed(source):
+            reference = Reference(mask, source, self.check_rows) if target.rank == 0 else None
+            for p in list(self.live):
+                self.check_numerics(p, prepared, native, reference)
+            del reference
         if sample == 0 and target.world > 1 and self.live:
             target.describe(self.record, prepared, native, any(p != "fwd" for p in self.live))
-        del prepared, native, inputs
+        del prepared, native
         gc.collect()
 
     def finalise(self) -> RunRecord:
@@ -296,6 +344,9 @@ class _LengthRun:
         if self.cell.bench.check_numerics:
             record.numerics_mode = "full" if self.full_reference else "sampled"
             record.numerics_tolerance = tol
+            if self.check_skipped is not None:
+                record.numerics_mode = "skipped"
+                record.reasons.append(self.check_skipped)
         for p, samples in self.samples.items():
             result = self.results[p]
             summarise(result, samples, self.target.world)

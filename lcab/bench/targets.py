@@ -17,9 +17,18 @@ from typing import Protocol
 import torch
 from typing_extensions import override
 
+from lcab.bench.inputs import NAMES, SeededInputs
+from lcab.bench.numerics import Collector, LocalCollector
 from lcab.cell import Cell
 from lcab.cp.base import STRATEGIES, Plan
-from lcab.cp.comm import STATS, gather_floats, gather_strings, is_backward_op, max_over_ranks
+from lcab.cp.comm import (
+    STATS,
+    broadcast_floats,
+    gather_floats,
+    gather_strings,
+    is_backward_op,
+    max_over_ranks,
+)
 from lcab.cp.prepared import CPPrepared
 from lcab.distributed.context import DistContext, node_name
 from lcab.kernels import Kernel, PreparedAttention, Problem, get_kernel
@@ -41,6 +50,15 @@ class Target(Protocol):
 
     def barrier(self) -> None:
         """Synchronise ranks before a repetition (no-op on one device)."""
+
+    def inputs(self, prepared: PreparedAttention, source: SeededInputs) -> dict[str, torch.Tensor]:
+        """The q, k, v, dout this rank holds, in the prepared call's native layout."""
+
+    def collector(self, prepared: PreparedAttention) -> Collector:
+        """How numerics checks bring results to the checking rank."""
+
+    def share(self, values: list[float]) -> list[float]:
+        """Rank 0's ``values`` on every rank: one decision all ranks follow."""
 
     def reduce_times(self, times: list[float]) -> list[float]:
         """Per-repetition times as the slowest rank saw them."""
@@ -80,6 +98,18 @@ class KernelTarget(Target):
     @override
     def barrier(self) -> None:
         return None
+
+    @override
+    def inputs(self, prepared: PreparedAttention, source: SeededInputs) -> dict[str, torch.Tensor]:
+        return {n: prepared.to_native(source.whole(n)) for n in NAMES}
+
+    @override
+    def collector(self, prepared: PreparedAttention) -> Collector:
+        return LocalCollector(prepared)
+
+    @override
+    def share(self, values: list[float]) -> list[float]:
+        return list(values)
 
     @override
     def reduce_times(self, times: list[float]) -> list[float]:
@@ -128,6 +158,21 @@ class CPTarget(Target):
     @override
     def barrier(self) -> None:
         self.dist.barrier()
+
+    @override
+    def inputs(self, prepared: PreparedAttention, source: SeededInputs) -> dict[str, torch.Tensor]:
+        """Only this rank's shard of each tensor, drawn from the seed (never the global one)."""
+        assert isinstance(prepared, CPPrepared)
+        return {n: source.shard(n, prepared.tokens) for n in NAMES}
+
+    @override
+    def collector(self, prepared: PreparedAttention) -> Collector:
+        assert isinstance(prepared, CPPrepared)
+        return prepared
+
+    @override
+    def share(self, values: list[float]) -> list[float]:
+        return broadcast_floats(values)
 
     @override
     def reduce_times(self, times: list[float]) -> list[float]:

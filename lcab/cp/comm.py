@@ -222,6 +222,18 @@ def gather_strings(value: str, group: Any = None) -> list[str]:
     return [str(v) for v in out]
 
 
+def broadcast_from(x: torch.Tensor, source: int, group: Any = None) -> None:
+    """``x`` of rank ``source`` into ``x`` of every rank (checks, not CP data: not counted)."""
+    dist.broadcast(x, src=source, group=group)
+
+
+def broadcast_floats(values: list[float], source: int = 0, group: Any = None) -> list[float]:
+    """Rank ``source``'s ``values`` on every rank (decisions all ranks must share)."""
+    t = torch.tensor(values, dtype=torch.float64, device=scalar_device(group))
+    dist.broadcast(t, src=source, group=group)
+    return [float(x) for x in t.tolist()]
+
+
 def gather_floats(value: float, group: Any = None) -> list[float]:
     """Every rank's ``value``, in rank order (not counted as data)."""
     device = scalar_device(group)

@@ -2,7 +2,9 @@
 
 ``to_native`` shards a global tensor by this rank's layout (padding slots are zero), ``run`` is
 the distributed attention (timed), ``from_native`` / ``lse_from_native`` gather every rank's
-shard back into global order (collectives: every rank calls them).
+shard back into global order (collectives: every rank calls them). ``collect`` brings
+chosen global rows to rank 0 alone, one rank's part at a time, so checking outputs at
+context-parallel lengths never puts a global tensor on any rank.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 
 from lcab.cp.base import Plan
-from lcab.cp.comm import all_gather_flat
+from lcab.cp.comm import all_gather_flat, broadcast_from
 from lcab.kernels import PreparedAttention
 from lcab.masks.core import AttnMask
 
@@ -36,6 +38,10 @@ class CPPrepared(PreparedAttention):
         all_layouts = torch.from_numpy(np.concatenate(plan.rank_layouts))
         self._all_real = all_layouts >= 0
         self._all_index = all_layouts[self._all_real]
+        self.tokens = layout
+        """Global token of each local slot (-1: padding)."""
+        self.is_root = rank == 0
+        """Whether this rank checks numerics (`lcab.bench.numerics.Collector`)."""
 
     def to_native(self, x: torch.Tensor) -> torch.Tensor:
         """The shard of a global (S, H, D) tensor this rank holds."""
@@ -52,6 +58,37 @@ class CPPrepared(PreparedAttention):
         out = x.new_zeros((self.seqlen, *x.shape[1:]))
         out[self._all_index.to(x.device)] = gathered[self._all_real.to(x.device)]
         return out
+
+    def collect(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor | None:
+        """Global rows ``rows`` (sorted; None: all) of a sharded (n, ...) tensor, on rank 0.
+
+        Collective: rank r broadcasts the slots of its shard that hold wanted rows, in rank
+        order; rank 0 places them and the others drop them. Every rank derives every part's
+        size from the plan, so nothing but the rows themselves travels, and no rank holds more
+        than one shard's part at a time besides rank 0's result. Other ranks return None.
+        """
+        wanted = np.arange(self.seqlen) if rows is None else rows.to("cpu", torch.long).numpy()
+        out = None
+        if self.rank == 0:
+            out = x.new_zeros((len(wanted), *x.shape[1:]))
+        for source, layout in enumerate(self.plan.rank_layouts):
+            slots = np.flatnonzero(np.isin(layout, wanted))
+            if not len(slots):
+                continue
+            if source == self.rank:
+                part = x.detach()[torch.from_numpy(slots).to(x.device)].contiguous()
+            else:
+                part = x.new_empty((len(slots), *x.shape[1:]))
+            broadcast_from(part, source)
+            if out is not None:
+                dest = np.searchsorted(wanted, layout[slots])
+                out[torch.from_numpy(dest).to(x.device)] = part
+        return out
+
+    def collect_lse(self, lse: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor | None:
+        """Columns ``rows`` of the global (H, S) LSE from every rank's (H, n) shard, on rank 0."""
+        got = self.collect(lse.t().contiguous(), rows)
+        return None if got is None else got.t()
 
     def lse_from_native(self, lse: torch.Tensor) -> torch.Tensor:
         """The global (H, S) LSE from every rank's (H, n) shard (collective)."""

@@ -1,13 +1,16 @@
 """The fp64 oracle: dense masked softmax attention, returning (out, lse); never timed by default.
 
 Computed in float64 in query chunks (so memory stays ~256 MiB whatever S), with autograd, so
-out, lse and dq/dk/dv of every kernel can be checked against it. `reference_rows` computes
-the same for a sample of query rows, which keeps numerics checks affordable at long lengths.
+out, lse and dq/dk/dv of every kernel can be checked against it. `streamed_rows` computes
+out, lse and dq for a sample of query rows with K/V streamed in key chunks (drawn on demand,
+never held whole), which keeps numerics checks affordable at context-parallel lengths. Query
+heads always meet their own K/V head (grouped), never a copy of K/V repeated per query head.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -19,19 +22,53 @@ from lcab.masks.core import AttnMask
 
 #: Bytes of float64 scores per query chunk.
 CHUNK_BYTES = 256 << 20
+#: Bytes of one key chunk of the streamed row reference (scores and K/V).
+STREAM_CHUNK_BYTES = 64 << 20
 
 
 def _rows_mask(mask: AttnMask, rows: torch.Tensor, head: int = 0) -> torch.Tensor:
     """Dense bool (len(rows), Sk) mask of the given query rows of one mask head."""
-    ri = mask.row_intervals()
-    base = head * mask.seqlen_q
-    out = torch.zeros(len(rows), mask.seqlen_k + 1, dtype=torch.int32)
-    for n, r in enumerate(rows.tolist()):
-        lo, hi = ri.ptr[base + r], ri.ptr[base + r + 1]
-        for s, e in zip(ri.starts[lo:hi].tolist(), ri.ends[lo:hi].tolist(), strict=True):
-            out[n, s] += 1
-            out[n, e] -= 1
-    return out.cumsum(1)[:, :-1] > 0
+    return RowWindow(mask, rows).allowed(head, 0, mask.seqlen_k)
+
+
+class RowWindow:
+    """The attended intervals of some query rows, cut into dense key chunks on demand.
+
+    Holds only the rows' own intervals (flat arrays), so a chunk of ``len(rows) x chunk`` keys
+    costs that much memory whatever the sequence length.
+    """
+
+    def __init__(self, mask: AttnMask, rows: torch.Tensor) -> None:
+        self.rows = rows.to("cpu", torch.long)
+        intervals = mask.row_intervals()
+        self.seqlen_q = mask.seqlen_q
+        self._per_head = []
+        for head in range(mask.num_heads):
+            flat = self.rows.numpy() + head * mask.seqlen_q
+            lo, hi = intervals.ptr[flat], intervals.ptr[flat + 1]
+            counts = hi - lo
+            owner = np.repeat(np.arange(len(flat)), counts)
+            picks = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+            self._per_head.append(
+                (
+                    torch.from_numpy(owner),
+                    torch.from_numpy(intervals.starts[picks].astype(np.int64)),
+                    torch.from_numpy(intervals.ends[picks].astype(np.int64)),
+                )
+            )
+
+    def allowed(self, head: int, start: int, stop: int) -> torch.Tensor:
+        """Dense bool (len(rows), stop - start): which of keys ``start:stop`` each row attends."""
+        owner, first, end = self._per_head[head]
+        width = stop - start
+        lo = (first - start).clamp(0, width)
+        hi = (end - start).clamp(0, width)
+        keep = lo < hi
+        edges = torch.zeros(len(self.rows), width + 1, dtype=torch.int32)
+        ones = torch.ones(int(keep.sum()), dtype=torch.int32)
+        edges.index_put_((owner[keep], lo[keep]), ones, accumulate=True)
+        edges.index_put_((owner[keep], hi[keep]), -ones, accumulate=True)
+        return edges.cumsum(1)[:, :-1] > 0
 
 
 def dense_attention(
@@ -39,23 +76,25 @@ def dense_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention of q (Sq, Hq, D), k/v (Sk, Hkv, D); allowed (Hm|1, Sq, Sk) bool.
 
-    Rows with no allowed key give out 0 and lse -inf. Differentiable.
+    Query heads are grouped under their K/V head (GQA) rather than K/V repeated to every query
+    head, so no copy of K/V is ever Hq / Hkv times larger. Rows with no allowed key give out 0
+    and lse -inf. Differentiable.
     """
-    group = q.shape[1] // k.shape[1]
-    kk = k.repeat_interleave(group, dim=1)
-    vv = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, kk) * scale
+    sq, hq, d = q.shape
+    hkv = k.shape[1]
+    grouped = q.reshape(sq, hkv, hq // hkv, d)
+    scores = torch.einsum("qhgd,khd->hgqk", grouped, k) * scale
     allowed = allowed.to(scores.device)  # masks are built on the host
-    if allowed.shape[0] > 1:  # one mask per KV head
-        allowed = allowed.repeat_interleave(q.shape[1] // allowed.shape[0], dim=0)
+    allowed = allowed.unsqueeze(1)  # (Hm|1, 1, Sq, Sk): one mask per K/V head, or one for all
     scores = scores.masked_fill(~allowed, float("-inf"))
     # Rows with no key: softmax over zeros (finite gradients), then out 0 and lse -inf.
-    empty = ~allowed.any(-1, keepdim=True).expand(scores.shape[0], -1, 1)
+    empty = ~allowed.any(-1, keepdim=True).expand(*scores.shape[:-1], 1)
     scores = scores.masked_fill(empty, 0.0)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.unsqueeze(-1)).masked_fill(empty, 0.0)
-    out = torch.einsum("hqk,khd->qhd", probs, vv)
-    return out, lse.masked_fill(empty[..., 0], float("-inf"))
+    out = torch.einsum("hgqk,khd->qhgd", probs, v).reshape(sq, hq, d)
+    lse = lse.masked_fill(empty[..., 0], float("-inf"))
+    return out, lse.reshape(hq, sq)
 
 
 class _PreparedReference(PreparedAttention):
@@ -103,6 +142,10 @@ class ReferenceKernel(Kernel):
         return _PreparedReference(mask, problem)
 
 
+KeyChunks = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+"""``(start, stop) -> (k, v)`` of keys ``start:stop``: how the streamed reference sees K/V."""
+
+
 def reference_rows(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -111,20 +154,81 @@ def reference_rows(
     rows: torch.Tensor,
     dout: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """fp64 (out, lse, dq) of the given query rows only (dq needs ``dout`` for those rows).
+    """fp64 (out, lse, dq) of the given query rows only, from whole q/k/v tensors."""
+    picked = None if dout is None else dout[rows]
+    return streamed_rows(q[rows], rows, mask, lambda a, b: (k[a:b], v[a:b]), k.shape[1], picked)
+
+
+def streamed_rows(
+    q_rows: torch.Tensor,
+    rows: torch.Tensor,
+    mask: AttnMask,
+    keys: KeyChunks,
+    heads_kv: int,
+    dout_rows: torch.Tensor | None = None,
+    chunk_bytes: int = STREAM_CHUNK_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """fp64 (out, lse, dq) of query rows ``rows`` (their q in ``q_rows``), keys streamed.
 
     A query row's output and its dq depend only on that row, so a sample of rows checks a
-    kernel at any length for the cost of len(rows) x Sk scores.
+    kernel at any length. K/V arrive in key chunks from ``keys`` (drawn, not stored) and each
+    query head meets only its own K/V head: memory is a few ``len(rows) x chunk`` score
+    blocks, whatever the length and however many query heads share a K/V head. The forward is
+    an online softmax (running max and sum per row); dq, which needs each row's final lse and
+    ``rowsum(dout * out)``, is a second pass over the same chunks.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    heads = [_rows_mask(mask, rows, h) for h in range(mask.num_heads)]
-    allowed = torch.stack(heads)
-    qr = q[rows].double().detach().requires_grad_(dout is not None)
-    out, lse = dense_attention(qr, k.double().detach(), v.double().detach(), allowed, scale)
+    rows = rows.to("cpu", torch.long)
+    n, hq, d = q_rows.shape
+    scale = 1.0 / math.sqrt(d)
+    window = RowWindow(mask, rows)
+    q64 = q_rows.detach().double()
+    device = q64.device
+    hkv = heads_kv
+    group = hq // hkv
+    qg = q64.reshape(n, hkv, group, d)
+    # per key: four fp64 score-sized blocks per query row and head, and K and V as drawn
+    # (up to fp32) and in fp64
+    per_key = hq * n * 8 * 4 + hkv * d * (4 + 8) * 2
+    width = max(1, chunk_bytes // per_key)
+    spans = [(a, min(a + width, mask.seqlen_k)) for a in range(0, mask.seqlen_k, width)]
+
+    def chunk_scores(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k, v = keys(a, b)
+        k64, v64 = k.detach().to(device, torch.float64), v.detach().to(device, torch.float64)
+        scores = torch.einsum("nhgd,khd->hgnk", qg, k64) * scale
+        allowed = torch.stack([window.allowed(h, a, b) for h in range(mask.num_heads)])
+        allowed = allowed.to(device).unsqueeze(1)  # (Hm|1, 1, n, b - a)
+        return scores.masked_fill(~allowed, float("-inf")), k64, v64
+
+    top = torch.full((hkv, group, n), float("-inf"), dtype=torch.float64, device=device)
+    total = torch.zeros_like(top)
+    acc = torch.zeros((hkv, group, n, d), dtype=torch.float64, device=device)
+    for a, b in spans:
+        scores, k64, v64 = chunk_scores(a, b)
+        new_top = torch.maximum(top, scores.amax(-1))
+        shift = torch.where(torch.isinf(new_top), 0.0, new_top)
+        probs = torch.exp(scores - shift.unsqueeze(-1))
+        decay = torch.exp(top - shift)
+        total = total * decay + probs.sum(-1)
+        acc = acc * decay.unsqueeze(-1) + torch.einsum("hgnk,khd->hgnd", probs, v64)
+        top = new_top
+        del scores, k64, v64, probs  # one chunk alive at a time, not two
+    empty = total == 0
+    lse = torch.where(empty, float("-inf"), torch.where(empty, 0.0, top) + total.log())
+    out = torch.where(empty.unsqueeze(-1), 0.0, acc / total.clamp_min(1e-300).unsqueeze(-1))
     dq = None
-    if dout is not None:
-        (dq,) = torch.autograd.grad(out, qr, dout.double())
-    return out.detach(), lse.detach(), dq
+    if dout_rows is not None:
+        dog = dout_rows.detach().double().reshape(n, hkv, group, d).permute(1, 2, 0, 3)
+        delta = (dog * out).sum(-1)
+        dq_g = torch.zeros_like(acc)
+        for a, b in spans:
+            scores, k64, v64 = chunk_scores(a, b)
+            probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
+            dprobs = torch.einsum("hgnd,khd->hgnk", dog, v64)
+            dq_g += torch.einsum("hgnk,khd->hgnd", probs * (dprobs - delta.unsqueeze(-1)), k64)
+            del scores, k64, v64, probs, dprobs
+        dq = (dq_g * scale).permute(2, 0, 1, 3).reshape(n, hq, d)
+    return out.permute(2, 0, 1, 3).reshape(n, hq, d), lse.reshape(hq, n), dq
 
 
 def sample_rows(seqlen: int, count: int, seed: int = 0) -> torch.Tensor:

@@ -110,3 +110,32 @@ def test_gpu_only_kernel_names_cuda_and_package(cell):
     assert record.status == "skipped"
     text = " ".join(record.reasons)
     assert "CUDA" in text and "flash_attn_interface" in text
+
+
+def test_check_over_budget_is_skipped_with_reason_and_timings_kept(cell, monkeypatch):
+    import lcab.bench.runner as runner
+
+    monkeypatch.setattr(runner, "memory_budget", lambda device: 1 << 20)  # 1 MiB
+    record = run(cell, get_kernel("naive"))
+    assert record.status == "ok"
+    assert record.numerics_mode == "skipped"
+    assert record.fwd.errors is None and record.bwd.errors is None
+    assert record.fwd.ms_p50 > 0 and record.bwd.ms_p50 > 0
+    assert any("numerics check skipped" in r and "budget of 1 MiB" in r for r in record.reasons)
+
+
+def test_reference_out_of_memory_keeps_the_timings(cell, monkeypatch):
+    import lcab.kernels.reference as reference
+
+    def exhausted(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 48.00 GiB")
+
+    # the full reference calls the registered kernel's run: make that the one that fails
+    monkeypatch.setattr(reference._PreparedReference, "run", exhausted)
+    record = run(cell, get_kernel("naive"))
+    assert record.status == "ok"
+    assert record.fwd.status == record.bwd.status == "ok"
+    assert record.fwd.ms_p50 > 0 and record.bwd.ms_p50 > 0
+    assert record.fwd.errors is None
+    failed = [r for r in record.reasons if "numerics check failed (out of memory" in r]
+    assert len(failed) == 2 and all("timings kept" in r for r in failed)

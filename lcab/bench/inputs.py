@@ -1,0 +1,82 @@
+"""Benchmark inputs any rank can build in part: q, k, v and dout drawn block by block from a seed.
+
+At context-parallel lengths no process may hold the global tensors (at 8K tokens per GPU x 96
+GPUs one fp32 K is 12 GiB per 32 heads), yet every rank's shard and rank 0's fp64 reference must
+see the same numbers. So the global sequence is cut into blocks of `BLOCK_TOKENS` tokens and
+each block of each tensor has its own generator, seeded from (cell seed, length, mask sample,
+tensor, block): a rank draws only the blocks its tokens fall in, the reference draws key blocks
+as it streams over them, and the values never depend on who draws them or in what order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lcab.kernels import Problem
+
+BLOCK_TOKENS = 128
+"""Tokens per independently seeded block: small enough that a scattered shard draws little it
+does not keep, large enough that a generator is set up once per 128 tokens, not per token."""
+
+NAMES = ("q", "k", "v", "dout")
+
+
+@dataclass(frozen=True)
+class SeededInputs:
+    """The global q, k, v, dout of one (cell, length, mask sample), drawn on demand."""
+
+    seed: int
+    seqlen: int
+    sample: int
+    problem: Problem
+
+    def heads(self, name: str) -> int:
+        """Heads of tensor ``name`` (query heads for q and dout, K/V heads for k and v)."""
+        return self.problem.heads_kv if name in ("k", "v") else self.problem.heads_q
+
+    def _block(self, name: str, block: int) -> torch.Tensor:
+        """Block ``block`` of tensor ``name`` in float32 on the host (the seeded draw)."""
+        key = hash((self.seed, self.seqlen, self.sample, NAMES.index(name), block)) % (1 << 62)
+        gen = torch.Generator().manual_seed(key)
+        start = block * BLOCK_TOKENS
+        tokens = min(start + BLOCK_TOKENS, self.seqlen) - start
+        return torch.randn((tokens, self.heads(name), self.problem.head_dim), generator=gen)
+
+    def _place(self, host: torch.Tensor) -> torch.Tensor:
+        return host.to(dtype=self.problem.dtype, device=self.problem.device)
+
+    def rows(self, name: str, index: torch.Tensor) -> torch.Tensor:
+        """Tokens ``index`` (global positions, any order) of ``name``, as the problem's dtype.
+
+        Draws only the blocks the tokens fall in, one block held at a time.
+        """
+        index = index.to("cpu", torch.long)
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.seqlen):
+            raise IndexError(f"token index out of range [0, {self.seqlen}) for {name!r}")
+        out = torch.empty((len(index), self.heads(name), self.problem.head_dim))
+        blocks = index // BLOCK_TOKENS
+        for block in torch.unique(blocks).tolist():
+            picked = blocks == block
+            out[picked] = self._block(name, block)[index[picked] - block * BLOCK_TOKENS]
+        return self._place(out)
+
+    def span(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Tokens ``start:stop`` of ``name`` (a key chunk streamed by the reference)."""
+        return self.rows(name, torch.arange(start, stop))
+
+    def whole(self, name: str) -> torch.Tensor:
+        """The global tensor: single-device cells and the bounded full reference only."""
+        return self.span(name, 0, self.seqlen)
+
+    def shard(self, name: str, layout: torch.Tensor) -> torch.Tensor:
+        """A rank's shard: token ``layout[i]`` at slot i, zeros where the layout pads (-1)."""
+        real = layout >= 0
+        out = torch.zeros(
+            (len(layout), self.heads(name), self.problem.head_dim),
+            dtype=self.problem.dtype,
+            device=self.problem.device,
+        )
+        out[real.to(out.device)] = self.rows(name, layout[real])
+        return out
