@@ -1,0 +1,116 @@
+"""What a benchmark job is expected to measure and cost, before it is submitted.
+
+The dry run (``dry_run=true``) shows a job's shape and an upper bound on its GPU-hours taken
+from the time limits; this module adds what the planner expects the job to *measure* — per-GPU
+TFLOP/s and time per pass at each length — and the GPU-hours the measurement protocol will
+really spend at those times: for every length, mask sample and pass, the first call, the
+warm-up calls and the timed repetitions (budget mode: as many as the budgets buy at the
+predicted time, capped by ``bench.max_reps``), plus one more call for the numerics check.
+
+Single-device cells (``cp=none``) are predicted as a context-parallel cell of one rank (the
+kernel's rate on the profile, no communication). Where the planner has no prediction (a
+strategy that cannot run the cell, say) the length says why and adds nothing to the figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lcab.cell import BenchConfig, Cell
+from lcab.plan.hardware import Hardware
+from lcab.plan.harness import LCAB, Harness
+from lcab.plan.predict import CellPrediction, PlanCell, predict_median
+
+PASS_PARTS = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd_bwd": ("fwd", "bwd")}
+"""The predicted passes whose times make each timed pass (fwd_bwd: both)."""
+
+
+@dataclass(frozen=True)
+class LengthExpectation:
+    """The planner's word on one length of a job."""
+
+    seqlen: int
+    prediction: CellPrediction | None
+    reason: str = ""
+    """Why there is no prediction (empty when there is one)."""
+    wall_s: float = 0.0
+    """Expected wall time of this length on every rank (all samples and passes)."""
+
+    def text(self) -> str:
+        """``S: fwd 612 / bwd 498 TFLOP/s/GPU (12.3 / 35.1 ms)`` or the reason."""
+        if self.prediction is None:
+            return f"{self.seqlen}: no prediction ({self.reason})"
+        fwd, bwd = self.prediction.fwd, self.prediction.bwd
+        return (
+            f"{self.seqlen}: fwd {fwd.tflops:.0f} / bwd {bwd.tflops:.0f} TFLOP/s/GPU "
+            f"({fwd.time_ms:.3g} / {bwd.time_ms:.3g} ms)"
+        )
+
+
+@dataclass(frozen=True)
+class JobExpectation:
+    """Every length of one job, and the job's expected cost."""
+
+    hardware: str
+    gpus: int
+    lengths: tuple[LengthExpectation, ...]
+
+    @property
+    def gpu_hours(self) -> float:
+        """Expected GPU-hours of the predicted lengths (those without a prediction add 0)."""
+        return self.gpus * sum(length.wall_s for length in self.lengths) / 3600
+
+
+def calls_per_pass(bench: BenchConfig, call_ms: float) -> int:
+    """Calls the protocol makes of one pass for one mask sample at ``call_ms`` per call.
+
+    The first call, the warm-up (a count, or what ``warmup_ms`` buys), the timed repetitions
+    (a count, or what ``rep_ms`` buys, at least 1 and at most ``max_reps``), and one call for
+    the numerics check when it is on.
+    """
+    per = max(call_ms, 1e-6)
+    warmup = bench.warmup if bench.warmup_ms is None else math.ceil(bench.warmup_ms / per)
+    if bench.rep_ms is None:
+        reps = bench.reps
+    else:
+        reps = min(max(math.ceil(bench.rep_ms / per), 1), bench.max_reps)
+    return 1 + warmup + reps + int(bench.check_numerics)
+
+
+def plan_cell(cell: Cell, seqlen: int) -> PlanCell:
+    """The planner's cell for one length of a job (cp=none: a one-rank CP cell)."""
+    target = PlanCell.of_cell(cell, seqlen)
+    if cell.cp == "none":
+        return target.with_(cp="ulysses", cp_options={}, nodes=1, devices_per_node=1)
+    return target
+
+
+def expect_length(
+    cell: Cell, seqlen: int, hardware: Hardware, harness: Harness = LCAB
+) -> LengthExpectation:
+    """The prediction of one length and the wall time the protocol spends on it.
+
+    The prediction is the planner's own for the cell (`predict_median` over the job's mask
+    samples, as ``python -m lcab.plan`` reports it). A timed backward repeats on one forward,
+    which is counted once per sample.
+    """
+    samples = max(cell.mask_samples, 1)
+    try:
+        prediction = predict_median(plan_cell(cell, seqlen), hardware, samples, harness)
+    except ValueError as err:
+        return LengthExpectation(seqlen, None, str(err).split(": ", 1)[-1])
+    wall_ms = 0.0
+    for pass_ in cell.bench.passes:
+        parts = PASS_PARTS.get(pass_, ())
+        call_ms = sum(float(prediction.pass_(p).time_ms) for p in parts)
+        wall_ms += calls_per_pass(cell.bench, call_ms) * call_ms
+        if pass_ == "bwd":
+            wall_ms += float(prediction.fwd.time_ms)
+    return LengthExpectation(seqlen, prediction, wall_s=samples * wall_ms / 1000)
+
+
+def expect_job(cell: Cell, hardware: Hardware, harness: Harness = LCAB) -> JobExpectation:
+    """What the planner expects of every length of a job on ``hardware``."""
+    lengths = tuple(expect_length(cell, s, hardware, harness) for s in cell.seqlens)
+    return JobExpectation(hardware.name, cell.nodes * cell.devices_per_node, lengths)
