@@ -219,6 +219,7 @@ class _LengthRun:
                     device=problem.device,
                     before_each=before_each,
                     barrier=target.barrier if target.world > 1 else None,
+                    agree=target.share if target.world > 1 else None,
                 )
             rank_p50 = [timing.q(0.5)]
             if target.world > 1:  # the step time is the slowest rank's

@@ -10,6 +10,7 @@ The runner sees only the protocol, so single-device and distributed cells share 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -148,7 +149,21 @@ class CPTarget(Target):
 
     @override
     def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:
-        return self.strategy.not_supported_reasons(self.kernel, problem, mask, self.world, pass_)
+        """Why any rank cannot run ``pass_`` (collective: every rank gets the same answer).
+
+        Each rank checks with its own installation and device, and a pass runs only where
+        every rank can run it: a node without a package its peers have would otherwise skip a
+        collective they enter, and the world would hang. A reason only some ranks give names
+        them.
+        """
+        mine = self.strategy.not_supported_reasons(self.kernel, problem, mask, self.world, pass_)
+        every = [json.loads(text) for text in gather_strings(json.dumps(mine))]
+        merged: list[str] = []
+        for reason in dict.fromkeys(r for reasons in every for r in reasons):
+            ranks = [rank for rank, reasons in enumerate(every) if reason in reasons]
+            label = "" if len(ranks) == len(every) else f"rank {_ranks_text(ranks)}: "
+            merged.append(label + reason)
+        return merged
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
@@ -249,6 +264,12 @@ class CPTarget(Target):
     def close(self) -> None:
         """Leave the process group."""
         self.dist.close()
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``3`` or ``3, 5`` (at most 8 named, then a count)."""
+    head = ", ".join(str(r) for r in ranks[:8])
+    return head if len(ranks) <= 8 else f"{head} (+{len(ranks) - 8} more)"
 
 
 def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:

@@ -24,10 +24,12 @@ Clocks:
   only when the device waits for the host. Before each rep a 256 MiB buffer is zeroed (untimed)
   so the call does not find its inputs in L2 left there by the previous rep.
 
-Budget mode and several ranks: the per-call estimate is per rank, so with ``rep_ms`` ranks may
-pick different rep counts and a ``barrier``/``reduce`` across ranks would hang or mismatch; use
-counts (``reps``) for distributed runs. ``before_each`` runs only before timed repetitions,
-not during warm-up.
+Budget mode and several ranks: every call is collective there, so every rank must make the same
+number of calls, while each rank's clock gives its own estimate. With ``agree`` (rank 0's
+values on every rank, e.g. a broadcast) each count is decided once and shared: whether to take
+another probe call, the warm-up calls left, the repetitions. Without it, ranks could pick
+different counts and pair one rank's barrier with another's all-to-all: NCCL hangs until its
+timeout. ``before_each`` runs only before timed repetitions, not during warm-up.
 """
 
 from __future__ import annotations
@@ -143,24 +145,27 @@ def measure(
     before_each: Callable[[], None] | None = None,
     barrier: Callable[[], None] | None = None,
     reduce: Callable[[list[float]], list[float]] | None = None,
+    agree: Callable[[list[float]], list[float]] | None = None,
 ) -> Timing:
     """Time ``fn`` following the protocol in the module docstring.
 
     ``before_each`` (e.g. setting grads to None) and ``barrier`` (e.g. a process-group barrier)
     run before every timed repetition, outside the timed region. ``reduce`` receives the list
     of per-rep times (ms) and returns the list the quantiles are taken over (e.g. an all-reduce
-    MAX over ranks, so a rep costs what its slowest rank took).
+    MAX over ranks, so a rep costs what its slowest rank took). ``agree`` shares the counts
+    budget mode derives from the clock (see the module docstring).
     """
+    share = agree if agree is not None else _alone
     device = torch.device(device)
     cuda = _is_cuda(device)
     with torch.cuda.device(device) if cuda else contextlib.nullcontext():
         if cuda:
             torch.cuda.synchronize(device)  # the caller's pending work is not ours to time
         first_ms = _block_ms(fn, 1, cuda)
-        warmup, per_call_ms = _warm_up(fn, config, cuda, first_ms)
+        warmup, per_call_ms = _warm_up(fn, config, cuda, first_ms, share)
         reps = config.reps
         if config.rep_ms is not None:
-            reps = _budget_reps(config.rep_ms, per_call_ms, config.max_reps)
+            reps = int(share([_budget_reps(config.rep_ms, per_call_ms, config.max_reps)])[0])
         if cuda:
             raw = _timed_reps_cuda(fn, reps, before_each, barrier, config.flush_l2, device)
         else:
@@ -204,24 +209,36 @@ def _block_ms(fn: Callable[[], object], calls: int, cuda: bool) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
+def _alone(values: list[float]) -> list[float]:
+    """One rank decides for itself."""
+    return values
+
+
 def _warm_up(
-    fn: Callable[[], object], config: TimingConfig, cuda: bool, first_ms: float
+    fn: Callable[[], object],
+    config: TimingConfig,
+    cuda: bool,
+    first_ms: float,
+    share: Callable[[list[float]], list[float]] = _alone,
 ) -> tuple[int, float]:
     """Run the warm-up; return (calls made, per-call estimate in ms for budget mode).
 
     With a count and no warm-up calls, the estimate falls back on the first (cold) call, which
-    can only over-estimate, so a rep budget then yields fewer reps, never a longer run.
+    can only over-estimate, so a rep budget then yields fewer reps, never a longer run. In
+    budget mode every count that depends on the clock goes through ``share``.
     """
     if config.warmup_ms is None:
         if config.warmup == 0:
             return 0, first_ms
         return config.warmup, _block_ms(fn, config.warmup, cuda) / config.warmup
     spent, calls = 0.0, 0
-    while calls < _PROBE_CALLS and spent < config.warmup_ms:  # stop early for slow fns
+    # stop early for slow fns; the decision to take another probe call is shared
+    while calls < _PROBE_CALLS and share([float(spent < config.warmup_ms)])[0] > 0:
         spent += _block_ms(fn, 1, cuda)
         calls += 1
-    estimate = max(spent / calls, _MIN_ESTIMATE_MS)
+    estimate = max(spent / max(calls, 1), _MIN_ESTIMATE_MS)
     remaining = max(0, math.ceil((config.warmup_ms - spent) / estimate))
+    remaining = int(share([float(remaining)])[0])
     if remaining:
         estimate = max(_block_ms(fn, remaining, cuda) / remaining, _MIN_ESTIMATE_MS)
     return calls + remaining, estimate
