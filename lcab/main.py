@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import cast
+from typing import NoReturn, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lcab.bench.scheduled import scheduled_rank
+from lcab.bench.scheduled import scheduled_rank, write_job_environment
 from lcab.cell import Cell, JobInfo
 from lcab.config import CONF_DIR, ConfigError, job_info, register_configs, resolve_cell
 from lcab.launch import register_launcher
 from lcab.records.schema import RunRecord
-from lcab.records.sinks import RECORDS_FILE, JsonlSink
+from lcab.records.sinks import RECORDS_FILE, JsonlSink, RecordWriteError
 
 register_configs()
 register_launcher()
@@ -42,8 +42,10 @@ def _resume(path: Path, cell: Cell, rewrite: bool = True) -> tuple[list[RunRecor
     exactly the settled records, so reading before or after it gives the same lengths.
     """
     from lcab.records.resume import split_done
-    from lcab.records.sinks import write_records
+    from lcab.records.sinks import set_aside_torn_tail, write_records
 
+    if rewrite:  # a torn last line (a kill mid-write) is kept aside, not dropped
+        set_aside_torn_tail(path)
     kept, todo = split_done(path, cell.seqlens, cell.config)
     if path.exists() and rewrite:
         write_records(path, kept)  # unfinished records go: their lengths get new ones
@@ -84,6 +86,8 @@ def app(cfg: DictConfig) -> None:
         sys.exit(2)
     sink = JsonlSink(Path(job.output_dir) / RECORDS_FILE)
     rank = scheduled_rank()
+    if rank is not None and rank[0] == 0:
+        write_job_environment(cell)  # for the records the launcher may have to write
     if rank is not None and rank[0] != 0 and cell.world_size > 1:
         # another rank of a scheduled world: compute only (rank 0 records, logs and prints)
         if cfg.resume:
@@ -92,25 +96,55 @@ def app(cfg: DictConfig) -> None:
             _run(cell, lambda record: None, rank)
         return
     records: list[RunRecord] = []
-    if cfg.resume:
-        records, cell = _resume(sink.path, cell)
+    try:
+        if cfg.resume:
+            records, cell = _resume(sink.path, cell)
+    except RecordWriteError as err:
+        _unwritable(err, [], cell.seqlens)
     loggers = make_loggers(cfg, cell)
 
     def write(record: RunRecord) -> None:
-        sink.write(record)
+        records.append(record)
+        sink.write(record)  # first: a record that cannot be kept stops the cell
         for logger in loggers:
             logger.log(record)
-        records.append(record)
 
     failed = True  # until the cell returns: a kill or a crash closes loggers as failed
+    lost: RecordWriteError | None = None
     try:
         if cell.seqlens:  # empty when a resumed job had every length settled
             _run(cell, write, rank)
         failed = False
+    except RecordWriteError as err:
+        lost = err
     finally:
         for logger in loggers:
             logger.close(failed=failed)
     print_records(records, title=f"{job.override_dirname or 'lcab'}  ->  {sink.path}")
+    if lost is not None:
+        done = {r.seqlen for r in records}
+        _unwritable(lost, records[-1:], [s for s in cell.seqlens if s not in done])
+
+
+def _unwritable(
+    err: RecordWriteError, unsaved: list[RunRecord], not_run: Sequence[int]
+) -> NoReturn:
+    """One line naming the file and the cause, the unsaved record on stdout, exit code 1.
+
+    A full, read-only or vanished output folder ends the job (every later record would be lost
+    too); what was measured but not saved goes to stdout as JSON lines, never silently away.
+    """
+    where = f"{len(unsaved)} unsaved record(s) follow on stdout as JSON lines; " if unsaved else ""
+    print(
+        f"lcab: cannot write records: {err.path}: {err.cause}; {where}"
+        f"not run: seqlen {list(not_run) or 'none'}; free the folder, then rerun with "
+        "resume=true",
+        file=sys.stderr,
+    )
+    for record in unsaved:
+        print(record.to_json())
+    sys.stdout.flush()
+    sys.exit(1)
 
 
 def _unwind_on_sigterm() -> None:
@@ -140,6 +174,7 @@ def main() -> None:
     """Pre-check the whole run or sweep (SLURM shapes too), then hand over to Hydra."""
     from lcab.config.preflight import preflight, split_argv
     from lcab.launch.checks import slurm_problems
+    from lcab.records.callback import write_failures
 
     _unwind_on_sigterm()
     argv = sys.argv[1:]
@@ -151,6 +186,8 @@ def main() -> None:
 
         sys.exit(print_plan(*split_argv(argv)))
     app()
+    if write_failures():  # the merged records or the CSV view could not be written
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -71,12 +71,17 @@ def profile_pass(
 
 
 def save_mask_picture_of(cell: Cell, mask: AttnMask, record: RunRecord) -> Path | None:
-    """Draw ``mask`` into the job folder; a picture that fails is a reason, never a failure."""
+    """Draw ``mask`` into the job folder; a picture that fails is a reason, never a failure.
+
+    A failed picture is removed: on a full disk its half-written bytes would take the room the
+    records need.
+    """
     from lcab.masks.picture import save_mask_picture
 
     path = Path(cell.job.output_dir) / MASK_PICTURE.format(seqlen=mask.seqlen_q)
     try:
         return save_mask_picture(mask, path)
     except Exception as err:
+        path.unlink(missing_ok=True)  # a full disk leaves part of a file: room for the records
         record.reasons.append(f"mask picture failed: {type(err).__name__}: {err}"[:240])
         return None

@@ -17,8 +17,10 @@ Rank 0 alone emits records; the other ranks only compute.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,9 +28,11 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 
 import torch
 
+from lcab.bench.environment import environment
 from lcab.bench.results import is_oom, short_error
 from lcab.bench.runner import run_cell
 from lcab.bench.targets import make_target
@@ -39,6 +43,8 @@ from lcab.records.schema import RunRecord
 SCHEDULED_RANKS = "LCAB_RANKS_FROM_SCHEDULER"
 """Set (to the scheduler's name) in every task of a job whose tasks are the cell's ranks."""
 
+JOB_ENVIRONMENT_FILE = "job-environment.json"
+"""Where the job (rank 0) says what it runs on, for the records the launcher writes later."""
 FAILURE_FILE = "rank-{rank}.failure.json"
 RANK_FILE = "rank-{rank}.json"
 LOG_FILE = "rank-{rank}.log"
@@ -54,6 +60,42 @@ class RankFailure:
     status: str
     """timeout | oom | error."""
     error: str
+
+
+_SCHEDULER_SIGNALS: list[int] = []
+
+
+def watch_scheduler_signals() -> None:
+    """Note a SIGTERM from the scheduler (scancel, time limit, pre-emption), then pass it on.
+
+    The scheduler sends SIGTERM to every process of the job at once, so a cell's worker may die
+    of it before this process has a word to say; without the note, the supervisor would record
+    the worker's death as the cell's ``error`` and hide the scheduler's state. The handler that
+    was there (submitit's, which lets the job run on until SIGKILL) still runs. Call it in the
+    job's main thread.
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        _SCHEDULER_SIGNALS.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, note)
+
+
+def stopped_by_scheduler(grace_s: float = 0.0) -> bool:
+    """Whether the scheduler's SIGTERM arrived, waiting up to ``grace_s`` for it.
+
+    The grace covers the race of the previous paragraph: a worker killed by the same signal
+    can be seen dead a moment before this process's own SIGTERM is handled.
+    """
+    deadline = time.monotonic() + grace_s
+    while not _SCHEDULER_SIGNALS and time.monotonic() < deadline:
+        time.sleep(0.05)  # the signal handler runs between these sleeps
+    return bool(_SCHEDULER_SIGNALS)
 
 
 def scheduled_rank(env: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
@@ -72,6 +114,30 @@ def classify(err: BaseException) -> str:
     text = str(err).lower()
     timed_out = ("timed out", "timed-out", "timeout")
     return "timeout" if any(t in text for t in timed_out) else "error"
+
+
+def write_job_environment(cell: Cell) -> None:
+    """Rank 0 of a scheduled job notes its environment (device, host, threads) in the folder.
+
+    Records the launcher writes for this job's unsettled lengths carry it, not the environment
+    of the submitting host (a login node without the job's GPU). Best effort: a folder that
+    cannot take it costs only that detail.
+    """
+    path = Path(cell.job.output_dir) / JOB_ENVIRONMENT_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(environment(cell.device)))
+    except OSError:
+        pass
+
+
+def read_job_environment(cell_dir: Path) -> dict[str, object] | None:
+    """What `write_job_environment` wrote, or None (the job never started, or it failed)."""
+    try:
+        data = json.loads((cell_dir / JOB_ENVIRONMENT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def read_failures(cell_dir: Path) -> list[RankFailure]:
@@ -145,7 +211,8 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
     def fail(seqlen: int | None, status: str, error: str) -> None:
         failure = RankFailure(rank, host, seqlen, status, error)
         path = cell_dir / FAILURE_FILE.format(rank=rank)
-        path.write_text(json.dumps(asdict(failure)))
+        with contextlib.suppress(OSError):  # a full disk: the launcher still settles the job
+            path.write_text(json.dumps(asdict(failure)))
         print(f"lcab: rank {rank} on {host} failed ({status}): {error}", file=sys.stderr)
         sys.stderr.flush()
         os._exit(1)

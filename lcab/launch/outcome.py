@@ -10,15 +10,17 @@ lengths after it are ``skipped`` as not run. Nothing is ever left without a reco
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lcab.bench.environment import environment
 from lcab.bench.results import unfinished_records
-from lcab.bench.scheduled import read_failures, read_ranks
+from lcab.bench.scheduled import read_failures, read_job_environment, read_ranks
 from lcab.cell import Cell
 from lcab.records.schema import RunRecord
-from lcab.records.sinks import RECORDS_FILE, JsonlSink, read_records
+from lcab.records.sinks import RECORDS_FILE, JsonlSink, RecordWriteError, read_records
 
 #: SLURM job states (sacct) and the record status each gives the length that was running.
 STATE_STATUS = {
@@ -131,10 +133,30 @@ def settle(cell: Cell, end: JobEnd) -> list[RunRecord]:
     if not pending:
         return []
     status, reason = _reason(end, cell_dir, cell.world_size)
-    env = environment(cell.device)
+    env = job_environment(cell)
     env["slurm_job_id"] = end.job_id
     out = unfinished_records(cell, pending, status, reason, env)
     sink = JsonlSink(path)
-    for record in out:
-        sink.write(record)
+    try:
+        for record in out:
+            sink.write(record)
+    except RecordWriteError as err:
+        print(f"lcab: cannot record how job {end.job_id} ended: {err}", file=sys.stderr)
     return out
+
+
+#: Environment fields that describe the host a record ran on (unknown when the job never said).
+HOST_FIELDS = ("device_name", "hostname", "num_threads", "slurm_nodelist", "slurm_tasks")
+
+
+def job_environment(cell: Cell) -> dict[str, Any]:
+    """The environment of the job itself, as it wrote it (`write_job_environment`).
+
+    A job that never started says nothing: its records keep the versions (the job runs this
+    checkout) but leave the host fields empty rather than naming the submitting host's CPU.
+    """
+    said = read_job_environment(Path(cell.job.output_dir))
+    if said is not None:
+        return dict(said)
+    env = environment(cell.device)
+    return env | dict.fromkeys(HOST_FIELDS)

@@ -2,11 +2,15 @@
 
 ``on_multirun_end`` runs on the submitting machine once every job has finished (also with the
 SLURM launcher), so the merged ``records.jsonl`` + ``records.csv`` appear at the sweep root, and
-one table of every cell ends the sweep (`lcab.records.summary`).
+one table of every cell ends the sweep (`lcab.records.summary`). Files that cannot be written
+(a full disk, a read-only folder) are named in one line each — the per-job records stay whole
+and ``python -m lcab.records <folder>`` rebuilds the views later — and the run exits with code
+1 (`write_failures`; Hydra itself would only warn).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +18,31 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from typing_extensions import override
 
-from lcab.records.sinks import CSV_FILE, RECORDS_FILE, merge_records, read_records, write_csv
+from lcab.records.sinks import (
+    CSV_FILE,
+    RECORDS_FILE,
+    RecordWriteError,
+    merge_records,
+    read_records,
+    write_csv,
+)
 from lcab.records.summary import print_sweep_summary
+
+_FAILURES: list[str] = []
+
+
+def write_failures() -> list[str]:
+    """The files this process's callbacks could not write (``python -m lcab.main`` exits 1)."""
+    return list(_FAILURES)
+
+
+def _report(err: RecordWriteError, folder: Path, whole: str) -> None:
+    _FAILURES.append(str(err.path))
+    print(
+        f"lcab: cannot write {err.path}: {err.cause}; {whole} - free the folder, then rebuild "
+        f"with: python -m lcab.records {folder}",
+        file=sys.stderr,
+    )
 
 
 class MergeRecords(Callback):
@@ -25,7 +52,11 @@ class MergeRecords(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
         if root.exists():
-            merged, csv, count = merge_records(root)
+            try:
+                merged, csv, count = merge_records(root)
+            except RecordWriteError as err:
+                _report(err, root, "each job's records.jsonl is whole")
+                return
             print_sweep_summary(root, merged, csv)
             print(f"[lcab] merged {count} records -> {merged} and {csv.name}")
 
@@ -33,4 +64,7 @@ class MergeRecords(Callback):
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         path = Path(config.hydra.run.dir) / RECORDS_FILE
         if path.exists():
-            write_csv(read_records(path), path.parent / CSV_FILE)
+            try:
+                write_csv(read_records(path), path.parent / CSV_FILE)
+            except RecordWriteError as err:
+                _report(err, path.parent, f"the records are whole in {path}")

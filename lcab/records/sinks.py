@@ -1,13 +1,24 @@
 """Where records go: a JSONL file (the source of truth), a CSV view, and optionally W&B.
 
-Only rank 0 writes. Each record is flushed and fsynced as soon as it exists, so a job killed
-mid-sweep keeps every record it finished.
+Only rank 0 writes. Each record reaches the file in **one** ``write`` of its whole line,
+then is fsynced, so a job killed between records keeps every record it finished. A job killed
+*during* a write (the OOM killer, a power cut) or a disk that fills mid-line can still leave
+half a line at the end: readers skip that torn tail and say so in one line (`read_records`), and
+the next writer sets it aside in ``records.jsonl.torn`` before it appends (`set_aside_torn_tail`)
+— so the length it belonged to has no record and ``resume=true`` runs it again. A write that
+fails is undone (the file is cut back to its last whole line) and raises `RecordWriteError`.
+
+The CSV is a view rebuilt whole from the JSONL: written to a temporary file and renamed, so a
+reader never finds a CSV cut short by a full disk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,32 +27,59 @@ from lcab.records.schema import RunRecord
 
 RECORDS_FILE = "records.jsonl"
 CSV_FILE = "records.csv"
+TORN_SUFFIX = ".torn"
+"""A torn last line of ``records.jsonl`` is moved to ``records.jsonl.torn`` (appended)."""
 
 
-class JsonlSink:
-    """Appends records to a JSONL file, one line each, durable on return."""
+class RecordWriteError(OSError):
+    """A records file could not be written; the message names the path and the cause."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, err: OSError) -> None:
+        cause = err.strerror or str(err)
+        super().__init__(err.errno, f"{path}: {cause}")
+        self.path, self.cause = path, cause
 
-    def write(self, record: RunRecord) -> None:
-        """Append and flush one record."""
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(record.to_json() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+
+def _whole(line: str) -> bool:
+    """Whether ``line`` is one complete JSON value."""
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def _torn_tail(data: bytes) -> int | None:
+    """Offset where a torn last line starts, or None when the file ends with a whole line.
+
+    A line is torn when it has no newline *and* is not complete JSON; a complete last record
+    whose newline alone is missing is whole (the writer adds the newline before appending).
+    """
+    if not data or data.endswith(b"\n"):
+        return None
+    start = data.rfind(b"\n") + 1
+    return None if _whole(data[start:].decode("utf-8", "replace")) else start
 
 
 def read_records(path: str | Path) -> list[RunRecord]:
-    """All records of a JSONL file (blank lines ignored).
+    """All records of a JSONL file (blank lines ignored; a torn last line skipped, with a line).
 
     Raises:
-        ValueError: a line is not JSON or has an unsupported schema version (line number given).
+        ValueError: a line other than the last is not JSON, or a record has an unsupported
+            schema version (line number given).
 
     """
+    data = Path(path).read_bytes()
+    torn = _torn_tail(data)
+    if torn is not None:
+        print(
+            f"lcab: {path}: the last line is torn ({len(data) - torn} bytes cut mid-record, "
+            "e.g. by a kill or a full disk); it is not read, and its length counts as not run",
+            file=sys.stderr,
+        )
+        data = data[:torn]
     out = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -51,15 +89,120 @@ def read_records(path: str | Path) -> list[RunRecord]:
     return out
 
 
+def set_aside_torn_tail(path: str | Path) -> Path | None:
+    """Move a torn last line of ``path`` to ``<path>.torn``; end the file with a newline.
+
+    Returns the ``.torn`` file when a tail was moved. Only a writer calls this (a reader must
+    not cut a file another process may be appending to).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if not data or data.endswith(b"\n"):
+        return None
+    torn = _torn_tail(data)
+    with path.open("r+b") as fh:
+        if torn is None:  # a whole record without its newline
+            fh.seek(0, os.SEEK_END)
+            fh.write(b"\n")
+        else:
+            aside = path.with_name(path.name + TORN_SUFFIX)
+            with aside.open("ab") as out:
+                out.write(data[torn:] + b"\n")
+            fh.truncate(torn)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if torn is None:
+        return None
+    print(
+        f"lcab: {path}: a torn last line ({len(data) - torn} bytes) was set aside in "
+        f"{aside.name}; its length runs again",
+        file=sys.stderr,
+    )
+    return aside
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` + newline in one ``write``, fsynced; on failure cut the file back.
+
+    Raises:
+        RecordWriteError: the file could not be opened or the line not written whole.
+
+    """
+    data = (line + "\n").encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise RecordWriteError(path, err) from err
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            while written < len(data):  # cut short (a full disk): the next write says why
+                more = os.write(fd, data[written:])
+                if more == 0:
+                    raise OSError(errno.EIO, f"wrote {written} of {len(data)} bytes")
+                written += more
+            os.fsync(fd)
+        except OSError as err:
+            # no half line left behind (if even this fails, readers skip the torn tail and
+            # the next writer sets it aside)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise RecordWriteError(path, err) from err
+    finally:
+        os.close(fd)
+
+
+class JsonlSink:
+    """Appends records to a JSONL file, one whole line each, durable on return."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._checked = False
+
+    def write(self, record: RunRecord) -> None:
+        """Append one record (a torn tail left by an earlier run is set aside first).
+
+        Raises:
+            RecordWriteError: the folder or file cannot be written (full, read-only, gone).
+
+        """
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self._checked:
+                set_aside_torn_tail(self.path)
+        except OSError as err:
+            raise RecordWriteError(self.path, err) from err
+        self._checked = True
+        append_line(self.path, record.to_json())
+
+
+def _replace(out: Path, write: Any) -> Path:
+    """Write ``out`` through a temporary file renamed over it; nothing half-written remains.
+
+    Raises:
+        RecordWriteError: the file could not be written whole (the old one, if any, stays).
+
+    """
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        write(tmp)
+        with tmp.open("rb") as fh:
+            os.fsync(fh.fileno())
+        tmp.replace(out)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise RecordWriteError(out, err) from err
+    return out
+
+
 def write_records(path: str | Path, records: Iterable[RunRecord]) -> Path:
     """Replace ``path`` with exactly ``records``, atomically (readers never see half a file)."""
-    out = Path(path)
-    tmp = out.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for record in records:
-            fh.write(record.to_json() + "\n")
-    tmp.replace(out)
-    return out
+    text = "".join(record.to_json() + "\n" for record in records)
+    return _replace(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def iter_record_files(root: str | Path) -> Iterator[Path]:
@@ -71,7 +214,12 @@ def iter_record_files(root: str | Path) -> Iterator[Path]:
 
 
 def write_csv(records: Iterable[RunRecord], path: str | Path) -> Path:
-    """A CSV view of records (pass fields flattened; nested values as JSON)."""
+    """A CSV view of records (pass fields flattened; nested values as JSON), replaced whole.
+
+    Raises:
+        RecordWriteError: no room or no permission; no partial CSV is left behind.
+
+    """
     import pandas as pd
 
     rows = []
@@ -79,9 +227,7 @@ def write_csv(records: Iterable[RunRecord], path: str | Path) -> Path:
         flat = record.flat()
         rows.append({k: _cell(v) for k, v in flat.items()})
     frame = pd.DataFrame(rows)
-    out = Path(path)
-    frame.to_csv(out, index=False)
-    return out
+    return _replace(Path(path), lambda tmp: frame.to_csv(tmp, index=False))
 
 
 def _cell(value: Any) -> Any:

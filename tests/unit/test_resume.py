@@ -102,3 +102,13 @@ def test_the_last_settled_record_of_a_length_wins_and_only_those_are_kept(tmp_pa
     assert todo == [2048, 4096]
     write_records(path, kept)
     assert [(r.seqlen, r.run_id, r.status) for r in read_records(path)] == [(1024, "second", "ok")]
+
+
+def test_a_torn_last_record_leaves_its_length_to_run_again(tmp_path):
+    path = tmp_path / "records.jsonl"
+    write(path, [record(1024)])
+    cut = record(2048).to_json()
+    with path.open("a") as fh:
+        fh.write(cut[: len(cut) // 3])  # the job was killed while writing seqlen 2048
+    kept, todo = split_done(path, LENGTHS, CONFIG)
+    assert [r.seqlen for r in kept] == [1024] and todo == [2048, 4096]
