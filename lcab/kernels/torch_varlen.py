@@ -14,9 +14,14 @@ built flash-attn is worth its build.
 It takes the same varlen lowering as ``fa2`` (one call, a single sequence being N = 1). torch
 does not document how a causal or windowed sequence aligns when its query and key counts
 differ, so such masks (CP rectangles of causal masks) are refused rather than guessed; rows that
-attend nothing get lcab's convention (out 0, LSE -inf) from the mask. The LSE is not
-differentiable (torch's ``_backward`` ignores ``grad_lse``), so there is no backward from merged
-statistics (``lse_grad`` False, ``stats_backward`` False).
+attend nothing get lcab's convention (out 0, LSE -inf) from the mask.
+
+Backward: autograd through ``out``. The LSE is not differentiable (torch's ``_backward``
+ignores ``grad_lse``; ``lse_grad`` False), so the backward from merged statistics that ring-style
+context parallelism needs (``stats_backward``) calls torch's own backward op,
+``torch_attn::_varlen_attn_backward`` (row ``VARLEN_BACKWARD_OP``), with the merged ``out`` and
+LSE where ``_backward`` passes its saved ones — the LSE in the same (H_q, T_q) layout, which is
+lcab's (Hq, Sq) — as ring-flash-attn calls FA2's ``_flash_attn_varlen_backward``.
 
 **CPU contract-tested only**: the tests run this adapter's whole path on meta tensors, where
 torch's own fake kernel of ``varlen_attn`` gives the output and LSE shapes, and against a
@@ -42,7 +47,7 @@ from lcab.kernels.base import (
 )
 from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.registry import register_kernel
-from lcab.kernels.upstream.torch_attention import VARLEN_ATTN
+from lcab.kernels.upstream.torch_attention import VARLEN_ATTN, VARLEN_BACKWARD_OP
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import lowering_reason, to_varlen
 
@@ -76,8 +81,9 @@ def mask_reasons(mask: AttnMask) -> list[str]:
     args = to_varlen(mask)
     sq, sk = np.diff(args.cu_seqlens_q), np.diff(args.cu_seqlens_k)
     aligned = args.causal or tuple(int(w) for w in args.window_size) != (-1, -1)
-    if aligned and (sq != sk).any():
-        b = int(np.flatnonzero(sq != sk)[0])
+    unequal = (sq != sk) & (sq > 0) & (sk > 0)  # no key (or no query): nothing to align
+    if aligned and unequal.any():
+        b = int(np.flatnonzero(unequal)[0])
         return [
             f"sequence {b} has {int(sq[b])} queries and {int(sk[b])} keys; torch's varlen_attn "
             "does not document causal/window alignment for unequal lengths"
@@ -95,6 +101,7 @@ class _PreparedTorchVarlen(PreparedAttention):
         left, right = (int(w) for w in args.window_size)
         device = problem.device
         self.fn = getattr(varlen, VARLEN_ATTN.name)
+        self.backward_op = getattr(varlen, VARLEN_BACKWARD_OP.name, None)  # the custom op
         self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
         self.positional = (
             torch.as_tensor(args.cu_seqlens_q, dtype=torch.int32).to(device).contiguous(),
@@ -129,6 +136,43 @@ class _PreparedTorchVarlen(PreparedAttention):
             follows=f"{VARLEN_ATTN.source} ({LSE_LAYOUT})",
         )
 
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) of this block of keys under the merged (out, lse): torch's own op.
+
+        The arguments are those torch's ``_backward`` passes (``varlen.py`` L605-635) with the
+        merged statistics for the saved ones: ``is_causal`` as ``varlen_attn`` derives it from
+        the window (L307), and the zero ``rng_state`` its forward returns (dropout is 0). Rows
+        with no key in this block are masked in it (FA2's backward reads an LSE of -inf as 0).
+        """
+        if self.backward_op is None:
+            raise NotImplementedError(
+                f"torch {torch.__version__}'s {MODULE} has no {VARLEN_BACKWARD_OP.name}"
+            )
+        window = list(self.kwargs["window_size"])
+        rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)
+        dq, dk, dv = self.backward_op(
+            dout.contiguous(),
+            q,
+            k,
+            v,
+            out.contiguous(),
+            lse.contiguous(),  # lcab's (Hq, Sq) is the op's (H_q, T_q)
+            *self.positional,
+            tuple(window) == (-1, 0),
+            rng_state,
+            self.kwargs["scale"],
+            window,
+        )
+        return dq, dk, dv
+
 
 @register_kernel
 class TorchVarlenKernel(Kernel):
@@ -140,6 +184,7 @@ class TorchVarlenKernel(Kernel):
         "varlen",
         max_head_dim=256,
         min_compute_capability=(8, 0),
+        stats_backward=True,
     )
 
     @override

@@ -6,6 +6,11 @@ back in the row's layout — (H_q, T_q), what torch's own fake kernel of ``varle
 (``torch/nn/attention/varlen.py`` L135-173) — so this stand-in cannot share a misreading with
 the adapter: both read the same row, and the row is checked against torch itself.
 
+``_varlen_attn_backward`` (row ``VARLEN_BACKWARD_OP``, ``varlen.py`` L507-635) computes the
+gradients from the ``out`` and ``lse`` it is given, as FlashAttention's backward does
+(`tests.helpers.standin_rows.flash_backward_math`: an LSE of -inf read as 0), on the attended
+set of the same window rule — what the adapter's backward from merged statistics calls.
+
 What the numbers follow (torch 2.13's ``varlen_attn``, L176-326): packed (T, H, D) inputs,
 ``cu_seq_q``/``cu_seq_k`` int32, causal when ``window_size == (-1, 0)`` and a window otherwise,
 a ValueError when the head counts differ without ``enable_gqa``; the attended set of each
@@ -23,8 +28,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lcab.kernels.upstream.torch_attention import VARLEN_ATTN, VARLEN_AUX_REQUEST
+from lcab.kernels.upstream.torch_attention import (
+    VARLEN_ATTN,
+    VARLEN_AUX_REQUEST,
+    VARLEN_BACKWARD_OP,
+)
 from tests.helpers.standin_flash_attn import _attend, varlen_allowed
+from tests.helpers.standin_rows import flash_backward_math, from_row
 
 CALLS: list[dict[str, Any]] = []
 
@@ -57,6 +67,26 @@ varlen_attn = _varlen_attn
 varlen_attn.__signature__ = VARLEN_ATTN.signature()  # type: ignore[attr-defined]
 
 
+def _backward(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, lse = a["query"], a["lse"]
+    assert lse.shape == (q.shape[1], q.shape[0]) and lse.is_contiguous(), "lse is (H_q, T_q)"
+    assert a["rng_state"].dtype == torch.uint64 and a["rng_state"].shape == (2,)
+    window = tuple(a["window_size"]) if a["window_size"] is not None else (-1, -1)
+    assert a["is_causal"] == (window == (-1, 0)), "varlen_attn derives is_causal from the window"
+    CALLS.append({"fn": "backward", **a})
+    allowed = varlen_allowed(a["cu_seq_q"], a["cu_seq_k"], False, window)
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    return flash_backward_math(
+        a["grad_out"], q, a["key"], a["value"], a["out"], lse, allowed, scale
+    )
+
+
+_varlen_attn_backward = from_row(VARLEN_BACKWARD_OP, _backward)
+
+
 def varlen_module() -> types.SimpleNamespace:
-    """What the adapter takes from ``torch.nn.attention.varlen``: the function and AuxRequest."""
-    return types.SimpleNamespace(varlen_attn=varlen_attn, AuxRequest=AuxRequest)
+    """What the adapter takes from ``torch.nn.attention.varlen``: the function, AuxRequest and
+    the backward op's function."""
+    return types.SimpleNamespace(
+        varlen_attn=varlen_attn, AuxRequest=AuxRequest, _varlen_attn_backward=_varlen_attn_backward
+    )

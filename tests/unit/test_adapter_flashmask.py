@@ -22,7 +22,6 @@ would refuse it, as it should).
 
 from __future__ import annotations
 
-import itertools
 import sys
 import types
 
@@ -32,7 +31,6 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from lcab.cp.merge import merge_into
 from lcab.kernels import Problem, get_kernel, probe
 from lcab.kernels.flashmask import DETERMINISTIC_FLAG, VERSION_FLAG
 from lcab.kernels.probe import probe_reasons
@@ -40,7 +38,7 @@ from lcab.kernels.upstream.flashmask import MODULE
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_flashmask as standin
-from tests.helpers.contract import forward_backward, tensors
+from tests.helpers.contract import forward_backward, ring_blocks, ring_forward_backward, tensors
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted, slice_masks
 
 #: Arbitrary block patterns: claimed when expressible; every other pattern must be (§3.6: N).
@@ -271,37 +269,6 @@ def test_probe_old_version(monkeypatch) -> None:
 
 
 # ----------------------------------------------------------------------------- (c) ring backward
-def chunks(length: int, world: int) -> list[tuple[int, int]]:
-    """``world`` contiguous chunks, unequal when ``world`` does not divide ``length``."""
-    edges = [round(length * r / world) for r in range(world + 1)]
-    return list(itertools.pairwise(edges))
-
-
-def ring(mask: AttnMask, q, k, v, dout, world: int):
-    """Ring attention on one process: every query chunk meets every key chunk (a rectangle of
-    the mask), results merged by LSE, then each block's backward under its rows' merged
-    (out, lse); dq summed over key chunks, dk/dv over query chunks."""
-    kernel = get_kernel("flashmask")
-    out, lse = torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"),
-                                               dtype=q.dtype)  # fmt: skip
-    steps = []
-    for q0, q1 in chunks(mask.seqlen_q, world):
-        for k0, k1 in chunks(mask.seqlen_k, world):
-            part = kernel.prepare(mask.restrict((q0, q1), (k0, k1)), Problem.of(q[q0:q1], k[k0:k1]))
-            part_out, part_lse = part.run(q[q0:q1], k[k0:k1], v[k0:k1])
-            merge_into(out[q0:q1], lse[:, q0:q1], part_out, part_lse)
-            steps.append((part, (q0, q1), (k0, k1)))
-    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
-    for part, (q0, q1), (k0, k1) in steps:
-        gq, gk, gv = part.backward(
-            dout[q0:q1], q[q0:q1], k[k0:k1], v[k0:k1], out[q0:q1], lse[:, q0:q1]
-        )
-        dq[q0:q1] += gq
-        dk[k0:k1] += gk
-        dv[k0:k1] += gv
-    return out, lse, (dq, dk, dv)
-
-
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("name", ALL_PATTERNS)
 @fast(4)
@@ -311,16 +278,14 @@ def test_cpu_contract_ring_backward_from_merged_statistics(name, world, data) ->
     driven by the merged statistics gives the fp64 reference's dq, dk, dv of the whole mask."""
     mask = data.draw(pattern_masks(name, max_seqlen=90))
     assume(mask.seqlen_q >= world)
-    assume(all(
-        lowering_reason(mask.restrict(qs, ks), "flashmask") is None
-        for qs in chunks(mask.seqlen_q, world) for ks in chunks(mask.seqlen_k, world)
-    ))  # fmt: skip
+    blocks = ring_blocks(mask, world)
+    assume(all(lowering_reason(mask.restrict(qs, ks), "flashmask") is None for qs, ks in blocks))
     hkv = mask.num_heads
     q, k, v, dout = tensors(mask, 2 * hkv, hkv, torch.float64, seed=data.draw(st.integers(0, 99)))
     standin.CALLS.clear()
     with pytest.MonkeyPatch.context() as mp:
         install(mp)
-        out, lse, grads = ring(mask, q, k, v, dout, world)
+        out, lse, grads = ring_forward_backward(get_kernel("flashmask"), mask, q, k, v, dout, world)
     assert sum(c["op"] == "bwd" for c in standin.CALLS) == world * world
     ref_out, ref_lse, ref_grads = forward_backward(
         lambda *t: get_kernel("reference")(*t, mask), q, k, v, dout

@@ -5,18 +5,23 @@ torch's ``varlen_attn`` computes only on CUDA. Two things stand in for the GPU:
 * torch's own meta kernel: the adapter's whole path (prepare, the call, the LSE's layout, empty
   rows) runs on meta tensors, where ``varlen_attn``'s registered fake kernel decides the shapes —
   the LSE is (H_q, T_q), and an adapter reading it as (T_q, H_q) fails here;
-* for the numbers, a plain-torch stand-in built from the table row
-  (``tests/helpers/standin_torch_varlen.py``, signature and LSE layout from
-  `lcab.kernels.upstream.torch_attention.VARLEN_ATTN`), compared with lcab's fp64 reference;
-  the emulated call mask must equal ``AttnMask.to_dense()`` for every mask the adapter claims.
+* for the numbers, a plain-torch stand-in built from the table rows
+  (``tests/helpers/standin_torch_varlen.py``, signatures and LSE layout from
+  `lcab.kernels.upstream.torch_attention`), compared with lcab's fp64 reference; the emulated
+  call mask must equal ``AttnMask.to_dense()`` for every mask the adapter claims;
+* the backward from merged statistics (torch's ``_varlen_attn_backward`` op): ring attention at
+  world 2 and 4 against the reference's gradients, and the call on meta tensors against the
+  real op.
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -25,6 +30,7 @@ from lcab.kernels.library_results import lse_to_lcab
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_torch_varlen as standin
+from tests.helpers.contract import forward_backward, ring_blocks, ring_forward_backward, tensors
 from tests.helpers.masks import ALL_PATTERNS, dense3, fast, pattern_masks, restricted
 from tests.helpers.standin_flash_attn import varlen_allowed
 
@@ -180,3 +186,56 @@ def test_the_call_on_fake_cuda_tensors_gives_torchs_layout():
         assert lse.device.type == "cuda" and out.shape == q.shape
         got = lse_to_lcab(lse, torch_varlen.LSE_LAYOUT, 4, S)
         assert got.shape == (4, S)
+
+
+# ----------------------------------------------------------------------------- merged statistics
+def unclaimed_block(mask: AttnMask, world: int) -> AttnMask | None:
+    """The first ring block the adapter refuses (None: it claims them all)."""
+    blocks = (mask.restrict(qs, ks) for qs, ks in ring_blocks(mask, world))
+    return next((block for block in blocks if not claimed(block)), None)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("name", ALL_PATTERNS)
+@fast(4)
+@given(data=st.data())
+def test_cpu_contract_ring_backward_from_merged_statistics(name, world, data):
+    """Every mask pattern under ring attention at world 2 and 4: torch's backward op (stand-in
+    from its row) driven by the merged statistics gives the fp64 reference's dq, dk, dv of the
+    whole mask — or a block is refused with a reason."""
+    mask = data.draw(pattern_masks(name, max_seqlen=90))
+    assume(mask.seqlen_q >= world)
+    refused = unclaimed_block(mask, world)
+    if refused is not None:
+        check_call(refused)  # refused with a varlen / alignment reason
+        return
+    q, k, v, dout = tensors(mask, 4, 2, torch.float64, seed=data.draw(st.integers(0, 99)))
+    CALLS.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, torch_varlen.MODULE, STANDIN)
+        out, lse, grads = ring_forward_backward(
+            get_kernel("torch_varlen"), mask, q, k, v, dout, world
+        )
+    assert sum(c.get("fn") == "backward" for c in CALLS) == world * world
+    ref_out, ref_lse, ref_grads = forward_backward(
+        lambda *t: get_kernel("reference")(*t, mask), q, k, v, dout
+    )
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    for got, want, label in zip(grads, ref_grads, "qkv", strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"d{label}")
+
+
+@pytest.mark.parametrize("name", ["causal_document", "sliding_window_causal"])
+def test_stats_backward_calls_torchs_own_backward_op_on_meta(name):
+    """The call fits the real ``torch_attn::_varlen_attn_backward`` (its schema and fake
+    kernel), with the merged LSE in lcab's (Hq, Sq) = torch's (H_q, T_q)."""
+    mask, meta = META_CASES[name], torch.device("meta")
+    problem = Problem(S, S, 6, 2, 64, torch.bfloat16, meta)
+    prepared = get_kernel("torch_varlen").prepare(mask, problem)
+    q, dout, out = (torch.empty(S, 6, 64, dtype=torch.bfloat16, device=meta) for _ in "qdo")
+    k, v = (torch.empty(S, 2, 64, dtype=torch.bfloat16, device=meta) for _ in "kv")
+    lse = torch.empty(6, S, dtype=torch.float32, device=meta)
+    dq, dk, dv = prepared.backward(dout, q, k, v, out, lse)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert get_kernel("torch_varlen").caps.stats_backward
