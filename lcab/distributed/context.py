@@ -4,6 +4,14 @@ Locally, lcab's supervisor starts one process per rank and they meet through a f
 in the job folder (no ports, so parallel tests and jobs never clash). Under torchrun or SLURM
 the ranks already exist and are joined from the environment (RANK, WORLD_SIZE, MASTER_ADDR...).
 Collectives time out after ``timeout_s`` so a lost peer ends in an error instead of a hang.
+
+GPU binding: a rank takes GPU ``local rank % visible GPUs`` — the local rank itself when the
+task sees every GPU of its node, GPU 0 when SLURM gives each task its own (``--gpus-per-task``,
+``--gpu-bind``) — and names it to ``init_process_group`` (``device_id``), so NCCL binds its
+communicator eagerly and ``barrier`` never guesses a device. Two ranks on one GPU, which NCCL
+refuses, are refused first with the numbers (`binding_problem`, and a comparison of GPU UUIDs
+across the ranks of a host after joining). Single-rank groups are never created: once a
+device is bound every ``new_group`` is a collective split over all ranks, for nothing.
 """
 
 from __future__ import annotations
@@ -47,17 +55,19 @@ class DistContext:
         timeout_s: float,
         device: str = "cpu",
     ) -> DistContext:
-        """Join a world started by lcab's supervisor (file rendezvous)."""
-        if device == "cuda":
-            torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
+        """Join a world started by lcab's supervisor (file rendezvous): every rank on this host."""
+        bound = _bind(device, rank, world)
         dist.init_process_group(
             backend=backend,
             init_method=f"file://{rendezvous}",
             rank=rank,
             world_size=world,
             timeout=timedelta(seconds=timeout_s),
+            **_device_id(bound, backend),
         )
-        return cls(rank, world, devices_per_node, backend, _device(device, rank))
+        context = cls(rank, world, devices_per_node, backend, bound)
+        context.check_distinct_gpus()
+        return context
 
     @classmethod
     def from_environment(cls, backend: str, timeout_s: float, device: str = "cpu") -> DistContext:
@@ -70,20 +80,46 @@ class DistContext:
             os.environ.setdefault(key, value)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-        return cls(
-            rank, world, local, backend, _device(device, int(os.environ.get("LOCAL_RANK", 0)))
+        bound = _bind(device, int(os.environ.get("LOCAL_RANK", 0)), local)
+        dist.init_process_group(
+            backend=backend, timeout=timedelta(seconds=timeout_s), **_device_id(bound, backend)
         )
+        context = cls(rank, world, local, backend, bound)
+        context.check_distinct_gpus()
+        return context
+
+    def check_distinct_gpus(self) -> None:
+        """Refuse two ranks of one host on one GPU (NCCL would fail later, less clearly).
+
+        Compares the GPU UUIDs the ranks bound (a task that sees one GPU always binds index 0,
+        so indices alone cannot tell a GPU per task from a GPU shared by all tasks).
+        """
+        if self.device.type != "cuda":
+            return
+        mine = (node_name(), str(torch.cuda.get_device_properties(self.device).uuid))
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, mine)
+        first: dict[tuple[str, str], int] = {}
+        for rank, key in enumerate(every):
+            if tuple(key) in first:
+                raise RuntimeError(
+                    f"ranks {first[tuple(key)]} and {rank} share GPU {key[1]} on {key[0]}: "
+                    "give each rank its own GPU (one task per GPU: --gpus-per-task=1, or as "
+                    "many tasks per node as GPUs)"
+                )
+            first[tuple(key)] = rank
 
     def group(self, ranks: list[int] | tuple[int, ...]) -> Any:
-        """The process group of ``ranks`` (the whole world for all ranks).
+        """The process group of ``ranks``: the world for all ranks, None for a single rank.
+
+        A single-rank group carries no traffic, so it is never created.
 
         ``torch.distributed.new_group`` must be called by every rank for every group in the same
         order: callers create all groups of a layout on every rank (see `lcab.distributed.groups`).
         """
         key = tuple(int(r) for r in ranks)
+        if len(key) == 1:
+            return None
         if key == tuple(range(self.world)):
             return dist.group.WORLD
         if key not in self._groups:
@@ -100,8 +136,44 @@ class DistContext:
             dist.destroy_process_group()
 
 
-def _device(kind: str, local_rank: int) -> torch.device:
-    return torch.device("cuda", local_rank) if kind == "cuda" else torch.device("cpu")
+def binding_problem(ranks_on_node: int, visible_gpus: int) -> str | None:
+    """Why ``ranks_on_node`` ranks cannot each get a GPU of the ``visible_gpus`` (None: they can).
+
+    One visible GPU per rank is fine either way (all GPUs of a node visible to every rank, or one
+    per task); more ranks than visible GPUs, above one, would put two ranks on one GPU.
+    """
+    if visible_gpus < 1:
+        return "problem.device=cuda but no GPU is visible to this process"
+    if visible_gpus > 1 and ranks_on_node > visible_gpus:
+        return (
+            f"{ranks_on_node} ranks on one node but only {visible_gpus} visible GPUs: two "
+            "ranks would share a GPU, which NCCL refuses; use at most one rank per GPU "
+            "(topology.devices_per_node)"
+        )
+    return None
+
+
+def local_gpu_index(local_rank: int, visible_gpus: int) -> int:
+    """The GPU a rank binds: its local rank among all visible GPUs, GPU 0 of a task's own."""
+    return local_rank % visible_gpus
+
+
+def _bind(kind: str, local_rank: int, ranks_on_node: int) -> torch.device:
+    """Set and return this rank's device (CPU: nothing to bind); refuse a shared GPU."""
+    if kind != "cuda":
+        return torch.device("cpu")
+    visible = torch.cuda.device_count()
+    why = binding_problem(ranks_on_node, visible)
+    if why is not None:
+        raise RuntimeError(why)
+    device = torch.device("cuda", local_gpu_index(local_rank, visible))
+    torch.cuda.set_device(device)
+    return device
+
+
+def _device_id(device: torch.device, backend: str) -> dict[str, Any]:
+    """``device_id`` for ``init_process_group`` when NCCL runs on a bound GPU (else nothing)."""
+    return {"device_id": device} if device.type == "cuda" and backend == "nccl" else {}
 
 
 def _first_host(nodelist: str) -> str:

@@ -59,7 +59,9 @@ class Grid:
         """(my Ulysses group, my ring group), creating every group of the grid first.
 
         ``new_group`` must be entered by every rank for every group in the same order, so all
-        ranks create all Ulysses groups, then all rings, before picking their own.
+        ranks create all Ulysses groups, then all rings, before picking their own. A group of
+        one rank (the ring of pure Ulysses, the Ulysses group of a pure ring) is None: it moves
+        nothing, and creating it would still be a split over every rank.
         """
         for group in self.ulysses_groups():
             dist.group(group)

@@ -20,6 +20,7 @@ from lcab.cell import Cell
 from lcab.config.launcher import LAUNCHER_TARGET
 from lcab.cp import STRATEGIES
 from lcab.cp.hybrid import UlyssesRing
+from lcab.distributed.context import binding_problem
 from lcab.kernels import Problem
 from lcab.launch.slurm_launcher import composed_settings
 
@@ -50,9 +51,15 @@ def partitions() -> dict[str, int] | None:
 
 
 def slurm_problems(cfg: DictConfig, cell: Cell) -> list[str]:
-    """Why this job cannot be submitted as it is (empty: it can, or it is not a SLURM job)."""
+    """Why this job cannot be submitted as it is (empty: it can).
+
+    A local CUDA job is checked too: all its ranks share this host's visible GPUs.
+    """
     if not uses_slurm(cfg):
-        return []
+        local = None
+        if cell.device == "cuda" and cell.cp != "none":
+            local = binding_problem(cell.world_size, torch.cuda.device_count())
+        return [] if local is None else [f"topology={cfg.topology.name}: {local}"]
     if shutil.which("sbatch") is None and not cfg.dry_run:  # a dry run may plan anywhere
         return [
             "launcher=slurm needs SLURM's sbatch on PATH, and it is not there; run on a login "
