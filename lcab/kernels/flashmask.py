@@ -27,9 +27,10 @@ Backward: autograd through ``out`` (``FlashMaskFunc.backward`` ignores the LSE's
 ``_flash_attn_backward``.
 
 Reasons (`FlashMaskKernel.extra_reasons`): the head dim must be a multiple of 8 (the kernel
-checks, it does not pad); ``FLAGS_flash_attn_version`` other than 3 (unset means 3), and
-``FLAGS_cudnn_deterministic=1`` with a head dim above 128, both send the interface to its
-version-2 path, which raises NotImplementedError.
+checks, it does not pad); ``FLAGS_flash_attn_version`` other than 3 (unset means 3; the
+interface raises NotImplementedError for 2, ValueError for anything else); and
+``FLAGS_cudnn_deterministic=1`` with a head dim above 128, which sends the interface to its
+version-2 path (NotImplementedError).
 
 LSE: ``return_softmax_lse=True`` → ``[out, lse]``, natural log, (B, Hq, Sq) float32
 (`lse_to_lcab` refuses any other shape rather than transpose silently). Rows attending no key

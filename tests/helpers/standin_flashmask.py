@@ -165,8 +165,11 @@ def _flashmask_attention(*args: Any, **kwargs: Any) -> Any:
         raise ValueError(f"Invalid shape of startend_row_indices: {tuple(idx.shape)}")
     version = int(os.getenv("FLAGS_flash_attn_version", "3"))  # noqa: SIM112 (its name)
     deterministic = os.getenv("FLAGS_cudnn_deterministic", "0") == "1"  # noqa: SIM112
-    if version != 3 or (deterministic and q.shape[3] > 128):
+    fa_version = 2 if version == 3 and deterministic and q.shape[3] > 128 else version
+    if fa_version == 2:
         raise NotImplementedError("FlashMask is not supported. Please use FlashMask V3.")
+    if fa_version != 3:
+        raise ValueError(f"Invalid flash attention version: {fa_version}")
     assert a["dropout"] == 0.0 and not a["return_seed_offset"] and a["training"]
     assert a["fixed_seed_offset"] is None and a["rng_name"] == "" and a["name"] is None
     scale = a["softmax_scale"] if a["softmax_scale"] is not None else q.shape[-1] ** -0.5
