@@ -31,7 +31,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lcab.bench.scheduled import SCHEDULED_RANKS
+from lcab.bench.scheduled import SCHEDULED_RANKS, watch_scheduler_signals
 from lcab.cell import Cell
 from lcab.config import job_info, resolve_cell
 from lcab.launch.outcome import NOT_SUBMITTED, JobEnd, settle
@@ -87,6 +87,7 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
     ) -> JobReturn:
         """On the compute node, in every task: this task is one rank of the cell."""
         os.environ[SCHEDULED_RANKS] = "slurm"
+        watch_scheduler_signals()  # a scancel is the scheduler's word, not the cell's error
         return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
 
     def checkpoint(self, sweep_overrides: list[str], *args: Any, **kwargs: Any) -> Any:
@@ -132,6 +133,7 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
         planned = self.plan(job_overrides, initial_job_idx)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        ask_wandb_once(self.config, sweep_dir)
         groups: dict[JobShape, list[PlannedJob]] = {}
         for job in planned:
             if job.settled:
@@ -212,6 +214,29 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
             log.warning(f"#{job.index}: {added[0].reasons[0]}")
         ret.return_value = {"slurm_job_id": str(handle.job_id), "slurm_state": end.state}
         return ret
+
+
+def ask_wandb_once(cfg: DictConfig, sweep_dir: Path) -> None:
+    """Ask the W&B server once for the whole sweep, before its jobs would each ask.
+
+    With ``logger=wandb`` online and a key, a silent server is noted in the sweep folder, and
+    every job logs offline at once instead of paying ``logger.init_timeout_s`` itself
+    (`lcab.records.wandb_reach`); a server that answers clears an older note.
+    """
+    from lcab.records.loggers import has_credentials
+    from lcab.records.wandb_reach import forget_unreachable, online_blocker, server_url
+
+    logger = cfg.get("logger")
+    if logger is None or logger.get("name") != "wandb":
+        return
+    mode = logger.get("mode") or os.environ.get("WANDB_MODE") or "offline"
+    if mode != "online" or not has_credentials():
+        return
+    url = server_url()
+    forget_unreachable(sweep_dir)  # this launch decides afresh
+    why, _ = online_blocker(url, float(logger.get("init_timeout_s", 20.0)), sweep_dir)
+    if why is not None:
+        log.warning(f"W&B server unreachable ({why}): every job of this sweep logs offline")
 
 
 def _srun_log(handle: Any) -> str:

@@ -44,6 +44,7 @@ from lcab.records.loggers import RecordLogger, first_line, has_credentials
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import CSV_FILE, RECORDS_FILE, read_records, write_csv
 from lcab.records.summary import WANDB_RUN_ID_FILE
+from lcab.records.wandb_reach import online_blocker, server_url
 
 _USER_DIRS = {key: os.environ.get(key) for key in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR")}
 """W&B's data and cache folders as the user set them; where unset, lcab keeps them in the run
@@ -180,26 +181,46 @@ class WandbLogger(RecordLogger):
         mode = cfg.logger.mode or os.environ.get("WANDB_MODE") or "offline"
         self.run: Any = None
         if mode == "online":
-            why = None if has_credentials() else "no API key (set WANDB_API_KEY or `wandb login`)"
-            if why is None:
-                try:
-                    settings = wandb.Settings(init_timeout=float(cfg.logger.init_timeout_s))
-                    self.run = wandb.init(mode="online", settings=settings, **init)
-                except Exception as err:  # auth, network, time-out: all mean "not now"
-                    why = first_line(err)
-            if self.run is None:
-                print(
-                    f"lcab: W&B online unavailable ({why}); logging offline in {job_dir}/wandb "
-                    f"- upload later with: wandb sync {job_dir}/wandb/offline-run-*",
-                    file=sys.stderr,
-                )
-                mode = "offline"
+            self.run = self._start_online(
+                cfg, init, sweep_dir if cell.job.job_num is not None else None
+            )
+            mode = "offline"  # unless it started
         if self.run is None:
             if mode not in ("offline", "disabled"):
                 raise ValueError(f"logger.mode={mode!r} is invalid: online, offline or disabled")
+            # W&B's own analytics would otherwise contact the server at exit (10 s when it hangs)
+            wandb.setup(wandb.Settings(mode=cast(Literal["offline", "disabled"], mode)))
             self.run = wandb.init(mode=cast(Literal["offline", "disabled"], mode), **init)
         self.run.define_metric("seqlen")
         self.run.define_metric("*", step_metric="seqlen")
+
+    def _start_online(self, cfg: DictConfig, init: dict[str, Any], sweep: Path | None) -> Any:
+        """An online run, or None after one line saying why not (the caller logs offline).
+
+        Asks the server first (`lcab.records.wandb_reach`), so a silent one costs at most
+        ``logger.init_timeout_s`` once per sweep; after a failed start, W&B's service is torn
+        down so the offline run can take the same run id.
+        """
+        wandb, timeout = self._wandb, float(cfg.logger.init_timeout_s)
+        url = server_url()
+        why = None if has_credentials() else "no API key (set WANDB_API_KEY or `wandb login`)"
+        if why is None:
+            why, known = online_blocker(url, timeout, sweep)
+            if known:
+                why = f"{why}; known from earlier in this sweep"
+        if why is None:
+            try:
+                settings = wandb.Settings(init_timeout=timeout)
+                return wandb.init(mode="online", settings=settings, **init)
+            except Exception as err:  # auth, network, time-out: all mean "not now"
+                why = first_line(err)
+                wandb.teardown()  # frees the run id the failed start still holds
+        print(
+            f"lcab: W&B online unavailable ({why}); logging offline in {self.job_dir}/wandb "
+            f"- upload later with: wandb sync {self.job_dir}/wandb/offline-run-*",
+            file=sys.stderr,
+        )
+        return None
 
     @override
     def log(self, record: RunRecord) -> None:
