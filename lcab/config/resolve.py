@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lcab.cell import DTYPES, BenchConfig, Cell, JobInfo
+from lcab.config.launcher import LAUNCHER_TARGET
 from lcab.cp import STRATEGIES
 from lcab.flops import PASSES
 from lcab.kernels import KERNELS
@@ -48,6 +49,23 @@ def _positive(key: str, value: Any) -> int:
     return value
 
 
+def job_device(cfg: DictConfig) -> str:
+    """What ``problem.device=auto`` means for the job: where it will run, not where it is composed.
+
+    A launcher preset that gives each rank a GPU (``hydra.launcher.gpus_per_rank`` >= 1 under
+    lcab's SLURM launcher) runs the job on CUDA, so the submitting host — a login node without a
+    GPU, usually — resolves, pre-flights and dry-runs it as CUDA (GPU heads, dtype, checks).
+    Elsewhere (and inside the job, where the ``hydra`` node is not part of the config) the host
+    decides.
+    """
+    launcher = OmegaConf.select(cfg, "hydra.launcher", default=None)
+    if launcher is not None and OmegaConf.select(launcher, "_target_") == LAUNCHER_TARGET:
+        gpus = OmegaConf.select(launcher, "gpus_per_rank", default=0)
+        if isinstance(gpus, int) and gpus >= 1:
+            return "cuda"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
     """Resolve and check a composed config.
 
@@ -76,7 +94,7 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError("problem.device", device, "valid: auto, cpu, cuda")
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = job_device(cfg)
     defaults = GPU_PROBLEM if device == "cuda" else CPU_PROBLEM
     heads_q = _positive("problem.heads_q", defaults["heads_q"] if p.heads_q is None else p.heads_q)
     heads_kv = _positive(
