@@ -153,7 +153,8 @@ class Strategy(ABC):
         reasons += self.kernel_reasons(kernel, problem, pass_)
         if mask is not None and mask.num_heads > 1 and not kernel.caps.per_head_masks:
             reasons.append(f"kernel {kernel.name} takes no per-KV-head masks")
-        if mask is not None and mask.num_heads == 1:  # the plan exists: reasons() is empty
+        # the plan exists (reasons() is empty); per-KV-head masks too, where the kernel takes them
+        if mask is not None and (mask.num_heads == 1 or kernel.caps.per_head_masks):
             reasons += self.block_reasons(kernel, mask, problem, world)
         return reasons
 

@@ -309,3 +309,15 @@ def test_cpu_contract_stats_backward_hands_flashmask_the_merged_statistics(monke
     assert call["op"] == "bwd" and torch.equal(call["out"][0], merged_out)
     assert torch.equal(call["softmax_lse"], merged_lse[None])
     assert call["softmax_scale"] == 16**-0.5 and call["is_causal"] is False  # a rectangle
+
+
+def test_cp_refuses_a_per_head_mask_flashmask_cannot_take_in_its_blocks() -> None:
+    """A per-KV-head mask under ring: the strategy checks FlashMask's lowering of every block
+    (before, per-head masks skipped the check and the cell crashed in prepare)."""
+    from lcab.cp import STRATEGIES
+
+    mask = make_mask("block_sparse", 101, seed=0, block_size=16, density=0.4, heads=6)
+    problem = Problem(101, 101, 24, 6, 64, torch.bfloat16, torch.device("cuda"))
+    ring = STRATEGIES.get("ring")({"balance": "zigzag"}, 2)
+    reasons = ring.not_supported_reasons(get_kernel("flashmask"), problem, mask, 2, "fwd")
+    assert any("mask not expressible as flashmask" in r for r in reasons), reasons
