@@ -54,22 +54,8 @@ def admitted(case: Case, world: int, seed: int) -> str | None:
     return "; ".join(ours) or None
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_ring_backward_through_flashmask_and_varlen_ops_every_mask(world, tmp_path) -> None:
-    grid = [
-        Case(
-            "ring",
-            (("balance", "zigzag"),),
-            m,
-            mask_params(m, HEADS[1]),
-            SEQLEN,
-            *HEADS,
-            kernel,
-            HEAD_DIM,
-        )
-        for kernel in KERNELS
-        for m in list_masks()
-    ]
+def run(world: int, grid: list[Case], tmp_path) -> tuple[list[str], list[str]]:
+    """(labels run and matching the reference, labels refused with their reason)."""
     refused: dict[Case, str | None] = {}
     runnable: list[Case] = []
     for case in grid:  # a case's mask seed is its index among the cases that run
@@ -80,9 +66,35 @@ def test_ring_backward_through_flashmask_and_varlen_ops_every_mask(world, tmp_pa
     assert len(outcomes) == len(runnable)
     bad = [o for o in outcomes if o.status != "ok"]
     assert not bad, "\n".join(f"{o.case.label()}: {o.status} {o.detail} {o.errors}" for o in bad)
-    ok = [o.case.label() for o in outcomes]
     skipped = [f"{c.label()}: {why}" for c, why in refused.items() if why is not None]
+    return [o.case.label() for o in outcomes], skipped
+
+
+def cases(strategy: str, options: dict, masks: list[str]) -> list[Case]:
+    opts = tuple(sorted({**options, "balance": "zigzag"}.items()))
+    return [
+        Case(strategy, opts, m, mask_params(m, HEADS[1]), SEQLEN, *HEADS, kernel, HEAD_DIM)
+        for kernel in KERNELS
+        for m in masks
+    ]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_backward_through_flashmask_and_varlen_ops_every_mask(world, tmp_path) -> None:
+    ok, skipped = run(world, cases("ring", {}, list_masks()), tmp_path)
     print(f"world {world}: {len(ok)} run, {len(skipped)} refused:", *skipped, sep="\n  ")
     for kernel in KERNELS:  # each runs the causal and document masks at least
         for mask in ("causal", "causal_document"):
             assert any(f" {mask} " in label and label.endswith(f" {kernel}") for label in ok), mask
+
+
+def test_usp_and_loongtrain_backward_through_flashmask_and_varlen_ops(tmp_path) -> None:
+    masks = ["causal", "causal_document", "full_document", "sliding_window"]
+    grid = cases("usp", {"ulysses_degree": 2}, masks) + cases(
+        "loongtrain", {"ulysses_degree": 1}, masks
+    )
+    ok, skipped = run(4, grid, tmp_path)
+    print(f"{len(ok)} run, {len(skipped)} refused:", *skipped, sep="\n  ")
+    for kernel in KERNELS:
+        for strategy in ("usp", "loongtrain"):
+            assert any(label.startswith(strategy) and label.endswith(f" {kernel}") for label in ok)
