@@ -2,7 +2,8 @@
 
 Commands:
   support                      print the support matrices (from the registries)
-  readme                       refresh the README's generated sections
+  readme                       refresh the generated sections of the README, the guides and
+                               the --help template
   build PATH... [--out DIR]    the report of sweeps, run folders or records files: an offline
                                HTML page, PNG plots, CSV and Markdown tables
   wandb-workspace SWEEP        the sweep's standard W&B workspace (``--dry-run PATH``: its JSON,
@@ -41,9 +42,11 @@ def _support(args: argparse.Namespace) -> int:
 
 
 def _readme(args: argparse.Namespace) -> int:
-    from lcab.report.readme import README, update
+    from lcab.report.readme import GENERATED_FILES, update
 
-    print(f"{README}: {'updated' if update() else 'already current'}")
+    changed = update()
+    for path in GENERATED_FILES:
+        print(f"{path}: {'updated' if path in changed else 'already current'}")
     return 0
 
 
@@ -108,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m lcab.report")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("support", help="print the support matrices").set_defaults(run=_support)
-    commands.add_parser("readme", help="refresh the README's generated sections").set_defaults(
+    commands.add_parser("readme", help="refresh the docs' generated sections").set_defaults(
         run=_readme
     )
     _add_build(commands)

@@ -1,15 +1,21 @@
-"""Generated README sections: text between ``<!-- BEGIN generated:NAME -->`` and its END marker.
+"""Generated sections of the docs: text between ``BEGIN generated:NAME`` and its END marker.
 
-`python -m lcab.report readme` rewrites them from the registries; a test fails when the
-committed README differs from what the code generates, so the README cannot go stale.
+The README and the guides beside the code (``lcab/*/README.md``) carry tables made from the
+registries, and ``python -m lcab.main --help`` lists the config groups a user picks; all of it
+is generated here, never typed. `python -m lcab.report readme` rewrites every section in every
+file of `GENERATED_FILES`; a test fails when a committed file differs from what the code
+generates, so no table can go stale. A section may live in any of those files (Markdown files
+mark it with ``<!-- BEGIN generated:NAME -->``, YAML files with ``# BEGIN generated:NAME``), but
+each section must appear somewhere, so moving text between guides cannot drop a table.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from lcab.config import CONF_DIR
 from lcab.report.gpu_verification import read_verification, verification_markdown
 from lcab.report.support import (
     VERIFICATION_FILE,
@@ -19,7 +25,34 @@ from lcab.report.support import (
     strategy_matrix_markdown,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+HELP_TEMPLATE = CONF_DIR / "hydra" / "help" / "lcab.yaml"
+
+#: Every file that holds generated sections, README first.
+GENERATED_FILES: tuple[Path, ...] = (
+    README,
+    ROOT / "lcab" / "kernels" / "README.md",
+    ROOT / "lcab" / "cp" / "README.md",
+    HELP_TEMPLATE,
+)
+
+#: The config groups of ``python -m lcab.main``: what each sets and the guide that explains it.
+#: A folder of ``conf/`` missing here stops `help_template` (document a new group before use).
+GROUP_GUIDES: dict[str, tuple[str, str]] = {
+    "kernel": ("the attention kernel", "lcab/kernels/README.md"),
+    "cp": ("the context-parallel strategy (cp.balance, cp.ulysses_degree)", "lcab/cp/README.md"),
+    "mask": ("the mask; its parameters are fields (mask.window=512)", "lcab/masks/README.md"),
+    "seqlen": ("the lengths one job sweeps (seqlen.values=[4096])", "lcab/bench/README.md"),
+    "topology": ("nodes x devices per node (topology.nodes=N)", "lcab/cp/README.md"),
+    "bench": ("the measurement protocol", "lcab/bench/README.md"),
+    "logger": ("extra sinks: W&B", "lcab/records/README.md"),
+    "launcher": ("where jobs run: local processes or SLURM", "lcab/launch/README.md"),
+    "experiment": ("presets of a whole setting (experiment=NAME)", "lcab/bench/README.md"),
+    "sweep": ("sweep presets, added with +sweep=NAME", "lcab/bench/README.md"),
+    "debug": ("the smallest useful run", "lcab/bench/README.md"),
+    "hardware": ("the planner's hardware profile (python -m lcab.plan)", "lcab/plan/README.md"),
+}
 
 
 def committed_gpu_table() -> str:
@@ -29,36 +62,119 @@ def committed_gpu_table() -> str:
     return verification_markdown(read_verification(VERIFICATION_FILE))
 
 
+def user_groups(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
+    """The config groups of ``conf/`` a user picks, with their options (Hydra's own excluded).
+
+    The typed schemas live in ConfigStore groups (``schema/*``), not in ``conf/``, which is why
+    Hydra's default help lists them and this list does not.
+    """
+    groups = {}
+    for folder in sorted(p for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"):
+        options = sorted(f.stem for f in folder.glob("*.yaml"))
+        if options:
+            groups[folder.name] = options
+    return groups
+
+
+def help_template() -> str:
+    """The Hydra help template of ``python -m lcab.main --help`` (YAML, ``template:`` key).
+
+    Raises:
+        ValueError: a group of ``conf/`` has no entry in `GROUP_GUIDES`.
+
+    """
+    groups = user_groups()
+    missing = sorted(set(groups) - set(GROUP_GUIDES))
+    if missing:
+        raise ValueError(f"conf/ groups without a guide in GROUP_GUIDES: {', '.join(missing)}")
+    lines = [
+        "lcab, the long-context attention benchmark. One job runs one cell (kernel x cp x mask",
+        "x topology) over a list of sequence lengths; -m sweeps comma-separated options.",
+        "",
+        "  python -m lcab.main                       # the default CPU benchmark",
+        "  python -m lcab.main -m kernel=sdpa,ranges cp=none,ring mask=causal,document",
+        "  python -m lcab.main ... dry_run=true      # shapes and GPU-hours; runs nothing",
+        "",
+        "== Config groups (group=option) ==",
+    ]
+    for name, options in groups.items():
+        what, guide = GROUP_GUIDES[name]
+        lines += [f"{name}: {', '.join(options)}", f"    {what}; guide: {guide}"]
+    lines += [
+        "",
+        "== Config ==",
+        "Override any field (foo.bar=value); a misspelled key or a bad value stops with exit 2.",
+        "Also: problem.* (shape, dtype, device), seed, resume=true, dry_run=true.",
+        "",
+        "$CONFIG",
+        "Guides: README.md (start here), lcab/<package>/README.md, launchers/README.md,",
+        "notebooks/README.md. Hydra's own flags: --hydra-help.",
+    ]
+    body = "\n".join(f"  {line}" if line else "" for line in lines)
+    return f"template: |\n{body}"
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
     "kernels": kernel_list_markdown,
     "kernel-matrix": kernel_matrix_markdown,
     "strategy-matrix": strategy_matrix_markdown,
     "gpu-strategy-matrix": gpu_strategy_matrix_markdown,
     "gpu-verification": committed_gpu_table,
+    "help": help_template,
 }
 
-
-def _pattern(name: str) -> re.Pattern[str]:
-    tag = re.escape(name)
-    return re.compile(
-        rf"(<!-- BEGIN generated:{tag} -->\n)(.*?)(<!-- END generated:{tag} -->)", re.DOTALL
-    )
+_MARKERS = {"md": ("<!-- BEGIN generated:{} -->", "<!-- END generated:{} -->")}
+_YAML_MARKERS = ("# BEGIN generated:{}", "# END generated:{}")
+_ANY_BEGIN = re.compile(r"(?:<!--|#) BEGIN generated:([\w-]+)")
 
 
-def render(text: str) -> str:
-    """``text`` with every generated section replaced by its current content.
+def _markers(path: Path) -> tuple[str, str]:
+    """The comment syntax of ``path``'s markers: HTML comments in Markdown, ``#`` in YAML."""
+    return _YAML_MARKERS if path.suffix in (".yaml", ".yml") else _MARKERS["md"]
+
+
+def _pattern(name: str, markers: tuple[str, str]) -> re.Pattern[str]:
+    begin, end = (re.escape(m.format(name)) for m in markers)
+    return re.compile(rf"({begin}\n)(.*?)({end})", re.DOTALL)
+
+
+def sections_in(text: str) -> list[str]:
+    """The names of the generated sections ``text`` marks, in order."""
+    return _ANY_BEGIN.findall(text)
+
+
+def render(text: str, path: Path = README) -> str:
+    """``text`` (the content of ``path``) with every generated section it marks made current.
 
     Raises:
-        ValueError: a section's markers are missing from ``text``.
+        ValueError: a marker names no known section, or has no END marker.
 
     """
-    for name, make in SECTIONS.items():
-        pattern = _pattern(name)
+    markers = _markers(path)
+    for name in sections_in(text):
+        if name not in SECTIONS:
+            raise ValueError(f"{path}: unknown generated section {name!r}; known: {list(SECTIONS)}")
+        pattern = _pattern(name, markers)
         if not pattern.search(text):
-            raise ValueError(f"README has no '<!-- BEGIN generated:{name} -->' ... END markers")
-        body = make().rstrip("\n") + "\n"
+            raise ValueError(f"{path}: 'generated:{name}' has no matching END marker")
+        body = SECTIONS[name]().rstrip("\n") + "\n"
         text = pattern.sub(_replacer(body), text)
     return text
+
+
+def render_all(paths: Iterable[Path] = GENERATED_FILES) -> dict[Path, str]:
+    """The current text of every file, each generated section rewritten.
+
+    Raises:
+        ValueError: a section appears in none of the files.
+
+    """
+    texts = {path: path.read_text() for path in paths}
+    found = {name for text in texts.values() for name in sections_in(text)}
+    missing = [name for name in SECTIONS if name not in found]
+    if missing:
+        raise ValueError(f"no file has the generated section(s) {missing}: add their markers")
+    return {path: render(text, path) for path, text in texts.items()}
 
 
 def _replacer(body: str) -> Callable[[re.Match[str]], str]:
@@ -66,10 +182,11 @@ def _replacer(body: str) -> Callable[[re.Match[str]], str]:
     return lambda match: match.group(1) + body + match.group(3)
 
 
-def update(path: Path = README) -> bool:
-    """Rewrite the generated sections of ``path``; True when something changed."""
-    old = path.read_text()
-    new = render(old)
-    if new != old:
-        path.write_text(new)
-    return new != old
+def update(paths: Iterable[Path] = GENERATED_FILES) -> list[Path]:
+    """Rewrite the generated sections of every file; the files that changed."""
+    changed = []
+    for path, new in render_all(paths).items():
+        if new != path.read_text():
+            path.write_text(new)
+            changed.append(path)
+    return changed

@@ -1,22 +1,60 @@
-"""The generated README sections are current, and the support matrix states known facts."""
+"""The generated doc sections are current, and the support matrix states known facts."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from lcab.kernels import get_kernel
-from lcab.report.readme import README, render
+from lcab.report.readme import (
+    GENERATED_FILES,
+    ROOT,
+    SECTIONS,
+    render,
+    render_all,
+    sections_in,
+)
 from lcab.report.support import kernel_verdict, strategy_kernels
 
 
-def test_readme_generated_sections_are_current():
-    text = README.read_text()
-    assert render(text) == text, "README is stale: run `python -m lcab.report readme`"
+@pytest.mark.parametrize("path", GENERATED_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_generated_sections_are_current(path):
+    text = path.read_text()
+    assert render(text, path) == text, f"{path} is stale: run `python -m lcab.report readme`"
 
 
-def test_render_refuses_a_readme_without_markers():
-    with pytest.raises(ValueError, match="generated:kernels"):
-        render("# no markers here\n")
+def test_every_generated_section_has_a_place():
+    # a table dropped while moving text between guides would otherwise vanish unnoticed
+    found = [name for path in GENERATED_FILES for name in sections_in(path.read_text())]
+    assert sorted(set(found)) == sorted(SECTIONS)
+
+
+def test_render_all_refuses_files_that_drop_a_section(tmp_path):
+    guide = tmp_path / "README.md"
+    guide.write_text("<!-- BEGIN generated:kernels -->\n<!-- END generated:kernels -->\n")
+    with pytest.raises(ValueError, match="kernel-matrix"):
+        render_all([guide])
+
+
+def test_render_fills_markdown_and_yaml_sections():
+    markdown = render(
+        "a\n<!-- BEGIN generated:kernels -->\nold\n<!-- END generated:kernels -->\nb\n"
+    )
+    assert "old" not in markdown and "| `ranges` |" in markdown
+    assert markdown.startswith("a\n") and markdown.endswith("<!-- END generated:kernels -->\nb\n")
+    yaml = render("# BEGIN generated:help\n# END generated:help\n", Path("help.yaml"))
+    assert yaml.startswith("# BEGIN generated:help\ntemplate: |\n")
+    assert "\n  kernel: " in yaml and "guide: lcab/kernels/README.md" in yaml
+
+
+def test_render_refuses_unknown_or_unclosed_sections():
+    with pytest.raises(ValueError, match="unknown generated section 'nope'"):
+        render("<!-- BEGIN generated:nope -->\n<!-- END generated:nope -->\n")
+    with pytest.raises(ValueError, match="no matching END"):
+        render("<!-- BEGIN generated:kernels -->\nno end\n")
+    with pytest.raises(ValueError, match="no matching END"):  # YAML markers in Markdown
+        render("<!-- BEGIN generated:kernels -->\n# END generated:kernels\n")
 
 
 @pytest.mark.parametrize(
