@@ -1,0 +1,226 @@
+"""Every shell command of README.md runs as written, and every guide is linked from it.
+
+Each command is taken from the README's ``bash`` blocks and checked by what it calls, without
+running long benchmarks: ``python -m lcab.main`` runs for real with ``dry_run=true`` (the same
+parsing, config composition and pre-flight checks as a run, nothing executed); the planner's
+Hydra commands compose every cell of their sweep; argparse entry points (``lcab.report``,
+``lcab.plan --published``, ``lcab.sweep``, ``lcab.perf``, pytest) get ``--help`` after the
+command's own arguments, which must exit 0 and list every flag the command uses; shell scripts
+must exist and parse (``bash -n``) and know the subcommand given; ``pip install "lcab[x]"`` must
+name extras of pyproject.toml. A command nothing here can check fails the test, so a new kind of
+command needs a checker before it goes into the README.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
+from lcab.config import CONF_DIR, register_configs
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+MAX_README_LINES = 400
+TIMEOUT_S = 300
+SWEEP_PLACEHOLDER = "outputs/sweeps/<date>/<time>_<id>"
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of ``text``'s ``bash`` blocks: continuations joined, ``&&`` chains split."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            while words:
+                end = words.index("&&") if "&&" in words else len(words)
+                commands.append(shlex.join(words[:end]))
+                words = words[end + 1 :]
+    return commands
+
+
+COMMANDS = readme_commands(README.read_text())
+
+
+def _words(command: str, sweep_dir: Path) -> tuple[dict[str, str], list[str]]:
+    """The command's environment assignments and words, placeholders made concrete."""
+    command = command.replace(SWEEP_PLACEHOLDER, str(sweep_dir))
+    command = re.sub(r"<[a-z_]+>", "placeholder", command)
+    words = shlex.split(command)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    return env, words
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+
+
+def _flags(args: list[str]) -> list[str]:
+    """The options a command uses (``--out``, ``-n``), without their values."""
+    return [a.split("=")[0] for a in args if re.fullmatch(r"--?[A-Za-z][\w-]*(=.*)?", a)]
+
+
+def _check_help(module: str, args: list[str], env: dict[str, str]) -> None:
+    """``python -m module args --help`` exits 0 and documents every flag ``args`` uses."""
+    result = _run([sys.executable, "-m", module, *args, "--help"], env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for flag in _flags(args):
+        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", result.stdout), (
+            f"{module} --help does not list {flag}"
+        )
+
+
+def _check_main(args: list[str], env: dict[str, str]) -> None:
+    """The real CLI with ``dry_run=true``: composes, validates and plans every job."""
+    if not any(a.startswith("dry_run=") for a in args):
+        args = [*args, "dry_run=true"]
+    result = _run([sys.executable, "-m", "lcab.main", *args], env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "job(s)" in result.stdout, result.stdout[-2000:]
+
+
+def _cells(overrides: list[str]) -> list[list[str]]:
+    """The cartesian product of a multirun's overrides, as Hydra's basic sweeper expands it."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = []
+    for override in parsed:
+        key = override.get_key_element()
+        values = (
+            list(override.sweep_string_iterator())
+            if override.is_sweep_override()
+            else [override.get_value_element_as_str()]
+        )
+        choices.append([f"{key}={value}" for value in values])
+    return [list(cell) for cell in itertools.product(*choices)]
+
+
+def _check_plan_hydra(args: list[str]) -> None:
+    """Every cell of a planner command composes against ``conf/plan.yaml``."""
+    overrides = [a for a in args if a != "-m"]
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            for cell in _cells(overrides):
+                compose("plan", overrides=cell)  # an unknown option or key raises here
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _check_bash(words: list[str], env: dict[str, str]) -> None:
+    """The script exists, parses, and knows the subcommand and variables the command gives."""
+    script = ROOT / words[1]
+    assert script.is_file(), f"{words[1]} does not exist"
+    assert _run(["bash", "-n", str(script)]).returncode == 0, f"{words[1]} does not parse"
+    text = script.read_text()
+    for subcommand in words[2:3]:
+        if not subcommand.startswith(("/", "placeholder")) and "/" not in subcommand:
+            assert re.search(rf"\b{re.escape(subcommand)}\)", text), (
+                f"{words[1]} has no '{subcommand})' case"
+            )
+    for variable in env:
+        assert variable in text, f"{words[1]} does not read {variable}"
+
+
+def _check_pip(words: list[str]) -> None:
+    """``pip install "lcab[extra,...]"`` names extras that pyproject.toml defines."""
+    assert words[1] == "install", words
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    requirements = [w for w in words[2:] if not w.startswith("-")]
+    assert requirements, words
+    for requirement in requirements:
+        match = re.fullmatch(r"lcab\[([\w,-]+)\]", requirement)
+        assert match, f"pip install of {requirement!r}: only lcab's extras are checked"
+        for extra in match.group(1).split(","):
+            assert extra in extras, f"lcab has no extra {extra!r}; it has {sorted(extras)}"
+
+
+def check_command(command: str, sweep_dir: Path) -> None:
+    """Check one README command by what it calls (see the module docstring)."""
+    env, words = _words(command, sweep_dir)
+    program = words[0]
+    if program == "bash":
+        _check_bash(words, env)
+    elif program == "pip":
+        _check_pip(words)
+    elif program == "wandb":
+        wandb = Path(sys.executable).parent / "wandb"
+        result = _run([str(wandb), *words[1:2], "--help"], env)
+        assert result.returncode == 0, result.stderr[-2000:]
+    elif program in ("python", ".venv/bin/python") and words[1] == "-m":
+        module, args = words[2], words[3:]
+        if module == "lcab.main":
+            _check_main(args, env)
+        elif module == "lcab.plan" and not any(a.startswith("--") for a in args):
+            _check_plan_hydra(args)
+        else:
+            _check_help(module, args, env)
+    else:
+        pytest.fail(f"no checker for README command {command!r}: add one to this test")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_runs_as_written(command, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    check_command(command, sweep_dir)
+
+
+def test_readme_has_the_commands_users_need():
+    # the extraction itself: the Quick start's two commands, and each kind of checker in use
+    assert COMMANDS[:4] == [
+        "bash launchers/setup.sh",
+        ".venv/bin/python -m lcab.main",
+        "bash launchers/setup.sh",
+        ".venv/bin/python -m pytest -n 2",
+    ]
+    assert any(c.startswith("python -m lcab.plan -m ") for c in COMMANDS)
+    assert any(c.startswith("python -m lcab.main -m launcher=slurm") for c in COMMANDS)
+
+
+def test_readme_is_short():
+    assert len(README.read_text().splitlines()) <= MAX_README_LINES
+
+
+@pytest.mark.parametrize(
+    ("command", "error"),
+    [
+        ("python -m lcab.main kernel=no_such_kernel", AssertionError),
+        ("python -m lcab.main -m cp=ring mask.no_such_field=3", AssertionError),
+        ("python -m lcab.report build x --no-such-flag", AssertionError),
+        ("python -m lcab.perf no_such_topic", AssertionError),
+        ("python -m lcab.plan -m cp=ring,no_such_cp", HydraException),
+        ("python -m lcab.plan recommend=true no_such_key=1", HydraException),
+        ("bash launchers/no_such_script.sh", AssertionError),
+        ("bash launchers/slurm_local.sh start", AssertionError),
+        ('pip install "lcab[no_such_extra]"', AssertionError),
+    ],
+)
+def test_a_wrong_command_fails_its_check(command, error, tmp_path):
+    # each checker can fail: a misspelled option, key, flag, topic, script, case and extra
+    with pytest.raises(error):
+        check_command(command, tmp_path)
