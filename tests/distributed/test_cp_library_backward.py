@@ -27,10 +27,14 @@ HEADS = (24, 6)
 HEAD_DIM = 8  # FA3 takes multiples of 8 only
 
 
-def admitted(case: Case, world: int) -> str | None:
-    """None when the strategy admits the case's mask with its kernel; else the reason."""
+def admitted(case: Case, world: int, seed: int) -> str | None:
+    """None when the strategy admits the case's mask with its kernel; else the reason.
+
+    ``seed``: the one `tests.distributed.grid.rank_main` builds the mask with (the case's
+    index in the list it runs), so the mask checked is the mask that runs.
+    """
     strategy = STRATEGIES.get(case.strategy)(dict(case.options), 2)
-    mask = make_mask(case.mask, case.seqlen, seed=0, **dict(case.mask_params))
+    mask = make_mask(case.mask, case.seqlen, seed=seed, **dict(case.mask_params))
     problem = Problem(
         case.seqlen, case.seqlen, case.heads_q, case.heads_kv, case.head_dim, torch.float64
     )
@@ -54,8 +58,12 @@ def cases(world: int, strategy: str, options: dict, masks: list[str]) -> list[Ca
 
 def run(world: int, grid: list[Case], tmp_path) -> tuple[list[str], list[str]]:
     """(labels run and matching the reference, labels refused with their reason)."""
-    refused = {case: admitted(case, world) for case in grid}
-    runnable = [case for case in grid if refused[case] is None]
+    refused: dict[Case, str | None] = {}
+    runnable: list[Case] = []
+    for case in grid:  # the index a case runs at is its mask's seed
+        refused[case] = admitted(case, world, seed=len(runnable))
+        if refused[case] is None:
+            runnable.append(case)
     outcomes = run_grid(world, runnable, tmp_path, rank_fn=rank_main_with_standins)
     assert len(outcomes) == len(runnable)
     bad = [o for o in outcomes if o.status != "ok"]
