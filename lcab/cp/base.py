@@ -15,21 +15,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from lcab.cp.balance import Placement, place
 from lcab.cp.plan import HeadSplit, Plan, head_split
+from lcab.cp.prepared import CPPrepared
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray
 from lcab.masks.remap import remap, select_heads
 from lcab.registry import Registry
-
-if TYPE_CHECKING:  # until cp.prepared reads the plan from cp.plan (no circle then)
-    from lcab.cp.prepared import CPPrepared
 
 
 def plan_layouts(

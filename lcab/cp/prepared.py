@@ -14,8 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from lcab.cp.base import Plan
 from lcab.cp.comm import all_gather_flat, broadcast_from
+from lcab.cp.plan import Plan
 from lcab.kernels import PreparedAttention
 from lcab.masks.core import AttnMask
 
