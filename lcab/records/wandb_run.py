@@ -40,7 +40,7 @@ from typing_extensions import override
 import lcab
 from lcab.cell import Cell
 from lcab.records.artifacts import TRACES_DIR, mask_pictures, trace_files
-from lcab.records.loggers import RecordLogger, first_line, has_credentials
+from lcab.records.logging_base import RecordLogger, first_line, has_credentials
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import CSV_FILE, RECORDS_FILE, read_records, write_csv
 from lcab.records.summary import WANDB_RUN_ID_FILE
