@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from typing_extensions import override
@@ -22,6 +21,7 @@ from lcab.cp.ring import ring_steps
 from lcab.cp.ring_attention import RingAttention, RingSpec, Step
 from lcab.cp.ulysses import a2a_bytes, heads_to_seq, replicate_kv, seq_to_heads
 from lcab.distributed.context import DistContext
+from lcab.distributed.groups import RingChannels, ring_channels
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 
@@ -58,7 +58,7 @@ class UlyssesRing(Strategy):
 
     @abstractmethod
     def ring_spec(
-        self, plan: Plan, ranks: list[int], position: int, group: Any, steps: list[Step]
+        self, plan: Plan, ranks: list[int], position: int, channels: RingChannels, steps: list[Step]
     ) -> RingSpec:
         """The ring schedule of ring position ``position`` over global ``ranks``."""
 
@@ -67,7 +67,8 @@ class UlyssesRing(Strategy):
     ) -> CPPrepared:
         """The callable of ``dist.rank``, with every step's kernel prepared."""
         grid = plan.grid(dist.rank)
-        a2a_group, ring_group = grid.create_groups(dist)
+        a2a_group, _ = grid.create_groups(dist)
+        channels = ring_channels(grid, plan.windows, dist)
         steps = ring_steps(
             plan,
             mask,
@@ -77,7 +78,7 @@ class UlyssesRing(Strategy):
             grid.ulysses_index,
             list(plan.placement.layouts),
         )
-        spec = self.ring_spec(plan, grid.my_ring(), grid.ring_index, ring_group, steps)
+        spec = self.ring_spec(plan, grid.my_ring(), grid.ring_index, channels, steps)
         u, heads = plan.ulysses, plan.heads
 
         def run(

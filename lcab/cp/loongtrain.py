@@ -11,14 +11,13 @@ synchronisation the paper notes). Default windows: the largest divisor w of R wi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from typing_extensions import override
 
 from lcab.cp.base import Plan, accumulator_bytes, element_bytes, register_strategy
 from lcab.cp.hybrid import UlyssesRing, UlyssesRingOptions
 from lcab.cp.ring_attention import RingSpec, Step
-from lcab.distributed.groups import balanced_windows
+from lcab.distributed.groups import RingChannels, balanced_windows
 from lcab.kernels import Problem
 
 
@@ -71,12 +70,12 @@ class LoongTrain(UlyssesRing):
 
     @override
     def ring_spec(
-        self, plan: Plan, ranks: list[int], position: int, group: Any, steps: list[Step]
+        self, plan: Plan, ranks: list[int], position: int, channels: RingChannels, steps: list[Step]
     ) -> RingSpec:
         return RingSpec.of_steps(
             ranks,
             position,
-            group,
+            channels,
             steps,
             windows=plan.windows,
             inner="loong_inner",

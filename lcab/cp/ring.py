@@ -24,6 +24,7 @@ from lcab.cp.base import (
 from lcab.cp.prepared import CPPrepared
 from lcab.cp.ring_attention import RingAttention, RingSpec, Step
 from lcab.distributed.context import DistContext
+from lcab.distributed.groups import ring_channels
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
 
@@ -93,7 +94,7 @@ class RingP2P(Strategy):
         spec = RingSpec.of_steps(
             ranks,
             dist.rank,
-            dist.group(ranks),
+            ring_channels(plan.grid(dist.rank), 1, dist),
             ring_steps(plan, mask, problem, kernel, dist.rank, 0, layouts),
         )
 

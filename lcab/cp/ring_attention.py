@@ -11,7 +11,11 @@ Each step computes local queries against one block with the step's own sub-mask 
 sub-mask skips the compute but not the transfer). Partial results merge by log-sum-exp in
 float32 (float64 for float64 inputs); gradients use the kernel's backward from the merged
 statistics (`PreparedAttention.backward`). Transfers are posted before the step's compute and
-waited after it, so communication overlaps computation.
+waited after it, so communication overlaps computation — in the backward the dK/dV accumulator
+too, as ring-flash-attn and InternEvo do it: a step posts its accumulator and the next step
+waits for the one it receives only after its own kernel, adding its gradient then. Inner,
+outer and accumulator transfers each go on their own group (`RingChannels`), so none queues
+behind another on one NCCL stream.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from lcab.cp.comm import PendingExchange, exchange, phase
 from lcab.cp.merge import accumulator_dtype, merge_into
+from lcab.distributed.groups import RingChannels
 from lcab.kernels import PreparedAttention
 
 
@@ -84,7 +89,7 @@ class RingSpec:
 
     ranks: list[int]
     position: int
-    group: Any
+    channels: RingChannels
     steps: dict[int, Step]
     """Step of each source ring position."""
     windows: int = 1
@@ -93,10 +98,10 @@ class RingSpec:
 
     @classmethod
     def of_steps(
-        cls, ranks: list[int], position: int, group: Any, steps: list[Step], **kw: Any
+        cls, ranks: list[int], position: int, channels: RingChannels, steps: list[Step], **kw: Any
     ) -> RingSpec:
         """A schedule from a list of steps (any order), keyed by their source position."""
-        return cls(ranks, position, group, {s.source: s for s in steps}, **kw)
+        return cls(ranks, position, channels, {s.source: s for s in steps}, **kw)
 
     @property
     def size(self) -> int:
@@ -129,12 +134,14 @@ class RingSpec:
     def pass_inner(self, tensors: list[torch.Tensor], what: str) -> PendingExchange:
         """Send ``tensors`` to the next position of the window; receive the previous one's."""
         nxt, prev = self._at(self.window, self.slot + 1), self._at(self.window, self.slot - 1)
-        return exchange(tensors, nxt, prev, self.group, f"{self.inner}_{what}")
+        group = self.channels.inner_dkv if what == "dkv" else self.channels.inner
+        return exchange(tensors, nxt, prev, group, f"{self.inner}_{what}")
 
     def pass_outer(self, tensors: list[torch.Tensor], what: str) -> PendingExchange:
         """Send ``tensors`` to the same slot of the next window; receive the previous window's."""
         nxt, prev = self._at(self.window + 1, self.slot), self._at(self.window - 1, self.slot)
-        return exchange(tensors, nxt, prev, self.group, f"{self.outer}_{what}")
+        group = self.channels.outer_dkv if what == "dkv" else self.channels.outer
+        return exchange(tensors, nxt, prev, group, f"{self.outer}_{what}")
 
 
 def _zeros_like(x: torch.Tensor) -> torch.Tensor:
@@ -178,7 +185,14 @@ class RingAttention(torch.autograd.Function):
     def backward(
         ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-        """(dq, dk, dv): blocks travel again, each dK/dV accumulator following its block."""
+        """(dq, dk, dv): blocks travel again, each dK/dV accumulator following its block.
+
+        The accumulator of the block in hand arrives while this step's kernel runs: it is
+        waited for after the kernel, this step's dK/dV added into it, and it is posted on to
+        the next position without waiting. Only the hop that ends a window (the accumulator
+        of the window's own block, which must be home before it can go on to the next window,
+        or is the result) is waited for at once.
+        """
         q, k, v, out, lse = ctx.saved_tensors
         ring: RingSpec = ctx.ring
         s, w = ring.window_size, ring.windows
@@ -186,25 +200,35 @@ class RingAttention(torch.autograd.Function):
         window_kv = [k, v]
         # dK/dV of the block in hand, travelling with it (fresh buffers: updated in place)
         acc = [_zeros_like(k), _zeros_like(v)]
+        incoming: PendingExchange | None = None  # the next block's accumulator, posted
         for o in range(w):
             prefetch = ring.pass_outer(window_kv, "kv_bwd") if o < w - 1 else None
             kv = window_kv
             for t in range(s):
                 pending = ring.pass_inner(kv, "kv_bwd") if t < s - 1 else None
                 step = ring.steps[ring.source(o, t)]
+                grads = None
                 if step.prepared is not None:
-                    gq, gk, gv = attend_backward(step, dout, q, kv[0], kv[1], out, lse)
-                    dq += gq
-                    acc[0] += gk
-                    acc[1] += gv
+                    grads = attend_backward(step, dout, q, kv[0], kv[1], out, lse)
+                    dq += grads[0]
+                if incoming is not None:  # waited only now: the kernel ran meanwhile
+                    acc = incoming.wait()
+                    incoming = None
+                if grads is not None:
+                    acc[0] += grads[1]
+                    acc[1] += grads[2]
                 if s > 1:  # the accumulator follows its block one inner hop behind
-                    acc = ring.pass_inner(acc, "dkv").wait()
+                    incoming = ring.pass_inner(acc, "dkv")
                 if pending is not None:
                     kv = pending.wait()
-            # back home in the window: the window block's accumulator goes on to the next
-            # window with its block (the gradient synchronisation at each outer step)
             if w > 1:
-                acc = ring.pass_outer(acc, "dkv").wait()
+                # the window's own block's accumulator is home: it goes on to the next window
+                # with its block (the gradient synchronisation at each outer step)
+                if incoming is not None:
+                    acc = incoming.wait()
+                incoming = ring.pass_outer(acc, "dkv")
             if prefetch is not None:
                 window_kv = prefetch.wait()
+        if incoming is not None:
+            acc = incoming.wait()
         return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None

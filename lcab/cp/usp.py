@@ -7,14 +7,13 @@ crosses nodes (the paper's placement).
 
 from __future__ import annotations
 
-from typing import Any
-
 from typing_extensions import override
 
 from lcab.cp.base import Plan, register_strategy
 from lcab.cp.hybrid import UlyssesRing
 from lcab.cp.ring import ring_bytes
 from lcab.cp.ring_attention import RingSpec, Step
+from lcab.distributed.groups import RingChannels
 from lcab.kernels import Problem
 
 
@@ -31,6 +30,6 @@ class USP(UlyssesRing):
 
     @override
     def ring_spec(
-        self, plan: Plan, ranks: list[int], position: int, group: Any, steps: list[Step]
+        self, plan: Plan, ranks: list[int], position: int, channels: RingChannels, steps: list[Step]
     ) -> RingSpec:
-        return RingSpec.of_steps(ranks, position, group, steps, inner="usp_ring")
+        return RingSpec.of_steps(ranks, position, channels, steps, inner="usp_ring")

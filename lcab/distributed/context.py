@@ -37,7 +37,7 @@ class DistContext:
     devices_per_node: int
     backend: str
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    _groups: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
+    _groups: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
 
     @property
     def node(self) -> int:
@@ -109,21 +109,24 @@ class DistContext:
                 )
             first[tuple(key)] = rank
 
-    def group(self, ranks: list[int] | tuple[int, ...]) -> Any:
+    def group(self, ranks: list[int] | tuple[int, ...], tag: str = "") -> Any:
         """The process group of ``ranks``: the world for all ranks, None for a single rank.
 
-        A single-rank group carries no traffic, so it is never created.
+        A single-rank group carries no traffic, so it is never created. A ``tag`` names a
+        twin: another group over the same ranks (another communicator and stream under NCCL),
+        e.g. for traffic that must not queue behind the untagged group's.
 
         ``torch.distributed.new_group`` must be called by every rank for every group in the same
         order: callers create all groups of a layout on every rank (see `lcab.distributed.groups`).
         """
-        key = tuple(int(r) for r in ranks)
-        if len(key) == 1:
+        members = tuple(int(r) for r in ranks)
+        if len(members) == 1:
             return None
-        if key == tuple(range(self.world)):
+        if members == tuple(range(self.world)) and not tag:
             return dist.group.WORLD
+        key = (tag, *members)
         if key not in self._groups:
-            self._groups[key] = dist.new_group(list(key), backend=self.backend)
+            self._groups[key] = dist.new_group(list(members), backend=self.backend)
         return self._groups[key]
 
     def barrier(self) -> None:

@@ -5,6 +5,13 @@ that divides the devices of a node, the Ulysses groups are runs of U consecutive
 one node, where all-to-all bandwidth is) and the rings are the ranks with the same position in
 their Ulysses group (across nodes) — the placement the paper found best. LoongTrain's double
 ring cuts each ring of R ranks into windows of R / w consecutive ring positions.
+
+A ring's transfers run on their own groups (`RingChannels`): the inner ring (a window), the
+outer ring (the same slot of every window) and, for each, a twin that carries only the dK/dV
+accumulators. A process group is one NCCL communicator with its own stream, and NCCL runs one
+communicator's operations in order, so on one group the next window's K/V prefetch would wait
+for the inner ring's transfers, and a step's K/V for the previous step's accumulator. InternEvo
+(LoongTrain) likewise keeps inter-window, intra-window and dK/dV groups apart.
 """
 
 from __future__ import annotations
@@ -68,6 +75,45 @@ class Grid:
         for ring in self.rings():
             dist.group(ring)
         return dist.group(self.my_ulysses_group()), dist.group(self.my_ring())
+
+
+@dataclass(frozen=True)
+class RingChannels:
+    """The groups one ring position sends on (None: a group of one rank, never used)."""
+
+    inner: Any
+    """K/V around the window (the whole ring when there is one window)."""
+    inner_dkv: Any
+    """dK/dV accumulators around the window."""
+    outer: Any = None
+    """K/V from window to window (LoongTrain)."""
+    outer_dkv: Any = None
+    """dK/dV accumulators from window to window (LoongTrain)."""
+
+
+def ring_channels(grid: Grid, windows: int, dist: DistContext) -> RingChannels:
+    """The `RingChannels` of ``grid``'s rank, creating every ring's groups on every rank in order.
+
+    Order: the K/V groups of every ring (each ring: its windows' inner groups, then its slots'
+    outer groups), then the same again as dK/dV twins (tagged, so a twin of the world is a
+    group of its own). The K/V groups are the plain ones: a one-window ring's inner group is
+    the ring group `create_groups` made (or the world), not a new one.
+    """
+    size = grid.ring // windows
+    mine: dict[str, Any] = {}
+    for tag in ("kv", "dkv"):
+        for index, ring in enumerate(grid.rings()):
+            inner = [ring[w * size : (w + 1) * size] for w in range(windows)]
+            outer = [[ring[w * size + slot] for w in range(windows)] for slot in range(size)]
+            label = "" if tag == "kv" else tag
+            made_inner = [dist.group(ranks, label) for ranks in inner]
+            made_outer = [dist.group(ranks, label) for ranks in outer]
+            if index == grid.ulysses_index:
+                window, slot = divmod(grid.ring_index, size)
+                suffix = "" if tag == "kv" else "_dkv"
+                mine["inner" + suffix] = made_inner[window]
+                mine["outer" + suffix] = made_outer[slot]
+    return RingChannels(**mine)
 
 
 def balanced_windows(ring: int) -> int:

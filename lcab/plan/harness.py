@@ -144,6 +144,10 @@ class Harness:
     window_dkv_hop: bool = False
     """LoongTrain's backward (with overlapped accumulators) moves each window's accumulator one
     more inner hop after the window's last step and waits for it at once."""
+    dkv_home_hop: bool = False
+    """Every ring's backward (with overlapped accumulators) waits at once for the last inner
+    hop of each window, which brings the window block's accumulator home: it is the result,
+    or goes on to the next window (lcab's)."""
     lists_every_document: bool = False
     """A varlen call's ``cu_seqlens`` lists every document of the mask, those with no work in
     the call as empty sequences (True), or only the sequences with work (False)."""
@@ -231,18 +235,23 @@ class Harness:
 
 #: lcab's runner (`lcab.cp.ring_attention`): each ring step merges its partial output into a
 #: float32 accumulator by LSE (read the accumulator, read the step's output, write the
-#: accumulator); the backward does the same for dQ and for the travelling dK/dV accumulator,
-#: which it sends after the step (exposed) in float32; transfers are batched. Kernel inputs are
-#: used in place, so a call itself adds no passes.
+#: accumulator); the backward does the same for dQ during the step, and for the travelling dK/dV
+#: accumulator once the transfer that brings it has been waited for, after the step's kernel
+#: (ring-flash-attn's and InternEvo's order): the accumulator travels in float32 during the next
+#: step's compute, and only a window's last hop (home) is waited for at once. Transfers are
+#: batched. Kernel inputs are used in place, so a call itself adds no passes.
 LCAB = Harness(
     name="lcab",
     p2p_batched=True,
-    dkv_overlapped=False,
+    dkv_overlapped=True,
     dkv_in_accumulator=True,
     regather_bwd=False,
+    dkv_home_hop=True,
     passes={
         "ring_fwd": Copies(Passes(q=(1, 2))),
-        "ring_bwd": Copies(Passes(q=(1, 2), kv=(2, 4))),  # dK and dV: twice the K-sized passes
+        "ring_bwd": Copies(Passes(q=(1, 2))),
+        # after the wait: dK and dV into the accumulator (twice the K-sized passes)
+        "ring_accumulate_bwd": Copies(Passes(kv=(2, 4))),
     },
 )
 

@@ -349,8 +349,11 @@ def _ring(
                         during, carried = during + carried, ()
                     finish = accumulate_work(work, call, plan, problem, harness, bool(bwd))
                     stages.append(Stage(work, during, after, finish=finish))
-                hop = harness.dkv_overlapped and harness.window_dkv_hop
-                if bwd and s > 1 and hop and plan.strategy == "loongtrain":
+                hop = harness.dkv_overlapped and (
+                    harness.dkv_home_hop
+                    or (harness.window_dkv_hop and plan.strategy == "loongtrain")
+                )
+                if bwd and s > 1 and hop:
                     stages.append(Stage(None, after=dkv))  # one more inner hop, waited at once
                 if bwd and w > 1:  # the window's accumulator moves on to the next window
                     outer_dkv = (links.p2p(f"{outer}_dkv", acc, rank, nxt_outer, w),)
