@@ -11,7 +11,6 @@ The runner sees only the protocol, so single-device and distributed cells share 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +28,8 @@ from lcab.cp.comm import (
     gather_strings,
     is_backward_op,
     max_over_ranks,
+    phase,
+    phase_clock,
 )
 from lcab.cp.prepared import CPPrepared
 from lcab.distributed.context import DistContext, node_name
@@ -197,13 +198,15 @@ class CPTarget(Target):
     def gather(self, value: float) -> list[float]:
         return gather_floats(value)
 
-    def _split(self, pass_: str, total_s: float) -> dict[str, float]:
+    def _split(self, pass_: str) -> dict[str, float]:
         """The slowest rank's split of one pass: total, compute, comm, wait, other (ms).
 
         Taken from one rank (the one with the longest pass) so the parts add up to its total;
-        ``other`` is time outside the phases (merging, layout changes, Python).
+        ``other`` is time outside the phases (merging, layout changes, Python). Every figure
+        is on the device's clock (`lcab.cp.phase_clock`), the total a phase of its own.
         """
         parts = {name: STATS.seconds.get(name, 0.0) for name in ("compute", "comm", "wait")}
+        total_s = STATS.seconds.get("total", 0.0)
         STATS.seconds.clear()
         totals = self.gather(total_s)
         slowest = max(range(len(totals)), key=totals.__getitem__)
@@ -226,15 +229,17 @@ class CPTarget(Target):
         STATS.reset()
         leaves = [native[n].detach().clone().requires_grad_(backward) for n in ("q", "k", "v")]
         phases: dict[str, float] = {}
+        device = self.dist.device
         self.dist.barrier()  # every rank starts together, so waits are the strategy's own
-        start = time.perf_counter()
-        out, _ = prepared.run(*leaves)
-        phases |= self._split("fwd", time.perf_counter() - start)
+        # each pass read once, after one synchronize at the end of its block
+        with phase_clock(device), phase("total"):
+            out, _ = prepared.run(*leaves)
+        phases |= self._split("fwd")
         if backward:
             self.dist.barrier()
-            start = time.perf_counter()
-            out.backward(native["dout"])
-            phases |= self._split("bwd", time.perf_counter() - start)
+            with phase_clock(device), phase("total"):
+                out.backward(native["dout"])
+            phases |= self._split("bwd")
         measured = {
             op: max_over_ranks([float(STATS.bytes_sent.get(op, 0))])[0]
             for op in sorted(plan.comm_bytes)

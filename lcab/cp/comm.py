@@ -8,7 +8,8 @@ bandwidth-optimal ring algorithms do). Tests compare these counts with each stra
 
 Time spent inside communication calls is recorded too, split into ``comm`` (blocking
 collectives, including waiting for slower peers) and ``wait`` (blocking on a P2P transfer that
-was posted before compute), so users see where a step's time goes.
+was posted before compute), so users see where a step's time goes — on the GPU's clock while a
+call is described on CUDA (`lcab.cp.phase_clock`).
 
 The collectives used are the ones gloo and NCCL both implement (all_to_all_single, the flat
 all-gather and reduce-scatter, batch_isend_irecv), so the
@@ -17,7 +18,6 @@ same code runs on CPU and GPU.
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +26,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from lcab.cp.phase_clock import phase_clock as phase_clock  # re-exported for the runner
+from lcab.cp.phase_clock import timed_phase
+from lcab.cp.phase_clock import traced_phases as traced_phases  # re-exported
 
 
 @dataclass
@@ -73,35 +77,14 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-_TRACE_PHASES = False
-"""Whether `phase` also opens a profiler range (only while a trace records: a range costs a
-dispatcher call, which timed repetitions should not pay)."""
-
-
-@contextmanager
-def traced_phases() -> Iterator[None]:
-    """Make every `phase` a ``torch.profiler.record_function`` range ``lcab.cp.<name>``."""
-    global _TRACE_PHASES
-    before, _TRACE_PHASES = _TRACE_PHASES, True
-    try:
-        yield
-    finally:
-        _TRACE_PHASES = before
-
-
 @contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Accumulate wall time of the block under ``name`` (compute, comm, wait, ...)."""
-    trace_range = torch.profiler.record_function(f"lcab.cp.{name}") if _TRACE_PHASES else None
-    start = time.perf_counter()
-    try:
-        if trace_range is None:
-            yield
-        else:
-            with trace_range:
-                yield
-    finally:
-        STATS.seconds[name] += time.perf_counter() - start
+    """Add the duration of the block to ``STATS.seconds[name]`` (compute, comm, wait, ...).
+
+    On the phase clock (`lcab.cp.phase_clock`): the GPU's while a call is described on CUDA.
+    """
+    with timed_phase(name, STATS.seconds):
+        yield
 
 
 def _count(op: str, sent: int) -> None:
