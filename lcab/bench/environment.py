@@ -50,6 +50,17 @@ def device_name(device: str) -> str:
     return platform.processor() or "cpu"
 
 
+def nccl_version() -> str | None:
+    """NCCL's version as torch was built with it (``2.21.5``), or None without NCCL."""
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    if isinstance(version, tuple):
+        return ".".join(str(part) for part in version)
+    return str(version) if version else None
+
+
 def environment(device: str) -> dict[str, Any]:
     """Record fields describing the environment."""
     sha, dirty = git_state()
@@ -59,6 +70,7 @@ def environment(device: str) -> dict[str, Any]:
         "git_dirty": dirty,
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
+        "nccl_version": nccl_version(),
         "device_name": device_name(device),
         "num_threads": torch.get_num_threads(),
         "hostname": socket.gethostname(),

@@ -8,7 +8,11 @@ What is measured, per device:
   the allocator counts every allocation, but it excludes blocks the allocator caches while
   free, the CUDA context, and memory obtained outside the allocator (e.g. NCCL's own buffers).
   The peak statistics are per device and process-wide: do not nest regions on one device.
-  A region around ``lcab.bench.timing.measure`` includes its 256 MiB L2-flush buffer.
+  The peak of the caching allocator's reserved bytes is read too (``max_memory_reserved``):
+  what the process actually held from the device, fragmentation included. Bytes the
+  benchmark itself keeps live through the region (the 256 MiB L2-flush buffer, allocated
+  before it: ``exclude_bytes``) are taken out of the allocated figures, so a reading is the
+  kernel's, not lcab's.
 * CPU (kind ``"cpu_rss_sampled"``): the resident set size of this whole process, read from
   ``/proc/self/statm`` (resident pages x page size) once on enter, every ``interval_s`` by a
   daemon thread, and once on exit; the peak is the largest sample. RSS counts pages touched,
@@ -52,6 +56,10 @@ class MemoryReading:
     baseline_bytes: int
     kind: str
     samples: int
+    reserved_bytes: int | None = None
+    """CUDA: peak bytes the caching allocator reserved; None on CPU."""
+    rank: int | None = None
+    """Under CP: the rank this reading is from (the one with the largest peak)."""
 
     @property
     def delta_bytes(self) -> int:
@@ -62,10 +70,13 @@ class MemoryReading:
 class PeakMemory:
     """Context manager measuring the peak memory of its body; see the module docstring."""
 
-    def __init__(self, device: torch.device, interval_s: float = 0.001) -> None:
+    def __init__(
+        self, device: torch.device, interval_s: float = 0.001, exclude_bytes: int = 0
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.device = torch.device(device)
+        self.exclude_bytes = exclude_bytes
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"no memory reading for device type {self.device.type!r}")
         self.interval_s = interval_s
@@ -93,7 +104,7 @@ class PeakMemory:
         self._reading = None
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-            self._baseline = torch.cuda.memory_allocated(self.device)
+            self._baseline = torch.cuda.memory_allocated(self.device) - self.exclude_bytes
             self._active = True
             return self
         self._kind, self._read, self._close = _rss_source()
@@ -121,8 +132,11 @@ class PeakMemory:
             raise RuntimeError("PeakMemory exited without entering")
         self._active = False
         if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self._reading = MemoryReading(peak, self._baseline, "cuda_max_allocated", 1)
+            peak = torch.cuda.max_memory_allocated(self.device) - self.exclude_bytes
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            self._reading = MemoryReading(
+                peak, self._baseline, "cuda_max_allocated", 1, reserved_bytes=reserved
+            )
             return
         thread, self._thread = self._thread, None
         assert thread is not None  # set by __enter__ on CPU

@@ -135,8 +135,12 @@ def summarise(result: PassResult, samples: list[SampleMeasure], world: int) -> N
         result.tflops_mean_rank = tflops_per_s(result.flops, mean_rank / 1e3) / world
     readings = [s.memory for s in samples if s.memory is not None]
     if readings:
-        result.mem_peak_mib = max(r.peak_bytes for r in readings) / 2**20
+        top = max(readings, key=lambda r: r.peak_bytes)
+        result.mem_peak_mib = top.peak_bytes / 2**20
+        result.mem_peak_rank = top.rank
         result.mem_delta_mib = max(r.delta_bytes for r in readings) / 2**20
+        reserved = [r.reserved_bytes for r in readings if r.reserved_bytes is not None]
+        result.mem_reserved_mib = max(reserved) / 2**20 if reserved else None
 
 
 def unfinished_records(

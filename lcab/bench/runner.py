@@ -44,7 +44,7 @@ from lcab.bench.results import (
     summarise,
 )
 from lcab.bench.targets import Target
-from lcab.bench.timing import Timing, TimingConfig, measure, quantiles
+from lcab.bench.timing import Timing, TimingConfig, l2_flush_buffer, measure, quantiles
 from lcab.cell import Cell
 from lcab.flops import as_pass, attention_flops, dense_flops
 from lcab.kernels import PreparedAttention, Problem
@@ -211,7 +211,14 @@ class _LengthRun:
         target, problem = self.target, self.problem
         try:
             fn, before_each = _pass_callable(pass_, prepared, native)
-            memory = PeakMemory(problem.device) if self.cell.bench.memory else nullcontext()
+            # lcab's own L2-flush buffer is made before the measured region and left out of it
+            flush = None
+            if problem.device.type == "cuda" and self.timing.flush_l2:
+                flush = l2_flush_buffer(problem.device)
+            excluded = 0 if flush is None else flush.numel() * flush.element_size()
+            memory: PeakMemory | nullcontext[None] = nullcontext()
+            if self.cell.bench.memory:
+                memory = PeakMemory(problem.device, exclude_bytes=excluded)
             with memory:
                 timing = measure(
                     fn,
@@ -220,7 +227,12 @@ class _LengthRun:
                     before_each=before_each,
                     barrier=target.barrier if target.world > 1 else None,
                     agree=target.share if target.world > 1 else None,
+                    flush_buffer=flush,
                 )
+            del flush
+            reading = memory.reading if isinstance(memory, PeakMemory) else None
+            if reading is not None and target.world > 1:
+                reading = target.largest_reading(reading)
             rank_p50 = [timing.q(0.5)]
             if target.world > 1:  # the step time is the slowest rank's
                 rank_p50 = target.gather(timing.q(0.5))
@@ -239,7 +251,7 @@ class _LengthRun:
                     dense_flops=dense_flops(
                         self.seqlen, self.seqlen, problem.heads_q, problem.head_dim, as_pass(pass_)
                     ),
-                    memory=memory.reading if isinstance(memory, PeakMemory) else None,
+                    memory=reading,
                 )
             )
             backend = getattr(prepared, "backend_used", None)

@@ -11,13 +11,14 @@ The runner sees only the protocol, so single-device and distributed cells share 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 from typing_extensions import override
 
 from lcab.bench.inputs import NAMES, SeededInputs
+from lcab.bench.memory import MemoryReading
 from lcab.bench.numerics import Collector, LocalCollector
 from lcab.cell import Cell
 from lcab.cp.base import STRATEGIES, Plan
@@ -61,6 +62,9 @@ class Target(Protocol):
 
     def share(self, values: list[float]) -> list[float]:
         """Rank 0's ``values`` on every rank: one decision all ranks follow."""
+
+    def largest_reading(self, reading: MemoryReading) -> MemoryReading:
+        """The reading of the rank with the largest peak (reserved: the largest of any rank)."""
 
     def reduce_times(self, times: list[float]) -> list[float]:
         """Per-repetition times as the slowest rank saw them."""
@@ -112,6 +116,10 @@ class KernelTarget(Target):
     @override
     def share(self, values: list[float]) -> list[float]:
         return list(values)
+
+    @override
+    def largest_reading(self, reading: MemoryReading) -> MemoryReading:
+        return reading
 
     @override
     def reduce_times(self, times: list[float]) -> list[float]:
@@ -189,6 +197,27 @@ class CPTarget(Target):
     @override
     def share(self, values: list[float]) -> list[float]:
         return broadcast_floats(values)
+
+    @override
+    def largest_reading(self, reading: MemoryReading) -> MemoryReading:
+        """Collective: every rank's peak, baseline and reserved bytes; the largest peak's rank.
+
+        One rank's figure would hide the rank that runs out first (an unbalanced mask, rank 0's
+        numerics, a node's other tenants).
+        """
+        peaks = self.gather(float(reading.peak_bytes))
+        baselines = self.gather(float(reading.baseline_bytes))
+        reserved = self.gather(
+            float(-1 if reading.reserved_bytes is None else reading.reserved_bytes)
+        )
+        top = max(range(len(peaks)), key=peaks.__getitem__)
+        return replace(
+            reading,
+            peak_bytes=int(peaks[top]),
+            baseline_bytes=int(baselines[top]),
+            reserved_bytes=None if max(reserved) < 0 else int(max(reserved)),
+            rank=top,
+        )
 
     @override
     def reduce_times(self, times: list[float]) -> list[float]:

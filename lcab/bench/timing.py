@@ -146,6 +146,7 @@ def measure(
     barrier: Callable[[], None] | None = None,
     reduce: Callable[[list[float]], list[float]] | None = None,
     agree: Callable[[list[float]], list[float]] | None = None,
+    flush_buffer: torch.Tensor | None = None,
 ) -> Timing:
     """Time ``fn`` following the protocol in the module docstring.
 
@@ -153,7 +154,9 @@ def measure(
     run before every timed repetition, outside the timed region. ``reduce`` receives the list
     of per-rep times (ms) and returns the list the quantiles are taken over (e.g. an all-reduce
     MAX over ranks, so a rep costs what its slowest rank took). ``agree`` shares the counts
-    budget mode derives from the clock (see the module docstring).
+    budget mode derives from the clock (see the module docstring). ``flush_buffer``: the
+    L2-flush buffer (`l2_flush_buffer`), made by the caller outside a memory-measured region;
+    without it, CUDA timing allocates one for this call.
     """
     share = agree if agree is not None else _alone
     device = torch.device(device)
@@ -167,7 +170,10 @@ def measure(
         if config.rep_ms is not None:
             reps = int(share([_budget_reps(config.rep_ms, per_call_ms, config.max_reps)])[0])
         if cuda:
-            raw = _timed_reps_cuda(fn, reps, before_each, barrier, config.flush_l2, device)
+            cache = None
+            if config.flush_l2:
+                cache = flush_buffer if flush_buffer is not None else l2_flush_buffer(device)
+            raw = _timed_reps_cuda(fn, reps, before_each, barrier, cache)
         else:
             raw = _timed_reps_host(fn, reps, before_each, barrier)
     times = raw if reduce is None else [float(t) for t in reduce(list(raw))]
@@ -275,13 +281,11 @@ def _timed_reps_cuda(
     reps: int,
     before_each: Callable[[], None] | None,
     barrier: Callable[[], None] | None,
-    flush_l2: bool,
-    device: torch.device,
+    cache: torch.Tensor | None,
 ) -> list[float]:
     """Per-rep ms from CUDA event pairs; events are created up front, read after one sync."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    cache = _l2_flush_buffer(device) if flush_l2 else None
     for i in range(reps):
         if before_each is not None:
             before_each()
@@ -292,11 +296,10 @@ def _timed_reps_cuda(
         starts[i].record()
         fn()
         ends[i].record()
-    torch.cuda.synchronize(device)
-    del cache
+    torch.cuda.synchronize()
     return [float(s.elapsed_time(e)) for s, e in zip(starts, ends, strict=True)]
 
 
-def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
-    """The buffer zeroed before each CUDA rep; one per ``measure`` call, freed at its end."""
+def l2_flush_buffer(device: torch.device) -> torch.Tensor:
+    """The buffer zeroed before each CUDA rep (make it outside a memory-measured region)."""
     return torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)

@@ -50,7 +50,12 @@ class PassResult:
     tflops_mean_rank: float | None = None
     """Under CP: global FLOPs / (world × mean rank time)."""
     mem_peak_mib: float | None = None
+    """Peak memory of the timed region; under CP the largest over ranks (`mem_peak_rank`)."""
     mem_delta_mib: float | None = None
+    mem_reserved_mib: float | None = None
+    """CUDA: peak bytes the caching allocator reserved (max over ranks); None on CPU."""
+    mem_peak_rank: int | None = None
+    """Under CP: the rank whose peak is `mem_peak_mib`."""
     max_abs_err: float | None = None
     """Largest error against the fp64 reference (out for fwd; dq/dk/dv for bwd), normalised."""
     errors: dict[str, float] | None = None
@@ -136,6 +141,8 @@ class RunRecord:
     # environment
     torch_version: str = ""
     cuda_version: str | None = None
+    nccl_version: str | None = None
+    """NCCL that torch was built with (None without NCCL, e.g. a CPU build)."""
     device_name: str = ""
     num_threads: int | None = None
     hostname: str = ""

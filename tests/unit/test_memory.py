@@ -116,3 +116,56 @@ def test_cuda_peak_counts_allocation() -> None:
     assert peak.reading.kind == "cuda_max_allocated"
     assert peak.reading.delta_bytes >= 200_000_000
     assert peak.reading.samples == 1
+
+
+MIB = 2**20
+
+
+def test_cuda_reading_leaves_out_the_flush_buffer_and_reads_reserved(monkeypatch) -> None:
+    # No GPU here: the allocator's counters are a seam. 256 MiB of flush buffer and 44 MiB of
+    # inputs are live on entry; the kernel peaks 200 MiB above them; the allocator reserved 600.
+    live = {"allocated": 300 * MIB, "peak": 300 * MIB}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: live["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: live["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 600 * MIB)
+    with PeakMemory(torch.device("cuda", 0), exclude_bytes=256 * MIB) as memory:
+        live["peak"] += 200 * MIB
+    reading = memory.reading
+    assert reading.baseline_bytes == 44 * MIB
+    assert reading.peak_bytes == 244 * MIB and reading.delta_bytes == 200 * MIB
+    assert reading.reserved_bytes == 600 * MIB and reading.kind == "cuda_max_allocated"
+
+
+def test_summary_reports_the_largest_peak_with_its_rank_and_the_largest_reserved() -> None:
+    from lcab.bench.results import SampleMeasure, summarise
+    from lcab.bench.timing import Timing
+    from lcab.records.schema import PassResult
+
+    def sample(peak: int, rank: int, reserved: int | None) -> SampleMeasure:
+        reading = MemoryReading(peak * MIB, 10 * MIB, "cuda_max_allocated", 1, reserved, rank)
+        timing = Timing((1.0, 2.0), {0.5: 1.5}, 0, "cuda_event")
+        return SampleMeasure(timing, [1.5, 1.5], 100, 200, reading)
+
+    result = PassResult()
+    summarise(result, [sample(300, 3, 500 * MIB), sample(700, 5, 400 * MIB)], world=8)
+    assert result.mem_peak_mib == 700 and result.mem_peak_rank == 5
+    assert result.mem_delta_mib == 690 and result.mem_reserved_mib == 500
+    cpu = PassResult()
+    summarise(cpu, [sample(300, None, None)], world=1)  # type: ignore[arg-type]
+    assert cpu.mem_reserved_mib is None and cpu.mem_peak_rank is None
+
+
+def test_every_record_names_torch_and_nccl(monkeypatch) -> None:
+    from lcab.bench.environment import environment, nccl_version
+
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+    assert nccl_version() == "2.21.5"
+    env = environment("cpu")
+    assert env["nccl_version"] == "2.21.5" and env["torch_version"] == torch.__version__
+
+    def cpu_build() -> None:
+        raise AttributeError("module 'torch._C' has no attribute '_nccl_version'")
+
+    monkeypatch.setattr(torch.cuda.nccl, "version", cpu_build)
+    assert environment("cpu")["nccl_version"] is None

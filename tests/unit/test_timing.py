@@ -229,7 +229,7 @@ def test_cuda_path_order_with_fake_events(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(timing_module, "_l2_flush_buffer", lambda device: _FakeBuffer())
+    monkeypatch.setattr(timing_module, "l2_flush_buffer", lambda device: _FakeBuffer())
     timing = measure(
         lambda: log.append("fn"),
         TimingConfig(warmup=2, reps=3),
@@ -244,6 +244,32 @@ def test_cuda_path_order_with_fake_events(monkeypatch: pytest.MonkeyPatch) -> No
     rep = ["before", "flush", "barrier", "record", "fn", "record"]
     assert log == ["sync", *first, *warm, *rep * 3, "sync"]
     assert all(t >= 0.0 for t in timing.times_ms)
+
+
+def test_cuda_flush_buffer_from_the_caller_is_used_not_allocated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The runner makes the buffer before its memory-measured region; measure must not make one.
+    from lcab.bench import timing as timing_module
+
+    log: list[str] = []
+    monkeypatch.setattr(_FakeEvent, "log", log)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+
+    def no_allocation(device: torch.device) -> None:
+        raise AssertionError("measure allocated a flush buffer of its own")
+
+    monkeypatch.setattr(timing_module, "l2_flush_buffer", no_allocation)
+    measure(
+        lambda: log.append("fn"),
+        TimingConfig(warmup=0, reps=2),
+        device=torch.device("cuda"),
+        flush_buffer=_FakeBuffer(),  # type: ignore[arg-type]
+    )
+    assert log.count("flush") == 2
 
 
 @pytest.mark.gpu
