@@ -24,17 +24,11 @@ from typing import Any
 import torch
 
 from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
+from lcab.bench.checking import NumericsCheck
 from lcab.bench.environment import environment
 from lcab.bench.inputs import SeededInputs
 from lcab.bench.memory import PeakMemory
-from lcab.bench.numerics import (
-    Reference,
-    compare,
-    memory_budget,
-    reference_bytes,
-    run_check,
-    tolerance,
-)
+from lcab.bench.numerics import tolerance
 from lcab.bench.results import (
     SampleMeasure,
     base_record,
@@ -48,7 +42,6 @@ from lcab.bench.timing import Timing, TimingConfig, l2_flush_buffer, measure, qu
 from lcab.cell import Cell
 from lcab.flops import as_pass, attention_flops, dense_flops
 from lcab.kernels import PreparedAttention, Problem
-from lcab.kernels.reference import sample_rows
 from lcab.masks import AttnMask, make_mask
 from lcab.records.schema import RunRecord
 
@@ -118,15 +111,14 @@ class _LengthRun:
         self.setup_prepare_ms: list[float] = []
         self.timing = _timing_config(cell)
         self.tolerance = tolerance(self.problem.dtype, cell.bench.tolerance)
-        self.full_reference = cell.heads_q * seqlen * seqlen <= cell.bench.numerics_full_max
-        self.check_rows = (
-            None
-            if self.full_reference
-            else sample_rows(seqlen, cell.bench.numerics_rows, cell.seed)
+        self.check = NumericsCheck(
+            target,
+            self.problem,
+            self.record,
+            cell.heads_q * seqlen * seqlen <= cell.bench.numerics_full_max,
+            cell.bench.numerics_rows,
+            cell.seed,
         )
-        """Query rows checked (None: all); every rank knows them, since under CP every rank
-        sends rank 0 its part of them."""
-        self.check_skipped: str | None = None
 
     # ------------------------------------------------------------------ phases
     def static_skips(self) -> bool:
@@ -271,62 +263,6 @@ class _LengthRun:
             self.live.remove(pass_)
             self.samples.pop(pass_)
 
-    def check_allowed(self, source: SeededInputs) -> bool:
-        """Whether the checking rank can afford the check, decided there and shared.
-
-        Every rank must agree (the check's call and collection are collective), so rank 0's
-        verdict is the one all ranks follow; a refusal is recorded with the figures.
-        """
-        p = self.problem
-        rows = None if self.check_rows is None else len(self.check_rows)
-        need = reference_bytes(p.heads_q, p.heads_kv, p.head_dim, self.seqlen, rows)
-        budget = memory_budget(p.device) if self.target.rank == 0 else 0
-        allowed = self.target.share([float(need <= budget)])[0] > 0
-        if not allowed:
-            self.check_skipped = (
-                f"numerics check skipped: it needs about {need / 2**20:,.0f} MiB on the checking "
-                f"rank, over its budget of {budget / 2**20:,.0f} MiB (timings kept)"
-            )
-        return allowed
-
-    def check_numerics(
-        self,
-        pass_: str,
-        prepared: PreparedAttention,
-        native: Tensors,
-        reference: Reference | None,
-    ) -> None:
-        """Check one pass against the reference; a failing check never costs the timings.
-
-        The untimed call and the collection are collective: under CP a failure there ends the
-        cell (peers wait in the collective). The reference itself is computed on rank 0 after
-        every collective, so its failure (an out-of-memory error) is only a recorded reason.
-        """
-        try:
-            results = run_check(
-                pass_, prepared, native, self.check_rows, self.target.collector(prepared)
-            )
-        except Exception as err:
-            if self.target.world > 1:
-                raise
-            self._check_failed(pass_, err)
-            return
-        if results is None or reference is None:
-            return
-        try:
-            errors = compare(results, reference)
-        except Exception as err:
-            self._check_failed(pass_, err)
-            return
-        self.results[pass_].errors = errors
-        self.results[pass_].max_abs_err = max(errors.values()) if errors else None
-
-    def _check_failed(self, pass_: str, err: Exception) -> None:
-        kind = "out of memory" if is_oom(err) else type(err).__name__
-        self.record.reasons.append(
-            f"{pass_}: numerics check failed ({kind}: {short_error(err, 200)}); timings kept"
-        )
-
     def run_sample(
         self, sample: int, mask: AttnMask, on_progress: Callable[[str], None] | None
     ) -> None:
@@ -341,10 +277,10 @@ class _LengthRun:
             if on_progress:
                 on_progress(f"S={self.seqlen:,} {p} mask {sample + 1}/{cell.mask_samples}")
             self.measure_pass(p, mask, prepared, native, sample == 0 and cell.bench.profile)
-        if sample == 0 and cell.bench.check_numerics and self.live and self.check_allowed(source):
-            reference = Reference(mask, source, self.check_rows) if target.rank == 0 else None
+        if sample == 0 and cell.bench.check_numerics and self.live and self.check.allowed():
+            reference = self.check.reference(mask, source)
             for p in list(self.live):
-                self.check_numerics(p, prepared, native, reference)
+                self.check.run(p, prepared, native, reference)
             del reference
         if sample == 0 and target.world > 1 and self.live:
             target.describe(self.record, prepared, native, any(p != "fwd" for p in self.live))
@@ -355,11 +291,7 @@ class _LengthRun:
         """Summaries, numerics verdicts, setup medians, reasons and the record's status."""
         record, tol = self.record, self.tolerance
         if self.cell.bench.check_numerics:
-            record.numerics_mode = "full" if self.full_reference else "sampled"
-            record.numerics_tolerance = tol
-            if self.check_skipped is not None:
-                record.numerics_mode = "skipped"
-                record.reasons.append(self.check_skipped)
+            self.check.finalise(tol)
         for p, samples in self.samples.items():
             result = self.results[p]
             summarise(result, samples, self.target.world)
@@ -452,3 +384,8 @@ def run_cell(
             record.reasons = [traceback.format_exc(limit=4)[-1200:]]
         if target.rank == 0:
             emit(record)
+        if torch.cuda.is_available() and cell.device == "cuda":
+            # the next length must not inherit this one's cached blocks (fragmentation would
+            # make its peak, or an out-of-memory error, depend on the order of lengths)
+            gc.collect()
+            torch.cuda.empty_cache()

@@ -152,6 +152,9 @@ class CPTarget(Target):
         self.rank, self.world = dist.rank, dist.world
         self.hosts = gather_strings(node_name())
         """Each rank's host, as the ranks report it (records say where every rank ran)."""
+        why = node_major_problem(self.hosts, cell.devices_per_node)
+        if why is not None:  # every rank holds the same list, so every rank stops here
+            raise RuntimeError(why)
         self.strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
         self.kernel = get_kernel(cell.kernel, **cell.kernel_options)
         self.plan: Plan | None = None
@@ -298,6 +301,25 @@ class CPTarget(Target):
     def close(self) -> None:
         """Leave the process group."""
         self.dist.close()
+
+
+def node_major_problem(hosts: list[str], devices_per_node: int) -> str | None:
+    """Why ranks are not numbered node-major (None: they are).
+
+    Ulysses groups are runs of consecutive ranks that must share a node (all-to-all over
+    NVLink); ``srun --distribution=cyclic`` deals ranks out round-robin over the nodes, which
+    would put every group across the network. Each block of ``devices_per_node`` consecutive
+    ranks must report one host.
+    """
+    for first in range(0, len(hosts), devices_per_node):
+        block = hosts[first : first + devices_per_node]
+        if len(set(block)) > 1:
+            return (
+                f"ranks {first}..{first + len(block) - 1} run on {', '.join(sorted(set(block)))}: "
+                f"lcab numbers ranks node-major ({devices_per_node} consecutive ranks per node); "
+                "launch with srun --distribution=block (SLURM's default), not cyclic"
+            )
+    return None
 
 
 def _ranks_text(ranks: list[int]) -> str:

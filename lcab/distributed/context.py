@@ -10,7 +10,8 @@ task sees every GPU of its node, GPU 0 when SLURM gives each task its own (``--g
 ``--gpu-bind``) — and names it to ``init_process_group`` (``device_id``), so NCCL binds its
 communicator eagerly and ``barrier`` never guesses a device. Two ranks on one GPU, which NCCL
 refuses, are refused first with the numbers (`binding_problem`, and a comparison of GPU UUIDs
-across the ranks of a host after joining). Single-rank groups are never created: once a
+across the ranks of a host after joining). A GPU rank's host threads are capped at its share of
+the node's CPUs (`gpu_rank_threads`). Single-rank groups are never created: once a
 device is bound every ``new_group`` is a collective split over all ranks, for nothing.
 """
 
@@ -171,7 +172,24 @@ def _bind(kind: str, local_rank: int, ranks_on_node: int) -> torch.device:
         raise RuntimeError(why)
     device = torch.device("cuda", local_gpu_index(local_rank, visible))
     torch.cuda.set_device(device)
+    threads = gpu_rank_threads(ranks_on_node, os.environ)
+    if torch.get_num_threads() > threads:
+        torch.set_num_threads(threads)
     return device
+
+
+def gpu_rank_threads(ranks_on_node: int, env: Mapping[str, str]) -> int:
+    """Host threads one GPU rank may use: its share of the CPUs, so ranks do not oversubscribe.
+
+    Under SLURM a task's CPUs are its own (``SLURM_CPUS_PER_TASK``); otherwise every rank of a
+    node sees the same CPUs (this process's affinity), shared by the ranks on the node. torch's
+    default, all of the node's cores in every rank, puts eight ranks' threads on each core.
+    """
+    per_task = env.get("SLURM_CPUS_PER_TASK", "")
+    if per_task.isdigit() and int(per_task) > 0:
+        return int(per_task)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cpus or 1) // max(ranks_on_node, 1))
 
 
 def _device_id(device: torch.device, backend: str) -> dict[str, Any]:

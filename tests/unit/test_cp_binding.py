@@ -47,6 +47,9 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "set_device", self.bound.append)
         monkeypatch.setattr(context.dist, "init_process_group", self._init)
         monkeypatch.setattr(DistContext, "check_distinct_gpus", lambda self: None)
+        self.threads = [torch.get_num_threads()]  # the test process's own count stays as it is
+        monkeypatch.setattr(torch, "get_num_threads", lambda: self.threads[0])
+        monkeypatch.setattr(torch, "set_num_threads", lambda n: self.threads.__setitem__(0, n))
 
     def _init(self, **kwargs: Any) -> None:
         self.init_kwargs = kwargs
@@ -146,3 +149,42 @@ def test_local_cuda_sweep_with_more_ranks_than_gpus_exits_2_before_running(tmp_p
     if visible >= 4:
         pytest.skip("this host has a GPU per rank")
     assert expected in done.stderr and "topology=local4" in done.stderr
+
+
+def test_gpu_rank_threads_share_the_node_or_take_the_task_cpus(monkeypatch):
+    monkeypatch.setattr(context.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert context.gpu_rank_threads(8, {}) == 2  # 16 CPUs shared by 8 local ranks
+    assert context.gpu_rank_threads(32, {}) == 1  # never below one
+    assert context.gpu_rank_threads(8, {"SLURM_CPUS_PER_TASK": "6"}) == 6  # the task's own
+
+
+def test_binding_caps_torch_threads_at_the_rank_share(monkeypatch):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    fake = FakeCuda(monkeypatch, 8)
+    monkeypatch.setattr(context.os, "sched_getaffinity", lambda pid: set(range(16)))
+    threads = fake.threads
+    threads[0] = 16  # torch's default: every core of the node
+    DistContext.from_environment("nccl", 60, "cuda")
+    assert threads == [2]
+    threads[0] = 1  # a lower setting (bench.threads=1) is kept
+    DistContext.from_environment("nccl", 60, "cuda")
+    assert threads == [1]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "refused"),
+    [
+        (["n1", "n1", "n2", "n2"], False),  # block distribution: node-major
+        (["n1"] * 4, False),  # one host (local emulation of several nodes)
+        (["n1", "n2", "n1", "n2"], True),  # srun --distribution=cyclic
+    ],
+)
+def test_rank_hosts_must_be_node_major(hosts, refused):
+    from lcab.bench.targets import node_major_problem
+
+    why = node_major_problem(hosts, 2)
+    assert (why is not None) == refused
+    if refused:
+        assert "ranks 0..1 run on n1, n2" in why and "--distribution=block" in why

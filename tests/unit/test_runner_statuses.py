@@ -113,9 +113,9 @@ def test_gpu_only_kernel_names_cuda_and_package(cell):
 
 
 def test_check_over_budget_is_skipped_with_reason_and_timings_kept(cell, monkeypatch):
-    import lcab.bench.runner as runner
+    import lcab.bench.checking as checking
 
-    monkeypatch.setattr(runner, "memory_budget", lambda device: 1 << 20)  # 1 MiB
+    monkeypatch.setattr(checking, "memory_budget", lambda device: 1 << 20)  # 1 MiB
     record = run(cell, get_kernel("naive"))
     assert record.status == "ok"
     assert record.numerics_mode == "skipped"
