@@ -5,17 +5,21 @@ The cell runs on ``world_size`` local processes (one for a single device) starte
 previous one; otherwise, or when a rank raises or dies, every rank is killed and the current
 length gets a ``timeout`` / ``error`` record (``oom`` when a rank was SIGKILLed: on Linux, the
 out-of-memory killer), and lengths never reached get ``skipped`` records saying why. So a sweep
-never dies of one cell and never hangs.
+never dies of one cell and never hangs. One exception: in a scheduler's job that the scheduler
+itself ended (scancel, time limit), the lengths are left without a record, for the launcher to
+write them with the scheduler's state (`lcab.launch.outcome`) — the scheduler's word wins.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lcab.bench.environment import environment
 from lcab.bench.results import unfinished_records
+from lcab.bench.scheduled import scheduled_rank, stopped_by_scheduler
 from lcab.cell import Cell
 from lcab.distributed.launch import LaunchResult, launch
 from lcab.records.schema import RunRecord
@@ -27,6 +31,15 @@ def _status(result: LaunchResult) -> str:
     if "SIGKILL" in result.reason:
         return "oom"
     return "error"
+
+
+def _scheduler_stopped_it() -> bool:
+    """Whether the scheduler ended this job: its word (sacct's state) then names the failure.
+
+    Only inside a scheduler's job; there, a worker that died gets a short grace for the
+    scheduler's SIGTERM to reach this process too (`stopped_by_scheduler`).
+    """
+    return scheduled_rank() is not None and stopped_by_scheduler(grace_s=2.0)
 
 
 def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[RunRecord]:
@@ -59,6 +72,13 @@ def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[R
         Path(cell.job.output_dir),
         preload=PRELOAD,
     )
+    if result.status != "done" and pending and _scheduler_stopped_it():
+        print(
+            f"lcab: the scheduler stopped this job (SIGTERM) during seqlen {pending[0]}; "
+            f"seqlen {pending} left for the launcher to record with the job's state",
+            file=sys.stderr,
+        )
+        return records
     if result.status != "done" and pending:
         status = _status(result)
         reason = result.reason

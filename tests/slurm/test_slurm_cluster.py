@@ -58,7 +58,7 @@ def nothing_left(env: dict[str, str], sweep: Path) -> None:
         alive = [
             line
             for line in subprocess.run(
-                ["ps", "-eo", "stat=,args="], capture_output=True, text=True
+                ["ps", "-ww", "-eo", "stat=,args="], capture_output=True, text=True
             ).stdout.splitlines()
             if str(sweep) in line and not line.startswith("Z")
         ]
@@ -356,3 +356,72 @@ def test_a_job_sbatch_refuses_ends_as_records_with_the_scheduler_s_message(slurm
     first = [r for r in merged if r["status"] == "error"]
     assert len(first) == 2 and all("SLURM refused the job" in r["reasons"][0] for r in first)
     assert all(r["status"] in ("error", "skipped") for r in merged)
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process, read from /proc (never truncated)."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended while we looked
+        out[int(proc.name)] = (parent, args)
+    return out
+
+
+def _worker_running(sweep: Path) -> bool:
+    """Whether the cell's supervised worker runs: a grandchild of the job's task (the task
+    starts a forkserver, the forkserver the worker)."""
+    table = _processes()
+    tasks = {
+        pid
+        for pid, (_, args) in table.items()
+        if "submitit.core._submit" in args and str(sweep) in args
+    }
+    servers = {pid for pid, (parent, _) in table.items() if parent in tasks}
+    return any(parent in servers for parent, _ in table.values())
+
+
+def test_a_cancelled_one_task_cell_records_the_scheduler_s_state(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = start_lcab(
+        "-m",
+        "launcher=slurm",
+        "kernel=naive",
+        "mask=causal",
+        "seqlen.values=[4096,8192]",
+        "bench=quick",
+        "bench.progress=false",
+        f"hydra.sweep.dir={sweep}",
+        env=slurm_cluster,
+    )
+    try:
+        wait_for(lambda: len(job_folders(sweep)) == 1, 120, "the submission")
+        (folder,) = job_folders(sweep)
+        wait_for(lambda: _worker_running(sweep), 240, "the cell's worker")
+        time.sleep(2)  # well inside the first length (it takes tens of seconds)
+        subprocess.run(["scancel", job_id(folder)], env=slurm_cluster, check=True)
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    nothing_left(slurm_cluster, sweep)
+    sacct = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-o", "State", "-j", job_id(folder)],
+        env=slurm_cluster,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert sacct.split()[0] == "CANCELLED", sacct
+    cell = sorted(read_jsonl(folder / "records.jsonl"), key=lambda r: r["seqlen"])
+    assert [r["seqlen"] for r in cell] == [4096, 8192]  # every length has its record
+    assert cell[0]["status"] == "error"
+    assert f"SLURM job {job_id(folder)} ended CANCELLED" in cell[0]["reasons"][0], cell[0]
+    assert cell[1]["status"] == "skipped" and cell[1]["reasons"][0].startswith("not run: ")
+    assert not any("exited with code" in " ".join(r["reasons"]) for r in cell)

@@ -190,3 +190,32 @@ def test_sweep_status_reads_each_cell_from_its_records_when_slurm_is_silent(cell
     )
     states = {c.folder: c.state for c in sweep_status(tmp_path)}
     assert states == {"0_a": "finished", "1_b": "failed (timeout)", "2_c": "not started"}
+
+
+_SIGTERM_IN_A_JOB = """
+import os, signal, sys
+from lcab.bench.scheduled import stopped_by_scheduler, watch_scheduler_signals
+seen = []
+signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))  # submitit's bypass
+watch_scheduler_signals()
+print("before", stopped_by_scheduler())
+os.kill(os.getpid(), signal.SIGTERM)
+print("after", stopped_by_scheduler(grace_s=5.0), seen == [signal.SIGTERM])
+"""
+
+
+def test_the_scheduler_s_sigterm_is_noted_and_the_previous_handler_still_runs():
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import cli_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_IN_A_JOB],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["before", "False", "after", "True", "True"]
