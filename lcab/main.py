@@ -183,8 +183,9 @@ def main() -> None:
         sys.exit(code)
     if _dry_run(argv):
         from lcab.launch.dry_run import print_plan
+        from lcab.plan.expected import expect_configured_job
 
-        sys.exit(print_plan(*split_argv(argv)))
+        sys.exit(print_plan(*split_argv(argv), expect=expect_configured_job))
     app()
     if write_failures():  # the merged records or the CSV view could not be written
         sys.exit(1)

@@ -148,8 +148,12 @@ class LcabConfig:
     """Keep the lengths this job's output folder already settled (same config) and run only the
     rest; give the old folder with hydra.run.dir= / hydra.sweep.dir= (see lcab.records.resume)."""
     dry_run: bool = False
-    """Print every job's shape (SLURM nodes x tasks, GPUs, time limit) and the sweep's GPU-hour
-    bound, then stop: nothing is submitted or run."""
+    """Print every job's shape (SLURM nodes x tasks, GPUs, time limit), the planner's predicted
+    TFLOP/s and expected GPU-hours, and the sweep's GPU-hour bound, then stop: nothing is
+    submitted or run."""
+    hardware: Any = None
+    """The hardware profile the dry run predicts with (``hardware=NAME``, conf/hardware/);
+    None: ``h100_nvlink_ib`` for CUDA jobs, ``cpu_gloo_local`` for CPU jobs."""
 
 
 @dataclass

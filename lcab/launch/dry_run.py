@@ -4,22 +4,51 @@ Every job is composed and resolved as the real run would (so a dry run also vali
 printed with its shape — SLURM nodes x tasks, GPUs, time limit and partition under
 ``launcher=slurm``; local processes otherwise — and the total in GPU-hours, an upper bound
 taken from the time limits (on CPU, core-hours instead).
+
+Beside the bound, the planner's expectation of each job (`Expect`, given by the entry point,
+which sits above the planner's layer): predicted per-GPU TFLOP/s and time per pass at each
+length, and the GPU-hours the protocol's repetitions take at those times.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from lcab.cell import Cell
 from lcab.config import resolve_cell
 from lcab.config.preflight import composed_jobs
 from lcab.launch.checks import uses_slurm
 from lcab.launch.shape import JobShape, SlurmSettings, job_shape
 from lcab.launch.slurm_launcher import composed_settings
 
+Expect = Callable[[DictConfig, Cell], Any]
+"""The planner's expectation of one job: an object with ``hardware``, ``gpu_hours`` and
+``lengths`` (each with ``text()``) — `lcab.plan.expected.expect_configured_job`."""
 
-def plan_rows(overrides: list[str], multirun: bool) -> list[tuple[str, str, JobShape, int, str]]:
-    """(job overrides, launcher, shape, lengths, problem) of every job.
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job of the dry run."""
+
+    job: str
+    launcher: str
+    shape: JobShape
+    lengths: int
+    problem: str
+    startup_s: float
+    """The launcher's start-up allowance (compilation, NCCL) per job."""
+    expectation: Any = None
+    """The planner's `Expect` result (None: not asked for)."""
+
+
+def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None) -> list[JobRow]:
+    """Every job: overrides, launcher, shape, lengths, problem, and the planner's expectation.
 
     The problem is the one the job will run: under a launcher preset that gives each rank a
     GPU, ``problem.device=auto`` is CUDA even on a login node without one (`job_device`).
@@ -36,41 +65,60 @@ def plan_rows(overrides: list[str], multirun: bool) -> list[tuple[str, str, JobS
             f"{cell.device} {cell.dtype}, heads {cell.heads_q}:{cell.heads_kv}x{cell.head_dim}"
         )
         rows.append(
-            (
+            JobRow(
                 " ".join(job) or "(defaults)",
                 launcher,
                 job_shape(cell, settings),
                 len(cell.seqlens),
                 problem,
+                settings.startup_s,
+                expect(cfg, cell) if expect is not None else None,
             )
         )
     return rows
 
 
-def print_plan(overrides: list[str], multirun: bool) -> int:
-    """Print every job's shape and the sweep's cost bound; submits and runs nothing."""
-    rows = plan_rows(overrides, multirun)
+def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = None) -> int:
+    """Print every job's shape, expectation and the sweep's cost; submits and runs nothing."""
+    rows = plan_rows(overrides, multirun, expect)
     table = Table(title=f"dry run: {len(rows)} job(s), nothing submitted")
-    for column in ("#", "job", "launcher", "shape", "problem", "lengths", "GPU-h ≤"):
+    columns = ["#", "job", "launcher", "shape", "problem", "lengths", "GPU-h ≤"]
+    if expect is not None:
+        columns += ["predicted per GPU (each length)", "GPU-h expected"]
+    for column in columns:
         table.add_column(column)
-    gpu_hours = core_hours = 0.0
-    for i, (job, launcher, shape, lengths, problem) in enumerate(rows):
+    gpu_hours = core_hours = expected = startup = 0.0
+    profiles = set()
+    for i, row in enumerate(rows):
+        shape, expectation = row.shape, row.expectation
         gpu_hours += shape.gpu_hours()
         core_hours += shape.tasks * shape.cpus_per_task * shape.timeout_min / 60
         text = (
             shape.describe()
-            if launcher == "slurm"
+            if row.launcher == "slurm"
             else (
                 f"{shape.tasks} local process(es), {shape.gpus} GPU(s), "
                 f"up to {shape.timeout_min} min (bench.timeout_s x lengths)"
             )
         )
-        table.add_row(
-            str(i), job, launcher, text, problem, str(lengths), f"{shape.gpu_hours():.2f}"
-        )
-    Console(width=200).print(table)
+        cells = [str(i), row.job, row.launcher, text, row.problem, str(row.lengths)]
+        cells.append(f"{shape.gpu_hours():.2f}")
+        if expectation is not None:
+            expected += expectation.gpu_hours
+            startup += shape.gpus * row.startup_s / 3600
+            profiles.add(expectation.hardware)
+            cells.append("\n".join(length.text() for length in expectation.lengths))
+            cells.append(f"{expectation.gpu_hours:.3g}")
+        table.add_row(*cells)
+    Console(width=240).print(table)
     print(
         f"total: {len(rows)} job(s), at most {gpu_hours:.1f} GPU-hours "
         f"({core_hours:.1f} CPU core-hours) from the time limits"
     )
+    if expect is not None:
+        print(
+            f"expected: {expected:.3g} GPU-hours of measurement at the planner's predicted "
+            f"times (hardware {', '.join(sorted(profiles))}; hardware=NAME picks another "
+            f"profile), plus start-up: up to {startup:.3g} GPU-hours by the launchers' startup_s"
+        )
     return 0

@@ -17,8 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from omegaconf import DictConfig, OmegaConf
+
 from lcab.cell import BenchConfig, Cell
-from lcab.plan.hardware import Hardware
+from lcab.config import ConfigError
+from lcab.plan.hardware import Hardware, from_dict, load_profile
 from lcab.plan.harness import LCAB, Harness
 from lcab.plan.predict import CellPrediction, PlanCell, predict_median
 
@@ -38,12 +41,12 @@ class LengthExpectation:
     """Expected wall time of this length on every rank (all samples and passes)."""
 
     def text(self) -> str:
-        """``S: fwd 612 / bwd 498 TFLOP/s/GPU (12.3 / 35.1 ms)`` or the reason."""
+        """``S: fwd 612 / bwd 498 TFLOP/s/GPU (12.3 / 35.1 ms)``, or why there is none."""
         if self.prediction is None:
             return f"{self.seqlen}: no prediction ({self.reason})"
         fwd, bwd = self.prediction.fwd, self.prediction.bwd
         return (
-            f"{self.seqlen}: fwd {fwd.tflops:.0f} / bwd {bwd.tflops:.0f} TFLOP/s/GPU "
+            f"{self.seqlen}: fwd {fwd.tflops:.3g} / bwd {bwd.tflops:.3g} TFLOP/s/GPU "
             f"({fwd.time_ms:.3g} / {bwd.time_ms:.3g} ms)"
         )
 
@@ -114,3 +117,30 @@ def expect_job(cell: Cell, hardware: Hardware, harness: Harness = LCAB) -> JobEx
     """What the planner expects of every length of a job on ``hardware``."""
     lengths = tuple(expect_length(cell, s, hardware, harness) for s in cell.seqlens)
     return JobExpectation(hardware.name, cell.nodes * cell.devices_per_node, lengths)
+
+
+DEFAULT_PROFILES = {"cuda": "h100_nvlink_ib", "cpu": "cpu_gloo_local"}
+"""The profile a dry run predicts with when ``hardware=`` is not given, by the job's device."""
+
+
+def hardware_for(cfg: DictConfig, cell: Cell) -> Hardware:
+    """The job's ``hardware=`` profile, or the default for the device it runs on.
+
+    Raises:
+        ConfigError: a malformed profile.
+
+    """
+    node = cfg.get("hardware")
+    if node is None:
+        return load_profile(DEFAULT_PROFILES.get(cell.device, "h100_nvlink_ib"))
+    data = OmegaConf.to_container(node, resolve=True)
+    try:
+        assert isinstance(data, dict)
+        return from_dict({str(k): v for k, v in data.items()})
+    except (TypeError, KeyError, AssertionError) as err:
+        raise ConfigError("hardware", node.get("name"), f"malformed profile: {err}") from err
+
+
+def expect_configured_job(cfg: DictConfig, cell: Cell) -> JobExpectation:
+    """`expect_job` on the job's own profile (what ``dry_run=true`` prints)."""
+    return expect_job(cell, hardware_for(cfg, cell))
