@@ -172,7 +172,7 @@ def _dry_run(argv: list[str]) -> bool:
 
 def main() -> None:
     """Pre-check the whole run or sweep (SLURM shapes too), then hand over to Hydra."""
-    from lcab.config.preflight import preflight, split_argv
+    from lcab.config.preflight import output_problem, preflight, split_argv
     from lcab.launch.checks import slurm_problems
     from lcab.records.callback import write_failures
 
@@ -186,6 +186,10 @@ def main() -> None:
         from lcab.plan.expected import expect_configured_job
 
         sys.exit(print_plan(*split_argv(argv), expect=expect_configured_job))
+    unwritable = output_problem(argv)
+    if unwritable is not None:
+        print(f"lcab: {unwritable}; nothing was run", file=sys.stderr)
+        sys.exit(1)
     app()
     if write_failures():  # the merged records or the CSV view could not be written
         sys.exit(1)

@@ -9,9 +9,11 @@ sweep itself (Hydra's own override parser and basic-sweeper expansion, including
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
@@ -175,3 +177,34 @@ def preflight(argv: list[str], extra: JobCheck | None = None, config_name: str =
     for text in unique:
         print(f"  - {text}", file=sys.stderr)
     return 2
+
+
+def output_problem(argv: list[str], config_name: str = "config") -> str | None:
+    """Why the run's output folder cannot be written (read-only, no permission), else None.
+
+    Hydra writes its own files there before lcab's code runs and would fail with a traceback;
+    asked first, the answer is one line. Only the nearest folder that exists is tried: the
+    run's own folder is created later.
+    """
+    if any(a.split("=", 1)[0] in _PASSTHROUGH for a in argv):
+        return None
+    overrides, multirun = split_argv(argv)
+    try:
+        first = job_overrides(overrides, multirun, config_name)[0]
+        with _hydra():
+            cfg = compose(config_name, overrides=first, return_hydra_config=True)
+            folder = Path(str(OmegaConf.select(cfg, f"hydra.{'sweep' if multirun else 'run'}.dir")))
+    except (HydraException, OmegaConfBaseException, ValueError, IndexError):
+        return None  # the pre-flight has said what is wrong with the config
+    folder = folder.absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        return f"cannot write to {folder}: {existing} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        cause = "read-only file system" if _read_only(existing) else "permission denied"
+        return f"cannot write to {folder}: {existing} is not writable ({cause})"
+    return None
+
+
+def _read_only(folder: Path) -> bool:
+    return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)

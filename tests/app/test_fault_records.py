@@ -84,7 +84,7 @@ def test_the_report_builds_from_a_folder_whose_last_record_is_torn(tmp_path):
 
 
 @contextmanager
-def tmpfs(where: Path, size: int) -> Iterator[Path]:
+def tmpfs(where: Path, size: int, *options: str) -> Iterator[Path]:
     """A tmpfs of ``size`` bytes mounted at ``where`` (unmounted at the end)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
@@ -95,7 +95,7 @@ def tmpfs(where: Path, size: int) -> Iterator[Path]:
             "-t",
             "tmpfs",
             "-o",
-            f"size={size}",
+            ",".join([f"size={size}", *options]),
             f"lcab-test-{uuid.uuid4().hex[:8]}",
             str(where),
         ],
@@ -169,3 +169,22 @@ def test_a_disk_with_room_for_the_records_only_keeps_them_whole_and_no_cut_csv(t
     assert "records.csv" not in names and not [n for n in names if n.endswith(".tmp")]
     assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
     assert len(csv_lines) == 1 + len(records)  # header + one row per record
+
+
+def test_a_read_only_output_folder_ends_in_one_line_and_exit_1(tmp_path):
+    with tmpfs(tmp_path / "ro", 1 << 20, "ro") as disk:
+        single = run_lcab("debug=default", f"hydra.run.dir={disk / 'run'}", cwd=tmp_path)
+        sweep = run_lcab(
+            "-m",
+            "debug=default",
+            "kernel=ranges,sparse",
+            f"hydra.sweep.dir={disk / 'sweep'}",
+            cwd=tmp_path,
+        )
+        left = list(disk.iterdir())
+    for done in (single, sweep):
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+        (line,) = [line for line in done.stderr.splitlines() if line.startswith("lcab:")]
+        assert str(disk) in line and "read-only file system" in line
+    assert left == []
