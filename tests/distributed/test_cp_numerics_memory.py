@@ -49,7 +49,9 @@ def rank_main(rank: int, world: int, rendezvous: str, messages: Any) -> None:
     seqlen = TOKENS_PER_RANK * world
     mask = make_mask("sliding_window_causal", seqlen, seed=0, window=16)
     problem = Problem(seqlen, seqlen, HEADS, HEADS, HEAD_DIM, torch.float32)
-    strategy = STRATEGIES.get("ulysses")({"balance": "contiguous"}, world)
+    # a ring: every buffer of the call itself is shard-sized too (Ulysses would hold the
+    # whole sequence for a share of the heads, and its kernel's mask metadata grows with it)
+    strategy = STRATEGIES.get("ring")({"balance": "contiguous"}, world)
     plan = strategy.plan(mask, problem, world)
     prepared = strategy.build(plan, mask, problem, get_kernel("ranges"), ctx)
     rows = sample_rows(seqlen, ROWS, seed=1)
@@ -88,13 +90,15 @@ def test_rank0_check_memory_follows_the_shard_not_the_world(tmp_path):
     peak2, errors2 = _rank0_check(2, tmp_path)
     peak8, errors8 = _rank0_check(8, tmp_path)
     for errors in (errors2, errors8):
-        assert set(errors) == {"out", "dq"}  # sampled mode: the rows' out and dq
+        assert set(errors) == {"out", "lse", "dq"}  # sampled mode: the rows (no dk, dv)
         assert max(errors.values()) <= 1e-3, errors  # fp32 tolerance
     # world 8 holds 4x the tokens of world 2: one global fp32 q alone grows by 3 shards
-    # (96 MiB), the old four global inputs by 12; the shard-bound check grows by neither
+    # (96 MiB), the old four global inputs by 12; the shard-bound check grows by neither (the
+    # margin of two shards covers the O(S) integer row intervals of the mask and RSS noise)
     growth = peak8 - peak2
-    assert growth < shard_bytes(), (
+    assert growth < 2 * shard_bytes(), (
         f"rank 0's check peak grew {growth / MIB:.0f} MiB from world 2 ({peak2 / MIB:.0f} MiB)"
         f" to world 8 ({peak8 / MIB:.0f} MiB); one shard is {shard_bytes() / MIB:.0f} MiB"
     )
     assert peak2 >= 2 * shard_bytes()  # it did draw its shards (a reading that sees memory)
+    print(f"rank 0 check peak: world 2 {peak2 / MIB:.0f} MiB, world 8 {peak8 / MIB:.0f} MiB")
