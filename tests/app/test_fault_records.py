@@ -112,11 +112,10 @@ def tmpfs(where: Path, size: int, *options: str) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-@pytest.fixture
-def footprint(tmp_path) -> dict[str, int]:
+def footprint(tmp_path: Path, *args: str) -> dict[str, int]:
     """The sizes one ``debug=default`` run writes, measured on an ordinary disk."""
     run = tmp_path / "reference"
-    done = run_lcab("debug=default", f"hydra.run.dir={run}", cwd=tmp_path)
+    done = run_lcab("debug=default", *args, f"hydra.run.dir={run}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     hydra = sum(pages(p.stat().st_size) for p in (run / ".hydra").iterdir())
     lines = (run / "records.jsonl").read_bytes().splitlines(keepends=True)
@@ -128,12 +127,18 @@ def footprint(tmp_path) -> dict[str, int]:
     }
 
 
-def test_a_disk_with_no_room_for_one_record_ends_in_one_line_and_exit_1(tmp_path, footprint):
-    room = (footprint["first_record"] - 1) // PAGE  # whole pages, fewer bytes than one record
-    size = (footprint["hydra_pages"] + room) * PAGE
+BIG_RECORDS = "study=" + "x" * 2000
+"""A longer study name (kept in every record, not in the folder name): a record then takes two
+pages with room to spare either side, whatever its timings print as."""
+
+
+def test_a_disk_with_no_room_for_one_record_ends_in_one_line_and_exit_1(tmp_path):
+    sizes = footprint(tmp_path, BIG_RECORDS)
+    assert PAGE + 1000 < sizes["first_record"] < 2 * PAGE - 1000
+    size = (sizes["hydra_pages"] + 1) * PAGE  # Hydra's files, and one page: half a record
     with tmpfs(tmp_path / "full", size) as disk:
         run = disk / "run"
-        done = run_lcab("debug=default", f"hydra.run.dir={run}", cwd=tmp_path)
+        done = run_lcab("debug=default", BIG_RECORDS, f"hydra.run.dir={run}", cwd=tmp_path)
         written = (run / "records.jsonl").read_bytes() if (run / "records.jsonl").exists() else b""
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -144,9 +149,10 @@ def test_a_disk_with_no_room_for_one_record_ends_in_one_line_and_exit_1(tmp_path
     assert unsaved["status"] == "ok" and unsaved["seqlen"] > 0
 
 
-def test_a_disk_with_room_for_the_records_only_keeps_them_whole_and_no_cut_csv(tmp_path, footprint):
-    size = (footprint["hydra_pages"] + footprint["records_pages"] + 1) * PAGE
-    assert pages(footprint["csv"]) * PAGE > PAGE  # the CSV needs more than the spare page
+def test_a_disk_with_room_for_the_records_only_keeps_them_whole_and_no_cut_csv(tmp_path):
+    sizes = footprint(tmp_path)
+    size = (sizes["hydra_pages"] + sizes["records_pages"] + 1) * PAGE
+    assert sizes["csv"] > PAGE + 1000  # the CSV needs more than the spare page
     with tmpfs(tmp_path / "full", size) as disk:
         run = disk / "run"
         done = run_lcab("debug=default", f"hydra.run.dir={run}", cwd=tmp_path)
