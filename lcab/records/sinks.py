@@ -94,26 +94,35 @@ def set_aside_torn_tail(path: str | Path) -> Path | None:
 
     Returns the ``.torn`` file when a tail was moved. Only a writer calls this (a reader must
     not cut a file another process may be appending to).
+
+    Raises:
+        RecordWriteError: the file or its folder cannot be written.
+
     """
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as err:
+        raise RecordWriteError(path, err) from err
     if not data or data.endswith(b"\n"):
         return None
     torn = _torn_tail(data)
-    with path.open("r+b") as fh:
-        if torn is None:  # a whole record without its newline
-            fh.seek(0, os.SEEK_END)
-            fh.write(b"\n")
-        else:
-            aside = path.with_name(path.name + TORN_SUFFIX)
-            with aside.open("ab") as out:
-                out.write(data[torn:] + b"\n")
-            fh.truncate(torn)
-        fh.flush()
-        os.fsync(fh.fileno())
+    aside = path.with_name(path.name + TORN_SUFFIX)
+    try:
+        with path.open("r+b") as fh:
+            if torn is None:  # a whole record without its newline
+                fh.seek(0, os.SEEK_END)
+                fh.write(b"\n")
+            else:
+                with aside.open("ab") as out:
+                    out.write(data[torn:] + b"\n")
+                fh.truncate(torn)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as err:
+        raise RecordWriteError(path, err) from err
     if torn is None:
         return None
     print(
@@ -172,11 +181,11 @@ class JsonlSink:
         """
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if not self._checked:
-                set_aside_torn_tail(self.path)
         except OSError as err:
             raise RecordWriteError(self.path, err) from err
-        self._checked = True
+        if not self._checked:
+            set_aside_torn_tail(self.path)
+            self._checked = True
         append_line(self.path, record.to_json())
 
 
