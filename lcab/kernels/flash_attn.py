@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -215,10 +216,10 @@ def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:
     )
 
 
-def _needs() -> tuple[ApiNeed, ...]:
+def _needs(*extra: str) -> tuple[ApiNeed, ...]:
     return (
-        ApiNeed("flash_attn_func", CALL_KWARGS),
-        ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS)),
+        ApiNeed("flash_attn_func", (*CALL_KWARGS, *extra)),
+        ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS, *extra)),
     )
 
 
@@ -259,13 +260,15 @@ class _FlashAttnKernel(Kernel):
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
-        return self.prepared_cls(
+        prepared = self.prepared_cls(
             mask,
             problem,
             module.flash_attn_func,
             module.flash_attn_varlen_func,
             self.library_backward(),
         )
+        prepared.kwargs.update(self.options)  # the kernel's options are call keywords
+        return prepared
 
 
 @register_kernel
@@ -318,11 +321,23 @@ class FA2Kernel(_FlashAttnKernel):
         ]
 
 
+@dataclass
+class FA3Options:
+    """Options of the ``fa3`` kernel (its Hydra config fields), passed to every FA3 call."""
+
+    sm_margin: int = 0
+    """SMs FA3's persistent kernels leave free (its ``sm_margin``, forward and backward), for
+    NCCL's kernels under context parallelism: raise it when a trace shows the ring's transfers
+    waiting behind attention (gpu_review §2.10). lcab never sets CUDA_DEVICE_MAX_CONNECTIONS,
+    which would serialise the two."""
+
+
 @register_kernel
 class FA3Kernel(_FlashAttnKernel):
     """FlashAttention 3 (hopper build, ``flash_attn_interface``), dense or varlen (CPU-tested)."""
 
     name = "fa3"
+    options_cls = FA3Options
     summary = "FlashAttention 3 (flash_attn_interface, Hopper), varlen + window"
     caps = _fa_caps(
         "flash_attn_interface",
@@ -332,7 +347,7 @@ class FA3Kernel(_FlashAttnKernel):
     probe = PackageProbe(
         module="flash_attn_interface",
         distributions=("flash_attn_3", "flash-attn-3"),
-        needs=_needs(),
+        needs=_needs("sm_margin"),
         min_version="3.0",
         requirement="a hopper build from 2025-08-29 (203b9b3d) or later, whose calls take "
         "return_attn_probs",

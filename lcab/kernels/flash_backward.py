@@ -157,7 +157,7 @@ def fa3_backward(
     for name in fa_table.VARLEN_ARGS:
         kwargs[name] = call[name] if varlen else None
     kwargs |= {"sequed_q": None, "sequed_k": None, "softmax_scale": call["softmax_scale"]}
-    kwargs |= {"softcap": 0.0, "deterministic": False, "sm_margin": 0}
+    kwargs |= {"softcap": 0.0, "deterministic": False, "sm_margin": call.get("sm_margin", 0)}
     left, right = call["window_size"]
     if row is fa_table.FA3_BACKWARD:
         kwargs |= {"is_causal": call["causal"], "window_size_left": left}

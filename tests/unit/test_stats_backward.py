@@ -228,3 +228,19 @@ def test_ring_strategies_admit_the_backward_of_fast_kernels_on_cuda(strategy, ke
     reasons = cp.not_supported_reasons(get_kernel(kernel), problem, None, 8, "bwd")
     # on this machine: no CUDA and no package; nothing about the backward from statistics
     assert reasons and not any("merged softmax" in r for r in reasons)
+
+
+def test_fa3_sm_margin_reaches_its_forward_and_backward(monkeypatch) -> None:
+    """kernel.sm_margin (SMs left to NCCL under CP, gpu_review §2.10) goes to both FA3 calls."""
+    install(monkeypatch, "fa3")
+    mask = MASKS["causal"]()
+    q, k, v, dout = tensors(mask, 4, 2, torch.float64)
+    standin_flash_attn.CALLS.clear()
+    prepared = get_kernel("fa3", sm_margin=8).prepare(mask, Problem.of(q, k))
+    out, lse = prepared.run(q, k, v)
+    prepared.backward(dout, q, k, v, out, lse)
+    backward = [c for c in standin_flash_attn.CALLS if c["fn"] == "backward"]
+    assert prepared.kwargs["sm_margin"] == 8 and backward[0]["kwargs"]["sm_margin"] == 8
+    assert get_kernel("fa3").options == {"sm_margin": 0}
+    with pytest.raises(ValueError, match="unknown option"):
+        get_kernel("fa2", sm_margin=8)  # FA2 has no such parameter
