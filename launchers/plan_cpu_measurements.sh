@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU measurements the planner is calibrated and checked on (README "Planning at scale"):
+# The CPU measurements the planner is calibrated and checked on (lcab/plan/README.md):
 # every strategy x causal, causal_document, share_question x world 2, 4, 6, 8 on gloo, one
 # node, 512 tokens per rank, 24:8 heads of dim 32 (24 heads divide every world size), kernel
 # `ranges`. USP and LoongTrain use Ulysses degree 2 so that one node still has a ring.

@@ -2,7 +2,7 @@
 # The planner's GPU measurements alone (a few minutes; gpu_check.sh runs them too, before its
 # test tier): what the H100 profile's copies and empty thread blocks really cost on this GPU,
 # and one rank of the published Ring P2P forward timed part by part beside the planner's cost of
-# each part, on every mask of the published table (README "Planning at scale": that forward is
+# each part, on every mask of the published table (lcab/plan/README.md: that forward is
 # where the planner misses).
 #
 #   bash launchers/plan_gpu_probes.sh [OUT_DIR]     # default: outputs/plan-gpu/<date>_<time>

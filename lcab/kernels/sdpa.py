@@ -290,7 +290,8 @@ _pinned(
 )
 # No GQA: on an H200 with torch 2.11 the memory-efficient backend refused every enable_gqa call
 # ("For dense input, both fused kernels require query, key and value to have the same
-# num_heads"; launchers/gpu_check.sh, README "GPU runs"), so it is judged on MHA.
+# num_heads"; launchers/gpu_check.sh, lcab/kernels/README.md "The GPU tier"), so it is judged
+# on MHA.
 _pinned(
     "sdpa_efficient",
     "EFFICIENT_ATTENTION",

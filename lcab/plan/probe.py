@@ -3,7 +3,7 @@
 The planner costs what the published baselines do around each FA3 call (`harness.LONGCA`) as
 memory passes; reads through an index (unpad) at ``gather_efficiency`` of the profile's
 bandwidth and writes through one (pad) at ``scatter_efficiency``, which this command measured
-(README, "Planning at scale": on an H200 the gathers reached 0.57 of its datasheet rate, the
+(lcab/plan/README.md: on an H200 the gathers reached 0.57 of its datasheet rate, the
 scatters 0.27, so the published Ring P2P's per-step gap was mostly them).
 It needs neither FlashAttention nor a second rank: it runs the PyTorch operations the baselines
 run around a ring step's forward call — ``fa_varlen_thd_unpad`` (a gather with an expanded
