@@ -52,31 +52,58 @@ class SourceSignature:
     keyword_only: tuple[str, ...]
 
 
-def function_signature(source: str, name: str) -> SourceSignature:
-    """The signature of top-level function ``name`` in ``source`` (defaults as Python values).
+def definition(tree: ast.Module, name: str) -> tuple[ast.FunctionDef, bool]:
+    """The ``def`` of ``name`` (``f``, ``Class.method``; a class: its ``__init__``), and
+    whether ``self`` must be dropped (a class row lists what ``inspect.signature`` shows).
 
     Raises:
-        KeyError: no such top-level function.
+        KeyError: no such definition.
 
     """
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            args = node.args
-            positional = [*args.posonlyargs, *args.args]
-            defaults = {
-                a.arg: ast.literal_eval(d)
-                for a, d in zip(
-                    positional[len(positional) - len(args.defaults) :], args.defaults, strict=True
-                )
-            }
-            defaults |= {
-                a.arg: ast.literal_eval(d)
-                for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
-                if d is not None
-            }
-            return SourceSignature(
-                tuple(a.arg for a in (*positional, *args.kwonlyargs)),
-                defaults,
-                tuple(a.arg for a in args.kwonlyargs),
-            )
-    raise KeyError(name)
+    *owners, last = name.split(".")
+    body: list[ast.stmt] = tree.body
+    try:
+        for owner in owners:
+            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == owner).body
+        node = next(n for n in body if getattr(n, "name", None) == last)
+    except StopIteration:
+        raise KeyError(name) from None
+    if isinstance(node, ast.ClassDef):
+        init = next(n for n in node.body if getattr(n, "name", None) == "__init__")
+        assert isinstance(init, ast.FunctionDef)
+        return init, True
+    assert isinstance(node, ast.FunctionDef)
+    return node, False
+
+
+def signature_of(node: ast.FunctionDef, drop_self: bool = False) -> SourceSignature:
+    """The parameters of a ``def`` as written (defaults as Python values)."""
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults = {
+        a.arg: ast.literal_eval(d)
+        for a, d in zip(
+            positional[len(positional) - len(args.defaults) :], args.defaults, strict=True
+        )
+    }
+    defaults |= {
+        a.arg: ast.literal_eval(d)
+        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+        if d is not None
+    }
+    names = [a.arg for a in (*positional, *args.kwonlyargs)]
+    return SourceSignature(
+        tuple(names[1:] if drop_self else names),
+        defaults,
+        tuple(a.arg for a in args.kwonlyargs),
+    )
+
+
+def function_signature(source: str, name: str) -> SourceSignature:
+    """The signature of ``name`` (a function, ``Class.method`` or a class) in ``source``.
+
+    Raises:
+        KeyError: no such definition.
+
+    """
+    return signature_of(*definition(ast.parse(source), name))

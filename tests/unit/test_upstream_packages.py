@@ -38,6 +38,7 @@ from lcab.kernels.te_cudnn import CudnnKernel
 from lcab.kernels.upstream import block_sparse_attn, cudnn, fa4, flashinfer, vsa
 from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.kernels.vsa import VSAThunderKittensKernel, VSATritonKernel
+from tests.helpers.upstream_source import definition, signature_of
 
 TARGET = Path(os.environ.get("LCAB_UPSTREAM_TARGET", Path(sys.prefix) / "lcab-upstream"))
 INSTALLED_TABLES = (fa4, flashinfer, cudnn)
@@ -93,36 +94,13 @@ def row_signature(row: UpstreamFunction) -> Signature:
     }
 
 
-def definition(tree: ast.Module, name: str) -> tuple[ast.FunctionDef, bool]:
-    """The ``def`` of ``name`` (``f``, ``Class.method``; a class: its ``__init__``), and
-    whether ``self`` must be dropped (a class row lists what ``inspect.signature`` shows)."""
-    *owners, last = name.split(".")
-    body: list[ast.stmt] = tree.body
-    for owner in owners:
-        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == owner).body
-    node = next(n for n in body if getattr(n, "name", None) == last)
-    if isinstance(node, ast.ClassDef):
-        init = next(n for n in node.body if getattr(n, "name", None) == "__init__")
-        assert isinstance(init, ast.FunctionDef)
-        return init, True
-    assert isinstance(node, ast.FunctionDef)
-    return node, False
-
-
 def ast_signature(node: ast.FunctionDef, drop_self: bool) -> Signature:
-    args = node.args
-    positional = [*args.posonlyargs, *args.args]
-    pairs = list(
-        zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True)
-    )
-    pairs += [
-        (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
-    ]
-    names = [a.arg for a in (*positional, *args.kwonlyargs)]
+    """A ``def``'s parameters (`tests.helpers.upstream_source`) in this file's comparable form."""
+    sig = signature_of(node, drop_self)
     return {
-        "params": names[1:] if drop_self else names,
-        "defaults": {a.arg: repr(ast.literal_eval(d)) for a, d in pairs},
-        "keyword_only": [a.arg for a in args.kwonlyargs],
+        "params": list(sig.params),
+        "defaults": {name: repr(value) for name, value in sig.defaults.items()},
+        "keyword_only": list(sig.keyword_only),
     }
 
 
