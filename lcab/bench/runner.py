@@ -27,6 +27,7 @@ from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
 from lcab.bench.checking import NumericsCheck
 from lcab.bench.environment import environment
 from lcab.bench.inputs import SeededInputs
+from lcab.bench.masking import build_mask_sample
 from lcab.bench.memory import PeakMemory
 from lcab.bench.numerics import tolerance
 from lcab.bench.results import (
@@ -42,7 +43,7 @@ from lcab.bench.timing import Timing, TimingConfig, l2_flush_buffer, measure, qu
 from lcab.cell import Cell
 from lcab.flops import as_pass, attention_flops, dense_flops
 from lcab.kernels import PreparedAttention, Problem
-from lcab.masks import AttnMask, make_mask
+from lcab.masks import AttnMask
 from lcab.records.schema import RunRecord
 
 Tensors = dict[str, torch.Tensor]
@@ -135,20 +136,21 @@ class _LengthRun:
         return bool(self.live)
 
     def build_mask(self, sample: int) -> AttnMask | None:
-        """Mask sample ``sample`` (timed as setup), or None after recording why it failed."""
-        cell = self.cell
-        try:
-            start = time.perf_counter()
-            mask = make_mask(
-                cell.mask, self.seqlen, seed=cell.mask_seed + sample, **cell.mask_params
-            )
-            self.setup_mask_ms.append((time.perf_counter() - start) * 1e3)
-        except Exception as err:
+        """Mask sample ``sample`` (timed as setup), or None after recording why it failed.
+
+        Under CP every rank gets the same verdict (`lcab.bench.masking`): a construction that
+        failed on any rank is the error of this length on all of them, so none walks on alone.
+        """
+        built = build_mask_sample(self.cell, self.seqlen, sample, self.target.world)
+        if built.failure is not None:
+            failure = built.failure
             self.record.status = "error"
-            self.record.error_type, self.record.error_msg = type(err).__name__, short_error(err)
-            self.record.reasons.append(f"mask construction failed: {short_error(err, 200)}")
+            self.record.error_type, self.record.error_msg = failure.error_type, failure.error_msg
+            self.record.reasons.append(failure.reason)
             return None
-        return mask
+        assert built.ms is not None
+        self.setup_mask_ms.append(built.ms)
+        return built.mask
 
     def mask_skips(self, mask: AttnMask) -> bool:
         """Record the first sample's mask and skip what it rules out; whether anything is left."""
