@@ -13,7 +13,9 @@ call is described on CUDA (`lcab.cp.phase_clock`).
 
 The collectives used are the ones gloo and NCCL both implement (all_to_all_single, the flat
 all-gather and reduce-scatter, batch_isend_irecv), so the
-same code runs on CPU and GPU.
+same code runs on CPU and GPU. Ranks that share a GPU talk over gloo, which cannot send a CUDA
+tensor point to point: those transfers go through host copies (`lcab.distributed.staging`; every
+transfer when forced, which is how tests run the staging path on CPU). Counts are the same.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.distributed as dist
 from lcab.cp.phase_clock import phase_clock as phase_clock  # re-exported for the runner
 from lcab.cp.phase_clock import timed_phase
 from lcab.cp.phase_clock import traced_phases as traced_phases  # re-exported
+from lcab.distributed import staging
 
 
 @dataclass
@@ -94,16 +97,30 @@ def _count(op: str, sent: int) -> None:
 
 # ---------------------------------------------------------------------------- point to point
 class PendingExchange:
-    """Receives posted with `exchange`; `wait` returns the received tensors."""
+    """Receives posted with `exchange`; `wait` returns the received tensors.
 
-    def __init__(self, works: list[Any], received: list[torch.Tensor]) -> None:
+    Staged (``like`` given): the transfers land in host buffers, copied to ``like``'s device
+    when waited for; the host copies of the sent tensors stay referenced until then.
+    """
+
+    def __init__(
+        self,
+        works: list[Any],
+        received: list[torch.Tensor],
+        like: torch.Tensor | None = None,
+        keep: list[torch.Tensor] | None = None,
+    ) -> None:
         self.works, self.received = works, received
+        self._like, self._keep = like, keep
 
     def wait(self) -> list[torch.Tensor]:
         """Block until every posted transfer finished (time counted as ``wait``)."""
         with phase("wait"):
             for work in self.works:
                 work.wait()
+            if self._like is not None:
+                self.received = [staging.to_device(h, self._like) for h in self.received]
+                self._like, self._keep = None, None
         return self.received
 
 
@@ -115,6 +132,8 @@ def exchange(
     Returns immediately (the transfer overlaps whatever the caller computes next).
     """
     send = [t.contiguous() for t in send]
+    if staging.stages_p2p() and send:
+        return _exchange_staged(send, dst, src, group, op)
     # contiguous buffers: empty_like would copy a non-contiguous tensor's strides, and the
     # transport writes raw memory
     received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in send]
@@ -126,6 +145,20 @@ def exchange(
     return PendingExchange(works, received)
 
 
+def _exchange_staged(
+    send: list[torch.Tensor], dst: int, src: int, group: Any, op: str
+) -> PendingExchange:
+    """`exchange` through host buffers: gloo's send/recv read and write host memory only."""
+    with phase("comm"):
+        host_send = [staging.to_host(t) for t in send]
+        host_recv = [staging.host_like(t) for t in send]
+        ops = [dist.P2POp(dist.isend, t, dst, group) for t in host_send]
+        ops += [dist.P2POp(dist.irecv, t, src, group) for t in host_recv]
+        works = dist.batch_isend_irecv(ops)
+    _count(op, sum(nbytes(t) for t in send))
+    return PendingExchange(works, host_recv, like=send[0], keep=host_send)
+
+
 # ---------------------------------------------------------------------------- collectives
 def _group_size(group: Any) -> int:
     return int(dist.get_world_size(group))
@@ -135,9 +168,14 @@ def all_to_all_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
     """all_to_all_single over dim 0 (equal splits), counted."""
     size = _group_size(group)
     x = x.contiguous()
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     with phase("comm"):
-        dist.all_to_all_single(out, x, group=group)
+        if staging.stages_collectives():
+            host = staging.host_like(x)
+            dist.all_to_all_single(host, staging.to_host(x), group=group)
+            out = staging.to_device(host, x)
+        else:
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            dist.all_to_all_single(out, x, group=group)
     _count(op, nbytes(x) * (size - 1) // size)
     return out
 
@@ -159,8 +197,18 @@ def all_to_all(x: torch.Tensor, group: Any, op: str = "all_to_all") -> torch.Ten
 
 
 # torch >= 2.10 renamed the flat collectives (the old names warn); older releases have only those
-all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def all_gather_flat(out: torch.Tensor, x: torch.Tensor, group: Any = None) -> None:
+    """The flat all-gather of ``x`` into ``out`` (rank order along dim 0); not counted."""
+    if staging.stages_collectives():
+        host = staging.host_like(out)
+        _ALL_GATHER(host, staging.to_host(x), group=group)
+        out.copy_(host)
+    else:
+        _ALL_GATHER(out, x, group=group)
 
 
 def all_gather_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
@@ -178,7 +226,12 @@ def reduce_scatter_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
     size = _group_size(group)
     out = torch.empty((x.shape[0] // size, *x.shape[1:]), dtype=x.dtype, device=x.device)
     with phase("comm"):
-        _REDUCE_SCATTER(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
+        if staging.stages_collectives():
+            host = staging.host_like(out)
+            _REDUCE_SCATTER(host, staging.to_host(x), op=dist.ReduceOp.SUM, group=group)
+            out.copy_(host)
+        else:
+            _REDUCE_SCATTER(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
     _count(op, nbytes(out) * (size - 1))
     return out
 
@@ -207,7 +260,12 @@ def gather_strings(value: str, group: Any = None) -> list[str]:
 
 def broadcast_from(x: torch.Tensor, source: int, group: Any = None) -> None:
     """``x`` of rank ``source`` into ``x`` of every rank (checks, not CP data: not counted)."""
-    dist.broadcast(x, src=source, group=group)
+    if staging.stages_collectives():
+        host = staging.to_host(x)
+        dist.broadcast(host, src=source, group=group)
+        x.copy_(host)
+    else:
+        dist.broadcast(x, src=source, group=group)
 
 
 def broadcast_floats(values: list[float], source: int = 0, group: Any = None) -> list[float]:

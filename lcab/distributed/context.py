@@ -8,11 +8,16 @@ Collectives time out after ``timeout_s`` so a lost peer ends in an error instead
 GPU binding: a rank takes GPU ``local rank % visible GPUs`` — the local rank itself when the
 task sees every GPU of its node, GPU 0 when SLURM gives each task its own (``--gpus-per-task``,
 ``--gpu-bind``) — and names it to ``init_process_group`` (``device_id``), so NCCL binds its
-communicator eagerly and ``barrier`` never guesses a device. Two ranks on one GPU, which NCCL
-refuses, are refused first with the numbers (`binding_problem`, and a comparison of GPU UUIDs
-across the ranks of a host after joining). A GPU rank's host threads are capped at its share of
-the node's CPUs (`gpu_rank_threads`). Single-rank groups are never created: once a
+communicator eagerly and ``barrier`` never guesses a device. Two NCCL ranks on one GPU, which
+NCCL refuses ("Duplicate GPU"), are refused first with the numbers (`binding_problem`, and a
+comparison of GPU UUIDs across the ranks of a host after joining). Over gloo, ranks may share a
+GPU on purpose — a numerics-only check of CP on one GPU: the context says so (`shared_device`),
+CUDA tensors travel through host copies where gloo cannot move them (`lcab.distributed.staging`)
+and the records' timings are not a measurement. A GPU rank's host threads are capped at its
+share of the node's CPUs (`gpu_rank_threads`). Single-rank groups are never created: once a
 device is bound every ``new_group`` is a collective split over all ranks, for nothing.
+``high_priority`` asks NCCL for high-priority streams (``ProcessGroupNCCL.Options``), so its
+kernels are scheduled ahead of queued compute.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lcab.distributed import staging
+
 
 @dataclass
 class DistContext:
@@ -38,6 +45,10 @@ class DistContext:
     devices_per_node: int
     backend: str
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    high_priority: bool = False
+    """NCCL only: every group's streams are high-priority CUDA streams."""
+    shared_device: bool = False
+    """Whether this rank's GPU is also another rank's (gloo only): timings are not a measurement."""
     _groups: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -55,9 +66,13 @@ class DistContext:
         rendezvous: str,
         timeout_s: float,
         device: str = "cpu",
+        high_priority: bool = False,
     ) -> DistContext:
-        """Join a world started by lcab's supervisor (file rendezvous): every rank on this host."""
-        bound = _bind(device, rank, world)
+        """Join a world started by lcab's supervisor (file rendezvous): every rank on this host.
+
+        Every rank sees the same GPUs here, so more NCCL ranks than GPUs are refused at once.
+        """
+        bound = _bind(device, rank, world, backend, per_task=False)
         dist.init_process_group(
             backend=backend,
             init_method=f"file://{rendezvous}",
@@ -65,50 +80,65 @@ class DistContext:
             world_size=world,
             timeout=timedelta(seconds=timeout_s),
             **_device_id(bound, backend),
+            **pg_options(backend, high_priority),
         )
-        context = cls(rank, world, devices_per_node, backend, bound)
+        context = cls(rank, world, devices_per_node, backend, bound, high_priority)
         context.check_distinct_gpus()
+        staging.configure(bound, backend)
         return context
 
     @classmethod
-    def from_environment(cls, backend: str, timeout_s: float, device: str = "cpu") -> DistContext:
+    def from_environment(
+        cls, backend: str, timeout_s: float, device: str = "cpu", high_priority: bool = False
+    ) -> DistContext:
         """Join a world launched by torchrun or SLURM (env:// rendezvous).
 
         torchrun's variables are used as they are; inside a SLURM task they are derived from
-        SLURM's (`scheduler_environment`), so both launchers share this one path.
+        SLURM's (`scheduler_environment`), so both launchers share this one path. A SLURM task
+        may see only its own GPU (``--gpus-per-task``): there the GPU UUIDs compared after
+        joining decide; torchrun's ranks all see the node's GPUs, like local ranks.
         """
+        per_task = "SLURM_PROCID" in os.environ
         for key, value in scheduler_environment(os.environ).items():
             os.environ.setdefault(key, value)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        bound = _bind(device, int(os.environ.get("LOCAL_RANK", 0)), local)
+        bound = _bind(device, int(os.environ.get("LOCAL_RANK", 0)), local, backend, per_task)
         dist.init_process_group(
-            backend=backend, timeout=timedelta(seconds=timeout_s), **_device_id(bound, backend)
+            backend=backend,
+            timeout=timedelta(seconds=timeout_s),
+            **_device_id(bound, backend),
+            **pg_options(backend, high_priority),
         )
-        context = cls(rank, world, local, backend, bound)
+        context = cls(rank, world, local, backend, bound, high_priority)
         context.check_distinct_gpus()
+        staging.configure(bound, backend)
         return context
 
     def check_distinct_gpus(self) -> None:
-        """Refuse two ranks of one host on one GPU (NCCL would fail later, less clearly).
+        """Refuse two NCCL ranks of one host on one GPU (NCCL would fail later, less clearly).
 
         Compares the GPU UUIDs the ranks bound (a task that sees one GPU always binds index 0,
-        so indices alone cannot tell a GPU per task from a GPU shared by all tasks).
+        so indices alone cannot tell a GPU per task from a GPU shared by all tasks). Over gloo
+        a shared GPU is allowed and noted in `shared_device` (the same on every rank).
         """
         if self.device.type != "cuda":
             return
         mine = (node_name(), str(torch.cuda.get_device_properties(self.device).uuid))
         every: list[Any] = [None] * self.world
         dist.all_gather_object(every, mine)
-        first: dict[tuple[str, str], int] = {}
-        for rank, key in enumerate(every):
-            if tuple(key) in first:
-                raise RuntimeError(
-                    f"ranks {first[tuple(key)]} and {rank} share GPU {key[1]} on {key[0]}: "
-                    "give each rank its own GPU (one task per GPU: --gpus-per-task=1, or as "
-                    "many tasks per node as GPUs)"
-                )
-            first[tuple(key)] = rank
+        shared = shared_gpu(every)
+        if shared is None:
+            return
+        if self.backend == "gloo":
+            self.shared_device = True
+            return
+        first, rank, host, uuid = shared
+        raise RuntimeError(
+            f"ranks {first} and {rank} share GPU {uuid} on {host}, which NCCL refuses: give "
+            "each rank its own GPU (one task per GPU: --gpus-per-task=1, or as many tasks per "
+            "node as GPUs), or use topology.backend=gloo for a numerics-only check"
+        )
 
     def group(self, ranks: list[int] | tuple[int, ...], tag: str = "") -> Any:
         """The process group of ``ranks``: the world for all ranks, None for a single rank.
@@ -127,7 +157,9 @@ class DistContext:
             return dist.group.WORLD
         key = (tag, *members)
         if key not in self._groups:
-            self._groups[key] = dist.new_group(list(members), backend=self.backend)
+            self._groups[key] = dist.new_group(
+                list(members), backend=self.backend, **pg_options(self.backend, self.high_priority)
+            )
         return self._groups[key]
 
     def barrier(self) -> None:
@@ -140,19 +172,42 @@ class DistContext:
             dist.destroy_process_group()
 
 
-def binding_problem(ranks_on_node: int, visible_gpus: int) -> str | None:
+def shared_gpu(bound: list[Any]) -> tuple[int, int, str, str] | None:
+    """The first two ranks that bound one GPU — (first, second, host, uuid) — or None.
+
+    ``bound``: each rank's (host, GPU UUID), in rank order.
+    """
+    first: dict[tuple[str, str], int] = {}
+    for rank, key in enumerate(bound):
+        host, uuid = str(key[0]), str(key[1])
+        if (host, uuid) in first:
+            return first[(host, uuid)], rank, host, uuid
+        first[(host, uuid)] = rank
+    return None
+
+
+def binding_problem(
+    ranks_on_node: int, visible_gpus: int, backend: str = "nccl", per_task: bool = False
+) -> str | None:
     """Why ``ranks_on_node`` ranks cannot each get a GPU of the ``visible_gpus`` (None: they can).
 
-    One visible GPU per rank is fine either way (all GPUs of a node visible to every rank, or one
-    per task); more ranks than visible GPUs, above one, would put two ranks on one GPU.
+    ``per_task``: whether each rank may see GPUs of its own (a SLURM task with
+    ``--gpus-per-task``, where one visible GPU per rank is right and the UUIDs compared after
+    joining decide); otherwise every rank of the node sees the same GPUs (lcab's local ranks,
+    torchrun), and more NCCL ranks than visible GPUs would put two on one GPU. Over gloo ranks
+    may share a GPU (numerics only), so only a missing GPU is a problem.
     """
     if visible_gpus < 1:
         return "problem.device=cuda but no GPU is visible to this process"
-    if visible_gpus > 1 and ranks_on_node > visible_gpus:
+    if backend == "gloo":
+        return None
+    if ranks_on_node > visible_gpus and (visible_gpus > 1 or not per_task):
         return (
-            f"{ranks_on_node} ranks on one node but only {visible_gpus} visible GPUs: two "
-            "ranks would share a GPU, which NCCL refuses; use at most one rank per GPU "
-            "(topology.devices_per_node)"
+            f"{ranks_on_node} NCCL ranks on one node but only {visible_gpus} visible GPU(s): "
+            'two ranks would share a GPU, which NCCL refuses ("Duplicate GPU"); use at most '
+            f"{visible_gpus} rank(s) per node (topology.devices_per_node={visible_gpus}), or "
+            "topology.backend=gloo for a numerics-only check (ranks then share the GPU and "
+            "their timings are not a measurement)"
         )
     return None
 
@@ -162,12 +217,14 @@ def local_gpu_index(local_rank: int, visible_gpus: int) -> int:
     return local_rank % visible_gpus
 
 
-def _bind(kind: str, local_rank: int, ranks_on_node: int) -> torch.device:
-    """Set and return this rank's device (CPU: nothing to bind); refuse a shared GPU."""
+def _bind(
+    kind: str, local_rank: int, ranks_on_node: int, backend: str = "nccl", per_task: bool = False
+) -> torch.device:
+    """Set and return this rank's device (CPU: nothing to bind); refuse a shared NCCL GPU."""
     if kind != "cuda":
         return torch.device("cpu")
     visible = torch.cuda.device_count()
-    why = binding_problem(ranks_on_node, visible)
+    why = binding_problem(ranks_on_node, visible, backend, per_task)
     if why is not None:
         raise RuntimeError(why)
     device = torch.device("cuda", local_gpu_index(local_rank, visible))
@@ -190,6 +247,20 @@ def gpu_rank_threads(ranks_on_node: int, env: Mapping[str, str]) -> int:
         return int(per_task)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cpus or 1) // max(ranks_on_node, 1))
+
+
+def pg_options(backend: str, high_priority: bool) -> dict[str, Any]:
+    """``pg_options`` for ``init_process_group``/``new_group``: NCCL high-priority streams.
+
+    torch 2.13 takes ``ProcessGroupNCCL.Options(is_high_priority_stream=True)`` for the
+    ``nccl`` backend (`torch.distributed.distributed_c10d.init_process_group` docstring);
+    ``new_group`` would otherwise build default options (normal priority), so every group
+    gets its own. Nothing for gloo or when not asked (builds without NCCL lack the class).
+    """
+    if backend != "nccl" or not high_priority:
+        return {}
+    options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    return {"pg_options": options}
 
 
 def _device_id(device: torch.device, backend: str) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""Host staging: moving CUDA tensors through gloo, which reads and writes host memory.
+
+Ranks that share one GPU cannot use NCCL (it refuses two ranks on one device), so a
+numerics-only run uses gloo with CUDA kernels. gloo in torch 2.13 (git cf30153c) copies CUDA
+tensors through pinned host buffers itself for its collectives — all-to-all, all-gather (the
+flat all-gather is built on it), broadcast, reduce, gather, scatter, and all-reduce in CUDA
+builds (the reduce-scatter of a flat tensor is a clone and an all-reduce) — but ``send`` and
+``recv`` hand the tensor's data pointer straight to a gloo buffer with no device check, so a
+CUDA tensor cannot travel point to point. The cp guide (`lcab/cp/README.md`) cites the source.
+
+Modes (one per process, set when the rank joins its world):
+  * ``off``: nothing is staged (CPU ranks, or CUDA ranks on NCCL);
+  * ``p2p``: point-to-point transfers go through host copies (gloo with CUDA tensors);
+  * ``all``: every CP transfer goes through host copies — forced with the environment variable
+    `STAGING_ENV` (``LCAB_CP_HOST_STAGING=all``), which also runs the whole staging path on CPU
+    ranks, where the copies are real copies, for tests.
+
+Staging changes where bytes wait, not how many travel: counts stay those of the logical tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+
+MODES = ("off", "p2p", "all")
+STAGING_ENV = "LCAB_CP_HOST_STAGING"
+"""Environment variable that forces a staging mode (off, p2p, all); unset or ``auto``: chosen."""
+
+_MODE = ["off"]
+_HOST = torch.device("cpu")
+_COPIES = [0]
+
+
+def choose_mode(device: torch.device | str, backend: str, env: Mapping[str, str]) -> str:
+    """The staging mode of a rank on ``device`` talking over ``backend``.
+
+    Raises:
+        ValueError: the environment names an unknown mode.
+
+    """
+    forced = env.get(STAGING_ENV, "auto").strip().lower() or "auto"
+    if forced != "auto":
+        if forced not in MODES:
+            raise ValueError(
+                f"{STAGING_ENV}={forced!r} is not a mode; valid: auto, {', '.join(MODES)}"
+            )
+        return forced
+    return "p2p" if torch.device(device).type == "cuda" and backend == "gloo" else "off"
+
+
+def set_mode(mode: str) -> None:
+    """Set this process's staging mode (`MODES`)."""
+    if mode not in MODES:
+        raise ValueError(f"staging mode {mode!r}; valid: {', '.join(MODES)}")
+    _MODE[0] = mode
+
+
+def configure(device: torch.device | str, backend: str) -> str:
+    """Choose and set this process's mode from its device, backend and the environment."""
+    mode = choose_mode(device, backend, os.environ)
+    set_mode(mode)
+    return mode
+
+
+def mode() -> str:
+    """The staging mode of this process."""
+    return _MODE[0]
+
+
+def stages_p2p() -> bool:
+    """Whether point-to-point transfers go through host copies."""
+    return _MODE[0] != "off"
+
+
+def stages_collectives() -> bool:
+    """Whether collectives go through host copies (gloo stages CUDA collectives itself)."""
+    return _MODE[0] == "all"
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous host copy of ``t`` (a distinct buffer even when ``t`` is on the host)."""
+    _COPIES[0] += 1
+    return t.detach().to(_HOST, copy=True, memory_format=torch.contiguous_format)
+
+
+def host_copies() -> int:
+    """Host copies made so far by this process (tests check that staging really ran)."""
+    return _COPIES[0]
+
+
+def host_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised contiguous host buffer of ``t``'s shape and dtype."""
+    return torch.empty(t.shape, dtype=t.dtype, device=_HOST)
+
+
+def to_device(host: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A copy of the host buffer ``host`` on ``like``'s device (a new tensor)."""
+    return host.to(like.device, copy=True)
