@@ -8,11 +8,15 @@ What is measured, per device:
   the allocator counts every allocation, but it excludes blocks the allocator caches while
   free, the CUDA context, and memory obtained outside the allocator (e.g. NCCL's own buffers).
   The peak statistics are per device and process-wide: do not nest regions on one device.
-  The peak of the caching allocator's reserved bytes is read too (``max_memory_reserved``):
-  what the process actually held from the device, fragmentation included. Bytes the
-  benchmark itself keeps live through the region (the 256 MiB L2-flush buffer, allocated
-  before it: ``exclude_bytes``) are taken out of the allocated figures, so a reading is the
-  kernel's, not lcab's.
+  Bytes the benchmark itself keeps live through the region (the 256 MiB L2-flush buffer,
+  allocated before it: ``exclude_bytes``) are taken out of the allocated figures, so a
+  reading is the kernel's, not lcab's. The caching allocator's reserved bytes are read as a
+  delta too: ``max_memory_reserved`` over the region minus ``memory_reserved`` on enter
+  (``reset_peak_memory_stats`` starts the peak there), i.e. how much more the region made the
+  process hold from the device, fragmentation included. What the allocator held on enter —
+  the flush buffer's segment, the inputs, blocks cached by earlier lengths or passes — is not
+  in it; cached blocks the region reused cost it nothing, so the delta can be smaller than the
+  allocated one.
 * CPU (kind ``"cpu_rss_sampled"``): the resident set size of this whole process, read from
   ``/proc/self/statm`` (resident pages x page size) once on enter, every ``interval_s`` by a
   daemon thread, and once on exit; the peak is the largest sample. RSS counts pages touched,
@@ -57,13 +61,22 @@ class MemoryReading:
     kind: str
     samples: int
     reserved_bytes: int | None = None
-    """CUDA: peak bytes the caching allocator reserved; None on CPU."""
+    """CUDA: peak bytes the caching allocator reserved above what it held on enter (under CP
+    the largest of any rank); None on CPU."""
     rank: int | None = None
     """Under CP: the rank this reading is from (the one with the largest peak)."""
+    largest_delta_bytes: int | None = None
+    """Under CP: the largest ``peak - baseline`` of any rank (may be another rank's than the
+    peak's: a rank with large inputs and a small kernel peak holds the peak)."""
 
     @property
     def delta_bytes(self) -> int:
-        """Peak above the baseline: what the region added at its highest point."""
+        """Peak above the baseline: what the region added at its highest point.
+
+        Under CP the largest of any rank (`largest_delta_bytes`), not the peak rank's own.
+        """
+        if self.largest_delta_bytes is not None:
+            return self.largest_delta_bytes
         return self.peak_bytes - self.baseline_bytes
 
 
@@ -88,6 +101,7 @@ class PeakMemory:
         self._close: Callable[[], None] = _nothing
         self._kind = ""
         self._baseline = 0
+        self._reserved_on_enter = 0
         self._peak = 0
         self._samples = 0
 
@@ -105,6 +119,7 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             self._baseline = torch.cuda.memory_allocated(self.device) - self.exclude_bytes
+            self._reserved_on_enter = torch.cuda.memory_reserved(self.device)
             self._active = True
             return self
         self._kind, self._read, self._close = _rss_source()
@@ -133,7 +148,7 @@ class PeakMemory:
         self._active = False
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device) - self.exclude_bytes
-            reserved = torch.cuda.max_memory_reserved(self.device)
+            reserved = torch.cuda.max_memory_reserved(self.device) - self._reserved_on_enter
             self._reading = MemoryReading(
                 peak, self._baseline, "cuda_max_allocated", 1, reserved_bytes=reserved
             )

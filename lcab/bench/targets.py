@@ -64,7 +64,7 @@ class Target(Protocol):
         """Rank 0's ``values`` on every rank: one decision all ranks follow."""
 
     def largest_reading(self, reading: MemoryReading) -> MemoryReading:
-        """The reading of the rank with the largest peak (reserved: the largest of any rank)."""
+        """The reading of the rank with the largest peak (delta, reserved: largest of any rank)."""
 
     def reduce_times(self, times: list[float]) -> list[float]:
         """Per-repetition times as the slowest rank saw them."""
@@ -206,7 +206,8 @@ class CPTarget(Target):
         """Collective: every rank's peak, baseline and reserved bytes; the largest peak's rank.
 
         One rank's figure would hide the rank that runs out first (an unbalanced mask, rank 0's
-        numerics, a node's other tenants).
+        numerics, a node's other tenants). The delta and the reserved bytes are each the
+        largest of any rank, which need not be the peak rank's.
         """
         peaks = self.gather(float(reading.peak_bytes))
         baselines = self.gather(float(reading.baseline_bytes))
@@ -220,6 +221,7 @@ class CPTarget(Target):
             baseline_bytes=int(baselines[top]),
             reserved_bytes=None if max(reserved) < 0 else int(max(reserved)),
             rank=top,
+            largest_delta_bytes=int(max(p - b for p, b in zip(peaks, baselines, strict=True))),
         )
 
     @override
@@ -285,6 +287,7 @@ class CPTarget(Target):
         record.phase_ms = phases
         assert isinstance(prepared, CPPrepared)
         record.rank_hosts = list(self.hosts)
+        record.shared_device = self.dist.shared_device
         record.balance_imbalance = plan.imbalance(prepared.mask)
         record.padding_tokens = plan.padding_tokens
         record.kv_replication = plan.heads.kv_replication
@@ -336,8 +339,11 @@ def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:
     """
     if cell.cp == "none":
         return KernelTarget(get_kernel(cell.kernel, **cell.kernel_options))
+    high_priority = bool(cell.config.get("topology", {}).get("nccl_high_priority", False))
     if rendezvous is None:
-        dist = DistContext.from_environment(cell.backend, cell.bench.timeout_s, cell.device)
+        dist = DistContext.from_environment(
+            cell.backend, cell.bench.timeout_s, cell.device, high_priority
+        )
     else:
         dist = DistContext.start_local(
             rank,
@@ -347,5 +353,6 @@ def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:
             rendezvous,
             cell.bench.timeout_s,
             cell.device,
+            high_priority,
         )
     return CPTarget(cell, dist)

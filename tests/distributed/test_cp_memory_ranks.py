@@ -2,7 +2,8 @@
 
 Rank 0's own reading (what records held before) hides the rank that runs out first. Here each
 rank of a gloo world reports a different (seamed) reading and every rank must get the same
-answer: the largest peak, that rank's baseline, the largest reserved figure.
+answer: the largest peak, that rank's baseline, the largest reserved figure, and the largest
+delta of any rank — which here is not the peak rank's (its inputs are large, its kernel small).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
 MIB = 2**20
 PEAKS = [300, 900, 500]  # MiB per rank: rank 1 holds the peak
+BASELINES = [10, 700, 50]  # MiB: deltas 290, 200, 450 -> the largest is rank 2's, not rank 1's
 RESERVED = [1000, 950, 1200]  # MiB: the largest reserved is rank 2's
 
 
@@ -29,14 +31,14 @@ def rank_main(rank: int, world: int, rendezvous: str, messages: Any) -> None:
     target = object.__new__(CPTarget)  # `largest_reading` needs only the group
     target.dist, target.rank, target.world = ctx, rank, world
     mine = MemoryReading(
-        PEAKS[rank] * MIB, (rank + 1) * MIB, "cuda_max_allocated", 1, RESERVED[rank] * MIB
+        PEAKS[rank] * MIB, BASELINES[rank] * MIB, "cuda_max_allocated", 1, RESERVED[rank] * MIB
     )
     got = target.largest_reading(mine)
     messages.put(("reading", rank, got))
     ctx.close()
 
 
-def test_every_rank_gets_the_largest_peak_its_rank_and_the_largest_reserved(tmp_path):
+def test_every_rank_gets_the_largest_peak_its_rank_the_largest_delta_and_reserved(tmp_path):
     got: list[tuple[Any, ...]] = []
 
     def on_message(msg: tuple[Any, ...]) -> float:
@@ -49,5 +51,7 @@ def test_every_rank_gets_the_largest_peak_its_rank_and_the_largest_reserved(tmp_
     assert len(readings) == 3 and len(set(readings)) == 1
     reading = readings[0]
     assert reading.rank == 1 and reading.peak_bytes == 900 * MIB
-    assert reading.baseline_bytes == 2 * MIB  # rank 1's own baseline
+    assert reading.baseline_bytes == 700 * MIB  # rank 1's own baseline
+    deltas = [peak - base for peak, base in zip(PEAKS, BASELINES, strict=True)]
+    assert reading.delta_bytes == max(deltas) * MIB == 450 * MIB  # rank 2's, not the peak's
     assert reading.reserved_bytes == 1200 * MIB

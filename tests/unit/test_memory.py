@@ -121,20 +121,54 @@ def test_cuda_peak_counts_allocation() -> None:
 MIB = 2**20
 
 
-def test_cuda_reading_leaves_out_the_flush_buffer_and_reads_reserved(monkeypatch) -> None:
-    # No GPU here: the allocator's counters are a seam. 256 MiB of flush buffer and 44 MiB of
-    # inputs are live on entry; the kernel peaks 200 MiB above them; the allocator reserved 600.
-    live = {"allocated": 300 * MIB, "peak": 300 * MIB}
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: live["allocated"])
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: live["peak"])
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 600 * MIB)
+class _FakeAllocator:
+    """PyTorch's caching allocator reduced to its counters (no GPU here: they are the seam).
+
+    Freed blocks stay reserved (cached); an allocation reuses the cache before it reserves
+    more; the peak counters restart from the current values on ``reset_peak_memory_stats``.
+    """
+
+    def __init__(self, monkeypatch) -> None:
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+        for name in ("reset_peak_memory_stats", "memory_allocated", "memory_reserved"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: self.peak_allocated)
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: self.peak_reserved)
+
+    def alloc(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.reserved = max(self.reserved, self.allocated)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def free(self, nbytes: int) -> None:
+        self.allocated -= nbytes  # the block stays reserved
+
+    def reset_peak_memory_stats(self, device) -> None:
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+    def memory_allocated(self, device) -> int:
+        return self.allocated
+
+    def memory_reserved(self, device) -> int:
+        return self.reserved
+
+
+def test_cuda_reading_leaves_out_the_flush_buffer_and_the_earlier_cache(monkeypatch) -> None:
+    gpu = _FakeAllocator(monkeypatch)
+    gpu.alloc(44 * MIB)  # the inputs
+    gpu.alloc(400 * MIB)  # an earlier pass's work, freed but cached
+    gpu.free(400 * MIB)
+    gpu.alloc(256 * MIB)  # the L2-flush buffer, made before the region (from the cache)
     with PeakMemory(torch.device("cuda", 0), exclude_bytes=256 * MIB) as memory:
-        live["peak"] += 200 * MIB
+        gpu.alloc(200 * MIB)  # the kernel: 144 MiB still cached, then 56 MiB more reserved
+        gpu.alloc(100 * MIB)  # then 100 MiB more, all newly reserved
+        gpu.free(300 * MIB)
     reading = memory.reading
-    assert reading.baseline_bytes == 44 * MIB
-    assert reading.peak_bytes == 244 * MIB and reading.delta_bytes == 200 * MIB
-    assert reading.reserved_bytes == 600 * MIB and reading.kind == "cuda_max_allocated"
+    assert reading.baseline_bytes == 44 * MIB  # the flush buffer is not the kernel's
+    assert reading.peak_bytes == 344 * MIB and reading.delta_bytes == 300 * MIB
+    # reserved on enter: 44 + 400 (cache) = 444; at the peak 44 + 256 + 300 = 600
+    assert reading.reserved_bytes == 156 * MIB and reading.kind == "cuda_max_allocated"
 
 
 def test_summary_reports_the_largest_peak_with_its_rank_and_the_largest_reserved() -> None:
