@@ -90,3 +90,44 @@ def test_every_group_of_a_high_priority_context_gets_the_options(monkeypatch):
     assert [ranks for ranks, _ in calls] == [[0, 1], [2, 3]]
     assert all(kw["pg_options"].is_high_priority_stream for _, kw in calls)
     assert calls[0][1]["pg_options"] is not calls[1][1]["pg_options"]
+
+
+class _JoinedError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_config_option_reaches_init_process_group(compose, tmp_path, monkeypatch, asked):
+    """``topology.nccl_high_priority`` → the ``pg_options`` a rank joins its world with."""
+    from lcab.bench.targets import make_target
+    from lcab.cell import JobInfo
+    from lcab.config import resolve_cell
+
+    monkeypatch.setattr(
+        dist, "ProcessGroupNCCL", SimpleNamespace(Options=_FakeOptions), raising=False
+    )
+    seen = {}
+
+    def join(**kwargs):
+        seen.update(kwargs)
+        raise _JoinedError
+
+    monkeypatch.setattr(dist, "init_process_group", join)
+    cfg = compose(
+        [
+            "kernel=ranges",
+            "cp=ring",
+            "topology=local2",
+            "topology.backend=nccl",
+            f"topology.nccl_high_priority={str(asked).lower()}",
+            "problem.device=cpu",
+        ]
+    )
+    cell = resolve_cell(cfg, JobInfo(output_dir=str(tmp_path), run_id="h-0", sweep_id="h"))
+    with pytest.raises(_JoinedError):
+        make_target(cell, 0, str(tmp_path / "rendezvous"))
+    assert seen["backend"] == "nccl"
+    if asked:
+        assert seen["pg_options"].is_high_priority_stream is True
+    else:
+        assert "pg_options" not in seen
