@@ -313,12 +313,8 @@ class FA2Kernel(_FlashAttnKernel):
         module = _module_or_none(fa_table.FA2_BACKWARD.module)
         if module is None:
             return [f"{fa_table.FA2_BACKWARD.module} does not import"]
-        return [
-            f"flash_attn has no {row.name} with the parameters of flash-attn 2.8.3 "
-            f"({', '.join(row.params)})"
-            for row in self.rows
-            if not flash_backward.takes(getattr(module, row.name, None), row)
-        ]
+        found = (flash_backward.mismatch(getattr(module, r.name, None), r) for r in self.rows)
+        return [why for why in found if why is not None]
 
 
 @dataclass
@@ -388,8 +384,11 @@ class FA3Kernel(_FlashAttnKernel):
             return []
         rows = (fa_table.FA3_BACKWARD, fa_table.FA3_BACKWARD_AUG_2025)
         known = "; ".join(f"{row.source.split(':')[0]}: {', '.join(row.params)}" for row in rows)
+        if module is None:
+            return [f"{self.probe.module} does not import"]
+        kind = flash_backward.callable_kind(fn)
         found = "none" if fn is None else ", ".join(flash_backward.parameters(fn))
         return [
-            f"flash_attn_interface._flash_attn_backward has parameters ({found}), neither "
-            f"generation lcab calls ({known})"
+            f"flash_attn_interface._flash_attn_backward ({kind}) has parameters ({found}), "
+            f"neither generation lcab calls ({known})"
         ]

@@ -39,8 +39,14 @@ from lcab.kernels.upstream.facts import LseLayout, UpstreamFunction
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def library_lse(lse: torch.Tensor, layout: LseLayout) -> torch.Tensor:
-    """An LSE in lcab's (Hq, Sq) as a library's backward reads it; -inf rows become +inf."""
+def library_lse(lse: torch.Tensor, layout: LseLayout, dtype: torch.dtype) -> torch.Tensor:
+    """An LSE in lcab's (Hq, Sq) as a library's backward reads it; -inf rows become +inf.
+
+    The kernels read it raw, unchecked, as float32 (``float*`` in FA2's ``flash_api.cpp``
+    ``params.softmax_lse_ptr``): it goes in as float32 for 16/32-bit inputs ``dtype``, and as
+    float64 for float64 inputs, which only CPU emulations take.
+    """
+    lse = lse.to(torch.promote_types(dtype, torch.float32))
     lse = lse.masked_fill(torch.isneginf(lse), float("inf"))
     if layout == "bhs":
         return lse.unsqueeze(0).contiguous()
@@ -91,15 +97,15 @@ def fa2_backward(
         tensors = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "dq": dq, "dk": dk, "dv": dv}
         varlen_args = {name: call[name] for name in fa_table.VARLEN_ARGS}
         kwargs = tensors | varlen_args | common
-        kwargs["softmax_lse"] = library_lse(lse, "ht")
+        kwargs["softmax_lse"] = library_lse(lse, "ht", q.dtype)
     else:
         row = fa_table.FA2_BACKWARD
         batched = [t.unsqueeze(0) for t in (dout, q, k, v, out, dq, dk, dv)]
         kwargs = dict(zip(("dout", "q", "k", "v", "out", "dq", "dk", "dv"), batched, strict=True))
         kwargs |= common
-        kwargs["softmax_lse"] = library_lse(lse, "bhs")
+        kwargs["softmax_lse"] = library_lse(lse, "bhs", q.dtype)
         dq, dk, dv = batched[5][0], batched[6][0], batched[7][0]
-    functions[row.name](**_in_order(row, kwargs))
+    functions[row.name](*positional(row, kwargs))
     return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
 
 
@@ -112,17 +118,79 @@ def _in_order(row: UpstreamFunction, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {p: kwargs[p] for p in row.params if p in kwargs}
 
 
+def callable_kind(fn: Any) -> str:
+    """What ``fn`` is, in the `UpstreamFunction.kind` vocabulary plus two refusals.
+
+    ``custom_op`` (a ``torch.library.custom_op``), ``library_op`` (an operator under
+    ``torch.ops``), ``function`` (any other callable), ``missing`` (None), ``not callable``.
+    """
+    if fn is None:
+        return "missing"
+    if isinstance(fn, _custom_op_type()):
+        return "custom_op"
+    if isinstance(fn, torch._ops.OpOverloadPacket | torch._ops.OpOverload):
+        return "library_op"
+    return "function" if callable(fn) else "not callable"
+
+
+def _custom_op_type() -> type:
+    """``torch._library.custom_ops.CustomOpDef`` (private: looked up, never assumed)."""
+    from torch._library import custom_ops
+
+    return getattr(custom_ops, "CustomOpDef", type(None))
+
+
 def parameters(fn: Any) -> tuple[str, ...]:
-    """Parameter names of an installed callable (empty when it has no readable signature)."""
+    """Parameter names of an installed callable (empty when it has no readable signature).
+
+    A custom op's ``inspect.signature`` is ``(*args, **kwargs)``: its parameters are those of
+    the function it wraps (``CustomOpDef._init_fn``); an operator under ``torch.ops`` has
+    those of its schema (the ``default`` overload of a packet).
+    """
+    kind = callable_kind(fn)
+    if kind == "custom_op":
+        fn = fn._init_fn
+    elif kind == "library_op":
+        overload = fn.default if isinstance(fn, torch._ops.OpOverloadPacket) else fn
+        return tuple(argument.name for argument in overload._schema.arguments)
     try:
         return tuple(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return ()
 
 
+def mismatch(fn: Any, row: UpstreamFunction) -> str | None:
+    """Why ``fn`` is not callable as ``row`` says (None: it is), naming the real cause."""
+    kind = callable_kind(fn)
+    if kind in ("missing", "not callable"):
+        return f"{row.qualname} is {'missing' if fn is None else type(fn).__name__}"
+    found = parameters(fn)
+    if found != row.params:
+        return (
+            f"{row.qualname} ({kind}) has parameters ({', '.join(found) or 'unreadable'}), "
+            f"not ({', '.join(row.params)}) as {row.source.split(':')[0]} defines"
+        )
+    return None
+
+
 def takes(fn: Any, row: UpstreamFunction) -> bool:
-    """Whether ``fn`` is callable with exactly the parameters of ``row``, in its order."""
-    return callable(fn) and parameters(fn) == row.params
+    """Whether ``fn`` — a function or a torch op — takes exactly ``row``'s parameters in order.
+
+    The kind of object is not part of the test: lcab calls every one positionally in the
+    row's order, which a plain function, a custom op and a schema op all accept.
+    """
+    return mismatch(fn, row) is None
+
+
+def positional(row: UpstreamFunction, kwargs: dict[str, Any]) -> list[Any]:
+    """``kwargs`` as the row's positional arguments, a parameter not given at its default.
+
+    That is how the libraries' own Python calls these functions (flash-attn's
+    ``_wrapped_flash_attn_backward(dout, q, ...)``, FA3's ``_backward``), and a plain function,
+    a custom op and a schema op all take it.
+    """
+    ordered = _in_order(row, kwargs)
+    return [ordered[p] if p in ordered else row.defaults[p] for p in row.params]
 
 
 def fa3_generation(fn: Callable[..., Any]) -> UpstreamFunction | None:
@@ -153,7 +221,7 @@ def fa3_backward(
     kwargs: dict[str, Any] = dict(
         zip(("dout", "q", "k", "v", "out", "dq", "dk", "dv"), tensors, strict=True)
     )
-    kwargs["softmax_lse"] = library_lse(lse, "ht" if varlen else "bhs")
+    kwargs["softmax_lse"] = library_lse(lse, "ht" if varlen else "bhs", q.dtype)
     for name in fa_table.VARLEN_ARGS:
         kwargs[name] = call[name] if varlen else None
     kwargs |= {"sequed_q": None, "sequed_k": None, "softmax_scale": call["softmax_scale"]}
@@ -164,7 +232,7 @@ def fa3_backward(
         kwargs["window_size_right"] = right
     else:
         kwargs |= {"causal": call["causal"], "window_size": (left, right)}
-    fn(**_in_order(row, kwargs))
+    fn(*positional(row, kwargs))
     if not varlen:
         dq, dk, dv = tensors[5][0], tensors[6][0], tensors[7][0]
     return dq, dk, dv
@@ -182,17 +250,22 @@ def ffa_backward(
 ) -> Grads:
     """One ``_flex_flash_attn_backward`` call, as MagiAttention's dist_attn makes per stage.
 
-    dq/dk/dv are left to FFA to allocate (zeros in float32, its ``*_type``); they come back in
-    the inputs' dtype like every other kernel's step gradients.
+    As ``dist_attn.py`` does (v1.1.1 L1421-1451: ``dq=dq_acc``, ``*_type=self.hp_dtype``), FFA
+    reduces into float32 accumulators it is given (float64 for float64 inputs) and the step's
+    gradients stay in that precision: the ring adds them into its own float32 accumulators
+    (`lcab.cp.ring_attention`), so no step is rounded to bf16 on the way. ``sm_margin`` is the
+    kernel's option (``kernel.sm_margin``), as for FA3.
     """
     row = ffa_table.FFA_BACKWARD
-    kwargs: dict[str, Any] = {"dout": dout, "q": q, "k": k, "v": v, "out": out}
-    kwargs |= {"sink": None, "sink_layout": "sh", "lse": library_lse(lse, "th")}
-    kwargs |= {"dq": None, "dk": None, "dv": None, "dsink": None}
-    kwargs |= {name: call[name] for name in ("q_ranges", "k_ranges", "attn_type_map")}
-    kwargs |= {"softmax_scale": call["softmax_scale"], "softcap": 0.0}
     accumulate = torch.promote_types(q.dtype, torch.float32)
+    kwargs: dict[str, Any] = {"dout": dout, "q": q, "k": k, "v": v, "out": out}
+    kwargs |= {"sink": None, "sink_layout": "sh", "lse": library_lse(lse, "th", q.dtype)}
+    kwargs |= {name: torch.zeros(t.shape, dtype=accumulate, device=t.device) for name, t in (
+        ("dq", q), ("dk", k), ("dv", v))}  # fmt: skip
+    kwargs |= {"dsink": None, "softmax_scale": call["softmax_scale"], "softcap": 0.0}
+    kwargs |= {name: call[name] for name in ("q_ranges", "k_ranges", "attn_type_map")}
     kwargs |= {"dq_type": accumulate, "dk_type": accumulate, "dv_type": accumulate}
-    kwargs |= {"disable_bwd_dkv_atomic_reduction": False, "deterministic": False, "sm_margin": 0}
-    dq, dk, dv, _ = fn(**_in_order(row, kwargs))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    kwargs |= {"disable_bwd_dkv_atomic_reduction": False, "deterministic": False}
+    kwargs["sm_margin"] = call.get("sm_margin", 0)
+    dq, dk, dv, _ = fn(**_in_order(row, kwargs))  # keywords, as dist_attn.py calls it
+    return dq, dk, dv

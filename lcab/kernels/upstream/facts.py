@@ -17,6 +17,14 @@ from typing import Any, Literal
 LseLayout = Literal["bhs", "ht", "th", "bhs1"]
 """(B, H, S); (H, total_q); (total_q, H); (B, H, S, 1)."""
 
+CallableKind = Literal["function", "custom_op", "library_op"]
+"""How a library defines a function: plain Python (``function``); wrapped by
+``torch.library.custom_op`` (``custom_op``: a ``CustomOpDef``, also reachable as
+``torch.ops.<namespace>.<name>``); or an operator its C++ extension defines with
+``TORCH_LIBRARY`` (``library_op``: only ``torch.ops.<namespace>.<name>``, an
+``OpOverloadPacket``). ``inspect.signature`` of either op is ``(*args, **kwargs)``: their
+parameters are those of the wrapped function, or of the op's schema."""
+
 REQUIRED: Any = inspect.Parameter.empty
 """Marks a parameter without a default in `UpstreamFunction.defaults` (the default)."""
 
@@ -60,11 +68,21 @@ class UpstreamFunction:
     alignment: str = ""
     """Causal / window diagonal alignment (``bottom-right``, ``top-left``, ``n/a``)."""
     notes: str = ""
+    kind: CallableKind = "function"
+    """What kind of object the module attribute is (read from the source's decorator)."""
+    op: str = ""
+    """An op's ``namespace::name`` (empty for a plain function)."""
+    mutates: tuple[str, ...] = ()
+    """An op's mutated arguments (``mutates_args``; ``Tensor(a!)`` in a schema)."""
 
     def __post_init__(self) -> None:
-        unknown = (set(self.defaults) | set(self.keyword_only)) - set(self.params)
+        unknown = (set(self.defaults) | set(self.keyword_only) | set(self.mutates)) - set(
+            self.params
+        )
         if unknown:
             raise ValueError(f"{self.qualname}: {sorted(unknown)} are not among its params")
+        if (self.kind != "function") != bool(self.op):
+            raise ValueError(f"{self.qualname}: an op has an op name, a function none")
 
     @property
     def qualname(self) -> str:

@@ -3,13 +3,19 @@
 Read from the sources named in each row's ``source``:
 
 * FA2 — ``flash_attn/flash_attn_interface.py`` of the flash-attn 2.8.3.post2 sdist on PyPI (the
-  file the wheel installs; ``tests/unit/test_upstream_flash_attn.py`` downloads that sdist and
-  compares every FA2 row with the file's own AST) and ``csrc/flash_attn/flash_api.cpp`` beside it;
+  file the wheel installs; ``tests/unit/test_upstream_flash_attn.py`` downloads that sdist,
+  compares every FA2 row with the file's own AST, and imports the file over an emulated
+  ``flash_attn_2_cuda`` to compare each row's kind and parameters with the object it defines)
+  and ``csrc/flash_attn/flash_api.cpp`` beside it. The private calls are
+  ``torch.library.custom_op``s (``flash_attn::...``, ``device_types="cuda"``) whenever
+  ``torch.__version__ >= "2.4.0"`` (L54-58), which holds on every torch lcab supports;
 * FA3 — ``hopper/flash_attn_interface.py`` at two commits: 0251105a (HEAD of 2026-08-15; the
-  file last changed in 0f82fead), whose private backward takes ``window_size_left/right`` and
-  ``is_causal`` and fills dq/dk/dv in place, and 203b9b3d (2025-08-29, the first build that
-  returns the LSE by keyword), whose backward takes ``window_size`` and returns
-  ``(dq, dk, dv, softmax_d)``. An adapter tells them apart by the installed signature.
+  file last changed in 0f82fead), whose private backward — a ``torch.library.custom_op``
+  ``flash_attn_3::_flash_attn_backward`` since c7697bbf (2025-11-17) — takes
+  ``window_size_left/right`` and ``is_causal`` and fills dq/dk/dv in place, and 203b9b3d
+  (2025-08-29, the first build that returns the LSE by keyword), whose backward — a plain
+  function — takes ``window_size`` and returns ``(dq, dk, dv, softmax_d)``. An adapter tells
+  them apart by the parameters of the installed object (a custom op's are its function's).
 
 Facts beyond the signatures, with their lines:
 
@@ -114,6 +120,9 @@ FA2_BACKWARD = UpstreamFunction(
     source=f"{FA2_SOURCE}:{FA2_FILE}:L237-286",
     notes="custom op mutating dq, dk, dv (preallocated, q's dtype, head dim a multiple of 8); "
     "the LSE goes in as the forward returned it, (B, H, Sq)",
+    kind="custom_op",
+    op="flash_attn::_flash_attn_backward",
+    mutates=("dq", "dk", "dv"),
 )
 FA2_VARLEN_BACKWARD = UpstreamFunction(
     module="flash_attn.flash_attn_interface",
@@ -125,6 +134,9 @@ FA2_VARLEN_BACKWARD = UpstreamFunction(
     alignment="bottom-right",
     source=f"{FA2_SOURCE}:{FA2_FILE}:L329-390",
     notes="custom op mutating dq, dk, dv; LSE (H, total_q)",
+    kind="custom_op",
+    op="flash_attn::_flash_attn_varlen_backward",
+    mutates=("dq", "dk", "dv"),
 )
 
 _FA3_CALL_TAIL = (
@@ -223,7 +235,12 @@ FA3_BACKWARD = UpstreamFunction(
     lse=FA3_LSE,
     alignment="bottom-right",
     source=f"{FA3_HEAD}:{FA3_FILE}:L258-310",
-    notes="custom op mutating dq, dk, dv (the 'sequed' spelling is upstream's)",
+    notes="custom op mutating dq, dk, dv (the 'sequed' spelling is upstream's); a custom op "
+    "since c7697bbf (2025-11-17, namespace flash_attn until fde4bc0c the same day), called "
+    "positionally by the library's _backward (L422-446)",
+    kind="custom_op",
+    op="flash_attn_3::_flash_attn_backward",
+    mutates=("dq", "dk", "dv"),
 )
 FA3_BACKWARD_AUG_2025 = UpstreamFunction(
     module="flash_attn_interface",
@@ -234,7 +251,8 @@ FA3_BACKWARD_AUG_2025 = UpstreamFunction(
     lse=FA3_LSE,
     alignment="bottom-right",
     source=f"{FA3_AUG_2025}:{FA3_FILE}:L105-154",
-    notes="fills the dq, dk, dv it is given and returns them",
+    notes="a plain function: fills the dq, dk, dv it is given and returns them",
+    kind="function",
 )
 
 FA2_ROWS = (FA2_FUNC, FA2_VARLEN_FUNC, FA2_BACKWARD, FA2_VARLEN_BACKWARD)

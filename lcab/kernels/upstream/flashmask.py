@@ -166,6 +166,9 @@ FLASHMASK_FWD = UpstreamFunction(
     alignment="startend_row_indices: absolute rows; causal: bottom-right",
     source=f"{COMMIT}:{FM3}/flash_api_torch.cpp:L1652-1688",
     notes="torch.ops.flashmask.fwd, the op FlashMaskFunc.forward calls by keyword",
+    kind="library_op",
+    op="flashmask::fwd",
+    mutates=("k_new", "v_new", "out"),
 )
 FLASHMASK_BWD = UpstreamFunction(
     module=MODULE,
@@ -221,6 +224,8 @@ FLASHMASK_BWD = UpstreamFunction(
     source=f"{COMMIT}:{FM3}/flash_api_torch.cpp:L1689-1714",
     notes="torch.ops.flashmask.bwd: dq/dk/dv in q's dtype, (B, S, H, D); dk/dv summed over the "
     "query heads of a KV head; the LSE goes in as the forward returned it, (B, Hq, Sq) float32",
+    kind="library_op",
+    op="flashmask::bwd",
 )
 
 ROWS: tuple[UpstreamFunction, ...] = (FLASHMASK_ATTENTION, FLASHMASK_FWD, FLASHMASK_BWD)

@@ -128,7 +128,11 @@ FFA_BACKWARD = UpstreamFunction(
     lse=FFA_LSE,
     alignment="as flex_flash_attn_func",
     source=f"{SOURCE}:{FILE}:L594-625",
-    notes="LSE in as the forward returned it, (total_q, Hq); grads in dq/dk/dv_type",
+    notes="LSE in as the forward returned it, (total_q, Hq); grads in dq/dk/dv_type, reduced "
+    "into the dq/dk/dv it is given (zeros in float32 when None); a plain function (nvtx-"
+    "instrumented) around the custom op flex_flash_attn::_flex_flash_attn_backward_compilable "
+    "(L462-467, mutates dq, dk, dv, dsink)",
+    kind="function",
 )
 
 FFA_ROWS = (FFA_FUNC, FFA_BACKWARD)
