@@ -192,8 +192,16 @@ class Hardware:
 
 
 def from_dict(data: dict[str, Any]) -> Hardware:
-    """A `Hardware` from plain data (a YAML file or a Hydra node)."""
+    """A `Hardware` from plain data (a YAML file or a Hydra node).
+
+    ``conf/hardware/auto.yaml`` (``auto: true``) gives `lcab.plan.auto_profile.auto_profile`
+    for its ``device``: this host's probed CPU profile, or the GPU profile for ``cuda``.
+    """
     data = dict(data)
+    if data.get("auto"):
+        from lcab.plan.auto_profile import auto_profile
+
+        return auto_profile(data.get("device"))
     data["kernels"] = {k: KernelRate(**v) for k, v in data["kernels"].items()}
     data["intra"] = Link(**data["intra"])
     data["inter"] = Link(**data["inter"])

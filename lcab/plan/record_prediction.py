@@ -1,0 +1,126 @@
+"""Every record carries what the planner expected of its cell, and a warning when far off.
+
+`record_predictor` is called by the entry point (`lcab.main`) once per job, before the cell
+runs: it predicts every length of the cell on the profile that matches where it runs and
+returns a function that writes the prediction into each record as it is written. Predicting
+first keeps the planner's CPU work out of the timed lengths (on a CPU host the ranks share the
+cores with the parent), and one hook in the entry point's ``write`` covers every path that
+records: supervised worlds, a scheduled rank 0 (SLURM) and in-process cells.
+
+Fields (``lcab/records/README.md``): per pass ``predicted_ms`` and ``predicted_tflops`` (the
+planner's time and per-device TFLOP/s for the pass; ``fwd_bwd`` is the sum of the two times)
+and ``predicted_ratio`` = predicted time / measured p50 time, i.e. measured over predicted
+throughput (above 1: faster than predicted; time-based, so independent of FLOP conventions);
+per record ``predicted_hardware``, ``prediction_note`` (why there is none) and
+``prediction_warning``.
+
+**The band, [0.5, 2].** The planner's validation errors: the published H100 table 79 of 80
+cells within ±25 %, the worst +34 % (ratio 0.75); the CPU measurements 120 of 120 within
+±30 %, the worst 27 %, and single CPU runs of one cell spread 0.77-1.43 around their median
+(``lcab/plan/README.md``). A factor of 2 either way is more than twice the worst validated miss
+in log terms (ln 2 = 0.69 against ln 1.34 = 0.29) and beyond the run-to-run spread, so an
+honest cell on a matching profile stays inside; what falls outside is not noise: a wrong
+backend (SDPA's MATH path at 10 TFLOP/s where cuDNN ran 635, ratio 0.016), a profile of the
+wrong machine, a host busy with other work, or a planner that misses the cell (worth knowing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lcab.cell import Cell
+from lcab.records.schema import RunRecord
+
+BAND = (0.5, 2.0)
+"""Measured / predicted throughput outside this range warns (module docstring)."""
+
+PASS_PARTS = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd_bwd": ("fwd", "bwd")}
+"""The predicted passes whose times make each timed pass."""
+
+Annotate = Callable[[RunRecord], None]
+
+
+def _hardware(node: Any, device: str) -> Any:
+    """The profile for a job's ``hardware`` node (None or auto: `auto_profile` by device)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from lcab.plan.auto_profile import auto_profile, is_auto
+    from lcab.plan.hardware import from_dict, load_profile
+
+    if node is None:
+        return auto_profile(device)
+    if isinstance(node, str):
+        return auto_profile(device) if node == "auto" else load_profile(node)
+    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    if not isinstance(raw, dict):
+        raise TypeError(f"hardware node is {type(raw).__name__}, not a mapping")
+    data: dict[str, Any] = {str(k): v for k, v in raw.items()}
+    return auto_profile(device) if is_auto(data) else from_dict(data)
+
+
+def record_predictor(cfg: Any, cell: Cell) -> Annotate:
+    """Predict every length of ``cell`` now; return what writes the prediction into a record.
+
+    ``cfg.hardware`` chooses the profile (unset or ``auto``: by the cell's device). Nothing
+    here stops a run: a profile or prediction that fails leaves a ``prediction_note``.
+    """
+    try:
+        from lcab.plan.expected import expect_length
+
+        hardware = _hardware(cfg.get("hardware") if cfg is not None else None, cell.device)
+        lengths = {s: expect_length(cell, s, hardware) for s in cell.seqlens}
+    except Exception as err:  # the run goes on without predictions; the records say why
+        note = f"no prediction: {type(err).__name__}: {err}"
+        return lambda record: _note(record, note[:300])
+
+    def annotate(record: RunRecord) -> None:
+        expected = lengths.get(record.seqlen)
+        record.predicted_hardware = hardware.name
+        if expected is None or expected.prediction is None:
+            reason = expected.reason if expected is not None else "length not predicted"
+            _note(record, f"no prediction: {reason}")
+            return
+        try:
+            attach(record, expected.prediction)
+        except Exception as err:  # never cost a record
+            _note(record, f"no prediction: {type(err).__name__}: {err}"[:300])
+
+    return annotate
+
+
+def _note(record: RunRecord, note: str) -> None:
+    record.prediction_note = note
+
+
+def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND) -> None:
+    """Write ``prediction`` (a `CellPrediction`) into ``record``; warn when out of ``band``."""
+    off: list[str] = []
+    for name in record.passes:
+        parts = PASS_PARTS.get(name)
+        if not parts:
+            continue
+        result = record.pass_result(name)
+        times = [float(prediction.pass_(p).time_ms) for p in parts]
+        rates = [float(prediction.pass_(p).tflops) for p in parts]
+        predicted_ms = sum(times)
+        result.predicted_ms = predicted_ms
+        result.predicted_tflops = (
+            sum(r * t for r, t in zip(rates, times, strict=True)) / predicted_ms
+            if predicted_ms > 0
+            else None
+        )
+        if result.status != "ok" or not result.ms_p50 or predicted_ms <= 0:
+            continue
+        ratio = predicted_ms / result.ms_p50
+        result.predicted_ratio = ratio
+        if not band[0] <= ratio <= band[1]:
+            off.append(
+                f"{name} {ratio:.3g}x (measured {result.ms_p50:.4g} ms, "
+                f"predicted {predicted_ms:.4g} ms)"
+            )
+    if off and record.status == "ok":
+        record.prediction_warning = (
+            f"measured/predicted throughput outside [{band[0]:g}, {band[1]:g}] on "
+            f"{record.predicted_hardware}: " + "; ".join(off)
+        )
