@@ -57,11 +57,14 @@ def points_of(records: Iterable[RunRecord]) -> list[Point]:
     runs: one run that stalled — ranks sharing cores, a neighbour's job — does not decide it,
     and every cell weighs the same in a fit whatever its number of runs. Context-parallel
     records need two ranks at least; single-device kernel records (``cp=none``) are one call
-    over the whole mask.
+    over the whole mask. Records whose ranks shared a GPU (``shared_device``) are no
+    measurement of time and give no point.
     """
     runs_of: dict[str, list[RunRecord]] = {}
     for record in records:
         if record.status != "ok" or (record.cp != "none" and record.world_size < 2):
+            continue
+        if not record.timings_measured:
             continue
         runs_of.setdefault(repr(PlanCell.of_record(record)), []).append(record)
     points = []

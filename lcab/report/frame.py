@@ -15,6 +15,10 @@ one record (one cell at one length); the columns are `RunRecord.flat` keys (pass
 ``source``
     the records file a row was read from.
 
+A record whose ranks shared a GPU (``shared_device``: a numerics-only check over gloo) keeps
+its numerics, bytes and memory, but its times and TFLOP/s are empty here
+(`RunRecord.measured_flat`), so no figure or table reads a throughput off it.
+
 A sweep folder holds each job's ``records.jsonl`` *and* the merged copy at its root; only the
 job files are read (a records file whose folder has other records files below it is a merge
 of those), and rows that are the same record (same run id, length and creation time) are kept
@@ -143,7 +147,7 @@ def load_records(paths: Sequence[Path | str]) -> pd.DataFrame:
 
 
 def _row(record: RunRecord, file: Path) -> dict[str, Any]:
-    row = record.flat()
+    row = record.measured_flat()
     row[SERIES] = series_name(record.kernel, record.cp)
     row[SOURCE] = str(file)
     return row

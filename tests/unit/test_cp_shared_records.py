@@ -1,0 +1,96 @@
+"""Records of ranks that shared a GPU keep numerics and bytes; no throughput view uses their times.
+
+A numerics-only CP run over gloo on one GPU (`shared_device`) measures nothing about speed: the
+report's frame and figures, the W&B history and summary and the planner's calibration points
+must leave its times and TFLOP/s out, while its errors, bytes and memory stay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from lcab.plan.calibrate import points_of
+from lcab.records.schema import TIMING_COLUMNS, RunRecord
+from lcab.records.wandb_run import WandbLogger
+from lcab.report.figures import NUMERICS, THROUGHPUT, metric_panel
+from lcab.report.frame import load_records
+from lcab.report.plot_style import Styler
+
+
+def _record(seqlen: int, tflops: float, shared: bool) -> RunRecord:
+    record = RunRecord(
+        run_id=f"r{seqlen}",
+        kernel="ranges",
+        cp="ring",
+        mask="causal",
+        seqlen=seqlen,
+        status="ok",
+        passes=["fwd"],
+        heads_q=4,
+        heads_kv=2,
+        head_dim=16,
+        dtype="float32",
+        device="cuda",
+        world_size=2,
+        nodes=1,
+        devices_per_node=2,
+        mask_seed=0,
+        config={"mask": {}, "cp": {}},
+        comm_bytes_measured=4096,
+        comm_bytes_analytic=4096,
+        shared_device=shared,
+    )
+    fwd = record.fwd
+    fwd.status, fwd.ms_p50, fwd.ms_p20, fwd.ms_p80 = "ok", 2.0, 1.9, 2.1
+    fwd.flops, fwd.tflops, fwd.max_abs_err, fwd.mem_peak_mib = 10**9, tflops, 1e-3, 12.0
+    return record
+
+
+def test_measured_flat_empties_only_the_timings_of_a_shared_record():
+    shared, own = _record(256, 7.0, True).measured_flat(), _record(256, 7.0, False).measured_flat()
+    assert all(shared[c] is None for c in TIMING_COLUMNS)
+    assert own["fwd_tflops"] == 7.0 and own["fwd_ms_p50"] == 2.0
+    for kept in ("fwd_max_abs_err", "fwd_mem_peak_mib", "comm_bytes_measured", "fwd_flops"):
+        assert shared[kept] == own[kept]
+    assert RunRecord.from_dict(_record(256, 7.0, True).to_dict()).shared_device is True
+
+
+def test_report_draws_no_throughput_from_a_shared_record(tmp_path: Path):
+    records = [_record(256, 3.0, False), _record(512, 100.0, True)]
+    (tmp_path / "records.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    frame = load_records([tmp_path])
+    styler = Styler(frame)
+    speed = metric_panel(frame, styler, "fwd", THROUGHPUT)
+    assert [line.y for line in speed.lines] == [(3.0,)]  # the 512 record adds no point
+    assert not speed.failed  # and is no failure either: it ran ok
+    errors = metric_panel(frame, styler, "fwd", NUMERICS)
+    assert [line.x for line in errors.lines] == [(256.0, 512.0)]  # numerics of both
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def log(self, row: dict) -> None:
+        self.rows.append(row)
+
+
+def test_wandb_logs_no_time_or_throughput_of_a_shared_record():
+    logger = object.__new__(WandbLogger)
+    logger.records, logger._logged, logger._broken = [], set(), False
+    logger.run = _Run()
+    logger.run.config = SimpleNamespace(update=lambda *a, **k: None)
+    logger.log(_record(256, 3.0, False))
+    logger.log(_record(512, 100.0, True))
+    own, shared = logger.run.rows
+    assert own["fwd_tflops"] == 3.0 and "fwd_tflops" not in shared and "fwd_ms_p50" not in shared
+    assert shared["fwd_max_abs_err"] == 1e-3 and shared["comm_bytes_measured"] == 4096
+    summary = logger._summary()
+    assert summary["fwd_tflops/256"] == 3.0 and "fwd_tflops/512" not in summary
+    assert summary["headline/seqlen"] == 512 and summary["headline/fwd_tflops"] is None
+
+
+def test_calibration_takes_no_point_from_a_shared_record():
+    assert len(points_of([_record(256, 3.0, False)])) == 1
+    assert points_of([_record(256, 3.0, True)]) == []
