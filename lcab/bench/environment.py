@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import subprocess
 from functools import cache
@@ -51,7 +52,12 @@ def device_name(device: str) -> str:
 
 
 def nccl_version() -> str | None:
-    """NCCL's version as torch was built with it (``2.21.5``), or None without NCCL."""
+    """NCCL's version as torch was built with it (``2.21.5``), or None without NCCL.
+
+    ``torch.cuda.nccl.version()`` reads ``NCCL_MAJOR``/``MINOR``/``PATCH`` of the headers torch
+    was compiled against (``torch/csrc/cuda/nccl.cpp``, ``version()``), not the library that
+    runs: see `loaded_nccl_version`.
+    """
     try:
         version = torch.cuda.nccl.version()
     except (AttributeError, RuntimeError):
@@ -59,6 +65,65 @@ def nccl_version() -> str | None:
     if isinstance(version, tuple):
         return ".".join(str(part) for part in version)
     return str(version) if version else None
+
+
+_LIBNCCL = re.compile(r"libnccl\.so(\.\d+)*")
+
+
+def loaded_nccl_versions(maps: str = "/proc/self/maps") -> str | None:
+    """``ncclGetVersion`` of each libnccl mapped into this process (``2.27.3``), or None.
+
+    The libnccl a process group uses is the one the dynamic linker mapped for torch, and it need
+    not be the one torch was built against: torch's CUDA wheels link NCCL dynamically and load
+    it from the ``nvidia-nccl-cu*`` wheel (torch 2.13 ``torch/__init__.py``,
+    ``_preload_cuda_deps``: ``("nccl", "libnccl.so.*[0-9]")``), so another NCCL wheel,
+    ``LD_LIBRARY_PATH`` or ``LD_PRELOAD`` changes it. So the library is found where the process
+    has it (``/proc/self/maps``), opened with ``RTLD_NOLOAD`` (never a second copy) and asked
+    for its own version. None: no libnccl in the process (a CPU build), no ``/proc``, or a
+    library that does not answer. Several different versions mapped are all named, lowest first.
+    """
+    try:
+        with open(maps) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    paths = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        path = fields[5].strip() if len(fields) == 6 else ""
+        if path.startswith("/") and _LIBNCCL.fullmatch(os.path.basename(path)):
+            paths.append(path)
+    versions = {v for v in map(_ask_version, dict.fromkeys(paths)) if v is not None}
+    ordered = sorted(versions, key=lambda v: tuple(int(part) for part in v.split(".")))
+    return ",".join(ordered) or None
+
+
+def _ask_version(path: str) -> str | None:
+    """The version ``ncclGetVersion`` of the already loaded library at ``path`` reports."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        get = lib.ncclGetVersion
+    except (OSError, AttributeError):
+        return None
+    get.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    get.restype = ctypes.c_int
+    code = ctypes.c_int(0)
+    if get(ctypes.byref(code)) != 0 or code.value <= 0:
+        return None
+    return _version_text(code.value)
+
+
+def _version_text(code: int) -> str:
+    """NCCL's integer version code as ``major.minor.patch``.
+
+    ``NCCL_VERSION_CODE`` (``nccl.h``) is ``major*10000 + minor*100 + patch`` from 2.9 on and
+    ``major*1000 + minor*100 + patch`` before.
+    """
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -71,6 +136,7 @@ def environment(device: str) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "nccl_version": nccl_version(),
+        "nccl_version_loaded": loaded_nccl_versions(),
         "device_name": device_name(device),
         "num_threads": torch.get_num_threads(),
         "hostname": socket.gethostname(),
