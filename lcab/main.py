@@ -12,25 +12,23 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lcab.bench.scheduled import scheduled_rank, write_job_environment
-from lcab.cell import Cell, JobInfo
-from lcab.config import CONF_DIR, ConfigError, job_info, register_configs, resolve_cell
-from lcab.launch import register_launcher
-from lcab.records.schema import RunRecord
+from lcab.config import CONF_DIR, ConfigError, job_info
 from lcab.records.sinks import RECORDS_FILE, JsonlSink, RecordWriteError
 
-register_configs()
-register_launcher()
+if TYPE_CHECKING:  # torch and the bench stack load in the functions that run a cell
+    from lcab.cell import Cell, JobInfo
+    from lcab.records.schema import RunRecord
 
 
 def _job_info() -> JobInfo:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     hc = HydraConfig.get()
     return job_info(cast(DictConfig, hc), multirun=hc.mode == RunMode.MULTIRUN)
 
@@ -76,6 +74,8 @@ def _run(cell: Cell, write: Callable[[RunRecord], None], rank: tuple[int, int] |
 def app(cfg: DictConfig) -> None:
     """Run one cell and record it (Hydra calls this once per job)."""
     from lcab.bench.console import print_records
+    from lcab.bench.scheduled import scheduled_rank, write_job_environment
+    from lcab.config import resolve_cell
     from lcab.records.loggers import make_loggers
 
     job = _job_info()
@@ -102,8 +102,12 @@ def app(cfg: DictConfig) -> None:
     except RecordWriteError as err:
         _unwritable(err, [], cell.seqlens)
     loggers = make_loggers(cfg, cell)
+    from lcab.plan.record_prediction import record_predictor  # the planner, only to run a cell
+
+    predict = record_predictor(cfg, cell)  # every length predicted before any is timed
 
     def write(record: RunRecord) -> None:
+        predict(record)  # never raises: a cell without a prediction says why
         records.append(record)
         sink.write(record)  # first: a record that cannot be kept stops the cell
         for logger in loggers:
@@ -172,12 +176,20 @@ def _dry_run(argv: list[str]) -> bool:
 
 def main() -> None:
     """Pre-check the whole run or sweep (SLURM shapes too), then hand over to Hydra."""
+    from lcab.config.help import fast_help_applies, print_help
+
+    argv = sys.argv[1:]
+    if fast_help_applies(argv):  # before torch and Hydra's walk over every config group
+        sys.exit(print_help("config", argv))
+    from lcab.config import register_configs
     from lcab.config.preflight import output_problem, preflight, split_argv
+    from lcab.launch import register_launcher
     from lcab.launch.checks import slurm_problems
     from lcab.records.callback import write_failures
 
+    register_configs()
+    register_launcher()
     _unwind_on_sigterm()
-    argv = sys.argv[1:]
     code = preflight(argv, extra=slurm_problems)
     if code:
         sys.exit(code)

@@ -3,16 +3,44 @@
 ``schema`` registers the structured configs, ``resolve`` turns one composed config into a
 `lcab.cell.Cell` (or a `ConfigError` naming key, value and valid options), ``preflight`` checks
 every job of a run or sweep before anything is launched.
+
+The schemas are generated from the kernel, mask and strategy registries, and resolution reads
+them too, so both load torch. `register_configs`, `resolve_cell` and `cp_config_classes` are
+therefore imported on first use (PEP 562): ``import lcab.config`` — and with it ``import
+lcab.main`` and ``--help`` — stays free of torch.
 """
 
-from pathlib import Path
+from __future__ import annotations
 
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lcab.config.errors import ConfigError
 from lcab.config.job import job_info
-from lcab.config.resolve import ConfigError, resolve_cell
-from lcab.config.schema import cp_config_classes, register_configs
+
+if TYPE_CHECKING:
+    from lcab.config.resolve import resolve_cell
+    from lcab.config.schema import cp_config_classes, register_configs
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 """The repository's ``conf/`` folder (the Hydra config tree), defined once."""
+
+_LAZY = {
+    "resolve_cell": "lcab.config.resolve",
+    "register_configs": "lcab.config.schema",
+    "cp_config_classes": "lcab.config.schema",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The heavy names of `_LAZY`, imported from their module on first use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CONF_DIR",

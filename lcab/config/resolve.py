@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lcab.cell import DTYPES, BenchConfig, Cell, JobInfo
+from lcab.cell import DTYPE_NAMES, BenchConfig, Cell, JobInfo
+from lcab.config.errors import ConfigError
 from lcab.config.launcher import LAUNCHER_TARGET
 from lcab.cp import STRATEGIES
 from lcab.flops import PASSES
@@ -26,14 +27,6 @@ GPU_PROBLEM = {"heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16
 BACKENDS = ("auto", "gloo", "nccl")
 #: Local ranks for cp != none when the topology leaves it open, on CPU.
 CPU_CP_RANKS = 4
-
-
-class ConfigError(ValueError):
-    """A bad config value: ``key``, ``value`` and what is valid."""
-
-    def __init__(self, key: str, value: Any, valid: str) -> None:
-        self.key, self.value, self.valid = key, value, valid
-        super().__init__(f"{key}={value!r} is invalid: {valid}")
 
 
 def _container(node: Any) -> dict[str, Any]:
@@ -108,8 +101,8 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
             "problem.heads_q", heads_q, f"must be a multiple of problem.heads_kv={heads_kv} (GQA)"
         )
     dtype = defaults["dtype"] if p.dtype == "auto" else str(p.dtype)
-    if dtype not in DTYPES:
-        raise ConfigError("problem.dtype", dtype, f"valid: auto, {', '.join(DTYPES)}")
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError("problem.dtype", dtype, f"valid: auto, {', '.join(DTYPE_NAMES)}")
 
     # topology
     t = cfg.topology

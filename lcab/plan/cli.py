@@ -29,6 +29,22 @@ from lcab.records.sinks import read_records
 
 RECORD_COMMANDS = ("--calibrate", "--check", "--published")
 
+#: The opening of ``python -m lcab.plan --help``; the config groups and the composed config
+#: follow, as in ``python -m lcab.main --help`` (`lcab.config.help`).
+HELP_INTRO = """\
+lcab planner: predicts context-parallel cells (kernel x cp x mask x topology) on a hardware
+profile at each length, before GPU-hours are spent; -m sweeps comma-separated options.
+Same groups as the benchmark; `hardware` picks the profile.
+
+  python -m lcab.plan                       # USP, causal_document, 8x8 H100
+  python -m lcab.plan -m topology=2x8,4x8,8x8,12x8 cp=ulysses,ring,ring_allgather,usp,loongtrain
+  python -m lcab.plan recommend=true mask=full_document topology=12x8
+  python -m lcab.plan --calibrate RECORDS.jsonl [--hardware cpu_gloo_local] [--out FILE.yaml]
+  python -m lcab.plan --check RECORDS.jsonl [--hardware FILE.yaml]
+  python -m lcab.plan --published           # against the published H100 figures
+  python -m lcab.plan --calibrate x --help  # the flags of the record commands
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lcab.plan", description=__doc__)
@@ -111,6 +127,10 @@ def _hardware(name: str | None, records: list[RunRecord]) -> Hardware:
 
 def run(argv: list[str]) -> int:
     """Dispatch ``argv`` (see module docstring); returns the exit code."""
+    from lcab.config.help import fast_help_applies, print_help
+
+    if fast_help_applies(argv):  # before torch and Hydra's walk over every config group
+        return print_help("plan", argv, intro=HELP_INTRO)
     if not any(a.split("=")[0] in RECORD_COMMANDS for a in argv):
         from lcab.plan.app import main
 
