@@ -40,6 +40,10 @@ from pathlib import Path
 PROBE_VERSION = 1
 """Bumped when what the probe measures changes (older cache entries are measured again)."""
 
+MAX_AGE_S = 7 * 24 * 3600.0
+"""A cached probe older than this is measured again (a host's load and clocks change; one probe
+taken while the host was busy does not stay for ever)."""
+
 CPU_PROFILE = "cpu_gloo_local"
 """The CPU profile ``auto`` scales."""
 
@@ -153,7 +157,8 @@ def measure() -> HostFigures:
 def host_figures(fresh: bool = False) -> HostFigures:
     """The figures of the host this runs on: cached for this host, else measured (and cached).
 
-    A cache that cannot be read or written is not an error: the figures are measured again.
+    An entry older than `MAX_AGE_S` is measured again, and so is everything when the cache
+    cannot be read (a cache that cannot be written is not an error either).
     """
     path = cache_dir() / "host_probe.json"
     key = f"{host_key()}|v{PROBE_VERSION}"
@@ -163,13 +168,15 @@ def host_figures(fresh: bool = False) -> HostFigures:
         cached = {}
     if not isinstance(cached, dict):
         cached = {}
-    if not fresh and isinstance(cached.get(key), dict):
+    entry = cached.get(key)
+    if not fresh and isinstance(entry, dict):
         try:
-            return HostFigures(**cached[key])
-        except TypeError:
+            if time.time() - float(entry["measured_at"]) < MAX_AGE_S:
+                return HostFigures(**entry["figures"])
+        except (KeyError, TypeError, ValueError):
             pass
     figures = measure()
-    cached[key] = asdict(figures)
+    cached[key] = {"figures": asdict(figures), "measured_at": time.time()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -116,11 +116,10 @@ def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND)
         result.predicted_ratio = ratio
         if not band[0] <= ratio <= band[1]:
             off.append(
-                f"{name} {ratio:.3g}x (measured {result.ms_p50:.4g} ms, "
-                f"predicted {predicted_ms:.4g} ms)"
+                f"{name} {ratio:.3g}x ({result.ms_p50:.4g} ms, {predicted_ms:.4g} predicted)"
             )
     if off and record.status == "ok":
         record.prediction_warning = (
-            f"measured/predicted throughput outside [{band[0]:g}, {band[1]:g}] on "
-            f"{record.predicted_hardware}: " + "; ".join(off)
+            f"off the plan: {'; '.join(off)}: measured/predicted throughput outside "
+            f"[{band[0]:g}, {band[1]:g}] on {record.predicted_hardware}"
         )
