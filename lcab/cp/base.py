@@ -17,8 +17,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
-
 from lcab.cp.balance import Placement, place
 from lcab.cp.plan import HeadSplit, Plan, head_split
 from lcab.cp.prepared import CPPrepared
@@ -230,8 +228,12 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
 
 
 def element_bytes(problem: Problem) -> int:
-    """Bytes per element of the problem dtype."""
-    return torch.empty((), dtype=problem.dtype).element_size()
+    """Bytes per element of the problem dtype.
+
+    The dtype's own figure: no tensor is made, as the planner asks this for every step of
+    every rank.
+    """
+    return int(problem.dtype.itemsize)
 
 
 def accumulator_bytes(problem: Problem) -> int:

@@ -11,7 +11,7 @@ the call: once a ring step's transfer has arrived (`accumulate_work`) and after 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +39,29 @@ class Call:
     """The half a causal ring step extracts and calls with (q | kv; "" for none)."""
 
 
+Figures = tuple[float, float, float, float, float, float, float, float]
+"""A call's pair figures: (area, mean keys, rows, runs, mean queries, cols, key documents,
+longest cols), averaged over the mask heads of its Ulysses member (`figures_of`)."""
+
+
+def figures_of(works: PairWork, mask_heads: Sequence[int], local_q: int, i: int, j: int) -> Figures:
+    """The figures of pair (i, j) for the mask heads a Ulysses member computes.
+
+    The area is per local query head (the per-KV-head masks' mean, times the query heads).
+    """
+    area = sum(works.area[h, i, j] for h in mask_heads) * local_q / len(mask_heads)
+    return (
+        area,
+        _head_mean(works.mean_keys, mask_heads, i, j),
+        _head_mean(works.rows, mask_heads, i, j),
+        _head_mean(works.runs, mask_heads, i, j),
+        _head_mean(works.mean_queries, mask_heads, i, j),
+        _head_mean(works.cols, mask_heads, i, j) if works.cols is not None else 0.0,
+        _head_mean(works.col_docs, mask_heads, i, j) if works.col_docs is not None else 0.0,
+        _head_mean(works.longest_cols, mask_heads, i, j) if works.longest_cols is not None else 0.0,
+    )
+
+
 def call_work(
     works: PairWork,
     plan: Plan,
@@ -49,22 +72,30 @@ def call_work(
     bwd: bool,
     call: Call,
 ) -> Work | None:
-    """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing."""
+    """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing.
+
+    The plain definition; the replay asks `CallWorks` (the same, memoised).
+    """
     heads = plan.heads
     mask_heads = [0] if works.area.shape[0] == 1 else heads.kv_heads_of(ui)
     # per-KV-head masks: each local KV head uses its own mask head
-    area = sum(works.area[h, i, j] for h in mask_heads) * heads.local_q / len(mask_heads)
-    if area <= 0:
+    figures = figures_of(works, mask_heads, heads.local_q, i, j)
+    if figures[0] <= 0:
         return None
-    keys = _head_mean(works.mean_keys, mask_heads, i, j)
-    rows = _head_mean(works.rows, mask_heads, i, j)
-    runs = _head_mean(works.runs, mask_heads, i, j)
-    queries = _head_mean(works.mean_queries, mask_heads, i, j)
-    cols = _head_mean(works.cols, mask_heads, i, j) if works.cols is not None else 0.0
-    key_docs = _head_mean(works.col_docs, mask_heads, i, j) if works.col_docs is not None else 0.0
-    longest = (
-        _head_mean(works.longest_cols, mask_heads, i, j) if works.longest_cols is not None else 0.0
-    )
+    return work_of(figures, plan, problem, bwd, call, _call_copies(call, bwd))
+
+
+def _call_copies(call: Call, bwd: bool) -> Copies:
+    """The copies around ``call`` in one pass: the family's, plus its half's extraction."""
+    return call.harness.call_passes(call.family, bwd).plus(call.harness.half_passes(call.half, bwd))
+
+
+def work_of(
+    figures: Figures, plan: Plan, problem: Problem, bwd: bool, call: Call, copies: Copies
+) -> Work:
+    """The `Work` of a call with pair ``figures`` (area > 0) and the copies around it."""
+    heads = plan.heads
+    area, keys, rows, runs, queries, cols, key_docs, longest = figures
     sequences = call.documents if call.harness.lists_every_document else key_docs
     if call.harness.kernel_gets_active_tokens and key_docs > 0:
         # packed varlen input: a document's rows in the call are one sequence, one run of
@@ -75,9 +106,6 @@ def call_work(
     q_size, kv_size = heads.local_q * problem.head_dim, heads.local_kv * problem.head_dim
     elements = Elements(
         call.q_tokens * q_size, call.kv_tokens * kv_size, rows * q_size, cols * kv_size
-    )
-    copies = call.harness.call_passes(call.family, bwd).plus(
-        call.harness.half_passes(call.half, bwd)
     )
     moved = copies.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
     q_per_kv = heads.local_q / max(heads.local_kv, 1)
@@ -103,6 +131,100 @@ def call_work(
         key_runs=key_docs,
         longest_keys=longest,
     )
+
+
+class CallWorks:
+    """`call_work` for one replay (one plan, problem and pair table), memoised.
+
+    A 96-rank replay asks for ~18,000 calls per pass, and most of them are alike (every
+    off-diagonal zigzag pair of a causal mask has the same figures). The figures of a one-head
+    mask are read for all pairs at once (the same arithmetic, element by element, as
+    `figures_of`), and calls with equal figures share one `Work` object, which lets the cost
+    model cost each distinct call once (`lcab.plan.model`).
+    """
+
+    def __init__(self, works: PairWork, plan: Plan, problem: Problem) -> None:
+        self.works, self.plan, self.problem = works, plan, problem
+        self._table: list[list[Figures]] | None = None
+        if works.area.shape[0] == 1:
+            self._table = _figure_table(works, plan.heads.local_q)
+        # per (call, pass), keyed by the call's id: (the call, kept alive so that its id stays
+        # its own; its copies; its works by figures; its accumulation by harness id)
+        self._calls: dict[tuple[int, bool], _PerCall] = {}
+
+    def __call__(self, ui: int, i: int, j: int, bwd: bool, call: Call) -> Work | None:
+        """`call_work` of Ulysses member ``ui`` on pair (i, j)."""
+        if self._table is not None:
+            figures = self._table[i][j]
+        else:
+            heads = self.plan.heads.kv_heads_of(ui)
+            figures = figures_of(self.works, heads, self.plan.heads.local_q, i, j)
+        if figures[0] <= 0:
+            return None
+        per = self._per_call(call, bwd)
+        work = per.works.get(figures)
+        if work is None:
+            work = per.works[figures] = work_of(
+                figures, self.plan, self.problem, bwd, call, per.copies
+            )
+        return work
+
+    def _per_call(self, call: Call, bwd: bool) -> _PerCall:
+        per = self._calls.get((id(call), bwd))
+        if per is None:
+            per = self._calls[id(call), bwd] = _PerCall(call, _call_copies(call, bwd))
+        return per
+
+    def accumulate(
+        self, work: Work | None, call: Call, harness: Harness, bwd: bool
+    ) -> tuple[Work, ...]:
+        """`accumulate_work`, memoised: it depends on the call, not on the pair."""
+        if work is None:
+            return ()
+        per = self._per_call(call, bwd)
+        done = per.accumulated.get(id(harness))
+        if done is None:
+            done = accumulate_work(work, call, self.plan, self.problem, harness, bwd)
+            per.accumulated[id(harness)] = done
+            per.harnesses.append(harness)  # keeps its id its own
+        return done
+
+
+@dataclass
+class _PerCall:
+    """What `CallWorks` keeps for one call in one pass."""
+
+    call: Call
+    copies: Copies
+    works: dict[Figures, Work] = field(default_factory=dict)
+    accumulated: dict[int, tuple[Work, ...]] = field(default_factory=dict)
+    harnesses: list[Harness] = field(default_factory=list)
+
+
+def _figure_table(works: PairWork, local_q: int) -> list[list[Figures]]:
+    """`figures_of` of every pair of a one-head mask, as Python floats, row by row.
+
+    Element-wise numpy arithmetic is IEEE arithmetic on each element, so every figure is the
+    one `figures_of` computes for the pair.
+    """
+
+    def plane(values: np.ndarray | None) -> list[list[float]]:
+        if values is None:
+            return np.zeros(works.area.shape[1:]).tolist()  # type: ignore[no-any-return]
+        return np.asarray(values[0], dtype=np.float64).tolist()  # type: ignore[no-any-return]
+
+    area = np.asarray((0 + works.area[0]) * local_q / 1, dtype=np.float64).tolist()
+    planes = [
+        area,
+        plane(works.mean_keys),
+        plane(works.rows),
+        plane(works.runs),
+        plane(works.mean_queries),
+        plane(works.cols),
+        plane(works.col_docs),
+        plane(works.longest_cols),
+    ]
+    return [list(zip(*(p[i] for p in planes), strict=True)) for i in range(len(area))]
 
 
 def attends_only_past(mask: AttnMask) -> bool:

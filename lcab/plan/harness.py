@@ -169,7 +169,7 @@ class Harness:
     """Ring All-Gather on a zigzag placement calls its kernel once per half of its queries (the
     chunks ``p`` and ``2P - 1 - p`` of every document), each against the keys that half
     attends (True), or once with all its queries (False)."""
-    passes: dict[str, Copies] = field(default_factory=dict)
+    passes: dict[str, Copies] = field(default_factory=dict, hash=False)
     """Keyed ``<family>_<pass>``: ``ulysses_fwd``, ``allgather_bwd``, ``ring_fwd`` (per ring
     step, also for USP's and LoongTrain's steps), ...; ``ulysses_layout_<pass>``: the layout
     copies around a Ulysses group's all-to-alls, once per pass (Ulysses, USP, LoongTrain);

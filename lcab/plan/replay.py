@@ -37,8 +37,7 @@ from lcab.masks.core import AttnMask
 from lcab.plan.areas import pair_work
 from lcab.plan.calls import (
     Call,
-    accumulate_work,
-    call_work,
+    CallWorks,
     causal_half,
     copies_work,
     documents_of,
@@ -87,20 +86,49 @@ class Replay:
 
 
 class _Links:
-    """Which peers are on another node (ranks are node-major)."""
+    """Which peers are on another node (ranks are node-major).
+
+    Equal transfers and stages are one object (`one`, `stage`): the cost model costs each
+    object once (`lcab.plan.model`), and 96 ranks x 96 steps hold few distinct ones.
+    """
 
     def __init__(self, devices_per_node: int, p2p_batched: bool = True) -> None:
         self.per_node = devices_per_node
         self.p2p_batched = p2p_batched
+        self._transfers: dict[Transfer, Transfer] = {}
+        self._p2p: dict[tuple[str, int, bool, int], Transfer] = {}
+        self._stages: dict[tuple[int, ...], Stage] = {}
+
+    def one(self, transfer: Transfer) -> Transfer:
+        """The object of every transfer equal to ``transfer``."""
+        return self._transfers.setdefault(transfer, transfer)
+
+    def stage(
+        self,
+        work: Work | None,
+        during: tuple[Transfer, ...],
+        after: tuple[Transfer, ...],
+        finish: tuple[Work, ...],
+    ) -> Stage:
+        """``Stage(work, during, after, finish=finish)``, one object for equal parts."""
+        key = (id(work), -1, *map(id, during), -1, *map(id, after), -1, *map(id, finish))
+        stage = self._stages.get(key)
+        if stage is None:
+            stage = self._stages[key] = Stage(work, during, after, finish=finish)
+        return stage
 
     def inter(self, a: int, b: int) -> bool:
         return a // self.per_node != b // self.per_node
 
     def p2p(self, op: str, nbytes: int, src: int, dst: int, ring_size: int) -> Transfer:
         """A ring exchange's send; unbatched in a ring of two it waits for the receive."""
-        far = nbytes if self.inter(src, dst) else 0
-        phases = 2 if ring_size == 2 and not self.p2p_batched else 1
-        return Transfer(op, "p2p", nbytes, far, phases)
+        key = (op, nbytes, src // self.per_node != dst // self.per_node, ring_size)
+        transfer = self._p2p.get(key)
+        if transfer is None:
+            far = nbytes if self.inter(src, dst) else 0
+            phases = 2 if ring_size == 2 and not self.p2p_batched else 1
+            transfer = self._p2p[key] = self.one(Transfer(op, "p2p", nbytes, far, phases))
+        return transfer
 
     def collective(self, op: str, kind: str, nbytes: int, rank: int, group: list[int]) -> Transfer:
         """The part of a collective's bytes that crosses this rank's own NIC.
@@ -115,9 +143,11 @@ class _Links:
         if kind == "a2a":
             peers = [p for p in group if p != rank]
             far = sum(self.inter(rank, p) for p in peers)
-            return Transfer(op, kind, nbytes, nbytes * far // max(len(peers), 1))
+            return self.one(Transfer(op, kind, nbytes, nbytes * far // max(len(peers), 1)))
         nodes = len({p // self.per_node for p in group})
-        return Transfer(op, kind, nbytes, nbytes * (nodes - 1) // max(len(group) - 1, 1))
+        return self.one(
+            Transfer(op, kind, nbytes, nbytes * (nodes - 1) // max(len(group) - 1, 1))
+        )
 
 
 def replay(
@@ -209,12 +239,12 @@ def _ulysses(
     plan: Plan, mask: AttnMask, problem: Problem, links: _Links, harness: Harness
 ) -> tuple[list, list]:
     order = np.concatenate(plan.rank_layouts)  # every token (a group holds the whole sequence)
-    works = pair_work(mask, [order], [order])
+    call_work = CallWorks(pair_work(mask, [order], [order]), plan, problem)
     call = Call("ulysses", harness, len(order), len(order), documents_of(mask))
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
         for rank in range(plan.world):
-            work = call_work(works, plan, problem, rank % plan.ulysses, 0, 0, bool(bwd), call)
+            work = call_work(rank % plan.ulysses, 0, 0, bool(bwd), call)
             before, after = _ulysses_ends(plan, problem, links, rank, bool(bwd), harness)
             ranks.append((Window((before, Stage(work), after)),))
     return passes
@@ -235,7 +265,7 @@ def _allgather(
         docs = np.asarray(mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q])
         row_sets = [h for rows in row_sets for h in zigzag_halves(rows, docs, len(row_sets))]
     calls = len(row_sets) // plan.world
-    works = pair_work(mask, row_sets, [everything])
+    call_work = CallWorks(pair_work(mask, row_sets, [everything]), plan, problem)
     call = Call("allgather", harness, plan.shard_len // calls, len(everything), documents_of(mask))
     shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
     moved = 2 * (plan.ring - 1) * shard
@@ -257,7 +287,7 @@ def _allgather(
         for bwd_ in (False, True):
             once = harness.once_passes("allgather", bwd_)
             rows = range(rank * calls, (rank + 1) * calls)
-            works_ = [call_work(works, plan, problem, 0, row, 0, bwd_, call) for row in rows]
+            works_ = [call_work(0, row, 0, bwd_, call) for row in rows]
             if once is not None:
                 works_.insert(0, copies_work(once, whole, problem))
             stages.append(Stage(works_[0], then=tuple(works_[1:])))
@@ -287,7 +317,7 @@ def _ring(
 ) -> tuple[list, list]:
     """Ring P2P, USP and LoongTrain: (Ulysses ends around) a windowed ring of R positions."""
     shards = list(plan.placement.layouts)
-    works = pair_work(mask, shards, shards)
+    call_work = CallWorks(pair_work(mask, shards, shards), plan, problem)
     r, w = plan.ring, plan.windows
     s = r // w
     prefix = {"ring": "ring", "usp": "usp_ring", "loongtrain": "loong"}[plan.strategy]
@@ -332,7 +362,7 @@ def _ring(
                     source = ((window - o) % w) * s + (slot - t) % s
                     call = call_for(p, source)
                     merged.append(call)
-                    work = call_work(works, plan, problem, ui, p, source, bool(bwd), call)
+                    work = call_work(ui, p, source, bool(bwd), call)
                     during: tuple[Transfer, ...] = (
                         (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner, s),)
                         if t < s - 1
@@ -347,8 +377,8 @@ def _ring(
                         after = dkv
                     if t == 0:
                         during, carried = during + carried, ()
-                    finish = accumulate_work(work, call, plan, problem, harness, bool(bwd))
-                    stages.append(Stage(work, during, after, finish=finish))
+                    finish = call_work.accumulate(work, call, harness, bool(bwd))
+                    stages.append(links.stage(work, during, after, finish))
                 hop = harness.dkv_overlapped and (
                     harness.dkv_home_hop
                     or (harness.window_dkv_hop and plan.strategy == "loongtrain")
