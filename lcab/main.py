@@ -165,6 +165,73 @@ def _unwind_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, unwind)
 
 
+def _no_space_in_one_line() -> None:
+    """A disk with no room for Hydra's own files ends the run in one line and exit code 1.
+
+    Hydra writes ``.hydra/*.yaml`` (and a sweep's ``multirun.yaml``) before lcab's code runs,
+    and reports a failure there as a traceback. lcab's own writes already fail in one line
+    (`_unwritable`); wrapping `Hydra.run` and `Hydra.multirun` (hydra-core 1.3: what
+    ``@hydra.main`` calls inside its error reporter) gives Hydra's writes the same ending.
+    Only "No space left on device" is turned into a line: anything else keeps Hydra's report.
+    """
+    import errno
+    import functools
+
+    from hydra._internal.hydra import Hydra
+
+    def guarded(method: Callable[..., object]) -> Callable[..., object]:
+        @functools.wraps(method)
+        def run(*args: object, **kwargs: object) -> object:
+            try:
+                return method(*args, **kwargs)
+            except OSError as err:
+                if err.errno != errno.ENOSPC:
+                    raise
+                folder, name = _written_where(err)
+                print(
+                    f"lcab: cannot write to {folder}: No space left on device{name}; not run "
+                    "from here on (records written so far stay; free space, then rerun with "
+                    "resume=true)",
+                    file=sys.stderr,
+                )
+                sys.exit(1)
+
+        return run
+
+    for name in ("run", "multirun"):
+        method = getattr(Hydra, name)
+        if not getattr(method, "_lcab_guarded", False):
+            wrapped = guarded(method)
+            wrapped._lcab_guarded = True  # type: ignore[attr-defined]
+            setattr(Hydra, name, wrapped)
+
+
+def _written_where(err: OSError) -> tuple[str, str]:
+    """The folder Hydra was writing to when ``err`` was raised, and the file's name (if known).
+
+    A failed ``write`` carries no file name; Hydra's writers hold the folder in a local
+    (``output_dir`` of ``run_job`` and ``_save_config``, ``sweep_dir`` of the sweeper), read
+    from the innermost frame that has one. A job's ``.hydra`` folder is named by its job folder.
+    """
+    folder: object = None
+    name: object = None
+    tb = err.__traceback__
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        folder = local.get("output_dir", local.get("sweep_dir", folder))
+        name = local.get("filename", name)
+        tb = tb.tb_next
+    if err.filename:
+        written = Path(str(err.filename))
+        folder, name = written.parent, written.name
+    if folder is None:
+        return "the output folder", ""
+    path = Path(str(folder)).absolute()
+    if path.name == ".hydra" and name:
+        path, name = path.parent, f".hydra/{name}"
+    return str(path), f" (writing {name})" if name else ""
+
+
 def _dry_run(argv: list[str]) -> bool:
     """Whether the command line says ``dry_run=true``."""
     for arg in argv:
@@ -202,6 +269,7 @@ def main() -> None:
     if unwritable is not None:
         print(f"lcab: {unwritable}; nothing was run", file=sys.stderr)
         sys.exit(1)
+    _no_space_in_one_line()
     app()
     if write_failures():  # the merged records or the CSV view could not be written
         sys.exit(1)
