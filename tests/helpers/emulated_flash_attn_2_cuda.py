@@ -324,7 +324,7 @@ def varlen_bwd(
     _lse(softmax_lse, q, q.shape[1], q.shape[0])
     window = _window(left, right, max_seqlen_k)
     allowed = _segments(cu_seqlens_q, cu_seqlens_k, window)
-    computed = flash_backward_math(dout, q, k, v, out, softmax_lse.t(), allowed, softmax_scale)
+    computed = flash_backward_math(dout, q, k, v, out, softmax_lse, allowed, softmax_scale)
     for target, grad in zip(grads, computed, strict=True):
         target.copy_(grad)
     CALLS.append({"fn": "varlen_bwd", "window": window, "lse": softmax_lse})

@@ -19,7 +19,12 @@ swapped-GQA rules), not lcab's lowering, so lcab's adapters can be contract-test
   but its gradient is dropped, as the libraries' backward drops it;
 * the private backwards (FA2 ``_flash_attn_backward`` / ``_flash_attn_varlen_backward``, FA3's
   two generations of ``_flash_attn_backward``) fill the preallocated dq/dk/dv from the given
-  out and LSE with FlashAttention's backward algorithm (`standin_rows.flash_backward_math`);
+  out and LSE with FlashAttention's backward algorithm (`standin_rows.flash_backward_math`).
+  Each is the kind of object its library defines (the row's ``kind``): FA3's newest backward a
+  ``torch.library.custom_op`` ``flash_attn_3::_flash_attn_backward`` (0251105a; since
+  c7697bbf), its 2025-08 one a plain function (203b9b3d). FA2's backwards here are plain
+  functions with the custom ops' parameters; FA2's real Python, custom ops included, is
+  exercised over an emulated extension (`tests.helpers.emulated_flash_attn`);
 * returns as documented: FA2 ``(out, lse, S_dmask)`` and FA3 ``(out, lse)`` with
   ``return_attn_probs=True``, else ``out``; LSE natural log in (B, H, Sq) for the dense call and
   (H, total_q) for varlen; fully masked rows: out 0 and LSE +inf (FA2) or -inf (FA3). The LSE
@@ -32,6 +37,7 @@ Every call is appended to ``CALLS`` (which function, its keyword arguments, the 
 from __future__ import annotations
 
 import importlib.machinery
+import inspect
 import math
 import types
 from typing import Any
@@ -299,8 +305,46 @@ def _fa3_backward_aug_2025(a: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     return a["dq"], a["dk"], a["dv"], torch.empty(0)
 
 
-fa3_flash_attn_backward = from_row(table.FA3_BACKWARD, _fa3_backward)
+def _fa3_backward_op() -> Any:
+    """The newest generation as the library defines it: a ``torch.library.custom_op``
+    ``flash_attn_3::_flash_attn_backward`` mutating dq, dk, dv (hopper
+    ``flash_attn_interface.py`` at 0251105a L258-310, a custom op since c7697bbf), registered
+    for ``device_types="cuda"`` as upstream and given the same function for CPU, as a test does
+    for a library's own op. Its parameters are checked against the table row on creation."""
+    from torch._library import custom_ops
+
+    existing = custom_ops.OPDEFS.get(table.FA3_BACKWARD.op)
+    if existing is not None:  # this module imported twice in one process
+        return existing
+
+    row = table.FA3_BACKWARD
+
+    @torch.library.custom_op(row.op, mutates_args=row.mutates, device_types="cuda")
+    def _flash_attn_backward(
+        dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, softmax_lse: torch.Tensor,
+        cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+        sequed_q: torch.Tensor | None = None, sequed_k: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+        dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
+        dv: torch.Tensor | None = None, softmax_scale: float | None = None,
+        is_causal: bool = False, window_size_left: int = -1, window_size_right: int = -1,
+        softcap: float = 0.0, deterministic: bool = False, sm_margin: int = 0,
+    ) -> torch.Tensor:  # fmt: skip
+        return _fa3_backward(table.FA3_BACKWARD.bind(**locals()))
+
+    _flash_attn_backward.register_kernel("cpu")(_flash_attn_backward._init_fn)
+    assert tuple(inspect.signature(_flash_attn_backward._init_fn).parameters) == (
+        table.FA3_BACKWARD.params
+    )
+    return _flash_attn_backward
+
+
+fa3_flash_attn_backward = _fa3_backward_op()
 fa3_flash_attn_backward_aug_2025 = from_row(table.FA3_BACKWARD_AUG_2025, _fa3_backward_aug_2025)
+"""The 2025-08 generation (203b9b3d L105-154): a plain function, as upstream had it."""
+fa3_flash_attn_backward_function = from_row(table.FA3_BACKWARD, _fa3_backward)
+"""The newest parameters as a plain function (what lcab's adapters took before custom ops)."""
 
 
 def fa3_flash_attn_func_before_july_2025(
