@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from lcab.bench.inputs import SeededInputs
+from lcab.bench.inputs import BLOCK_TOKENS, SeededInputs
 from lcab.kernels import PreparedAttention, get_kernel
 from lcab.kernels.reference import STREAM_CHUNK_BYTES, streamed_rows
 from lcab.masks import AttnMask
@@ -105,6 +105,8 @@ class Reference:
     Full (out, lse and every gradient) up to ``bench.numerics_full_max`` from the whole inputs
     (bounded by that setting); above it, the exact rows of a seeded sample of queries (out, lse,
     dq) with K/V streamed in key chunks from the seeded source, so no global tensor is held.
+    The chunks are whole seeded blocks and out, lse and dq come from one pass over them, so
+    each K/V block is drawn once (rank 0 draws while its peers wait).
     """
 
     def __init__(self, mask: AttnMask, source: SeededInputs, rows: torch.Tensor | None) -> None:
@@ -144,6 +146,7 @@ class Reference:
                 lambda a, b: (src.span("k", a, b), src.span("v", a, b)),
                 src.problem.heads_kv,
                 src.rows("dout", self.rows),
+                align=BLOCK_TOKENS,  # key chunks of whole seeded blocks: each drawn once
             )
             self._fwd = (out, lse)
             self._grads = {"dq": dq, "dk": None, "dv": None}

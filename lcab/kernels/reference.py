@@ -167,15 +167,22 @@ def streamed_rows(
     heads_kv: int,
     dout_rows: torch.Tensor | None = None,
     chunk_bytes: int = STREAM_CHUNK_BYTES,
+    align: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """fp64 (out, lse, dq) of query rows ``rows`` (their q in ``q_rows``), keys streamed.
 
     A query row's output and its dq depend only on that row, so a sample of rows checks a
     kernel at any length. K/V arrive in key chunks from ``keys`` (drawn, not stored) and each
     query head meets only its own K/V head: memory is a few ``len(rows) x chunk`` score
-    blocks, whatever the length and however many query heads share a K/V head. The forward is
-    an online softmax (running max and sum per row); dq, which needs each row's final lse and
-    ``rowsum(dout * out)``, is a second pass over the same chunks.
+    blocks, whatever the length and however many query heads share a K/V head.
+
+    Each key is asked for once: chunk widths are multiples of ``align`` (the caller's unit of
+    drawing, e.g. the seeded input blocks: a chunk that ended inside a block would have the
+    block drawn again for the next chunk), and out, lse and dq come from one pass. The forward
+    is an online softmax (running max and sum per row); dq = scale * sum_k p_k (dp_k - delta)
+    k_k with dp_k = dout . v_k and delta = sum_k p_k dp_k, so it is accumulated in the same
+    pass as sum p dp k, sum p k and sum p dp under the same running rescaling, and combined at
+    the end (in fp64, the difference loses a few ulps of the terms, far below any tolerance).
     """
     rows = rows.to("cpu", torch.long)
     n, hq, d = q_rows.shape
@@ -186,47 +193,53 @@ def streamed_rows(
     hkv = heads_kv
     group = hq // hkv
     qg = q64.reshape(n, hkv, group, d)
+    dog = None
+    if dout_rows is not None:
+        dog = dout_rows.detach().double().to(device).reshape(n, hkv, group, d).permute(1, 2, 0, 3)
     # per key: four fp64 score-sized blocks per query row and head, and K and V as drawn
     # (up to fp32) and in fp64
     per_key = hq * n * 8 * 4 + hkv * d * (4 + 8) * 2
     width = max(1, chunk_bytes // per_key)
-    spans = [(a, min(a + width, mask.seqlen_k)) for a in range(0, mask.seqlen_k, width)]
-
-    def chunk_scores(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(align, width // align * align)  # whole blocks: none drawn twice
+    top = torch.full((hkv, group, n), float("-inf"), dtype=torch.float64, device=device)
+    total = torch.zeros_like(top)
+    acc = torch.zeros((hkv, group, n, d), dtype=torch.float64, device=device)
+    if dog is not None:  # sum p dp k, sum p k (per row and head) and sum p dp (per row)
+        grad_k, prob_k, prob_dp = (
+            torch.zeros_like(acc),
+            torch.zeros_like(acc),
+            torch.zeros_like(top),
+        )
+    for a in range(0, mask.seqlen_k, width):
+        b = min(a + width, mask.seqlen_k)
         k, v = keys(a, b)
         k64, v64 = k.detach().to(device, torch.float64), v.detach().to(device, torch.float64)
         scores = torch.einsum("nhgd,khd->hgnk", qg, k64) * scale
         allowed = torch.stack([window.allowed(h, a, b) for h in range(mask.num_heads)])
         allowed = allowed.to(device).unsqueeze(1)  # (Hm|1, 1, n, b - a)
-        return scores.masked_fill(~allowed, float("-inf")), k64, v64
-
-    top = torch.full((hkv, group, n), float("-inf"), dtype=torch.float64, device=device)
-    total = torch.zeros_like(top)
-    acc = torch.zeros((hkv, group, n, d), dtype=torch.float64, device=device)
-    for a, b in spans:
-        scores, k64, v64 = chunk_scores(a, b)
+        scores = scores.masked_fill(~allowed, float("-inf"))
         new_top = torch.maximum(top, scores.amax(-1))
         shift = torch.where(torch.isinf(new_top), 0.0, new_top)
         probs = torch.exp(scores - shift.unsqueeze(-1))
         decay = torch.exp(top - shift)
         total = total * decay + probs.sum(-1)
         acc = acc * decay.unsqueeze(-1) + torch.einsum("hgnk,khd->hgnd", probs, v64)
+        if dog is not None:
+            weighted = probs * torch.einsum("hgnd,khd->hgnk", dog, v64)  # p * dp
+            grad_k = grad_k * decay.unsqueeze(-1) + torch.einsum("hgnk,khd->hgnd", weighted, k64)
+            prob_k = prob_k * decay.unsqueeze(-1) + torch.einsum("hgnk,khd->hgnd", probs, k64)
+            prob_dp = prob_dp * decay + weighted.sum(-1)
+            del weighted
         top = new_top
         del scores, k64, v64, probs  # one chunk alive at a time, not two
     empty = total == 0
     lse = torch.where(empty, float("-inf"), torch.where(empty, 0.0, top) + total.log())
-    out = torch.where(empty.unsqueeze(-1), 0.0, acc / total.clamp_min(1e-300).unsqueeze(-1))
+    norm = total.clamp_min(1e-300)
+    out = torch.where(empty.unsqueeze(-1), 0.0, acc / norm.unsqueeze(-1))
     dq = None
-    if dout_rows is not None:
-        dog = dout_rows.detach().double().reshape(n, hkv, group, d).permute(1, 2, 0, 3)
-        delta = (dog * out).sum(-1)
-        dq_g = torch.zeros_like(acc)
-        for a, b in spans:
-            scores, k64, v64 = chunk_scores(a, b)
-            probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
-            dprobs = torch.einsum("hgnd,khd->hgnk", dog, v64)
-            dq_g += torch.einsum("hgnk,khd->hgnd", probs * (dprobs - delta.unsqueeze(-1)), k64)
-            del scores, k64, v64, probs, dprobs
+    if dog is not None:
+        delta = (prob_dp / norm).unsqueeze(-1)
+        dq_g = (grad_k - delta * prob_k) / norm.unsqueeze(-1)
         dq = (dq_g * scale).permute(2, 0, 1, 3).reshape(n, hq, d)
     return out.permute(2, 0, 1, 3).reshape(n, hq, d), lse.reshape(hq, n), dq
 

@@ -138,3 +138,46 @@ def test_reference_bytes_sampled_mode_does_not_grow_with_length():
     assert short == long
     # full mode holds the whole score tensor for the backward: quadratic in the length
     assert reference_bytes(8, 8, 64, 2048, None) > 3 * 8 * 2048 * 2048 * 8
+
+
+def test_the_sampled_reference_draws_every_seeded_block_once(monkeypatch):
+    """Rank 0's streamed reference asks the seeded source for each block once, not twice.
+
+    At these sizes the reference's memory budget gives key chunks of 1012 keys, which do not
+    line up with the 128-token seeded blocks: before, each block a chunk boundary fell in was
+    drawn by both chunks, and the dq pass drew every K/V block again.
+    """
+    from collections import Counter
+
+    from lcab.bench.numerics import Reference
+    from lcab.kernels.reference import sample_rows
+
+    seqlen, hq, hkv, head_dim = 2000, 8, 2, 16
+    src = SeededInputs(5, seqlen, 0, Problem(seqlen, seqlen, hq, hkv, head_dim, torch.float32))
+    mask = make_mask("causal", seqlen)
+    rows = sample_rows(seqlen, 256, seed=1)
+    draws: Counter[tuple[str, int]] = Counter()
+    real = SeededInputs._block
+
+    def counted(self, name, block):
+        draws[(name, block)] += 1
+        return real(self, name, block)
+
+    monkeypatch.setattr(SeededInputs, "_block", counted)
+    reference = Reference(mask, src, rows)
+    out, lse = reference.forward()
+    dq = reference.grads()["dq"]
+    blocks = math.ceil(seqlen / BLOCK_TOKENS)
+    for name in ("k", "v"):
+        assert sorted(b for n, b in draws if n == name) == list(range(blocks)), name
+    for name in ("q", "dout"):  # the blocks the sampled rows fall in
+        assert {b for n, b in draws if n == name} == set((rows // BLOCK_TOKENS).tolist())
+    assert set(draws.values()) == {1}, {key: n for key, n in draws.items() if n > 1}
+    # the same numbers as the reference chunked another way (few keys per chunk, unaligned)
+    monkeypatch.setattr(SeededInputs, "_block", real)
+    keys = lambda a, b: (src.span("k", a, b), src.span("v", a, b))  # noqa: E731
+    other = streamed_rows(
+        src.rows("q", rows), rows, mask, keys, hkv, src.rows("dout", rows), chunk_bytes=1 << 20
+    )
+    assert torch.allclose(out, other[0], atol=1e-12) and torch.allclose(dq, other[2], atol=1e-12)
+    assert torch.allclose(lse, other[1], atol=1e-12)
