@@ -5,6 +5,7 @@ The output folder holds::
     index.html           one self-contained page (plotly.js inlined, works offline)
     png/<figure>.png     one PNG per figure (per mask where a figure is faceted)
     summary.csv/.md      one row per cell and length
+    predicted.csv/.md    measured vs the planner's prediction, one row per pass
     reasons.csv/.md      why things did not run, grouped with counts
 
 Every input is read before anything is written, so bad input leaves no half-built report.
@@ -26,6 +27,8 @@ from lcab.report.frame import SOURCE, load_records
 from lcab.report.page import (
     PageInputs,
     markdown_table,
+    predictions_headline,
+    predictions_table,
     reasons_table,
     render_page,
     shown_columns,
@@ -91,6 +94,12 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
     summary, reasons = summary_table(frame), reasons_table(frame)
     summary.to_csv(folder / "summary.csv", index=False)
     (folder / "summary.md").write_text(markdown_table(shown_columns(summary)), encoding="utf-8")
+    predicted = predictions_table(frame)
+    predicted.to_csv(folder / "predicted.csv", index=False)
+    (folder / "predicted.md").write_text(
+        predictions_headline(predicted) + "\n\n" + markdown_table(shown_columns(predicted)),
+        encoding="utf-8",
+    )
     reasons.to_csv(folder / "reasons.csv", index=False)
     (folder / "reasons.md").write_text(markdown_table(reasons, max_text=400), encoding="utf-8")
 
@@ -102,6 +111,7 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
             summary=summary,
             reasons=reasons,
             divs={f.name: figure_div(f) for f in figures.figures},
+            predictions=predicted,
         ),
         plotly_js(),
     )

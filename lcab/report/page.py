@@ -37,6 +37,8 @@ SUMMARY_COLUMNS = (
     "fwd_tflops",
     "bwd_ms_p50",
     "bwd_tflops",
+    "fwd_predicted_ratio",
+    "bwd_predicted_ratio",
     "fwd_mem_peak_mib",
     "bwd_mem_peak_mib",
     "fwd_max_abs_err",
@@ -45,6 +47,24 @@ SUMMARY_COLUMNS = (
 )
 """Record columns of the summary table, in order; a ``reason`` column follows."""
 REASON_COLUMNS = ("status", "reason", "passes", "records", "where")
+PREDICTION_COLUMNS = (
+    "mask",
+    "series",
+    "world_size",
+    "variant",
+    "seqlen",
+    "pass",
+    "measured_ms",
+    "predicted_ms",
+    "measured_tflops",
+    "predicted_tflops",
+    "ratio",
+    "hardware",
+    "flag",
+)
+"""Measured vs predicted, one row per pass of an ``ok`` record that has a prediction."""
+WITHIN = 0.30
+"""The planner guide's validation tolerance (±30 %), counted in the table's headline."""
 MAX_WHERE = 6
 """Cells named in a reason's ``where`` before "+N more"."""
 
@@ -139,6 +159,48 @@ def reasons_table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(REASON_COLUMNS))
 
 
+def predictions_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured vs predicted per pass (``ratio`` = measured / predicted throughput).
+
+    ``flag`` repeats the record's warning mark (outside the band of
+    ``lcab.plan.record_prediction``); rows are sorted furthest from 1 first.
+    """
+    rows: list[dict[str, Any]] = []
+    for _, row in frame.iterrows():
+        for pass_ in PASSES:
+            ratio = row.get(f"{pass_}_predicted_ratio")
+            if row["status"] != "ok" or ratio is None or pd.isna(ratio):
+                continue
+            warning = str(row.get("prediction_warning") or "")
+            rows.append(
+                {
+                    **{k: row[k] for k in ("mask", "series", "world_size", "variant", "seqlen")},
+                    "pass": pass_,
+                    "measured_ms": row[f"{pass_}_ms_p50"],
+                    "predicted_ms": row[f"{pass_}_predicted_ms"],
+                    "measured_tflops": row[f"{pass_}_tflops"],
+                    "predicted_tflops": row[f"{pass_}_predicted_tflops"],
+                    "ratio": float(ratio),
+                    "hardware": row.get("predicted_hardware"),
+                    "flag": "off the plan" if f" {pass_} " in f" {warning} " else "",
+                }
+            )
+    rows.sort(key=lambda r: -abs(math.log(r["ratio"])) if r["ratio"] > 0 else -math.inf)
+    return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
+
+
+def predictions_headline(table: pd.DataFrame) -> str:
+    """``N of M passes within ±30 % of the planner's prediction; K off the plan``."""
+    if not len(table):
+        return "No record has a prediction (records from before lcab recorded them)."
+    within = int(((table["ratio"] - 1).abs() <= WITHIN).sum())
+    flagged = int((table["flag"] != "").sum())
+    return (
+        f"{within} of {len(table)} passes within ±{WITHIN:.0%} of the planner's prediction; "
+        f"{flagged} off the plan (outside the warning band)."
+    )
+
+
 def format_value(value: Any) -> str:
     """A table cell as text: 4 significant digits for floats, ``–`` for missing values."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -198,6 +260,8 @@ class PageInputs:
     summary: pd.DataFrame
     reasons: pd.DataFrame
     divs: dict[str, str]
+    predictions: pd.DataFrame | None = None
+    """`predictions_table` (None: no section)."""
     """Figure name -> its ``<div>`` and drawing script (`lcab.report.interactive`)."""
 
 
@@ -232,7 +296,8 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         "</ul>",
         f'<p class="note">{html.escape(READING_NOTE)}</p><nav>',
         *(f'<a href="#{key}">{title}</a>' for key, title in SECTIONS.items()),
-        '<a href="#summary">Summary table</a><a href="#reasons">Reasons</a></nav>',
+        '<a href="#summary">Summary table</a><a href="#predicted">Measured vs predicted</a>'
+        '<a href="#reasons">Reasons</a></nav>',
     ]
     for key, title in SECTIONS.items():
         parts.append(f'<section id="{key}"><h2>{html.escape(title)}</h2>')
@@ -248,6 +313,7 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         "<code>summary.md</code>). Times are p50 milliseconds, throughput TFLOP/s per device, "
         "memory MiB.</p>",
         f'<div class="scroll">{html_table(shown_columns(inputs.summary))}</div></section>',
+        *_predicted_section(inputs.predictions),
         '<section id="reasons"><h2>Reasons</h2>',
         '<p class="note">Why passes or lengths did not run, or went wrong, grouped with the '
         "number of records (also <code>reasons.csv</code>, <code>reasons.md</code>).</p>",
@@ -257,3 +323,20 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         "</section></body></html>",
     ]
     return "\n".join(parts)
+
+
+def _predicted_section(table: pd.DataFrame | None) -> list[str]:
+    """The measured-vs-predicted section: its headline, then the table (furthest first)."""
+    if table is None:
+        return []
+    note = (
+        "Each record carries the planner's prediction for its own cell on the profile that "
+        "matches where it ran; ratio = measured / predicted throughput (also "
+        "<code>predicted.csv</code>, <code>predicted.md</code>). "
+        + html.escape(predictions_headline(table))
+    )
+    body = f'<div class="scroll">{html_table(shown_columns(table))}</div>' if len(table) else ""
+    return [
+        '<section id="predicted"><h2>Measured vs predicted</h2>',
+        f'<p class="note">{note}</p>{body}</section>',
+    ]
