@@ -5,11 +5,18 @@
 ``verified`` / ``failed`` / ``unsupported``, errors or reason, versions, GPU name). This module
 turns those lines into the Markdown table the README shows — the only source of a
 "GPU-verified" claim: nothing here runs a kernel, it reports what the GPU run wrote.
+
+The same file holds the CP rows of the one-GPU CP step (``python -m tests.gpu.cp_shared``): a
+row with ``cp`` (strategy), ``cp_options`` and ``world`` judges a kernel *under* a strategy,
+ranks sharing the GPU. `read_verification` keeps the two apart — kernel rows by default, so the
+support matrix's kernel marks never read a CP verdict — and `cp_verification_markdown` renders
+strategy × kernel. ``python -m lcab.report.gpu_verification FILE`` prints both tables.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -18,8 +25,13 @@ VERDICT_MARK = {"verified": "verified", "failed": "FAILED", "unsupported": "–"
 """How a (pass) verdict reads in a table cell."""
 
 
-def read_verification(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON lines of a verification file (blank lines ignored).
+def is_cp_row(row: dict[str, Any]) -> bool:
+    """Whether a verification row judges a kernel under a CP strategy."""
+    return row.get("cp") not in (None, "none")
+
+
+def read_verification(path: str | Path, cp: bool = False) -> list[dict[str, Any]]:
+    """The JSON lines of a verification file (blank lines ignored): kernel rows, or CP rows.
 
     Raises:
         ValueError: a line is not JSON or lacks kernel, mask, pass or verdict (line named).
@@ -33,10 +45,12 @@ def read_verification(path: str | Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number}: not JSON ({err})") from err
-        missing = [k for k in ("kernel", "mask", "pass", "verdict") if k not in row]
+        needed = ("kernel", "mask", "pass", "verdict") + (("world",) if is_cp_row(row) else ())
+        missing = [k for k in needed if k not in row]
         if missing:
             raise ValueError(f"{path}:{number}: missing {', '.join(missing)}")
-        rows.append(row)
+        if is_cp_row(row) == cp:
+            rows.append(row)
     return rows
 
 
@@ -105,3 +119,88 @@ def verification_markdown(rows: list[dict[str, Any]]) -> str:
     if failures:
         lines += ["", "Failures:", *failures]
     return "\n".join(lines)
+
+
+def _strategy_label(row: dict[str, Any]) -> str:
+    options = ",".join(f"{k}={v}" for k, v in sorted((row.get("cp_options") or {}).items()))
+    return f"`{row['cp']}`" + (f" [{options}]" if options else "") + f" @{row['world']}"
+
+
+def cp_verification_markdown(rows: list[dict[str, Any]]) -> str:
+    """Markdown: strategy × kernel rows, one column per mask, cells ``fwd / bwd`` verdicts.
+
+    The ranks shared one GPU over gloo (each rank's kernels real CUDA, transfers through
+    gloo and host copies): numerics and bytes, never a timing. Only kernels that ran under some
+    strategy get rows; refusals (`–`) are counted below the table with their first reason.
+    """
+    if not rows:
+        return "No CP verification records."
+    env = rows[0]
+    shared = any(r.get("shared_device") for r in rows)
+    lines = [
+        f"CP on one GPU: {env.get('gpu')}, torch {env.get('torch')}; ranks "
+        + ("shared the GPU over gloo" if shared else "on their own devices over gloo")
+        + f" (staging: {env.get('staging', '?')}). Numerics vs fp64 and bytes vs the plan.",
+        "",
+    ]
+    cells: dict[tuple[str, str], dict[str, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
+    refused: dict[tuple[str, str], str] = {}
+    failures = []
+    for row in rows:
+        key = (_strategy_label(row), row["kernel"])
+        cells[key][row["mask"]][row["pass"]] = VERDICT_MARK.get(row["verdict"], row["verdict"])
+        if row["verdict"] == "unsupported":
+            refused.setdefault(key, str(row.get("reason", ""))[:160])
+        if row["verdict"] == "failed":
+            why = row.get("error") or json.dumps(
+                {k: row.get(k) for k in ("errors", "bounds", "comm_bytes")}, sort_keys=True
+            )
+            failures.append(f"- {key[0]} × `{key[1]}` × `{row['mask']}` {row['pass']}: {why}")
+    masks = sorted({r["mask"] for r in rows})
+    ran = sorted(
+        k
+        for k, by_mask in cells.items()
+        if any(
+            v != VERDICT_MARK["unsupported"]
+            for verdicts in by_mask.values()
+            for v in verdicts.values()
+        )
+    )
+    lines.append("| strategy | kernel | " + " | ".join(f"`{m}`" for m in masks) + " |")
+    lines.append("|---" * (len(masks) + 2) + "|")
+    for strategy, kernel in ran:
+        by_mask = cells[(strategy, kernel)]
+        row_cells = [" / ".join(by_mask[m].get(p, "·") for p in ("fwd", "bwd")) for m in masks]
+        lines.append(f"| {strategy} | `{kernel}` | " + " | ".join(row_cells) + " |")
+    lines += [
+        "",
+        "Cells: fwd / bwd; `–` refused (the strategy's or kernel's reason), `·` no record.",
+    ]
+    others = sorted(set(refused) - set(ran))
+    if others:
+        lines += ["", f"Refused everywhere ({len(others)} strategy × kernel pairs), e.g.:"]
+        lines += [f"- {s} × `{k}`: {refused[(s, k)]}" for s, k in others[:8]]
+    if failures:
+        lines += ["", "Failures:", *failures]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the kernel table and the CP table of a verification file (exit 2: bad file)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m lcab.report.gpu_verification FILE", file=sys.stderr)
+        return 2
+    try:
+        kernel_rows, cp_rows = read_verification(args[0]), read_verification(args[0], cp=True)
+    except (OSError, ValueError) as err:
+        print(f"python -m lcab.report.gpu_verification: {err}", file=sys.stderr)
+        return 2
+    print(verification_markdown(kernel_rows))
+    if cp_rows:
+        print("\n" + cp_verification_markdown(cp_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

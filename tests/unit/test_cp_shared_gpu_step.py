@@ -1,0 +1,95 @@
+"""The one-GPU CP step (`tests.gpu.cp_shared`) and its rows in the verification table, on CPU.
+
+The step's cell list must cover every strategy (USP and LoongTrain also at 4 ranks) × the three
+masks × every CUDA kernel; its dry run must sort cells as a GPU machine would (a ring needs an
+LSE: SDPA is refused; FA4 runs when installed); the same machinery run on CPU ranks, every
+transfer staged, must verify the portable kernel against fp64 with the plan's bytes; and CP rows
+must stay out of the kernel table (the support matrix's marks) while getting a table of theirs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lcab.cp import STRATEGIES
+from lcab.report.gpu_verification import (
+    cp_verification_markdown,
+    read_verification,
+    verification_markdown,
+)
+from tests.gpu import cp_shared
+from tests.gpu.cp_shared import CPCell, cells, classify, cuda_kernels, run
+
+
+def test_every_strategy_kernel_and_mask_is_a_cell():
+    kernels = cuda_kernels()
+    todo = cells(kernels)
+    assert {c.strategy for c in todo} == set(STRATEGIES.names())
+    assert {(c.strategy, c.world) for c in todo if c.world == 4} == {("usp", 4), ("loongtrain", 4)}
+    assert {c.mask for c in todo} == {"causal", "causal_document", "sliding_window"}
+    assert {c.kernel for c in todo} == set(kernels) and "reference" not in kernels
+    assert len(todo) == len(set(todo)) == 7 * len(kernels) * 3
+    assert [c.world for c in todo] == sorted(c.world for c in todo)  # one world per size
+
+
+def test_dry_run_sorts_cells_as_a_gpu_machine_would():
+    cell = CPCell("ring", (), 2, "sdpa", "causal")
+    assert classify(cell) == "refused"  # a ring merges by LSE: SDPA returns none
+    assert classify(CPCell("ring", (), 2, "ranges", "causal")) == "runs"
+    assert classify(CPCell("ring", (), 2, "fa4", "causal")) == "runs"  # assumed installed
+    assert classify(CPCell("ring", (), 2, "fa4", "causal"), assumed=()) == "refused"
+    assert classify(CPCell("ulysses", (), 2, "flex", "causal")) == "compiled"
+
+
+def test_list_prints_every_cell_and_the_estimate(capsys):
+    assert cp_shared.main(["--list", "--kernels", "ranges,sdpa"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 7 * 2 * 3 + 1
+    # sdpa returns no LSE on CUDA: it runs under pure Ulysses only (ulysses@2, usp@2)
+    assert out[-1].startswith("42 cells x fwd+bwd on 2 worlds: 27 run, 0 run a compiled kernel")
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_the_step_verifies_the_portable_kernel_on_staged_cpu_ranks(tmp_path):
+    todo = [
+        CPCell("ring", (), 2, "ranges", "causal_document"),
+        CPCell("ring", (), 2, "fa4", "causal"),  # refused here (no CUDA, not installed)
+        CPCell("loongtrain", (("ulysses_degree", 1),), 4, "ranges", "sliding_window"),
+    ]
+    out = tmp_path / "verification.jsonl"
+    rows = run(todo, "cpu", 600.0, out)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    verdicts = {(r["cp"], r["kernel"], r["pass"]): r["verdict"] for r in rows}
+    assert verdicts == {
+        ("ring", "ranges", "fwd"): "verified",
+        ("ring", "ranges", "bwd"): "verified",
+        ("ring", "fa4", "fwd"): "unsupported",
+        ("ring", "fa4", "bwd"): "unsupported",
+        ("loongtrain", "ranges", "fwd"): "verified",
+        ("loongtrain", "ranges", "bwd"): "verified",
+    }
+    for row in rows:
+        if row["verdict"] == "verified":
+            assert row["staging"] == "all" and row["comm_bytes"]
+            assert all(sent == planned for sent, planned in row["comm_bytes"].values())
+            assert all(row["errors"][n] <= row["bounds"][n] for n in row["errors"])
+    assert run(todo, "cpu", 0.0, None) == []  # a spent budget starts nothing
+
+
+def test_cp_rows_stay_out_of_the_kernel_table(tmp_path):
+    kernel_row = {"kernel": "fa4", "mask": "causal", "pass": "fwd", "verdict": "verified"}
+    cp_row = {**kernel_row, "verdict": "failed", "cp": "ring", "world": 2, "error": "boom"}
+    path = tmp_path / "v.jsonl"
+    path.write_text(json.dumps(kernel_row) + "\n" + json.dumps(cp_row) + "\n")
+    assert read_verification(path) == [kernel_row]  # the support matrix's marks: kernel rows
+    assert read_verification(path, cp=True) == [cp_row]
+    assert "FAILED" not in verification_markdown(read_verification(path))
+    table = cp_verification_markdown(read_verification(path, cp=True))
+    assert "| `ring` @2 | `fa4` | FAILED / · |" in table and "boom" in table
+    bad = {k: v for k, v in cp_row.items() if k != "world"}
+    path.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match="missing world"):
+        read_verification(path, cp=True)
