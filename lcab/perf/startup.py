@@ -1,0 +1,134 @@
+"""Start-up figures: how long the first commands a user types take, as the user would time them.
+
+Each figure is the wall time of a fresh ``python -m ...`` process (median of several runs; the
+slow ones fewer times, said in the output), so interpreter start, imports, Hydra's composition
+and the work itself all count. Targets (issue 40, a 2-core machine where ``import torch`` alone
+takes 2-3.5 s, which is printed first for reference): ``--help`` of ``lcab.main`` and
+``lcab.plan`` <= 3 s; the dry run of one 96-GPU cell <= 5 s; the dry run of the SLURM guide's
+scaling sweep <= 20 s; the README's first planner command <= 10 s.
+
+The sweep and the planner command are read from the guides (``lcab/launch/README.md``,
+``README.md``) so the figure is for the command as documented. Processes run in a temporary
+folder (the planner writes its ``outputs/`` there). The machine should be otherwise idle: the
+load average is printed before the first run and after the last.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One start-up figure: a command, how often it is timed, its target."""
+
+    label: str
+    argv: tuple[str, ...]
+    repeats: int
+    target_s: float
+    warmup: int = 0
+    """Untimed runs first (``--help`` fills its cache of the composed config once)."""
+
+
+def guide_commands(path: Path) -> list[str]:
+    """The commands of ``path``'s ``bash`` blocks, continuation lines joined."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words:
+                commands.append(shlex.join(words))
+    return commands
+
+
+def first_command(path: Path, prefix: str) -> tuple[str, ...]:
+    """The words of the first command of ``path`` that starts with ``prefix`` (ValueError: none)."""
+    for command in guide_commands(path):
+        if command.startswith(prefix):
+            return tuple(shlex.split(command))
+    raise ValueError(f"{path.relative_to(ROOT)} has no command starting with {prefix!r}")
+
+
+def figures() -> list[Figure]:
+    """The start-up figures, the documented commands read from their guides."""
+    python = (sys.executable, "-m")
+    cell = shlex.split(
+        "launcher=slurm_h100_example cp=ring kernel=fa3 mask=causal_document topology=12x8 "
+        "problem.device=cuda dry_run=true"
+    )
+    sweep = first_command(ROOT / "lcab" / "launch" / "README.md", "python -m lcab.main -m ")
+    plan = first_command(ROOT / "README.md", "python -m lcab.plan")
+    return [
+        Figure("python -m lcab.main --help", (*python, "lcab.main", "--help"), 5, 3.0, warmup=1),
+        Figure("python -m lcab.plan --help", (*python, "lcab.plan", "--help"), 5, 3.0, warmup=1),
+        Figure("dry run of one 96-GPU cell", (*python, "lcab.main", *cell), 3, 5.0),
+        Figure(
+            "dry run of the SLURM guide's scaling sweep",
+            (*python, *sweep[2:], "dry_run=true"),
+            1,
+            20.0,
+        ),
+        Figure("README's first planner command", (*python, *plan[2:]), 1, 10.0),
+    ]
+
+
+def wall_s(argv: tuple[str, ...], cwd: Path) -> float:
+    """Seconds ``argv`` took to run to completion (RuntimeError if it failed)."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        argv, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{shlex.join(argv)} exited with {done.returncode}: {done.stderr.strip()[-1000:]}"
+        )
+    return seconds
+
+
+def measure(figure: Figure, cwd: Path) -> list[float]:
+    """The wall times of ``figure``'s timed runs."""
+    for _ in range(figure.warmup):
+        wall_s(figure.argv, cwd)
+    return [wall_s(figure.argv, cwd) for _ in range(figure.repeats)]
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+
+
+def run() -> None:
+    """Print every start-up figure against its target."""
+    print(f"start-up figures, wall time of fresh processes; {_load()}")
+    with tempfile.TemporaryDirectory(prefix="lcab-startup-") as folder:
+        cwd = Path(folder)
+        torch_s = [wall_s((sys.executable, "-c", "import torch"), cwd) for _ in range(3)]
+        print(
+            f"reference: python -c 'import torch' {statistics.median(torch_s):.2f} s (median of 3)"
+        )
+        for figure in figures():
+            times = measure(figure, cwd)
+            median = statistics.median(times)
+            runs = f"median of {len(times)}" if len(times) > 1 else "1 run (slow: one timed run)"
+            spread = f", {min(times):.2f}-{max(times):.2f} s" if len(times) > 1 else ""
+            warm = f", after {figure.warmup} untimed" if figure.warmup else ""
+            verdict = "met" if median <= figure.target_s else "MISSED"
+            print(
+                f"{figure.label}: {median:.2f} s ({runs}{spread}{warm}); "
+                f"target <= {figure.target_s:g} s: {verdict}"
+            )
+            print(f"    {shlex.join(figure.argv[1:])}")
+    print(f"after: {_load()}")
