@@ -10,7 +10,11 @@ its environment and watches itself:
   peer that raised, died or hangs ends the waiting ranks too;
 * a rank that fails writes ``rank-<r>.failure.json`` (status, length, error, host) and exits
   non-zero at once; ``srun --kill-on-bad-exit`` then ends every other rank. The launcher reads
-  these files when the job ends and writes the records of the lengths left unsettled.
+  these files when the job ends and writes the records of the lengths left unsettled;
+* a rank that fails after the scheduler's SIGTERM (scancel, time limit, pre-emption: noted by
+  `watch_scheduler_signals`, as in a one-task job) says so: its failure is the scheduler's
+  stop (``stopped_by_scheduler``), not the lost peer or time-out it then ran into, and the
+  length is the launcher's to record with the job's state — the scheduler's word wins.
 
 Rank 0 alone emits records; the other ranks only compute.
 """
@@ -48,6 +52,8 @@ JOB_ENVIRONMENT_FILE = "job-environment.json"
 FAILURE_FILE = "rank-{rank}.failure.json"
 RANK_FILE = "rank-{rank}.json"
 LOG_FILE = "rank-{rank}.log"
+SIGTERM_GRACE_S = 2.0
+"""How long a failing rank waits for the scheduler's SIGTERM that may have caused it."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class RankFailure:
     status: str
     """timeout | oom | error."""
     error: str
+    stopped_by_scheduler: bool = False
+    """The scheduler's SIGTERM had reached this rank: the job's state names the failure."""
 
 
 _SCHEDULER_SIGNALS: list[int] = []
@@ -208,12 +216,21 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
     )
     _redirect_output(cell_dir / LOG_FILE.format(rank=rank))
 
-    def fail(seqlen: int | None, status: str, error: str) -> None:
-        failure = RankFailure(rank, host, seqlen, status, error)
+    def fail(seqlen: int | None, status: str, error: str, grace_s: float = 0.0) -> None:
+        stopped = stopped_by_scheduler(grace_s)
+        if stopped:  # what the rank ran into next (a lost peer, say) is not the cause
+            at = f" during seqlen {seqlen}" if seqlen is not None else ""
+            error = f"the scheduler stopped this job (SIGTERM){at}; then: {error}"
+        failure = RankFailure(rank, host, seqlen, status, error, stopped)
         path = cell_dir / FAILURE_FILE.format(rank=rank)
         with contextlib.suppress(OSError):  # a full disk: the launcher still settles the job
             path.write_text(json.dumps(asdict(failure)))
         print(f"lcab: rank {rank} on {host} failed ({status}): {error}", file=sys.stderr)
+        if stopped:
+            print(
+                "lcab: the length is left for the launcher to record with the job's state",
+                file=sys.stderr,
+            )
         sys.stderr.flush()
         os._exit(1)
 
@@ -243,7 +260,9 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
         error = short_error(err)
         if type(err).__name__ == "UncompletedJobError":  # submitit: the time limit is near
             error = f"SLURM time limit reached ({error})"
-        fail(seqlen, classify(err), error)
+        # a peer stopped by the same signal can fail this rank a moment before its own SIGTERM
+        # is handled (as in `lcab.bench.supervisor`): a short grace for it
+        fail(seqlen, classify(err), error, grace_s=SIGTERM_GRACE_S)
 
 
 def _drop(record: RunRecord) -> None:
