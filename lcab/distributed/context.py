@@ -203,8 +203,8 @@ def binding_problem(
         return None
     if ranks_on_node > visible_gpus and (visible_gpus > 1 or not per_task):
         return (
-            f"{ranks_on_node} NCCL ranks on one node but only {visible_gpus} visible GPU(s): "
-            'two ranks would share a GPU, which NCCL refuses ("Duplicate GPU"); use at most '
+            f"{ranks_on_node} ranks on one node but only {visible_gpus} visible GPUs: two NCCL "
+            'ranks would share a GPU, which NCCL refuses ("Duplicate GPU"); use at most '
             f"{visible_gpus} rank(s) per node (topology.devices_per_node={visible_gpus}), or "
             "topology.backend=gloo for a numerics-only check (ranks then share the GPU and "
             "their timings are not a measurement)"

@@ -21,11 +21,20 @@ from lcab.distributed.groups import Grid
 
 
 @pytest.mark.parametrize(
-    ("ranks", "visible", "refused"),
-    [(8, 8, False), (8, 1, False), (4, 8, False), (8, 4, True), (2, 0, True), (1, 0, True)],
+    ("ranks", "visible", "per_task", "refused"),
+    [
+        (8, 8, False, False),
+        (8, 1, True, False),  # a SLURM task with its own GPU
+        (8, 1, False, True),  # eight NCCL ranks on the one GPU they all see
+        (4, 8, False, False),
+        (8, 4, False, True),
+        (8, 4, True, True),
+        (2, 0, False, True),
+        (1, 0, False, True),
+    ],
 )
-def test_binding_problem(ranks, visible, refused):
-    why = binding_problem(ranks, visible)
+def test_binding_problem(ranks, visible, per_task, refused):
+    why = binding_problem(ranks, visible, per_task=per_task)
     assert (why is not None) == refused
     if refused and visible:
         assert f"{ranks} ranks" in why and f"{visible} visible GPUs" in why
@@ -64,6 +73,8 @@ def test_environment_rank_binds_local_rank_mod_visible_and_names_it_to_nccl(
 ):
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
+    if visible == 1:  # one GPU per task is SLURM's (--gpus-per-task); torchrun's ranks share one
+        monkeypatch.setenv("SLURM_PROCID", ENV["RANK"])
     fake = FakeCuda(monkeypatch, visible)
     ctx = DistContext.from_environment("nccl", 60, "cuda")
     assert fake.bound == [torch.device("cuda", gpu)]

@@ -20,7 +20,7 @@ from lcab.distributed.context import DistContext, binding_problem, pg_options, s
 def test_eight_nccl_ranks_on_one_visible_gpu_are_refused_with_both_fixes():
     why = binding_problem(8, 1)
     assert why is not None
-    assert "8 NCCL ranks" in why and "1 visible GPU" in why
+    assert "8 ranks on one node but only 1 visible GPU" in why and "NCCL" in why
     assert "topology.devices_per_node=1" in why  # fix 1: fewer ranks
     assert "topology.backend=gloo" in why  # fix 2: a numerics-only check
 

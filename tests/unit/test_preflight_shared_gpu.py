@@ -30,7 +30,7 @@ def one_gpu(monkeypatch):
 def test_eight_nccl_ranks_on_one_gpu_exit_2_naming_the_fixes(one_gpu, capsys):
     assert preflight(JOB, extra=slurm_problems) == 2
     err = capsys.readouterr().err
-    assert "8 NCCL ranks on one node but only 1 visible GPU" in err
+    assert "8 ranks on one node but only 1 visible GPU" in err
     assert "topology.devices_per_node=1" in err and "topology.backend=gloo" in err
 
 
