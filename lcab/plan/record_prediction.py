@@ -45,8 +45,7 @@ def _hardware(node: Any, device: str) -> Any:
     """The profile for a job's ``hardware`` node (None or auto: `auto_profile` by device)."""
     from omegaconf import DictConfig, OmegaConf
 
-    from lcab.plan.auto_profile import auto_profile, is_auto
-    from lcab.plan.hardware import from_dict, load_profile
+    from lcab.plan.hardware import auto_profile, from_dict, is_auto, load_profile
 
     if node is None:
         return auto_profile(device)
@@ -96,6 +95,8 @@ def _note(record: RunRecord, note: str) -> None:
 def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND) -> None:
     """Write ``prediction`` (a `CellPrediction`) into ``record``; warn when out of ``band``."""
     off: list[str] = []
+    # ranks that shared a GPU (a numerics-only check): their times are no measurement
+    measured = getattr(record, "timings_measured", True)
     for name in record.passes:
         parts = PASS_PARTS.get(name)
         if not parts:
@@ -110,7 +111,7 @@ def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND)
             if predicted_ms > 0
             else None
         )
-        if result.status != "ok" or not result.ms_p50 or predicted_ms <= 0:
+        if result.status != "ok" or not result.ms_p50 or predicted_ms <= 0 or not measured:
             continue
         ratio = predicted_ms / result.ms_p50
         result.predicted_ratio = ratio

@@ -8,10 +8,9 @@ import time
 import pytest
 
 from lcab.config import resolve_cell
-from lcab.plan import host_probe
-from lcab.plan.auto_profile import auto_profile, reference_figures
+from lcab.plan import host_speed as host_probe
 from lcab.plan.expected import expect_length
-from lcab.plan.hardware import load_profile
+from lcab.plan.hardware import auto_profile, load_profile, reference_figures
 from lcab.records.sinks import RECORDS_FILE, read_records
 from tests.helpers.cli import cli_env, run_lcab
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from lcab.plan import auto_profile as auto
-from lcab.plan import host_probe
+from lcab.plan import hardware as auto
+from lcab.plan import host_speed as host_probe
 from lcab.plan.hardware import load_profile
-from lcab.plan.host_probe import HostFigures
+from lcab.plan.host_speed import HostFigures
 
 
 @pytest.fixture
