@@ -74,6 +74,7 @@ class Strategy(ABC):
         self.options = dict(options)
         self.devices_per_node = devices_per_node
         self.balancer = str(self.options.get("balance", "zigzag"))
+        self._last_blocks: tuple[Kernel, AttnMask, Problem, int, list[str]] | None = None
 
     def ulysses_degree(self, world: int) -> int:
         """Ulysses group size for ``world`` ranks (1 for pure rings, ``world`` for Ulysses)."""
@@ -174,6 +175,27 @@ class Strategy(ABC):
         """
         if kernel.caps.lowering in BLOCK_CLOSED_LOWERINGS:
             return [f"kernel {kernel.name}: {r}" for r in kernel.mask_reasons(mask)]
+        last = self._last_blocks
+        if (
+            last is not None
+            and last[0] is kernel
+            and last[1] is mask
+            and last[2:4]
+            == (
+                problem,
+                world,
+            )
+        ):
+            # the runner asks once per pass with the same mask: W^2 blocks are checked once
+            # (each costs a restriction and a lowering: ~1 ms, 9,216 of them on 96 ranks)
+            return list(last[4])
+        reasons = self._first_block_refused(kernel, mask, problem, world)
+        self._last_blocks = (kernel, mask, problem, world, reasons)
+        return list(reasons)
+
+    def _first_block_refused(
+        self, kernel: Kernel, mask: AttnMask, problem: Problem, world: int
+    ) -> list[str]:
         plan = self.plan(mask, problem, world)
         for rows, keys in self.blocks(plan):
             block = remap(mask, rows, keys)

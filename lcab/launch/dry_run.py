@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from lcab.cell import Cell
+from lcab.cell import Cell, few_tokens_warning, tokens_per_rank
 from lcab.config import resolve_cell
 from lcab.config.preflight import composed_jobs
 from lcab.launch.checks import uses_slurm
@@ -45,6 +45,10 @@ class JobRow:
     """The launcher's start-up allowance (compilation, NCCL) per job."""
     expectation: Any = None
     """The planner's `Expect` result (None: not asked for)."""
+    tokens_per_rank: tuple[tuple[int, int], ...] = ()
+    """(length, tokens each rank holds) of a context-parallel job (empty: one device)."""
+    warning: str = ""
+    """Why the job's lengths measure little on its ranks (`lcab.cell.few_tokens_warning`)."""
 
 
 def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None) -> list[JobRow]:
@@ -64,6 +68,8 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
         problem = (
             f"{cell.device} {cell.dtype}, heads {cell.heads_q}:{cell.heads_kv}x{cell.head_dim}"
         )
+        world = cell.world_size if cell.cp != "none" else 1
+        per_rank = tuple((s, tokens_per_rank(s, world)) for s in cell.seqlens) if world > 1 else ()
         rows.append(
             JobRow(
                 " ".join(job) or "(defaults)",
@@ -73,6 +79,8 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
                 problem,
                 settings.startup_s,
                 expect(cfg, cell) if expect is not None else None,
+                per_rank,
+                few_tokens_warning(cell.seqlens, world, cell.device),
             )
         )
     return rows
@@ -82,7 +90,7 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
     """Print every job's shape, expectation and the sweep's cost; submits and runs nothing."""
     rows = plan_rows(overrides, multirun, expect)
     table = Table(title=f"dry run: {len(rows)} job(s), nothing submitted")
-    columns = ["#", "job", "launcher", "shape", "problem", "lengths", "GPU-h ≤"]
+    columns = ["#", "job", "launcher", "shape", "problem", "lengths", "tokens per rank", "GPU-h ≤"]
     if expect is not None:
         columns += ["predicted per GPU (each length)", "GPU-h expected"]
     for column in columns:
@@ -102,6 +110,7 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
             )
         )
         cells = [str(i), row.job, row.launcher, text, row.problem, str(row.lengths)]
+        cells.append("\n".join(f"{s:,}: {n:,}" for s, n in row.tokens_per_rank) or "-")
         cells.append(f"{shape.gpu_hours():.2f}")
         if expectation is not None:
             expected += expectation.gpu_hours
@@ -111,6 +120,9 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
             cells.append(f"{expectation.gpu_hours:.3g}")
         table.add_row(*cells)
     Console(width=240).print(table)
+    for i, row in enumerate(rows):
+        if row.warning:
+            print(f"warning: job {i} ({row.job}): {row.warning}")
     print(
         f"total: {len(rows)} job(s), at most {gpu_hours:.1f} GPU-hours "
         f"({core_hours:.1f} CPU core-hours) from the time limits"

@@ -148,57 +148,50 @@ class CallWorks:
         self._table: list[list[Figures]] | None = None
         if works.area.shape[0] == 1:
             self._table = _figure_table(works, plan.heads.local_q)
-        # per (call, pass), keyed by the call's id: (the call, kept alive so that its id stays
-        # its own; its copies; its works by figures; its accumulation by harness id)
-        self._calls: dict[tuple[int, bool], _PerCall] = {}
+        self._calls: dict[tuple[int, bool], PerCall] = {}
 
     def __call__(self, ui: int, i: int, j: int, bwd: bool, call: Call) -> Work | None:
         """`call_work` of Ulysses member ``ui`` on pair (i, j)."""
+        return self.step(self.per_call(call, bwd), ui, i, j)[0]
+
+    def per_call(self, call: Call, bwd: bool) -> PerCall:
+        """What is memoised for ``call`` in one pass (the replay holds it over its steps)."""
+        per = self._calls.get((id(call), bwd))
+        if per is None:
+            per = self._calls[id(call), bwd] = PerCall(call, bwd, _call_copies(call, bwd))
+        return per
+
+    def step(self, per: PerCall, ui: int, i: int, j: int) -> tuple[Work | None, tuple[Work, ...]]:
+        """(`call_work`, `accumulate_work`) of ``per``'s call by member ``ui`` on pair (i, j)."""
         if self._table is not None:
             figures = self._table[i][j]
         else:
             heads = self.plan.heads.kv_heads_of(ui)
             figures = figures_of(self.works, heads, self.plan.heads.local_q, i, j)
         if figures[0] <= 0:
-            return None
-        per = self._per_call(call, bwd)
+            return None, ()
         work = per.works.get(figures)
         if work is None:
             work = per.works[figures] = work_of(
-                figures, self.plan, self.problem, bwd, call, per.copies
+                figures, self.plan, self.problem, per.bwd, per.call, per.copies
             )
-        return work
-
-    def _per_call(self, call: Call, bwd: bool) -> _PerCall:
-        per = self._calls.get((id(call), bwd))
-        if per is None:
-            per = self._calls[id(call), bwd] = _PerCall(call, _call_copies(call, bwd))
-        return per
-
-    def accumulate(
-        self, work: Work | None, call: Call, harness: Harness, bwd: bool
-    ) -> tuple[Work, ...]:
-        """`accumulate_work`, memoised: it depends on the call, not on the pair."""
-        if work is None:
-            return ()
-        per = self._per_call(call, bwd)
-        done = per.accumulated.get(id(harness))
-        if done is None:
-            done = accumulate_work(work, call, self.plan, self.problem, harness, bwd)
-            per.accumulated[id(harness)] = done
-            per.harnesses.append(harness)  # keeps its id its own
-        return done
+        if per.finish is None:  # the same for every call that computes anything
+            harness = per.call.harness
+            per.finish = accumulate_work(work, per.call, self.plan, self.problem, harness, per.bwd)
+        return work, per.finish
 
 
 @dataclass
-class _PerCall:
-    """What `CallWorks` keeps for one call in one pass."""
+class PerCall:
+    """What `CallWorks` keeps for one call in one pass (the call is kept: its id is its key)."""
 
     call: Call
+    bwd: bool
     copies: Copies
     works: dict[Figures, Work] = field(default_factory=dict)
-    accumulated: dict[int, tuple[Work, ...]] = field(default_factory=dict)
-    harnesses: list[Harness] = field(default_factory=list)
+    """One `Work` per distinct figures."""
+    finish: tuple[Work, ...] | None = None
+    """`accumulate_work` of a call that computes anything (None: not asked yet)."""
 
 
 def _figure_table(works: PairWork, local_q: int) -> list[list[Figures]]:

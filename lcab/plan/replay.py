@@ -97,11 +97,16 @@ class _Links:
         self.p2p_batched = p2p_batched
         self._transfers: dict[Transfer, Transfer] = {}
         self._p2p: dict[tuple[str, int, bool, int], Transfer] = {}
+        self._tuples: dict[tuple[Transfer, ...], tuple[Transfer, ...]] = {}
         self._stages: dict[tuple[int, ...], Stage] = {}
 
     def one(self, transfer: Transfer) -> Transfer:
         """The object of every transfer equal to ``transfer``."""
         return self._transfers.setdefault(transfer, transfer)
+
+    def transfers(self, transfers: tuple[Transfer, ...]) -> tuple[Transfer, ...]:
+        """The object of every tuple equal to ``transfers``."""
+        return self._tuples.setdefault(transfers, transfers)
 
     def stage(
         self,
@@ -110,8 +115,12 @@ class _Links:
         after: tuple[Transfer, ...],
         finish: tuple[Work, ...],
     ) -> Stage:
-        """``Stage(work, during, after, finish=finish)``, one object for equal parts."""
-        key = (id(work), -1, *map(id, during), -1, *map(id, after), -1, *map(id, finish))
+        """``Stage(work, during, after, finish=finish)``, one object for equal parts.
+
+        Every part is one object per value (the replay's `CallWorks` and `transfers`, which
+        hold them while the replay lives), so the parts' ids name the stage.
+        """
+        key = (id(work), id(during), id(after), id(finish))
         stage = self._stages.get(key)
         if stage is None:
             stage = self._stages[key] = Stage(work, during, after, finish=finish)
@@ -145,9 +154,7 @@ class _Links:
             far = sum(self.inter(rank, p) for p in peers)
             return self.one(Transfer(op, kind, nbytes, nbytes * far // max(len(peers), 1)))
         nodes = len({p // self.per_node for p in group})
-        return self.one(
-            Transfer(op, kind, nbytes, nbytes * (nodes - 1) // max(len(group) - 1, 1))
-        )
+        return self.one(Transfer(op, kind, nbytes, nbytes * (nodes - 1) // max(len(group) - 1, 1)))
 
 
 def replay(
@@ -343,6 +350,7 @@ def _ring(
 
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
+        per_call = {id(c): call_work.per_call(c, bool(bwd)) for c in calls.values()}
         for rank in range(plan.world):
             grid = Grid(plan.world, plan.ulysses, rank)
             ring = grid.my_ring()
@@ -356,41 +364,37 @@ def _ring(
             windows = []
             carried: tuple[Transfer, ...] = ()  # an accumulator travelling into the next window
             merged: list[Call] = []  # the steps whose partial results are merged after the ring
+            # the same for every step of the rank: its next K/V block and dK/dV accumulator
+            next_kv = (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner, s),)
+            dkv = (links.p2p(f"{inner}_dkv", acc, rank, nxt_inner, s),)
+
             for o in range(w):
                 stages = []
+                # steps differ only as first, middle and last of the window
+                parts = (bool(bwd), harness, next_kv, dkv, links)
+                first = _step_transfers(0, s, carried, *parts)
+                last = _step_transfers(s - 1, s, (), *parts)
+                middle = _step_transfers(1, s, (), *parts) if s > 2 else last
+                carried = ()
                 for t in range(s):
                     source = ((window - o) % w) * s + (slot - t) % s
                     call = call_for(p, source)
                     merged.append(call)
-                    work = call_work(ui, p, source, bool(bwd), call)
-                    during: tuple[Transfer, ...] = (
-                        (links.p2p(f"{inner}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_inner, s),)
-                        if t < s - 1
-                        else ()
-                    )
-                    dkv = (links.p2p(f"{inner}_dkv", acc, rank, nxt_inner, s),)
-                    after: tuple[Transfer, ...] = ()
-                    if bwd and s > 1 and harness.dkv_overlapped:
-                        # the previous step's accumulator travels during this step's compute
-                        during += dkv if t > 0 else ()
-                    elif bwd and s > 1:
-                        after = dkv
-                    if t == 0:
-                        during, carried = during + carried, ()
-                    finish = call_work.accumulate(work, call, harness, bool(bwd))
+                    work, finish = call_work.step(per_call[id(call)], ui, p, source)
+                    during, after = first if t == 0 else last if t == s - 1 else middle
                     stages.append(links.stage(work, during, after, finish))
                 hop = harness.dkv_overlapped and (
                     harness.dkv_home_hop
                     or (harness.window_dkv_hop and plan.strategy == "loongtrain")
                 )
-                if bwd and s > 1 and hop:
-                    stages.append(Stage(None, after=dkv))  # one more inner hop, waited at once
+                if bwd and s > 1 and hop:  # one more inner hop, waited at once
+                    stages.append(links.stage(None, (), links.transfers(dkv), ()))
                 if bwd and w > 1:  # the window's accumulator moves on to the next window
                     outer_dkv = (links.p2p(f"{outer}_dkv", acc, rank, nxt_outer, w),)
                     if harness.dkv_overlapped and o < w - 1:
                         carried = outer_dkv
                     else:
-                        stages.append(Stage(None, after=outer_dkv))
+                        stages.append(links.stage(None, (), links.transfers(outer_dkv), ()))
                 background = (
                     (links.p2p(f"{outer}_kv{'_bwd' if bwd else ''}", kv, rank, nxt_outer, w),)
                     if o < w - 1
@@ -404,6 +408,29 @@ def _ring(
                 windows = [Window((before,)), *windows, Window((after_a2a,))]
             ranks.append(tuple(windows))
     return passes
+
+
+def _step_transfers(
+    t: int,
+    s: int,
+    carried: tuple[Transfer, ...],
+    bwd: bool,
+    harness: Harness,
+    next_kv: tuple[Transfer, ...],
+    dkv: tuple[Transfer, ...],
+    links: _Links,
+) -> tuple[tuple[Transfer, ...], tuple[Transfer, ...]]:
+    """(during, after) of step ``t`` of a window of ``s`` steps (``carried``: into step 0)."""
+    during: tuple[Transfer, ...] = next_kv if t < s - 1 else ()
+    after: tuple[Transfer, ...] = ()
+    if bwd and s > 1 and harness.dkv_overlapped:
+        # the previous step's accumulator travels during this step's compute
+        during += dkv if t > 0 else ()
+    elif bwd and s > 1:
+        after = dkv
+    if t == 0:
+        during += carried
+    return links.transfers(during), links.transfers(after)
 
 
 _BUILDERS = {"ulysses": _ulysses, "allgather": _allgather, "ring": _ring}
