@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from lcab.plan.host_speed import HostFigures, host_figures
+from lcab.plan.host_speed import HostFigures, available_cores, host_figures
 
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
 CPU_PROFILE = "cpu_gloo_local"
@@ -274,14 +274,19 @@ def factors(here: HostFigures, ref: HostFigures) -> dict[str, float]:
     return {f.name: getattr(here, f.name) / getattr(ref, f.name) for f in dataclasses.fields(here)}
 
 
-def scaled_cpu_profile(here: HostFigures, profile: str = CPU_PROFILE) -> Hardware:
-    """``profile`` scaled to a host whose probe figures are ``here``.
+def scaled_cpu_profile(
+    here: HostFigures, profile: str = CPU_PROFILE, cores: int | None = None
+) -> Hardware:
+    """``profile`` scaled to a host whose probe figures are ``here``, with ``cores`` cores.
 
     Kernel plateaus and ``matmul_tflops`` by the attention figure, ``memory_gbps`` by the copy
-    figure, the links' ``gbps`` by the loopback figure; saturation lengths, latencies and
-    efficiencies are shapes, not speeds, and stay as fitted.
+    figure, the links' ``gbps`` by the loopback figure; ``compute_slots_per_node`` (the fit
+    host's core count) becomes this host's (``cores``; default: the cores this process may use).
+    Saturation lengths, latencies and efficiencies are shapes, not speeds, and stay as fitted.
     """
     base = load_profile(profile)
+    if base.compute_slots_per_node is not None:
+        base = dataclasses.replace(base, compute_slots_per_node=cores or available_cores())
     scale = factors(here, reference_figures(profile))
     compute, memory, link = (
         scale["attention_gflops"],

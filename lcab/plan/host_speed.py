@@ -150,11 +150,28 @@ def measure() -> HostFigures:
     return HostFigures(probe_attention(), probe_memory(), probe_loopback())
 
 
+def available_cores() -> int:
+    """Cores this process may run on (its affinity where the OS tells, else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def host_busy() -> bool:
+    """Whether other work holds the cores: the last minute's load average above their count."""
+    try:
+        return os.getloadavg()[0] > available_cores()
+    except OSError:
+        return False
+
+
 def host_figures(fresh: bool = False) -> HostFigures:
     """The figures of the host this runs on: cached for this host, else measured (and cached).
 
     An entry older than `MAX_AGE_S` is measured again, and so is everything when the cache
-    cannot be read (a cache that cannot be written is not an error either).
+    cannot be read (a cache that cannot be written is not an error either). Figures measured
+    while the host is busy (`host_busy`) are used but not cached.
     """
     path = cache_dir() / "host_probe.json"
     key = f"{host_key()}|v{PROBE_VERSION}"
@@ -172,6 +189,8 @@ def host_figures(fresh: bool = False) -> HostFigures:
         except (KeyError, TypeError, ValueError):
             pass
     figures = measure()
+    if host_busy():  # a loaded host's figures are not its speed: use them once, keep none
+        return figures
     cached[key] = {"figures": asdict(figures), "measured_at": time.time()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,15 @@ def probes(monkeypatch, tmp_path):
         return calls[-1]
 
     monkeypatch.setattr(host_probe, "measure", fake)
+    monkeypatch.setattr(host_probe, "host_busy", lambda: False)
     return calls
+
+
+def test_a_busy_hosts_figures_are_used_but_not_cached(probes, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(host_probe, "host_busy", lambda: True)
+    assert host_probe.host_figures() == HostFigures(10.0, 2.0, 0.5)
+    assert not (tmp_path / "host_probe.json").exists()
+    assert host_probe.host_figures() == HostFigures(11.0, 2.0, 0.5)  # measured again
 
 
 def test_the_probe_is_measured_once_per_host_then_read_from_the_cache(probes, tmp_path) -> None:
@@ -66,6 +74,7 @@ def test_auto_scales_each_term_by_its_figure(monkeypatch) -> None:
     ref = auto.reference_figures()
     here = HostFigures(2 * ref.attention_gflops, 3 * ref.memory_gbps, 0.5 * ref.loopback_gbps)
     monkeypatch.setattr(auto, "host_figures", lambda fresh=False: here)
+    monkeypatch.setattr(auto, "available_cores", lambda: 16)
     base, scaled = load_profile("cpu_gloo_local"), load_profile("auto")
     assert scaled.name == "cpu_gloo_local@auto" and scaled.device == "cpu"
     for name, rate in base.kernels.items():
@@ -76,7 +85,7 @@ def test_auto_scales_each_term_by_its_figure(monkeypatch) -> None:
     assert scaled.intra.gbps == pytest.approx(0.5 * base.intra.gbps)
     assert scaled.inter.gbps == pytest.approx(0.5 * base.inter.gbps)
     assert scaled.intra.latency_us == base.intra.latency_us
-    assert scaled.compute_slots_per_node == base.compute_slots_per_node
+    assert base.compute_slots_per_node == 2 and scaled.compute_slots_per_node == 16
 
 
 def test_auto_gives_cuda_cells_the_gpu_profile(monkeypatch) -> None:
