@@ -10,7 +10,8 @@ a fresh host probe (``python -m lcab.plan.host_probe --fresh``). It prints each 
 many are within ±30 % (|predicted / measured time − 1| ≤ 0.3; target ≥ 90 %), and the median
 ratio: the one speed factor left between this host and the scaled profile.
 
-Wall-clock figures: run it on an otherwise idle machine (about 3-5 minutes on 2 cores).
+Wall-clock figures: run it on an otherwise idle machine (a few minutes on 2 cores; 11 min
+while other work loaded the machine to a load average of 15-25).
 """
 
 from __future__ import annotations
@@ -84,22 +85,22 @@ def run() -> None:
         print(f"lcab.main failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
         return
     print(f"{len(records)} cells in {took:.0f} s; profile {records[0].predicted_hardware}")
-    print(f"{'cell':<38} {'pass':<4} {'measured ms':>11} {'predicted':>10} {'ratio':>6}")
+    print(f"{'cell':<46} {'pass':<4} {'measured ms':>11} {'predicted':>10} {'ratio':>6}")
     ratios: list[float] = []
-    for r in records:
+    for r in sorted(records, key=lambda r: (r.cp, r.mask, r.world_size)):
         label = f"{r.cp}/{r.mask}/world {r.world_size}/S={r.seqlen}"
         if r.status != "ok":
-            print(f"{label:<38} {r.status}: {'; '.join(r.reasons)[:60]}")
+            print(f"{label:<46} {r.status}: {'; '.join(r.reasons)[:60]}")
             continue
         for name in r.passes:
             res = r.pass_result(name)
             if res.predicted_ratio is None:
-                print(f"{label:<38} {name:<4} no prediction: {r.prediction_note}")
+                print(f"{label:<46} {name:<4} no prediction: {r.prediction_note}")
                 continue
             ratios.append(res.predicted_ratio)
             mark = "" if abs(res.predicted_ratio - 1) <= TOLERANCE else "  <- outside ±30 %"
             print(
-                f"{label:<38} {name:<4} {res.ms_p50:11.1f} {res.predicted_ms:10.1f} "
+                f"{label:<46} {name:<4} {res.ms_p50:11.1f} {res.predicted_ms:10.1f} "
                 f"{res.predicted_ratio:6.2f}{mark}"
             )
     within = sum(abs(x - 1) <= TOLERANCE for x in ratios)
