@@ -17,7 +17,7 @@ from typing import Any
 
 from lcab.bench.environment import environment
 from lcab.bench.results import unfinished_records
-from lcab.bench.scheduled import read_failures, read_job_environment, read_ranks
+from lcab.bench.scheduled import RankFailure, read_failures, read_job_environment, read_ranks
 from lcab.cell import Cell
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import RECORDS_FILE, JsonlSink, RecordWriteError, read_records
@@ -81,12 +81,19 @@ _SCHEDULER_ENDS = tuple(state for state in STATE_STATUS if state != "FAILED")
 """States in which SLURM itself ended the job (FAILED: a task exited non-zero)."""
 
 
+def _at(failure: RankFailure) -> str:
+    """' at seqlen N' for a failure that knows its length, else nothing."""
+    return f" at seqlen {failure.seqlen}" if failure.seqlen is not None else ""
+
+
 def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
     """(status, reason) for the length that was running when the job ended.
 
     The root cause comes first: the scheduler ending the job (cancel, time limit, memory, node
     failure); else a rank's own report of a real error (its watchdog's time-out included); else
-    a rank that died silently (srun names the task and node killed by a signal) — before the
+    the scheduler's SIGTERM that a rank noted (sacct may still say FAILED when the ranks exit
+    non-zero on it, and what they then ran into is a symptom); else a rank that died silently
+    (srun names the task and node killed by a signal) — before the
     peers that merely lost their connection to it or timed out waiting for it.
     """
     job = f"SLURM job {end.job_id} {end.state}"
@@ -95,15 +102,26 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
     if end.state in _SCHEDULER_ENDS:
         return STATE_STATUS[end.state], f"SLURM job {end.job_id} ended {end.state}"
     failures = read_failures(cell_dir)
-    real = [f for f in failures if not any(s in f.error.lower() for s in _PEER_SYMPTOMS)]
+    real = [
+        f
+        for f in failures
+        if not f.stopped_by_scheduler and not any(s in f.error.lower() for s in _PEER_SYMPTOMS)
+    ]
+    stopped = [f for f in failures if f.stopped_by_scheduler]
     reported = {f.rank for f in failures}
     killed = [k for k in killed_ranks(end.srun_log) if k[0] not in reported]
     if real:
         first = real[0]
-        length = f" at seqlen {first.seqlen}" if first.seqlen is not None else ""
         return (
             first.status,
-            f"rank {first.rank} on {first.host} failed{length}: {first.error} ({job})",
+            f"rank {first.rank} on {first.host} failed{_at(first)}: {first.error} ({job})",
+        )
+    if stopped:  # what a rank ran into after the scheduler's SIGTERM is not the cause
+        first = stopped[0]
+        return (
+            "error",
+            f"the scheduler stopped the job (SIGTERM reached rank {first.rank} on "
+            f"{first.host}{_at(first)}; {job})",
         )
     if killed:
         rank, node, how = killed[0]
