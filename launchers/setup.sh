@@ -34,3 +34,15 @@ PINS
   "${pip[@]}" --no-deps --target "$upstream" "${pins[@]}"
   echo "$want" > "$stamp"
 fi
+
+# flash-attn 2.8.3.post2's sdist (its Python, imported by the tests over an emulated CUDA
+# extension: tests/helpers/emulated_flash_attn.py), fetched once into ~/.cache/lcab/upstream
+# (LCAB_UPSTREAM_CACHE) so a test run needs no index. A CI run without it fails loudly.
+if ! PYTHONPATH=. .venv/bin/python - <<'SDIST'
+from tests.helpers.emulated_flash_attn import source_tree
+raise SystemExit(source_tree() is None)
+SDIST
+then
+  echo "setup.sh: could not fetch the flash-attn 2.8.3.post2 sdist (pip download)" >&2
+  if [ -n "${CI:-}" ]; then exit 1; fi
+fi

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -55,7 +56,7 @@ from lcab.masks.core import AttnMask
 from lcab.masks.lowering import to_ffa
 
 #: Keywords the adapter passes to ``flex_flash_attn_func`` (after q, k, v by position).
-FFA_KWARGS = ("q_ranges", "k_ranges", "attn_type_map", "softmax_scale")
+FFA_KWARGS = ("q_ranges", "k_ranges", "attn_type_map", "softmax_scale", "sm_margin")
 FOLLOWS = "MagiAttention v1.1 (flex_flash_attn_func returning (out, meta))"
 
 
@@ -141,11 +142,23 @@ class _PreparedFFA(PreparedAttention):
         return ffa_backward(self.backward_fn, self.kwargs, dout, q, k, v, out, lse)
 
 
+@dataclass
+class FFAOptions:
+    """Options of the ``ffa`` kernel (its Hydra config fields), passed to every FFA call."""
+
+    sm_margin: int = 0
+    """SMs FFA's kernels leave free (its ``sm_margin``, forward and backward, as
+    MagiAttention's ``dist_attn.py`` passes ``fwd_sm_margin``/``bwd_sm_margin``) for NCCL's
+    kernels under context parallelism: raise it when a trace shows the ring's transfers waiting
+    behind attention (gpu_review §2.10), as for FA3."""
+
+
 @register_kernel
 class FFAKernel(Kernel):
     """MagiAttention Flex-Flash-Attention: consumes the slices natively (CPU contract-tested)."""
 
     name = "ffa"
+    options_cls = FFAOptions
     summary = "MagiAttention FFA (magi_attention), slices natively"
     caps = cuda_adapter_caps(
         "ffa",
@@ -180,7 +193,9 @@ class FFAKernel(Kernel):
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
-        return _PreparedFFA(mask, problem, module.flex_flash_attn_func, self._backward_fn())
+        prepared = _PreparedFFA(mask, problem, module.flex_flash_attn_func, self._backward_fn())
+        prepared.kwargs.update(self.options)  # the kernel's options are call keywords
+        return prepared
 
     def _backward_fn(self) -> Callable[..., Any] | None:
         """The installed ``_flex_flash_attn_backward`` when its parameters are v1.1.1's."""

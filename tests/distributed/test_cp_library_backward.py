@@ -47,16 +47,25 @@ def admitted(case: Case, world: int, seed: int) -> str | None:
     return "; ".join(reasons) or None
 
 
-def cases(world: int, strategy: str, options: dict, masks: list[str]) -> list[Case]:
+def cases(
+    world: int,
+    strategy: str,
+    options: dict,
+    masks: list[str],
+    kernels: tuple[str, ...] = KERNELS,
+    head_dim: int = HEAD_DIM,
+) -> list[Case]:
     opts = tuple(sorted({**options, "balance": "zigzag"}.items()))
     return [
-        Case(strategy, opts, m, mask_params(m, HEADS[1]), SEQLEN, *HEADS, kernel, HEAD_DIM)
-        for kernel in KERNELS
+        Case(strategy, opts, m, mask_params(m, HEADS[1]), SEQLEN, *HEADS, kernel, head_dim)
+        for kernel in kernels
         for m in masks
     ]
 
 
-def run(world: int, grid: list[Case], tmp_path) -> tuple[list[str], list[str]]:
+def run(
+    world: int, grid: list[Case], tmp_path, rank_fn=rank_main_with_standins, case_timeout=60.0
+) -> tuple[list[str], list[str]]:
     """(labels run and matching the reference, labels refused with their reason)."""
     refused: dict[Case, str | None] = {}
     runnable: list[Case] = []
@@ -64,7 +73,7 @@ def run(world: int, grid: list[Case], tmp_path) -> tuple[list[str], list[str]]:
         refused[case] = admitted(case, world, seed=len(runnable))
         if refused[case] is None:
             runnable.append(case)
-    outcomes = run_grid(world, runnable, tmp_path, rank_fn=rank_main_with_standins)
+    outcomes = run_grid(world, runnable, tmp_path, case_timeout, rank_fn)
     assert len(outcomes) == len(runnable)
     bad = [o for o in outcomes if o.status != "ok"]
     assert not bad, "\n".join(f"{o.case.label()}: {o.status} {o.detail} {o.errors}" for o in bad)

@@ -43,9 +43,13 @@ OPS += ("_flash_attn_backward", "_flash_attn_varlen_backward")
 NAMESPACE = "flash_attn"
 
 
+ROOT = CACHE / f"{DISTRIBUTION}-{VERSION}" / "python"
+"""Where `source_tree` writes the files (a CP rank imports from here as the test left it)."""
+
+
 def source_tree() -> Path | None:
     """A folder holding the sdist's two files unchanged (None: the sdist is unavailable)."""
-    root = CACHE / f"{DISTRIBUTION}-{VERSION}" / "python"
+    root = ROOT
     for member in FILES:
         text = sdist_member(DISTRIBUTION, VERSION, member)
         if text is None:

@@ -118,6 +118,7 @@ def _ffa_call(a: dict[str, Any]) -> tuple[torch.Tensor, types.SimpleNamespace]:
                 "k_ranges": k_ranges.clone(),
                 "attn_type_map": attn_type_map.clone(),
                 "scale": scale,
+                "sm_margin": a["sm_margin"],
             },
             "lse": lse,
         }

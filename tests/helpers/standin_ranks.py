@@ -35,9 +35,8 @@ def _with_real_fa2(fa3_backward: str, *args: Any) -> None:
     from tests.distributed.grid import rank_main
     from tests.helpers import emulated_flash_attn, standin_flash_attn, standin_magi_ffa
 
-    root = emulated_flash_attn.source_tree()
-    assert root is not None, "the test process caches the sdist before it starts the ranks"
-    emulated_flash_attn.install(root)
+    # the test process has written and checked the files (`source_tree`) before the ranks start
+    emulated_flash_attn.install(emulated_flash_attn.ROOT)
     backward = getattr(standin_flash_attn, fa3_backward)
     sys.modules.update(standin_flash_attn.fa3_modules(_flash_attn_backward=backward))
     sys.modules.update(standin_magi_ffa.modules())

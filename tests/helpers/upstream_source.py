@@ -107,3 +107,39 @@ def function_signature(source: str, name: str) -> SourceSignature:
 
     """
     return signature_of(*definition(ast.parse(source), name))
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """What a ``def``'s decorators make of it: a plain function or a torch custom op."""
+
+    kind: str
+    op: str = ""
+    mutates: tuple[str, ...] = ()
+
+
+def kind_of(node: ast.FunctionDef) -> SourceKind:
+    """``custom_op`` when a decorator is a call of something named ``*custom_op*`` (upstream
+    spells it ``torch.library.custom_op`` or a wrapper of it, ``_torch_custom_op_wrapper``)
+    with the op's name first and ``mutates_args=`` a literal; ``function`` otherwise."""
+    for decorator in node.decorator_list:
+        if not isinstance(decorator, ast.Call):
+            continue
+        func = decorator.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if "custom_op" not in called or not decorator.args:
+            continue
+        keywords = {k.arg: ast.literal_eval(k.value) for k in decorator.keywords if k.arg}
+        mutates = keywords.get("mutates_args", ())
+        return SourceKind("custom_op", ast.literal_eval(decorator.args[0]), tuple(mutates))
+    return SourceKind("function")
+
+
+def function_kind(source: str, name: str) -> SourceKind:
+    """`kind_of` the ``def`` of ``name`` in ``source``.
+
+    Raises:
+        KeyError: no such definition.
+
+    """
+    return kind_of(definition(ast.parse(source), name)[0])

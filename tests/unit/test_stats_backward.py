@@ -244,3 +244,32 @@ def test_fa3_sm_margin_reaches_its_forward_and_backward(monkeypatch) -> None:
     assert get_kernel("fa3").options == {"sm_margin": 0}
     with pytest.raises(ValueError, match="unknown option"):
         get_kernel("fa2", sm_margin=8)  # FA2 has no such parameter
+
+
+def test_ffa_sm_margin_reaches_its_forward_and_backward(monkeypatch) -> None:
+    """kernel.sm_margin goes to both FFA calls, as MagiAttention's dist_attn passes its own."""
+    install(monkeypatch, "ffa")
+    mask = MASKS["causal"]()
+    q, k, v, dout = tensors(mask, 4, 2, torch.float64)
+    standin_magi_ffa.CALLS.clear()
+    prepared = get_kernel("ffa", sm_margin=6).prepare(mask, Problem.of(q, k))
+    out, lse = prepared.run(q, k, v)
+    prepared.backward(dout, q, k, v, out, lse)
+    forward, backward = standin_magi_ffa.CALLS
+    assert forward["kwargs"]["sm_margin"] == 6 and backward["kwargs"]["sm_margin"] == 6
+    assert get_kernel("ffa").options == {"sm_margin": 0}
+
+
+def test_ffa_reduces_into_float32_accumulators_never_rounded(monkeypatch) -> None:
+    """As MagiAttention's dist_attn: dq/dk/dv handed to FFA in float32 and returned so."""
+    install(monkeypatch, "ffa")
+    mask = MASKS["causal"]()
+    q, k, v, dout = (t.to(torch.bfloat16) for t in tensors(mask, 4, 2, torch.float64))
+    standin_magi_ffa.CALLS.clear()
+    prepared = get_kernel("ffa").prepare(mask, Problem.of(q, k))
+    out, lse = prepared.run(q, k, v)
+    grads = prepared.backward(dout, q, k, v, out, lse)
+    assert [g.dtype for g in grads] == [torch.float32] * 3
+    (call,) = [c["kwargs"] for c in standin_magi_ffa.CALLS if c.get("fn") == "backward"]
+    assert all(call[n] is g for n, g in zip(("dq", "dk", "dv"), grads, strict=True))
+    assert call["lse"].dtype == torch.float32
