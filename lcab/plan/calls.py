@@ -203,8 +203,9 @@ def _figure_table(works: PairWork, local_q: int) -> list[list[Figures]]:
 
     def plane(values: np.ndarray | None) -> list[list[float]]:
         if values is None:
-            return np.zeros(works.area.shape[1:]).tolist()  # type: ignore[no-any-return]
-        return np.asarray(values[0], dtype=np.float64).tolist()  # type: ignore[no-any-return]
+            values = np.zeros((1, *works.area.shape[1:]))
+        rows: list[list[float]] = np.asarray(values[0], dtype=np.float64).tolist()
+        return rows
 
     area = np.asarray((0 + works.area[0]) * local_q / 1, dtype=np.float64).tolist()
     planes = [

@@ -13,6 +13,7 @@ import torch
 from lcab.cp import STRATEGIES
 from lcab.kernels import Problem, get_kernel
 from lcab.masks import make_mask
+from lcab.masks.core import AttnMask
 from lcab.plan.areas import pair_work
 from lcab.plan.calls import Call, CallWorks, call_work
 from lcab.plan.harness import LCAB, LONGCA
@@ -69,7 +70,7 @@ class _Counting:
     def __getattr__(self, name: str) -> object:
         return getattr(self.kernel, name)
 
-    def mask_reasons(self, mask: object) -> list[str]:
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
         self.asked += 1
         return list(self.kernel.mask_reasons(mask))
 
