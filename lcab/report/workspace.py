@@ -32,6 +32,10 @@ the mean of a group has no meaning. Panels aggregate with ``max`` and shade ``mi
 is the best throughput (the largest memory, the worst error) the group reached at that length and
 the band shows the spread across its configurations.
 
+**Ranks that shared a GPU** (``shared_device``, a numerics-only CP check over gloo) never log a
+time or a TFLOP/s (`lcab.records.wandb_run` logs `RunRecord.measured_flat`), so every throughput
+and scaling panel here leaves them out while their memory, numerics and status panels show them.
+
 **Run limit.** W&B fetches 10 runs per panel by default and computes group lines from the
 fetched runs only, so ``max_runs`` is raised to the sweep's number of cells.
 
@@ -211,6 +215,25 @@ def _scaling() -> Section:
     return _section("Scaling with world size", [*scatters, coords])
 
 
+def _planned() -> Section:
+    """Each run's headline TFLOP/s against what the planner predicted for it (one point per run).
+
+    Records carry the planner's prediction (``lcab.plan.record_prediction``); a point far off
+    the diagonal is a cell that ran far from its model: a wrong backend, a busy host.
+    """
+    import wandb_workspaces.reports.v2 as wr
+
+    scatters = [
+        wr.ScatterPlot(
+            title=f"{pass_} TFLOP/s per GPU: measured vs predicted (headline length)",
+            x=wr.SummaryMetric(f"headline/{pass_}_predicted_tflops"),
+            y=wr.SummaryMetric(f"headline/{pass_}_tflops"),
+        )
+        for pass_ in ("fwd", "bwd")
+    ]
+    return _section("Measured vs predicted", scatters)
+
+
 def _status() -> Section:
     """How many lengths ended in each status, summed per kernel and per CP strategy."""
     import wandb_workspaces.reports.v2 as wr
@@ -257,6 +280,7 @@ def build_workspace(
         sections.append(_by("mask", "TFLOP/s per GPU by mask", pair))
     sections += [
         _scaling(),
+        _planned(),
         _by("kernel", "Peak memory (MiB)", ("fwd_mem_peak_mib", "bwd_mem_peak_mib")),
         _by("kernel", "Numerical error", ("fwd_max_abs_err", "bwd_max_abs_err"), log_y=True),
         _status(),
