@@ -17,6 +17,7 @@ Also: the LSEs of these libraries require grad on a GPU while their backward dro
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import sys
 
@@ -95,8 +96,9 @@ def assert_close(got, want) -> None:
     [
         ("fa2", 16, None),
         ("fa2", 12, None),  # not a multiple of 8: the private backward needs padding
-        ("fa3", 16, None),
-        ("fa3", 16, "aug_2025"),
+        ("fa3", 16, None),  # the newest backward: a custom op, as upstream's since c7697bbf
+        ("fa3", 16, "aug_2025"),  # a plain function, as at 203b9b3d
+        ("fa3", 16, "function"),  # the newest parameters as a plain function
         ("ffa", 16, None),
     ],
 )
@@ -106,6 +108,8 @@ def test_library_backward_per_block_equals_reference(
     overrides = {}
     if generation == "aug_2025":
         overrides["_flash_attn_backward"] = standin_flash_attn.fa3_flash_attn_backward_aug_2025
+    if generation == "function":
+        overrides["_flash_attn_backward"] = standin_flash_attn.fa3_flash_attn_backward_function
     install(monkeypatch, kernel, **overrides)
     mask = MASKS[mask_name]()
     q, k, v, dout = tensors(mask, 4, 2, torch.float64, head_dim=head_dim)
@@ -123,7 +127,13 @@ def test_fa3_generations_are_told_apart_and_others_refused(monkeypatch) -> None:
 
     new = standin_flash_attn.fa3_flash_attn_backward
     old = standin_flash_attn.fa3_flash_attn_backward_aug_2025
+    assert flash_backward.callable_kind(new) == fa_table.FA3_BACKWARD.kind == "custom_op"
+    assert flash_backward.callable_kind(old) == fa_table.FA3_BACKWARD_AUG_2025.kind == "function"
+    assert tuple(inspect.signature(new).parameters) == ("args", "kwargs")  # read by its function
     assert flash_backward.fa3_generation(new) is fa_table.FA3_BACKWARD
+    assert flash_backward.fa3_generation(torch.ops.flash_attn_3._flash_attn_backward) is (
+        fa_table.FA3_BACKWARD
+    )  # the same op reached through torch.ops: read by its schema
     assert flash_backward.fa3_generation(old) is fa_table.FA3_BACKWARD_AUG_2025
 
     def other(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, causal):
@@ -137,6 +147,7 @@ def test_fa3_generations_are_told_apart_and_others_refused(monkeypatch) -> None:
     problem = Problem(64, 64, 4, 2, 64, torch.bfloat16, torch.device("cuda"))
     (reason,) = kernel.stats_backward_reasons(problem)
     assert "neither generation lcab calls" in reason and "203b9b3d" in reason
+    assert "(function) has parameters (dout, q, k, v, out, softmax_lse, dq, dk, dv," in reason
     ring = STRATEGIES.get("ring")({}, 8)
     (why,) = ring.kernel_reasons(kernel, problem, "bwd")
     assert why.startswith("ring's backward needs the kernel's backward from merged softmax")
