@@ -348,17 +348,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no cell after this")
     args = parser.parse_args(argv)
     kernels = args.kernels.split(",") if args.kernels else cuda_kernels()
+    unknown = [k for k in kernels if k not in cuda_kernels()]
+    if unknown:
+        print(
+            f"cp_shared: --kernels {','.join(unknown)} unknown; valid: {', '.join(cuda_kernels())}",
+            file=sys.stderr,
+        )
+        return 2
     todo = cells(kernels)
     if args.list:
         kinds = [classify(cell) for cell in todo]
         for cell, kind in zip(todo, kinds, strict=True):
             print(f"{cell.label()}: {kind}")
-        counts = {k: kinds.count(k) for k in SECONDS_PER_CELL}
+        per_kind = {k: kinds.count(k) for k in SECONDS_PER_CELL}
         worlds = len({c.world for c in todo})
         print(
-            f"{len(todo)} cells x fwd+bwd on {worlds} worlds: {counts['runs']} run, "
-            f"{counts['compiled']} run a compiled kernel, {counts['refused']} refused (with torch "
-            f"and {', '.join(ASSUMED_PACKAGES)}); expected about "
+            f"{len(todo)} cells x fwd+bwd on {worlds} worlds: {per_kind['runs']} run, "
+            f"{per_kind['compiled']} run a compiled kernel, {per_kind['refused']} refused "
+            f"(with torch and {', '.join(ASSUMED_PACKAGES)}); expected about "
             f"{estimate_s(kinds, worlds):.0f} s on one H100 (budget {args.budget_s:.0f} s)"
         )
         return 0

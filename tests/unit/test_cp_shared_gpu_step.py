@@ -51,6 +51,12 @@ def test_list_prints_every_cell_and_the_estimate(capsys):
     assert out[-1].startswith("42 cells x fwd+bwd on 2 worlds: 27 run, 0 run a compiled kernel")
 
 
+def test_an_unknown_kernel_is_one_line_and_exit_2(capsys):
+    assert cp_shared.main(["--list", "--kernels", "ranges,nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cp_shared: --kernels nope unknown; valid: ") and "ranges" in err
+
+
 @pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_the_step_verifies_the_portable_kernel_on_staged_cpu_ranks(tmp_path):
