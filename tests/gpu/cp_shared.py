@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="append verification rows to this JSONL file")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--kernels", help="comma-separated kernels (default: every CUDA kernel)")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="start no cell after this")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="start no cell after this")
     args = parser.parse_args(argv)
     kernels = args.kernels.split(",") if args.kernels else cuda_kernels()
     unknown = [k for k in kernels if k not in cuda_kernels()]
