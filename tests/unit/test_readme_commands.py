@@ -1,14 +1,18 @@
-"""Every shell command of README.md runs as written, and every guide is linked from it.
+"""Every shell command of README.md and of the guides runs as written; every guide is linked.
 
-Each command is taken from the README's ``bash`` blocks and checked by what it calls, without
+Each command is taken from the ``bash`` blocks of README.md and of the guides beside the code
+(``lcab/*/README.md``) and checked by what it calls, without
 running long benchmarks: ``python -m lcab.main`` runs for real with ``dry_run=true`` (the same
 parsing, config composition and pre-flight checks as a run, nothing executed); the planner's
 Hydra commands compose every cell of their sweep; argparse entry points (``lcab.report``,
 ``lcab.plan --published``, ``lcab.sweep``, ``lcab.perf``, pytest) get ``--help`` after the
 command's own arguments, which must exit 0 and list every flag the command uses; shell scripts
 must exist and parse (``bash -n``) and know the subcommand given; ``pip install "lcab[x]"`` must
-name extras of pyproject.toml. A command nothing here can check fails the test, so a new kind of
-command needs a checker before it goes into the README.
+name extras of pyproject.toml; ``python -c`` code must compile; shell plumbing is checked for its
+form (``export NAME=...``, ``kill %N``, ``source`` of a file a launcher script writes, a command
+under ``/usr/bin/time``). A command nothing here can check fails the test, so a new kind of
+command needs a checker before it goes into a guide. A command too slow for CI would be listed
+in `TOO_SLOW` with its reason, printed when the test passes it by; none is today.
 """
 
 from __future__ import annotations
@@ -37,19 +41,55 @@ SWEEP_PLACEHOLDER = "outputs/sweeps/<date>/<time>_<id>"
 
 
 def readme_commands(text: str) -> list[str]:
-    """The commands of ``text``'s ``bash`` blocks: continuations joined, ``&&`` chains split."""
+    """The commands of ``text``'s ``bash`` blocks: continuations joined, ``&&`` chains split.
+
+    A quoted string may span lines (``python -c '...'``); a trailing ``&`` (a background job) is
+    dropped.
+    """
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
+    for indent, block in re.findall(r"^([ \t]*)```bash\n(.*?)^[ \t]*```", text, re.DOTALL | re.M):
+        lines = [line.removeprefix(indent) for line in block.splitlines()]  # a list item's block
+        pending = ""
+        for line in "\n".join(lines).replace("\\\n", " ").splitlines():
+            pending = f"{pending}\n{line}" if pending else line
+            try:
+                words = shlex.split(pending, comments=True)
+            except ValueError:  # a quote still open: the command goes on on the next line
+                continue
+            pending = ""
+            if words[-1:] == ["&"]:
+                words = words[:-1]
             while words:
                 end = words.index("&&") if "&&" in words else len(words)
                 commands.append(shlex.join(words[:end]))
                 words = words[end + 1 :]
+        if pending:
+            raise ValueError(f"unclosed quote in a bash block: {pending[:200]!r}")
     return commands
 
 
 COMMANDS = readme_commands(README.read_text())
+GUIDES = sorted((ROOT / "lcab").glob("*/README.md"))
+GUIDE_COMMANDS = [
+    (guide.relative_to(ROOT).as_posix(), command)
+    for guide in GUIDES
+    for command in readme_commands(guide.read_text())
+]
+
+#: Guide or README commands too slow for a CI run, with the reason (printed when passed by).
+TOO_SLOW: dict[str, str] = {}
+
+#: Commands that need a visible GPU (the pre-flight refuses problem.device=cuda without one):
+#: checked where one is, passed by with this reason printed elsewhere.
+NEEDS_GPU = {
+    "python -m lcab.main cp=ring topology=local4 topology.backend=gloo problem.device=cuda "
+    "kernel=fa4": "CP ranks sharing one GPU need that GPU",
+}
+
+#: Modules whose argument is a file a GPU run writes: checked on the committed file of that kind.
+COMMITTED_INPUT = {
+    "lcab.report.gpu_verification": ROOT / "notebooks" / "data" / "gpu_verification.jsonl",
+}
 
 
 def _words(command: str, sweep_dir: Path) -> tuple[dict[str, str], list[str]]:
@@ -159,11 +199,41 @@ def _check_pip(words: list[str]) -> None:
             assert extra in extras, f"lcab has no extra {extra!r}; it has {sorted(extras)}"
 
 
+def _check_source(words: list[str]) -> None:
+    """``source FILE``: a file one of the launcher scripts writes (``$D/env`` of slurm_local)."""
+    assert len(words) == 2, words
+    path = Path(words[1])
+    scripts = [p.read_text() for p in (ROOT / "launchers").glob("*.sh")]
+    assert any(str(path.parent) in text and f"/{path.name}" in text for text in scripts), (
+        f"no launchers/*.sh writes {path}"
+    )
+
+
+def _without_time(words: list[str]) -> list[str]:
+    """The command under ``/usr/bin/time [-f FORMAT | -p]``."""
+    rest = words[1:]
+    while rest and rest[0] in ("-f", "-p"):
+        rest = rest[2:] if rest[0] == "-f" else rest[1:]
+    assert rest, words
+    return rest
+
+
 def check_command(command: str, sweep_dir: Path) -> None:
     """Check one README command by what it calls (see the module docstring)."""
     env, words = _words(command, sweep_dir)
+    if words[0] in ("/usr/bin/time", "time"):
+        words = _without_time(words)
     program = words[0]
-    if program == "bash":
+    if program == "export":  # NAME=value words (a value may hold a $(...) split into words)
+        names = [w.split("=", 1)[0] for w in words[1:] if re.match(r"[A-Za-z_]\w*=", w)]
+        assert names and all(re.fullmatch(r"[A-Z_][A-Z0-9_]*", n) for n in names), words
+    elif program == "kill":  # of the block's background jobs, by job spec
+        assert words[1:] and all(re.fullmatch(r"%\d+", w) for w in words[1:]), words
+    elif program == "source":
+        _check_source(words)
+    elif program in ("python", ".venv/bin/python") and words[1] == "-c":
+        compile(words[2], "<bash block>", "exec")  # a syntax error raises here
+    elif program == "bash":
         _check_bash(words, env)
     elif program == "pip":
         _check_pip(words)
@@ -173,7 +243,10 @@ def check_command(command: str, sweep_dir: Path) -> None:
         assert result.returncode == 0, result.stderr[-2000:]
     elif program in ("python", ".venv/bin/python") and words[1] == "-m":
         module, args = words[2], words[3:]
-        if module == "lcab.main":
+        if module in COMMITTED_INPUT:
+            result = _run([sys.executable, "-m", module, str(COMMITTED_INPUT[module])], env)
+            assert result.returncode == 0 and result.stdout.strip(), result.stderr[-2000:]
+        elif module == "lcab.main":
             _check_main(args, env)
         elif module == "lcab.plan" and not any(a.startswith("--") for a in args):
             _check_plan_hydra(args)
@@ -188,6 +261,36 @@ def test_readme_command_runs_as_written(command, tmp_path):
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()
     check_command(command, sweep_dir)
+
+
+@pytest.mark.parametrize(
+    ("guide", "command"), GUIDE_COMMANDS, ids=[f"{g}: {c[:80]}" for g, c in GUIDE_COMMANDS]
+)
+def test_guide_command_runs_as_written(guide, command, tmp_path):
+    if command in TOO_SLOW:
+        print(f"{guide}: not run here ({TOO_SLOW[command]}): {command}")
+        return
+    if command in NEEDS_GPU:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"{guide}: not run here (no GPU; {NEEDS_GPU[command]}): {command}")
+            return
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    check_command(command, sweep_dir)
+
+
+def test_every_guide_with_a_bash_block_is_read():
+    # the extraction itself: multi-line quotes, background jobs and plumbing of the guides
+    with_blocks = {g.relative_to(ROOT).as_posix() for g in GUIDES if "```bash" in g.read_text()}
+    assert with_blocks == {guide for guide, _ in GUIDE_COMMANDS}
+    assert "lcab/launch/README.md" in with_blocks
+    text = "* item:\n  ```bash\n  python -c 'a = 1\n  print(a)' &\n  kill %1\n  ```\n"
+    assert readme_commands(text) == ["python -c 'a = 1\nprint(a)'", "kill %1"]
+    assert set(NEEDS_GPU) | set(TOO_SLOW) <= {command for _, command in GUIDE_COMMANDS}
+    with pytest.raises(ValueError, match="unclosed quote"):
+        readme_commands("```bash\npython -c 'a = 1\n```\n")
 
 
 def test_readme_has_the_commands_users_need():
@@ -218,6 +321,11 @@ def test_readme_is_short():
         ("bash launchers/no_such_script.sh", AssertionError),
         ("bash launchers/slurm_local.sh start", AssertionError),
         ('pip install "lcab[no_such_extra]"', AssertionError),
+        ("python -c 'def broken(:'", SyntaxError),
+        ("export lower=1", AssertionError),
+        ("kill 1234", AssertionError),
+        ("source /tmp/no-such-folder/env", AssertionError),
+        ("/usr/bin/time -f %es python -m lcab.main kernel=no_such_kernel", AssertionError),
     ],
 )
 def test_a_wrong_command_fails_its_check(command, error, tmp_path):
