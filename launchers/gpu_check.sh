@@ -10,11 +10,12 @@
 # LCAB_GPU_EXTRAS="" installs no extras; LCAB_GPU_WORKERS=N runs the tier on N pytest-xdist
 # workers sharing the GPU (default 1: cases are small, but Flex compiles each mask).
 #
-# LCAB_GPU_CP_BUDGET_S=N caps the one-GPU CP step (default 420 s; it starts no cell after that).
+# LCAB_GPU_CP_BUDGET_S=N caps the one-GPU CP step (default 420 s; it starts no cell after that);
+# LCAB_GPU_CP_SHARDS=N runs it as N processes at once (default 3: its cells leave the GPU idle).
 #
 # OUT_DIR receives: env.txt (GPU, driver, versions), install.log, pytest.log, junit.xml,
 # verification.jsonl (one line per kernel x mask x pass, then the CP rows: strategy x kernel x
-# mask x pass, ranks sharing the GPU over gloo), cp_shared.log, verification.md (the tables), the
+# mask x pass, ranks sharing the GPU over gloo), cp_shared*.log, verification.md (the tables), the
 # sweep with its report, and the planner's probes (probe.txt, empty_blocks.txt, ring_step.txt:
 # what the H100 profile's copies and empty thread blocks really cost on this GPU, and a published
 # Ring P2P rank's forward, part by part, beside the planner). Each extra that fails to install
@@ -62,11 +63,20 @@ tail -n 3 "$out/pytest.log"
 
 # CP on this one GPU: every strategy x kernel x mask, ranks sharing the GPU over gloo (numerics
 # and bytes only); its dry run (--list) states the cells and the expected time
+shards=${LCAB_GPU_CP_SHARDS:-3}
 "$python" -m tests.gpu.cp_shared --list >"$out/cp_shared.log" 2>&1
 tail -n 1 "$out/cp_shared.log"
-"$python" -m tests.gpu.cp_shared --out "$out/verification.jsonl" \
-  --budget-s "${LCAB_GPU_CP_BUDGET_S:-420}" >>"$out/cp_shared.log" 2>&1 || tests_rc=1
-tail -n 1 "$out/cp_shared.log"
+pids=()
+for ((i = 0; i < shards; i++)); do
+  "$python" -m tests.gpu.cp_shared --shards "$shards" --shard "$i" --out "$out/cp_shared.$i.jsonl" \
+    --budget-s "${LCAB_GPU_CP_BUDGET_S:-420}" >"$out/cp_shared.$i.log" 2>&1 &
+  pids+=($!)
+done
+for ((i = 0; i < shards; i++)); do
+  wait "${pids[$i]}" || tests_rc=1
+  tail -n 1 "$out/cp_shared.$i.log"
+  cat "$out/cp_shared.$i.jsonl" >>"$out/verification.jsonl" 2>/dev/null
+done
 
 if [ -s "$out/verification.jsonl" ]; then
   "$python" -m lcab.report.gpu_verification "$out/verification.jsonl" >"$out/verification.md"

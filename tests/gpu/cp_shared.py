@@ -132,6 +132,22 @@ def classify(cell: CPCell, assumed: tuple[str, ...] = ASSUMED_PACKAGES) -> str:
     return "compiled" if cell.kernel in COMPILED else "runs"
 
 
+def shard(todo: list[CPCell], kinds: list[str], shards: int, index: int) -> list[CPCell]:
+    """The cells of shard ``index`` of ``shards``: expected costs balanced greedily, same order.
+
+    Shards run as separate processes at once (`launchers/gpu_check.sh`): the GPU idles under
+    these small cells, so the host's cores — kernel launches, compiles — set the pace.
+    """
+    load = [0.0] * shards
+    owner: dict[int, int] = {}
+    by_cost = sorted(range(len(todo)), key=lambda i: -SECONDS_PER_CELL[kinds[i]])
+    for i in by_cost:  # largest first, each to the least-loaded shard (ties: the lowest)
+        target = min(range(shards), key=lambda s: (load[s], s))
+        owner[i] = target
+        load[target] += SECONDS_PER_CELL[kinds[i]]
+    return [cell for i, cell in enumerate(todo) if owner[i] == index]
+
+
 def estimate_s(kinds: list[str], worlds: int) -> float:
     """Expected GPU seconds of cells of ``kinds`` (`classify`) over ``worlds`` world sizes."""
     return sum(SECONDS_PER_CELL[k] for k in kinds) + WORLD_START_S * worlds
@@ -335,6 +351,10 @@ def run(todo: list[CPCell], device: str, budget_s: float, out: Path | None) -> l
     return rows
 
 
+def _of_shard(index: int, shards: int) -> str:
+    return f" (shard {index} of {shards})" if shards > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.gpu.cp_shared", description=__doc__.split("\n")[0]
@@ -346,7 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--kernels", help="comma-separated kernels (default: every CUDA kernel)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="start no cell after this")
+    parser.add_argument("--shards", type=int, default=1, help="split the cells into N shards")
+    parser.add_argument("--shard", type=int, default=0, help="run (or list) shard I, from 0")
     args = parser.parse_args(argv)
+    if not 0 <= args.shard < args.shards:
+        print(
+            f"cp_shared: --shard {args.shard} with --shards {args.shards}; valid: "
+            f"0 <= shard < shards",
+            file=sys.stderr,
+        )
+        return 2
     kernels = args.kernels.split(",") if args.kernels else cuda_kernels()
     unknown = [k for k in kernels if k not in cuda_kernels()]
     if unknown:
@@ -356,14 +385,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     todo = cells(kernels)
+    kinds = [classify(cell) for cell in todo]
+    if args.shards > 1:
+        mine = set(shard(todo, kinds, args.shards, args.shard))
+        kinds = [k for c, k in zip(todo, kinds, strict=True) if c in mine]
+        todo = [c for c in todo if c in mine]
     if args.list:
-        kinds = [classify(cell) for cell in todo]
         for cell, kind in zip(todo, kinds, strict=True):
             print(f"{cell.label()}: {kind}")
         per_kind = {k: kinds.count(k) for k in SECONDS_PER_CELL}
         worlds = len({c.world for c in todo})
         print(
-            f"{len(todo)} cells x fwd+bwd on {worlds} worlds: {per_kind['runs']} run, "
+            f"{len(todo)} cells{_of_shard(args.shard, args.shards)} x fwd+bwd on {worlds} worlds: "
+            f"{per_kind['runs']} run, "
             f"{per_kind['compiled']} run a compiled kernel, {per_kind['refused']} refused "
             f"(with torch and {', '.join(ASSUMED_PACKAGES)}); expected about "
             f"{estimate_s(kinds, worlds):.0f} s on one H100 (budget {args.budget_s:.0f} s)"

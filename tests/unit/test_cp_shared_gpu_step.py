@@ -20,7 +20,7 @@ from lcab.report.gpu_verification import (
     verification_markdown,
 )
 from tests.gpu import cp_shared
-from tests.gpu.cp_shared import CPCell, cells, classify, cuda_kernels, run
+from tests.gpu.cp_shared import SECONDS_PER_CELL, CPCell, cells, classify, cuda_kernels, run, shard
 
 
 def test_every_strategy_kernel_and_mask_is_a_cell():
@@ -49,6 +49,17 @@ def test_list_prints_every_cell_and_the_estimate(capsys):
     assert len(out) == 7 * 2 * 3 + 1
     # sdpa returns no LSE on CUDA: it runs under pure Ulysses only (ulysses@2, usp@2)
     assert out[-1].startswith("42 cells x fwd+bwd on 2 worlds: 27 run, 0 run a compiled kernel")
+
+
+def test_shards_split_the_cells_once_with_balanced_expected_cost():
+    todo = cells(["ranges", "flex", "sdpa", "fa4"])
+    kinds = [classify(c) for c in todo]
+    parts = [shard(todo, kinds, 3, i) for i in range(3)]
+    assert sorted((c for part in parts for c in part), key=todo.index) == todo  # each cell once
+    assert all(part == [c for c in todo if c in part] for part in parts)  # the list's order
+    cost = dict(zip(todo, kinds, strict=True))
+    loads = [sum(SECONDS_PER_CELL[cost[c]] for c in part) for part in parts]
+    assert max(loads) - min(loads) <= max(SECONDS_PER_CELL.values())  # greedy: within one cell
 
 
 def test_an_unknown_kernel_is_one_line_and_exit_2(capsys):
