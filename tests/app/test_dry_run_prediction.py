@@ -65,3 +65,19 @@ def test_dry_run_profile_follows_the_device_and_hardware_picks_another() -> None
     assert "(hardware h100_nvlink_ib;" in chosen.stdout
     wrong = run_lcab(*cpu, "hardware=no_such_profile")
     assert wrong.returncode == 2 and "no_such_profile" in wrong.stderr
+
+
+def test_dry_run_says_tokens_per_rank_and_warns_the_96_gpu_default_lengths() -> None:
+    """The issue's 96-GPU cell: the default lengths leave 11-86 tokens per rank (warned, with
+    the pointer); 8K tokens per GPU are not warned."""
+    dry = run_lcab(
+        "-m", "launcher=slurm_h100_example", "cp=ring", "kernel=fa3", "mask=causal_document",
+        "topology=12x8", "problem.device=cuda", "seqlen=short,per_device_8k", "dry_run=true",
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    text = re.sub(r"\s*│\s*", " ", dry.stdout)
+    for length, per_rank in ((1024, 11), (8192, 86), (786432, 8192)):
+        assert f"{length:,}: {per_rank:,}" in text, dry.stdout[-3000:]
+    warnings = [line for line in dry.stdout.splitlines() if line.startswith("warning: job")]
+    assert len(warnings) == 1 and "seqlen=short" in warnings[0], warnings
+    assert "as few as 11 tokens" in warnings[0] and "seqlen=per_device_8k" in warnings[0]
