@@ -22,7 +22,10 @@ lcab's lowering, so lcab's adapter is contract-tested on CPU (never GPU-verified
   statistics), an LSE of -inf read as 0 (``flash_bwd_preprocess_kernel.h`` L242), dk/dv summed
   over the query heads of each KV head.
 
-Every call of ``fwd`` and ``bwd`` is appended to ``CALLS``.
+``fwd`` and ``bwd`` are operators under ``torch.ops.flashmask``, defined from the schemas of
+``TORCH_LIBRARY(flashmask, m)`` (the rows' kind ``library_op``), with CPU kernels; upstream's
+``flashmask_attention`` is a plain function. Every call of ``fwd`` and ``bwd`` is appended to
+``CALLS``.
 """
 
 from __future__ import annotations
@@ -121,9 +124,48 @@ def _bwd(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return dq[None].to(q.dtype), dk[None].to(q.dtype), dv[None].to(q.dtype)
 
 
-_fwd.__signature__ = FLASHMASK_FWD.signature()  # type: ignore[attr-defined]
-_bwd.__signature__ = FLASHMASK_BWD.signature()  # type: ignore[attr-defined]
-flashmask_cuda = types.SimpleNamespace(fwd=_fwd, bwd=_bwd)
+#: The schemas ``TORCH_LIBRARY(flashmask, m)`` defines (``flash_api_torch.cpp`` L1651-1714 at
+#: 9985af53), as text: the stand-in's ops are defined by them, so their parameters, defaults
+#: and mutated arguments are upstream's (and checked against the table rows below).
+SCHEMAS = {
+    "fwd": "fwd(Tensor q, Tensor k, Tensor v, Tensor(k_new!)? k_new=None, "
+    "Tensor(v_new!)? v_new=None, Tensor? q_v=None, Tensor(out!)? out=None, "
+    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? cu_seqlens_k_new=None, "
+    "Tensor? seqused_q=None, Tensor? seqused_k=None, int? max_seqlen_q=0, "
+    "int? max_seqlen_k=0, Tensor? page_table=None, Tensor? kv_batch_idx=None, "
+    "Tensor? leftpad_k=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, "
+    "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, "
+    "float softmax_scale=0.0, bool is_causal=False, int window_size_left=-1, "
+    "int window_size_right=-1, float softcap=0.0, Tensor? startend_row_indices=None, "
+    "Tensor? block_mask=None, bool is_rotary_interleaved=True, "
+    "Tensor? scheduler_metadata=None, int num_splits=1, bool? pack_gqa=False, "
+    "int sm_margin=0) -> (Tensor(out!), Tensor)",
+    "bwd": "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+    "Tensor? dq=None, Tensor? dk=None, Tensor? dv=None, Tensor? cu_seqlens_q=None, "
+    "Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, Tensor? seqused_k=None, "
+    "Tensor? startend_row_indices=None, Tensor? block_mask=None, int? max_seqlen_q=None, "
+    "int? max_seqlen_k=None, float softmax_scale=0.0, bool is_causal=False, "
+    "int window_size_left=-1, int window_size_right=-1, float softcap=0.0, "
+    "bool deterministic=False, int sm_margin=0) -> (Tensor, Tensor, Tensor)",
+}
+
+
+def _define_ops() -> Any:
+    """``torch.ops.flashmask`` with ``fwd`` and ``bwd`` as the extension registers them — C++
+    ``TORCH_LIBRARY`` ops, not Python custom ops — with this module's CPU kernels (upstream has
+    CUDA ones only, ``TORCH_LIBRARY_IMPL(flashmask, CUDA, m)`` L1716-1719)."""
+    if not hasattr(torch.ops.flashmask, "bwd"):  # defined once per process
+        library = torch.library.Library("flashmask", "DEF")
+        for name, impl in (("fwd", _fwd), ("bwd", _bwd)):
+            library.define(SCHEMAS[name])
+            library.impl(name, impl, "CPU")
+        _LIBRARIES.append(library)  # a Library unregisters its ops when collected
+    return torch.ops.flashmask
+
+
+_LIBRARIES: list[Any] = []
+flashmask_cuda = _define_ops()
+"""``interface_torch.flashmask_cuda = torch.ops.flashmask`` (L31)."""
 
 
 class FlashMaskFunc(torch.autograd.Function):

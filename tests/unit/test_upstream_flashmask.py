@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcab.kernels import flash_backward
 from lcab.kernels import flashmask as adapter
 from lcab.kernels.upstream import flashmask as table
 from lcab.kernels.upstream.facts import UpstreamFunction
@@ -51,17 +52,34 @@ def test_the_adapter_passes_only_what_the_rows_define() -> None:
     assert needs == {call.name, bwd.name}
 
 
-@pytest.mark.parametrize(
-    ("fn", "row"),
-    [
-        (standin.flashmask_attention, table.FLASHMASK_ATTENTION),
-        (standin.flashmask_cuda.fwd, table.FLASHMASK_FWD),
-        (standin.flashmask_cuda.bwd, table.FLASHMASK_BWD),
-    ],
-    ids=lambda x: getattr(x, "name", ""),
-)
-def test_the_standin_signatures_are_the_rows(fn, row: UpstreamFunction) -> None:
-    assert inspect.signature(fn) == row.signature()
+def test_the_standin_call_is_a_function_with_the_rows_signature() -> None:
+    row = table.FLASHMASK_ATTENTION
+    assert row.kind == flash_backward.callable_kind(standin.flashmask_attention) == "function"
+    assert inspect.signature(standin.flashmask_attention) == row.signature()
+
+
+def op_facts(schema: torch.FunctionSchema) -> tuple[str, tuple[str, ...], dict, tuple[str, ...]]:
+    """(op name, parameters, defaults, mutated arguments) of an operator's schema."""
+    args = schema.arguments
+    return (
+        schema.name,
+        tuple(a.name for a in args),
+        {a.name: a.default_value for a in args if a.has_default_value()},
+        tuple(a.name for a in args if a.alias_info is not None and a.alias_info.is_write),
+    )
+
+
+def row_facts(row: UpstreamFunction) -> tuple[str, tuple[str, ...], dict, tuple[str, ...]]:
+    return row.op, row.params, dict(row.defaults), row.mutates
+
+
+@pytest.mark.parametrize("row", [table.FLASHMASK_FWD, table.FLASHMASK_BWD], ids=["fwd", "bwd"])
+def test_the_standin_ops_are_torch_ops_as_the_rows_say(row: UpstreamFunction) -> None:
+    """``torch.ops.flashmask.fwd/bwd`` (a ``TORCH_LIBRARY`` op, read by its schema)."""
+    op = getattr(standin.flashmask_cuda, row.name.split(".")[-1])
+    assert flash_backward.callable_kind(op) == row.kind == "library_op"
+    assert flash_backward.mismatch(op, row) is None
+    assert op_facts(op.default._schema) == row_facts(row)
 
 
 # ----------------------------------------------------------------------------- against the source
@@ -95,9 +113,7 @@ def test_flashmask_attention_row_matches_interface_torch(src: Path) -> None:
 @pytest.mark.parametrize("row", [table.FLASHMASK_FWD, table.FLASHMASK_BWD], ids=["fwd", "bwd"])
 def test_op_rows_match_the_schemas_the_extension_registers(row: UpstreamFunction, src: Path):
     schema = schema_of((src / "flash_api_torch.cpp").read_text(), row.name.split(".")[-1])
-    assert tuple(a.name for a in schema.arguments) == row.params
-    defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    assert defaults == dict(row.defaults)
+    assert op_facts(schema) == row_facts(row)  # name, parameters, defaults, mutated arguments
     assert len(schema.returns) == len(row.returns)
 
 
