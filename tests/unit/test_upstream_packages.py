@@ -38,7 +38,7 @@ from lcab.kernels.te_cudnn import CudnnKernel
 from lcab.kernels.upstream import block_sparse_attn, cudnn, fa4, flashinfer, vsa
 from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.kernels.vsa import VSAThunderKittensKernel, VSATritonKernel
-from tests.helpers.upstream_source import definition, signature_of
+from tests.helpers.upstream_source import definition, kind_of, signature_of
 
 TARGET = Path(os.environ.get("LCAB_UPSTREAM_TARGET", Path(sys.prefix) / "lcab-upstream"))
 INSTALLED_TABLES = (fa4, flashinfer, cudnn)
@@ -65,12 +65,16 @@ for qualname in sys.argv[1:]:
         target = importlib.import_module(module)
         for part in name.split("."):
             target = getattr(target, part)
+        kind = "custom_op" if type(target).__name__ == "CustomOpDef" else "function"
+        if kind == "custom_op":
+            target = target._init_fn
         params = [p for p in inspect.signature(target).parameters.values()
                   if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     except Exception as err:
         out[qualname] = {"error": f"{type(err).__name__}: {err}"}
         continue
     out[qualname] = {
+        "kind": kind,
         "params": [p.name for p in params],
         "defaults": {p.name: repr(p.default) for p in params if p.default is not p.empty},
         "keyword_only": [p.name for p in params if p.kind is p.KEYWORD_ONLY],
@@ -109,6 +113,13 @@ def source_signature(root: Path, row: UpstreamFunction) -> tuple[Signature, int]
     path, _, _ = cited(row)
     node, drop_self = definition(ast.parse((root / path).read_text()), row.name)
     return ast_signature(node, drop_self), node.lineno
+
+
+def source_kind(root: Path, row: UpstreamFunction) -> str:
+    """The row's kind as the cited file's decorators make it (`upstream_source.kind_of`)."""
+    path, _, _ = cited(row)
+    node, _ = definition(ast.parse((root / path).read_text()), row.name)
+    return kind_of(node).kind
 
 
 # ----------------------------------------------------------------------------- installed
@@ -158,9 +169,10 @@ def test_row_matches_the_installed_package(
 ) -> None:
     """Imported where it imports on a CPU, else read from the installed file."""
     from_source, line = source_signature(target, row)
-    real = inspected[f"{row.module}:{row.name}"]
+    real = dict(inspected[f"{row.module}:{row.name}"])
     if "error" in real:  # no import without a GPU: the installed file is the package
-        real = from_source
+        real = from_source | {"kind": source_kind(target, row)}
+    assert real.pop("kind") == row.kind, "a plain function or a torch custom op, as defined"
     assert row_signature(row) == real
     _, first, last = cited(row)
     assert first <= line <= last, f"{row.source} cites lines that do not hold the def (L{line})"
@@ -240,6 +252,7 @@ def _source_root(row: UpstreamFunction) -> Path:
 def test_row_matches_the_cited_source(row: UpstreamFunction) -> None:
     real, line = source_signature(_source_root(row), row)
     assert row_signature(row) == real
+    assert source_kind(_source_root(row), row) == row.kind
     _, first, last = cited(row)
     assert first <= line <= last
 
