@@ -124,6 +124,7 @@ class PreparedFlash(PreparedAttention):
             )
         self.empty = empty_rows(mask)[0].to(problem.device)  # (Sq,): one mask for all heads
         self.has_empty = bool(self.empty.any())
+        self.returned_lse_dtype: torch.dtype | None = None
 
     @staticmethod
     def window(left: int, right: int) -> tuple[int | None, int | None]:
@@ -170,6 +171,7 @@ class PreparedFlash(PreparedAttention):
         else:
             result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
             out, layout = result[0].squeeze(0), "bhs"
+        self.returned_lse_dtype = result[1].dtype  # what its backward is given back
         # libraries disagree on empty rows (FA2 +inf, FA3/FA4 -inf): lcab's is out 0, lse -inf
         return to_lcab_convention(
             out,
@@ -302,8 +304,9 @@ class FA2Kernel(_FlashAttnKernel):
         functions = {row.name: getattr(module, row.name) for row in self.rows}
 
         def call(prepared: PreparedFlash, *tensors: torch.Tensor) -> flash_backward.Grads:
+            args = (functions, prepared.kwargs, prepared.varlen)
             return flash_backward.fa2_backward(
-                functions, prepared.kwargs, prepared.varlen, *tensors
+                *args, *tensors, returned=prepared.returned_lse_dtype
             )
 
         return call
@@ -372,7 +375,9 @@ class FA3Kernel(_FlashAttnKernel):
 
         def call(prepared: PreparedFlash, *tensors: torch.Tensor) -> flash_backward.Grads:
             assert fn is not None and row is not None
-            return flash_backward.fa3_backward(fn, row, prepared.kwargs, prepared.varlen, *tensors)
+            dtype = prepared.returned_lse_dtype
+            args = (fn, row, prepared.kwargs, prepared.varlen)
+            return flash_backward.fa3_backward(*args, *tensors, returned=dtype)
 
         return call
 

@@ -42,17 +42,25 @@ Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def library_lse(lse: torch.Tensor, layout: LseLayout, dtype: torch.dtype) -> torch.Tensor:
     """An LSE in lcab's (Hq, Sq) as a library's backward reads it; -inf rows become +inf.
 
-    The kernels read it raw, unchecked, as float32 (``float*`` in FA2's ``flash_api.cpp``
-    ``params.softmax_lse_ptr``): it goes in as float32 for 16/32-bit inputs ``dtype``, and as
-    float64 for float64 inputs, which only CPU emulations take.
+    The kernels read it raw and unchecked (FA2's ``mha_bwd`` passes ``softmax_lse.data_ptr()``,
+    ``flash_api.cpp`` L923, L1151): it goes in as ``dtype``, the dtype the library's own forward
+    handed out (`lse_dtype_for`), exactly as the library's autograd passes back its saved LSE.
     """
-    lse = lse.to(torch.promote_types(dtype, torch.float32))
-    lse = lse.masked_fill(torch.isneginf(lse), float("inf"))
+    lse = lse.to(dtype).masked_fill(torch.isneginf(lse), float("inf"))
     if layout == "bhs":
         return lse.unsqueeze(0).contiguous()
     if layout == "th":
         return lse.t().contiguous()
     return lse.contiguous()
+
+
+def lse_dtype_for(q: torch.Tensor, returned: torch.dtype | None) -> torch.dtype:
+    """The LSE dtype a backward takes: what the library's forward returned for these inputs.
+
+    ``returned`` is recorded by the prepared call's `run`; without one, float32 (float64 for
+    float64 inputs, which only CPU emulations of these kernels take).
+    """
+    return returned if returned is not None else torch.promote_types(q.dtype, torch.float32)
 
 
 def _pad(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -70,14 +78,18 @@ def fa2_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    *,
+    returned: torch.dtype | None = None,
 ) -> Grads:
     """One FA2 ``_flash_attn(_varlen)_backward`` call on packed (S, H, D) tensors.
 
     ``functions`` maps the table rows' names to the installed callables; ``call`` holds the
     lowered forward's keywords (scale, causal, window_size, and cu_seqlens / max_seqlen for
-    varlen), so the backward applies the very mask the forward did.
+    varlen), so the backward applies the very mask the forward did; ``returned`` is the dtype
+    of the LSE the forward returned (`lse_dtype_for`).
     """
     head_dim = q.shape[-1]
+    lse_dtype = lse_dtype_for(q, returned)
     dout, q, k, v, out = (_pad(t, 8) for t in (dout, q, k, v, out))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     left, right = call["window_size"]
@@ -97,13 +109,13 @@ def fa2_backward(
         tensors = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "dq": dq, "dk": dk, "dv": dv}
         varlen_args = {name: call[name] for name in fa_table.VARLEN_ARGS}
         kwargs = tensors | varlen_args | common
-        kwargs["softmax_lse"] = library_lse(lse, "ht", q.dtype)
+        kwargs["softmax_lse"] = library_lse(lse, "ht", lse_dtype)
     else:
         row = fa_table.FA2_BACKWARD
         batched = [t.unsqueeze(0) for t in (dout, q, k, v, out, dq, dk, dv)]
         kwargs = dict(zip(("dout", "q", "k", "v", "out", "dq", "dk", "dv"), batched, strict=True))
         kwargs |= common
-        kwargs["softmax_lse"] = library_lse(lse, "bhs", q.dtype)
+        kwargs["softmax_lse"] = library_lse(lse, "bhs", lse_dtype)
         dq, dk, dv = batched[5][0], batched[6][0], batched[7][0]
     functions[row.name](*positional(row, kwargs))
     return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
@@ -212,6 +224,8 @@ def fa3_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    *,
+    returned: torch.dtype | None = None,
 ) -> Grads:
     """One FA3 ``_flash_attn_backward`` call of generation ``row`` on packed tensors."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -221,7 +235,7 @@ def fa3_backward(
     kwargs: dict[str, Any] = dict(
         zip(("dout", "q", "k", "v", "out", "dq", "dk", "dv"), tensors, strict=True)
     )
-    kwargs["softmax_lse"] = library_lse(lse, "ht" if varlen else "bhs", q.dtype)
+    kwargs["softmax_lse"] = library_lse(lse, "ht" if varlen else "bhs", lse_dtype_for(q, returned))
     for name in fa_table.VARLEN_ARGS:
         kwargs[name] = call[name] if varlen else None
     kwargs |= {"sequed_q": None, "sequed_k": None, "softmax_scale": call["softmax_scale"]}
@@ -247,6 +261,8 @@ def ffa_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    *,
+    returned: torch.dtype | None = None,
 ) -> Grads:
     """One ``_flex_flash_attn_backward`` call, as MagiAttention's dist_attn makes per stage.
 
@@ -259,7 +275,8 @@ def ffa_backward(
     row = ffa_table.FFA_BACKWARD
     accumulate = torch.promote_types(q.dtype, torch.float32)
     kwargs: dict[str, Any] = {"dout": dout, "q": q, "k": k, "v": v, "out": out}
-    kwargs |= {"sink": None, "sink_layout": "sh", "lse": library_lse(lse, "th", q.dtype)}
+    lse = library_lse(lse, "th", lse_dtype_for(q, returned))
+    kwargs |= {"sink": None, "sink_layout": "sh", "lse": lse}
     kwargs |= {name: torch.zeros(t.shape, dtype=accumulate, device=t.device) for name, t in (
         ("dq", q), ("dk", k), ("dv", v))}  # fmt: skip
     kwargs |= {"dsink": None, "softmax_scale": call["softmax_scale"], "softcap": 0.0}

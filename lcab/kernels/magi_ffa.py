@@ -102,6 +102,7 @@ class _PreparedFFA(PreparedAttention):
         self.no_slices = args.attn_type_map.size == 0
         self.empty = empty_rows(mask)[0].to(device)  # (Sq,): one mask for all heads
         self.has_empty = bool(self.empty.any())
+        self.returned_lse_dtype: torch.dtype | None = None
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -110,6 +111,7 @@ class _PreparedFFA(PreparedAttention):
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return q * 0, lse.to(lse_dtype(q.dtype))
         result = self.fn(q, k, v, **self.kwargs)
+        self.returned_lse_dtype = lse_of(result).dtype  # what its backward is given back
         return to_lcab_convention(
             result[0],
             lse_of(result),
@@ -139,7 +141,8 @@ class _PreparedFFA(PreparedAttention):
                 f"FFA: no {FFA_BACKWARD.name} in {FFA_BACKWARD.module}, so no backward from "
                 "merged softmax statistics"
             )
-        return ffa_backward(self.backward_fn, self.kwargs, dout, q, k, v, out, lse)
+        dtype = self.returned_lse_dtype
+        return ffa_backward(self.backward_fn, self.kwargs, dout, q, k, v, out, lse, returned=dtype)
 
 
 @dataclass

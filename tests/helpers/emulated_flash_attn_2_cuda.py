@@ -51,6 +51,9 @@ from tests.helpers.standin_rows import flash_backward_math
 
 ALLOW_FLOAT64 = True
 """Accept float64 inputs (CPU only; see the module docstring)."""
+FLOAT32_LSE = False
+"""Return and demand a float32 LSE for float64 inputs too, as the kernels' ``float`` LSE is
+(a test sets it: lcab must hand back the dtype the forward gave, whatever it was)."""
 CALLS: list[dict[str, Any]] = []
 
 
@@ -148,6 +151,11 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The LSE's dtype, returned and demanded: `_wide`, or float32 under `FLOAT32_LSE`."""
+    return torch.float32 if FLOAT32_LSE else _wide(dtype)
+
+
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +170,8 @@ def _attend(
     empty = torch.isneginf(lse)
     probs = torch.exp(scores - lse.masked_fill(empty, 0.0)[..., None])
     out = torch.einsum("hqk,khd->qhd", probs, vv)
-    return out.to(q.dtype), lse.masked_fill(empty, float("inf"))  # softmax.h: sum 0 → +inf
+    lse = lse.masked_fill(empty, float("inf"))  # softmax.h: sum 0 → +inf
+    return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
 
 
 def _result(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,8 +255,8 @@ def varlen_fwd(
 def _lse(lse: torch.Tensor, q: torch.Tensor, *shape: int) -> None:
     """The LSE a GPU would read raw (L923, L1151): anything else is wrong there, silently."""
     what = f"softmax_lse {tuple(lse.shape)} {lse.dtype} contiguous={lse.is_contiguous()}"
-    want = f"{shape} {_wide(q.dtype)} contiguous"
-    if lse.dtype != _wide(q.dtype) or tuple(lse.shape) != shape or not lse.is_contiguous():
+    want = f"{shape} {_lse_dtype(q.dtype)} contiguous"
+    if lse.dtype != _lse_dtype(q.dtype) or tuple(lse.shape) != shape or not lse.is_contiguous():
         raise TorchCheckError(
             f"{what}: the kernel reads it through data_ptr() as {want} without a check, so a "
             "GPU would compute wrong gradients here without an error"

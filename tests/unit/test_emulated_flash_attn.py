@@ -43,6 +43,7 @@ def interface() -> Iterator[object]:
 @pytest.fixture(autouse=True)
 def _float64_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(emulated, "ALLOW_FLOAT64", True)
+    monkeypatch.setattr(emulated, "FLOAT32_LSE", False)
     emulated.CALLS.clear()
 
 
@@ -183,3 +184,19 @@ def test_fa2_window_rewrites_as_flash_api_cpp(interface) -> None:
     flash.flash_attn_func(q, k, v, window_size=(3, -1))
     flash.flash_attn_func(q, k, v, causal=True)
     assert [c["window"] for c in emulated.CALLS] == [(10, 0), (3, 10), (10, 0)]
+
+
+def test_the_lse_goes_back_in_the_dtype_the_forward_returned(interface, monkeypatch) -> None:
+    """An extension whose LSE is float32 even for float64 inputs gets float32 back (as the
+    library's own autograd hands back its saved LSE); a wrong dtype would fail the check."""
+    monkeypatch.setattr(emulated, "FLOAT32_LSE", True)
+    mask = MASKS["causal_document"]()
+    q, k, v, dout = tensors(mask, 4, 2, torch.float64, head_dim=16)
+    out, lse, want = reference(mask, q, k, v, dout)
+    prepared = get_kernel("fa2").prepare(mask, Problem.of(q, k))
+    _, own_lse = prepared.run(q, k, v)
+    assert own_lse is not None and own_lse.dtype == torch.float64  # lcab's convention
+    got = prepared.backward(dout, q, k, v, out, lse)
+    assert [c["lse"].dtype for c in emulated.CALLS] == [torch.float32, torch.float32]
+    for g, w in zip(got, want, strict=True):
+        assert float((g - w).abs().max()) <= 1e-5 * float(w.abs().max())
