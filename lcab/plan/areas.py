@@ -179,21 +179,25 @@ def _row_work(
 
 
 def _group_sums(values: np.ndarray, bounds: IntArray) -> np.ndarray:
-    """(B, G) sums of ``values[:, bounds[g]:bounds[g + 1]]`` for every group g (empty: 0)."""
+    """(B, G) sums of ``values[:, bounds[g]:bounds[g + 1]]`` for every group g (empty: 0).
+
+    The groups are shards (a hundred at most, over up to a million spans): one contiguous
+    slice sum per group runs several times faster than ``np.add.reduceat`` along the second
+    axis, and integer sums are exact in any order.
+    """
     sums = np.zeros((values.shape[0], len(bounds) - 1), dtype=np.int64)
-    filled = np.diff(bounds) > 0
-    if filled.any():
-        starts = bounds[:-1][filled]
-        sums[:, filled] = np.add.reduceat(values, starts, axis=1, dtype=np.int64)
+    for g, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+        if b > a:
+            sums[:, g] = values[:, a:b].sum(axis=1, dtype=np.int64)
     return sums
 
 
 def _group_max(values: np.ndarray, bounds: IntArray) -> np.ndarray:
     """(B, G) maxima of ``values[:, bounds[g]:bounds[g + 1]]`` for every group g (empty: 0)."""
     maxima = np.zeros((values.shape[0], len(bounds) - 1), dtype=np.int64)
-    filled = np.diff(bounds) > 0
-    if filled.any():
-        maxima[:, filled] = np.maximum.reduceat(values, bounds[:-1][filled], axis=1)
+    for g, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+        if b > a:
+            maxima[:, g] = values[:, a:b].max(axis=1)
     return maxima
 
 
