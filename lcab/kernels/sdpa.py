@@ -179,7 +179,8 @@ class _PreparedSDPA(PreparedAttention):
         # +inf makes probabilities exp(s - inf) = 0, not NaN, on rows with no key anywhere and
         # on rows with no key in this block (their bias is finite: see the module's docstring)
         no_key = torch.isneginf(lse) | self.empty if self.has_empty else torch.isneginf(lse)
-        stats = lse.masked_fill(no_key, float("inf")).to(q.dtype).unsqueeze(0)
+        # the op reads its statistics in the accumulation type (float32 for bf16/fp16 inputs)
+        stats = lse.masked_fill(no_key, float("inf")).to(lse_dtype(q.dtype)).unsqueeze(0)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout.contiguous(),
             q,
