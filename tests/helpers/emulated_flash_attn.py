@@ -15,9 +15,10 @@ every torch >= 2.4), so called with CPU tensors they have no kernel. The loader 
 op's own Python function (``CustomOpDef._init_fn``, the body the library wrote) for CPU with
 ``CustomOpDef.register_kernel`` — the function a GPU runs, dispatched from another device key.
 
-`loaded` is a context manager for a test process: it sets aside any ``flash_attn`` already
-imported, and afterwards removes the ops it registered (so another loader — or the same one —
-can register them again). `install` loads for good, for a CP rank's own process.
+`loaded` is a context manager for a test process: it sets aside any other ``flash_attn``
+already imported (a stand-in), and afterwards removes the ops it registered (so another loader —
+or the same one — can register them again); an import of the same file by someone else is
+reused, only its extension swapped. `install` loads for good, for a CP rank's own process.
 """
 
 from __future__ import annotations
@@ -121,10 +122,43 @@ def install(root: Path) -> types.ModuleType:
     return interface
 
 
+def _imported_already(root: Path) -> types.ModuleType | None:
+    """The sdist's own ``flash_attn_interface`` when something in this process imported it."""
+    interface = sys.modules.get("flash_attn.flash_attn_interface")
+    path = Path(getattr(interface, "__file__", None) or "/nonexistent")
+    if interface is None or not path.is_file():
+        return None  # none, or a stand-in module
+    same = path.read_text() == (root / FILES[1]).read_text()
+    return interface if same and hasattr(interface, "flash_attn_gpu") else None
+
+
 @contextmanager
 def loaded() -> Iterator[types.ModuleType]:
-    """The real ``flash_attn.flash_attn_interface`` for the duration (see the module doc)."""
+    """The real ``flash_attn.flash_attn_interface`` for the duration (see the module doc).
+
+    When another test of this process has imported the same file already (with an emulation
+    of its own, say), its ops stay as they are and only the extension its module calls —
+    ``flash_attn_gpu`` — is this one for the duration: destroying ops another import defined
+    would break that other test.
+    """
     root = require_source_tree()
+    existing = _imported_already(root)
+    if existing is not None:
+        original, extension = existing.flash_attn_gpu, sys.modules.get("flash_attn_2_cuda")
+        existing.flash_attn_gpu = sys.modules["flash_attn_2_cuda"] = _extension()
+        for name in OPS:
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{name}", "CPU"):
+                opdef = getattr(existing, name)
+                opdef.register_kernel("cpu")(opdef._init_fn)
+        try:
+            yield existing
+        finally:
+            existing.flash_attn_gpu = original
+            if extension is None:
+                sys.modules.pop("flash_attn_2_cuda", None)
+            else:
+                sys.modules["flash_attn_2_cuda"] = extension
+        return
     saved = {name: module for name, module in sys.modules.items() if _ours(name)}
     try:
         yield install(root)
