@@ -130,5 +130,5 @@ def run() -> None:
                 f"{figure.label}: {median:.2f} s ({runs}{spread}{warm}); "
                 f"target <= {figure.target_s:g} s: {verdict}"
             )
-            print(f"    {shlex.join(figure.argv[1:])}")
+            print(f"    {shlex.join(('python', *figure.argv[1:]))}")
     print(f"after: {_load()}")
