@@ -45,7 +45,7 @@ from lcab.plan.calls import (
     ring_calls_halves,
 )
 from lcab.plan.harness import LCAB, Elements, Harness
-from lcab.plan.steps import Stage, Transfer, Window, Work
+from lcab.plan.steps import Links, Stage, Transfer, Window, Work
 
 
 @dataclass
@@ -85,78 +85,6 @@ class Replay:
         return [work for w in windows for s in w.stages for work in s.calls if work.flops]
 
 
-class _Links:
-    """Which peers are on another node (ranks are node-major).
-
-    Equal transfers and stages are one object (`one`, `stage`): the cost model costs each
-    object once (`lcab.plan.model`), and 96 ranks x 96 steps hold few distinct ones.
-    """
-
-    def __init__(self, devices_per_node: int, p2p_batched: bool = True) -> None:
-        self.per_node = devices_per_node
-        self.p2p_batched = p2p_batched
-        self._transfers: dict[Transfer, Transfer] = {}
-        self._p2p: dict[tuple[str, int, bool, int], Transfer] = {}
-        self._tuples: dict[tuple[Transfer, ...], tuple[Transfer, ...]] = {}
-        self._stages: dict[tuple[int, ...], Stage] = {}
-
-    def one(self, transfer: Transfer) -> Transfer:
-        """The object of every transfer equal to ``transfer``."""
-        return self._transfers.setdefault(transfer, transfer)
-
-    def transfers(self, transfers: tuple[Transfer, ...]) -> tuple[Transfer, ...]:
-        """The object of every tuple equal to ``transfers``."""
-        return self._tuples.setdefault(transfers, transfers)
-
-    def stage(
-        self,
-        work: Work | None,
-        during: tuple[Transfer, ...],
-        after: tuple[Transfer, ...],
-        finish: tuple[Work, ...],
-    ) -> Stage:
-        """``Stage(work, during, after, finish=finish)``, one object for equal parts.
-
-        Every part is one object per value (the replay's `CallWorks` and `transfers`, which
-        hold them while the replay lives), so the parts' ids name the stage.
-        """
-        key = (id(work), id(during), id(after), id(finish))
-        stage = self._stages.get(key)
-        if stage is None:
-            stage = self._stages[key] = Stage(work, during, after, finish=finish)
-        return stage
-
-    def inter(self, a: int, b: int) -> bool:
-        return a // self.per_node != b // self.per_node
-
-    def p2p(self, op: str, nbytes: int, src: int, dst: int, ring_size: int) -> Transfer:
-        """A ring exchange's send; unbatched in a ring of two it waits for the receive."""
-        key = (op, nbytes, src // self.per_node != dst // self.per_node, ring_size)
-        transfer = self._p2p.get(key)
-        if transfer is None:
-            far = nbytes if self.inter(src, dst) else 0
-            phases = 2 if ring_size == 2 and not self.p2p_batched else 1
-            transfer = self._p2p[key] = self.one(Transfer(op, "p2p", nbytes, far, phases))
-        return transfer
-
-    def collective(self, op: str, kind: str, nbytes: int, rank: int, group: list[int]) -> Transfer:
-        """The part of a collective's bytes that crosses this rank's own NIC.
-
-        An all-to-all sends a distinct block to every peer, so the blocks for other nodes all
-        leave through the rank's NIC. A ring collective (all-gather, reduce-scatter) is run by
-        NCCL as several rings, one per channel, and on rail-optimised nodes (one NIC per GPU, as
-        DGX/HGX H100) each ring leaves a node through a different GPU: every remote shard crosses
-        into a node once, spread over its NICs. Of the ``(P - 1)`` shards a rank gathers, its NIC
-        then carries ``nodes - 1``; the rest moves over NVLink.
-        """
-        if kind == "a2a":
-            peers = [p for p in group if p != rank]
-            far = sum(self.inter(rank, p) for p in peers)
-            return self.one(Transfer(op, kind, nbytes, nbytes * far // max(len(peers), 1)))
-        nodes = len({p // self.per_node for p in group})
-        return self.one(Transfer(op, kind, nbytes, nbytes * (nodes - 1) // max(len(group) - 1, 1)))
-
-
 def replay(
     strategy: Strategy,
     mask: AttnMask,
@@ -177,7 +105,7 @@ def replay(
         num, den = PASS_FACTORS[pass_]
         out.global_flops[pass_] = forward * num / den
     builder = _BUILDERS[_family(strategy.name)]
-    fwd, bwd = builder(plan, mask, problem, _Links(dpn, harness.p2p_batched), harness)
+    fwd, bwd = builder(plan, mask, problem, Links(dpn, harness.p2p_batched), harness)
     tail = _projection_gradients(plan, problem, harness)
     out.passes = {"fwd": fwd, "bwd": [(*windows, *tail) for windows in bwd]}
     return out
@@ -210,7 +138,7 @@ def _a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:
 
 
 def _ulysses_ends(
-    plan: Plan, problem: Problem, links: _Links, rank: int, bwd: bool, harness: Harness
+    plan: Plan, problem: Problem, links: Links, rank: int, bwd: bool, harness: Harness
 ) -> tuple[Stage, Stage]:
     """The exposed all-to-alls before and after the local work of a Ulysses group.
 
@@ -243,7 +171,7 @@ def _ulysses_ends(
 
 
 def _ulysses(
-    plan: Plan, mask: AttnMask, problem: Problem, links: _Links, harness: Harness
+    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness
 ) -> tuple[list, list]:
     order = np.concatenate(plan.rank_layouts)  # every token (a group holds the whole sequence)
     call_work = CallWorks(pair_work(mask, [order], [order]), plan, problem)
@@ -258,7 +186,7 @@ def _ulysses(
 
 
 def _allgather(
-    plan: Plan, mask: AttnMask, problem: Problem, links: _Links, harness: Harness
+    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness
 ) -> tuple[list, list]:
     """Ring All-Gather: gather K/V, one call per rank (or one per zigzag half), reduce-scatter.
 
@@ -320,7 +248,7 @@ def zigzag_halves(layout: np.ndarray, doc_lengths: np.ndarray, shards: int) -> l
 
 
 def _ring(
-    plan: Plan, mask: AttnMask, problem: Problem, links: _Links, harness: Harness
+    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness
 ) -> tuple[list, list]:
     """Ring P2P, USP and LoongTrain: (Ulysses ends around) a windowed ring of R positions."""
     shards = list(plan.placement.layouts)
@@ -418,7 +346,7 @@ def _step_transfers(
     harness: Harness,
     next_kv: tuple[Transfer, ...],
     dkv: tuple[Transfer, ...],
-    links: _Links,
+    links: Links,
 ) -> tuple[tuple[Transfer, ...], tuple[Transfer, ...]]:
     """(during, after) of step ``t`` of a window of ``s`` steps (``carried``: into step 0)."""
     during: tuple[Transfer, ...] = next_kv if t < s - 1 else ()

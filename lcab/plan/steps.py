@@ -2,7 +2,9 @@
 
 `lcab.plan.replay` builds these from a strategy's plan; `lcab.plan.model` costs them. A stage is
 one kernel call (or none) with the transfers it hides and those exposed after it; a window is a
-run of stages with transfers in its background (LoongTrain's next-window prefetch).
+run of stages with transfers in its background (LoongTrain's next-window prefetch). `Links`
+makes a replay's transfers (which part of a send leaves the node) and its stages, one object
+for equal ones.
 """
 
 from __future__ import annotations
@@ -107,3 +109,76 @@ class Window:
 
     stages: tuple[Stage, ...]
     background: tuple[Transfer, ...] = ()
+
+
+class Links:
+    """Which peers are on another node (ranks are node-major).
+
+    Equal transfers and stages are one object (`one`, `stage`): the cost model costs each
+    object once (`lcab.plan.model`), and 96 ranks x 96 steps hold few distinct ones.
+    """
+
+    def __init__(self, devices_per_node: int, p2p_batched: bool = True) -> None:
+        self.per_node = devices_per_node
+        self.p2p_batched = p2p_batched
+        self._transfers: dict[Transfer, Transfer] = {}
+        self._p2p: dict[tuple[str, int, bool, int], Transfer] = {}
+        self._tuples: dict[tuple[Transfer, ...], tuple[Transfer, ...]] = {}
+        self._stages: dict[tuple[int, ...], Stage] = {}
+
+    def one(self, transfer: Transfer) -> Transfer:
+        """The object of every transfer equal to ``transfer``."""
+        return self._transfers.setdefault(transfer, transfer)
+
+    def transfers(self, transfers: tuple[Transfer, ...]) -> tuple[Transfer, ...]:
+        """The object of every tuple equal to ``transfers``."""
+        return self._tuples.setdefault(transfers, transfers)
+
+    def stage(
+        self,
+        work: Work | None,
+        during: tuple[Transfer, ...],
+        after: tuple[Transfer, ...],
+        finish: tuple[Work, ...],
+    ) -> Stage:
+        """``Stage(work, during, after, finish=finish)``, one object for equal parts.
+
+        Every part is one object per value (the replay's `CallWorks` and `transfers`, which
+        hold them while the replay lives), so the parts' ids name the stage.
+        """
+        key = (id(work), id(during), id(after), id(finish))
+        stage = self._stages.get(key)
+        if stage is None:
+            stage = self._stages[key] = Stage(work, during, after, finish=finish)
+        return stage
+
+    def inter(self, a: int, b: int) -> bool:
+        """Whether ranks ``a`` and ``b`` are on different nodes."""
+        return a // self.per_node != b // self.per_node
+
+    def p2p(self, op: str, nbytes: int, src: int, dst: int, ring_size: int) -> Transfer:
+        """A ring exchange's send; unbatched in a ring of two it waits for the receive."""
+        key = (op, nbytes, src // self.per_node != dst // self.per_node, ring_size)
+        transfer = self._p2p.get(key)
+        if transfer is None:
+            far = nbytes if self.inter(src, dst) else 0
+            phases = 2 if ring_size == 2 and not self.p2p_batched else 1
+            transfer = self._p2p[key] = self.one(Transfer(op, "p2p", nbytes, far, phases))
+        return transfer
+
+    def collective(self, op: str, kind: str, nbytes: int, rank: int, group: list[int]) -> Transfer:
+        """The part of a collective's bytes that crosses this rank's own NIC.
+
+        An all-to-all sends a distinct block to every peer, so the blocks for other nodes all
+        leave through the rank's NIC. A ring collective (all-gather, reduce-scatter) is run by
+        NCCL as several rings, one per channel, and on rail-optimised nodes (one NIC per GPU, as
+        DGX/HGX H100) each ring leaves a node through a different GPU: every remote shard crosses
+        into a node once, spread over its NICs. Of the ``(P - 1)`` shards a rank gathers, its NIC
+        then carries ``nodes - 1``; the rest moves over NVLink.
+        """
+        if kind == "a2a":
+            peers = [p for p in group if p != rank]
+            far = sum(self.inter(rank, p) for p in peers)
+            return self.one(Transfer(op, kind, nbytes, nbytes * far // max(len(peers), 1)))
+        nodes = len({p // self.per_node for p in group})
+        return self.one(Transfer(op, kind, nbytes, nbytes * (nodes - 1) // max(len(group) - 1, 1)))
