@@ -1,9 +1,9 @@
 """FlashAttention 2 (``flash_attn``) and 3 (``flash_attn_interface``) adapters, varlen lowering.
 
 Written against the documented APIs (flash-attn 2.8 and the FA3 hopper build of 2025-08-29 or
-later; see the version probe) and **CPU contract-tested only**: the tests run this adapter's
-whole path against stand-in modules that implement the documented semantics, never against
-the real CUDA kernels. The first GPU run must confirm it (numerics check of every cell).
+later; see the version probe) and **CPU contract-tested only**: FA2's whole path runs through
+flash-attn 2.8.3.post2's own Python over an emulated CUDA extension, FA3's against stand-ins;
+never the real CUDA kernels. The first GPU run must confirm it (numerics check of every cell).
 
 The mask is lowered once, in `prepare`, by `lcab.masks.lowering.to_varlen`:
 
