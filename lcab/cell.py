@@ -11,16 +11,30 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a dtype is needed: `import lcab.cell` stays light
+    import torch
 
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+"""The problem dtypes lcab runs, by the name configs and records use."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of one of `DTYPE_NAMES` (KeyError for any other name)."""
+    import torch
+
+    if name not in DTYPE_NAMES:
+        raise KeyError(name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
+
+
+def __getattr__(name: str) -> dict[str, torch.dtype]:
+    """``DTYPES`` (name -> torch dtype), built on first use so that torch loads only then."""
+    if name == "DTYPES":
+        return {n: torch_dtype(n) for n in DTYPE_NAMES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -124,7 +138,7 @@ class Cell:
     @property
     def torch_dtype(self) -> torch.dtype:
         """The problem dtype as a torch dtype."""
-        return DTYPES[self.dtype]
+        return torch_dtype(self.dtype)
 
     def with_job(self, job: JobInfo) -> Cell:
         """The same cell, writing for ``job``."""
@@ -137,3 +151,48 @@ class Cell:
             by_total = dict(zip(self.seqlens, per_device, strict=True))
             per_device = tuple(by_total[s] for s in seqlens)
         return dataclasses.replace(self, seqlens=tuple(seqlens), seqlen_per_device=per_device)
+
+
+TILE_TOKENS = 128
+"""Query rows of one FlashAttention tile (FA2/FA3 forward): a rank with fewer holds less than
+one tile, which the kernel pads."""
+
+FULL_RATE_TOKENS = 1024
+"""Tokens per rank below which a GPU attention call runs well under its plateau: the
+FlashAttention-3 paper's H100 chart (head dim 128, non-causal) gives the backward 424 of 561
+TFLOP/s at 1K tokens per sequence and 316 at 512 (forward 565 and 467 of 648); a ring step's
+call is shorter still (a causal zigzag step attends half its keys)."""
+
+
+def tokens_per_rank(seqlen: int, world: int) -> int:
+    """Tokens of a ``seqlen`` sequence each of ``world`` context-parallel ranks holds.
+
+    The sequence split evenly, rounded up (a balancer pads to equal shards).
+    """
+    return -(-seqlen // max(world, 1))
+
+
+def few_tokens_warning(seqlens: Sequence[int], world: int, device: str) -> str:
+    """Why the lengths measure little on ``world`` GPUs ("" when every length is fine).
+
+    A context-parallel cell splits each length over its ranks; a length that leaves a rank
+    fewer than `FULL_RATE_TOKENS` tokens times kernel launches and tile padding, not the
+    strategy. Only GPU cells are warned (the thresholds are GPU kernels' figures).
+    """
+    if world <= 1 or device != "cuda":
+        return ""
+    short = [s for s in seqlens if tokens_per_rank(s, world) < FULL_RATE_TOKENS]
+    if not short:
+        return ""
+    fewest = tokens_per_rank(min(short), world)
+    what = (
+        f"fewer than one {TILE_TOKENS}-row attention tile"
+        if fewest < TILE_TOKENS
+        else f"under {FULL_RATE_TOKENS:,}, where a kernel call runs well below its plateau"
+    )
+    lengths = ", ".join(f"{s:,}" for s in short)
+    return (
+        f"{len(short)} of {len(seqlens)} lengths ({lengths}) leave each of the {world} ranks as "
+        f"few as {fewest:,} tokens ({what}): the cell measures launches, not the strategy; "
+        "seqlen=per_device_8k gives every GPU 8K tokens (the paper's CP protocol)"
+    )

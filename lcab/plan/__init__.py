@@ -2,7 +2,8 @@
 
 Public API::
 
-    from lcab.plan import PlanCell, load_profile, predict
+    from lcab.plan import PlanCell, load_profile
+    from lcab.plan.predict import predict
     prediction = predict(PlanCell(cp="usp", kernel="fa3", mask="causal_document", ...),
                          load_profile("h100_nvlink_ib"))
     prediction.fwd.tflops, prediction.fwd.comm_ms, prediction.memory_mib
@@ -13,7 +14,28 @@ rank) → `model` (time on a `hardware` profile) → `predict` / `recommend` / `
 ``python -m lcab.plan.kernel_figures``) → `app` / `cli` (``python -m lcab.plan``).
 """
 
-from lcab.plan.hardware import Hardware, list_profiles, load_profile
-from lcab.plan.predict import CellPrediction, PlanCell, predict
+from __future__ import annotations
 
-__all__ = ["CellPrediction", "Hardware", "PlanCell", "list_profiles", "load_profile", "predict"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from lcab.plan.hardware import Hardware, list_profiles, load_profile
+
+if TYPE_CHECKING:
+    from lcab.plan.predict import CellPrediction, PlanCell
+
+
+def __getattr__(name: str) -> Any:
+    """The prediction types, imported on first use (they load torch; ``--help`` does not).
+
+    ``predict`` is the function's own module's (`lcab.plan.predict.predict`): as a package
+    attribute the name is the submodule once anything imports it.
+    """
+    if name not in ("CellPrediction", "PlanCell"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("lcab.plan.predict"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["CellPrediction", "Hardware", "PlanCell", "list_profiles", "load_profile"]
