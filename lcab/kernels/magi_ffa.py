@@ -47,7 +47,7 @@ from lcab.kernels.base import (
     empty_rows,
     lse_dtype,
 )
-from lcab.kernels.flash_backward import ffa_backward, takes
+from lcab.kernels.flash_backward import ffa_backward, mismatch, takes
 from lcab.kernels.library_results import to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
@@ -214,9 +214,9 @@ class FFAKernel(Kernel):
         would_run = problem.device.type == "cuda" and cuda_present()
         if not would_run or self.environment_reasons(problem.device):
             return []
-        if self._backward_fn() is not None:
-            return []
-        return [
-            f"{FFA_BACKWARD.module} has no {FFA_BACKWARD.name} with the parameters of "
-            f"MagiAttention v1.1.1 ({', '.join(FFA_BACKWARD.params)})"
-        ]
+        try:
+            module = importlib.import_module(FFA_BACKWARD.module)
+        except Exception:
+            return [f"{FFA_BACKWARD.module} does not import"]
+        why = mismatch(getattr(module, FFA_BACKWARD.name, None), FFA_BACKWARD)
+        return [why] if why else []

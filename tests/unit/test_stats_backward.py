@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from lcab.cp import STRATEGIES
-from lcab.kernels import PreparedAttention, Problem, flash_attn, get_kernel
+from lcab.kernels import PreparedAttention, Problem, flash_attn, get_kernel, magi_ffa
 from lcab.kernels.fa2_window import fa2_spelling, fa2_window_reason
 from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.masks import AttnMask, make_mask
@@ -284,3 +284,19 @@ def test_ffa_reduces_into_float32_accumulators_never_rounded(monkeypatch) -> Non
     (call,) = [c["kwargs"] for c in standin_magi_ffa.CALLS if c.get("fn") == "backward"]
     assert all(call[n] is g for n, g in zip(("dq", "dk", "dv"), grads, strict=True))
     assert call["lse"].dtype == torch.float32
+
+
+def test_ffa_refusal_names_the_real_cause(monkeypatch) -> None:
+    """A backward of another generation: both parameter lists in the reason, as for FA2/FA3."""
+    install(monkeypatch, "ffa", _flex_flash_attn_backward=standin_magi_ffa.backward_before_v1_1)
+    monkeypatch.setattr(magi_ffa, "cuda_present", lambda: True)
+    kernel = get_kernel("ffa")
+    monkeypatch.setattr(kernel, "environment_reasons", lambda device: [])
+    problem = Problem(4096, 4096, 8, 2, 128, torch.bfloat16, torch.device("cuda"))
+    (reason,) = kernel.stats_backward_reasons(problem)
+    assert "_flex_flash_attn_backward (function) has parameters (dout, q, k, v, out, lse, dq," in (
+        reason
+    )
+    assert "not (dout, q, k, v, sink, sink_layout, out, lse" in reason and "v1.1.1" in reason
+    install(monkeypatch, "ffa")
+    assert kernel.stats_backward_reasons(problem) == []
