@@ -12,6 +12,8 @@ length, and the GPU-hours the protocol's repetitions take at those times.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,9 +59,14 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
     The problem is the one the job will run: under a launcher preset that gives each rank a
     GPU, ``problem.device=auto`` is CUDA even on a login node without one (`job_device`).
     """
+    jobs = [(job, cfg, resolve_cell(cfg)) for job, cfg in composed_jobs(overrides, multirun)]
+    expectations = (
+        _expectations(expect, [(cfg, cell) for _, cfg, cell in jobs])
+        if expect is not None
+        else [None] * len(jobs)
+    )
     rows = []
-    for job, cfg in composed_jobs(overrides, multirun):
-        cell = resolve_cell(cfg)
+    for (job, cfg, cell), expectation in zip(jobs, expectations, strict=True):
         if uses_slurm(cfg):
             launcher, settings = "slurm", composed_settings(cfg)
         else:
@@ -78,12 +85,50 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
                 len(cell.seqlens),
                 problem,
                 settings.startup_s,
-                expect(cfg, cell) if expect is not None else None,
+                expectation,
                 per_rank,
                 few_tokens_warning(cell.seqlens, world, cell.device),
             )
         )
     return rows
+
+
+_JOBS: tuple[Expect, list[tuple[DictConfig, Cell]]] | None = None
+"""What forked workers predict (`_expectations`): inherited, so nothing is pickled to them."""
+
+
+def _expect_one(index: int) -> Any:
+    """The expectation of job ``index`` in a worker (None where it raised: see the caller)."""
+    assert _JOBS is not None
+    expect, jobs = _JOBS
+    try:
+        return expect(*jobs[index])
+    except Exception:  # re-raised by the parent, in its own process
+        return None
+
+
+def _expectations(expect: Expect, jobs: list[tuple[DictConfig, Cell]]) -> list[Any]:
+    """The planner's expectation of every job, the jobs side by side on the machine's cores.
+
+    The planner is CPU-bound and jobs are independent: forked workers (which inherit every
+    module and the jobs) predict one job each at a time. A job whose prediction raised in a
+    worker is predicted again here, so that its error is raised as in a single process; one job,
+    one core, or no fork: all here.
+    """
+    global _JOBS
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [expect(cfg, cell) for cfg, cell in jobs]
+    _JOBS = (expect, jobs)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            done = pool.map(_expect_one, range(len(jobs)), chunksize=1)
+    finally:
+        _JOBS = None
+    return [
+        result if result is not None else expect(cfg, cell)
+        for result, (cfg, cell) in zip(done, jobs, strict=True)
+    ]
 
 
 def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = None) -> int:
