@@ -249,9 +249,9 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # A requeued job waits cred_expire seconds before it may start again (slurm.conf(5), AuthInfo;
-# default 120 s): 30 s keeps the pre-emption test short and still leaves a launch credential
-# ample time to reach slurmd on a loaded 2-core machine.
-AuthInfo=cred_expire=30
+# default 120 s, 5 the least slurmctld accepts): 10 s keeps the pre-emption test short and still
+# leaves a launch credential ample time to reach slurmd (one local RPC) on a loaded 2-core machine.
+AuthInfo=cred_expire=10
 # No PMIx library in Debian's slurm build; pmi is not needed for submitit/torch (gloo over TCP).
 MpiDefault=none
 # No cgroups: the sandbox/CI kernel may only offer cgroup v1 mounts or none; no cgroup.conf.
@@ -263,6 +263,11 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
+# A job becomes runnable without an event to trigger scheduling when its begin time passes (a
+# requeued job, after cred_expire): the main loop (sched_interval, default 60 s) or the backfill
+# loop (bf_interval, default 30 s) starts it. Two nodes make a full pass cost microseconds, so
+# both run every second; batch_sched_delay=0 schedules a submitted job at once (default 3 s).
+SchedulerParameters=sched_interval=1,bf_interval=1,batch_sched_delay=0
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 # Lets each node claim CPUs=4 although the machine may have only 2 cores.

@@ -136,13 +136,20 @@ def test_a_topology_sweep_gets_one_shape_per_cell_and_ulysses_stays_in_a_node(
         assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2]
 
 
+# Lengths for the fault tests: a fault lands after the first length is recorded and must find the
+# job still running (the second and third lengths are its window), and every length the fault
+# left unsettled is run again on resume or requeue. The naive kernel's time grows as the square
+# of the length: 1024, 1536, 2048 cost 1 + 2.25 + 4 units where 1024, 2048, 4096 cost 1 + 4 + 16,
+# while the window stays several seconds on an idle 2-core machine.
+FAULT_LENGTHS = "seqlen.values=[1024,1536,2048]"
+
 SLOW_SWEEP = (
     "-m",
     "launcher=slurm",
     "cp=ring",
     "kernel=naive,ranges",
     "mask=causal,document",
-    "seqlen.values=[1024,2048,4096]",
+    FAULT_LENGTHS,
     "topology=2x2",
     "bench=quick",
     "bench.progress=false",
@@ -308,7 +315,7 @@ def test_a_preempted_cell_is_requeued_and_keeps_the_lengths_it_settled(slurm_clu
         "cp=ring",
         "kernel=naive",
         "mask=causal",
-        "seqlen.values=[1024,2048,4096]",
+        FAULT_LENGTHS,
         "topology=2x2",
         "bench=quick",
         "bench.progress=false",
@@ -328,7 +335,7 @@ def test_a_preempted_cell_is_requeued_and_keeps_the_lengths_it_settled(slurm_clu
         if proc.poll() is None:
             proc.kill()
     cell = read_jsonl(folder / "records.jsonl")
-    assert sorted(r["seqlen"] for r in cell) == [1024, 2048, 4096]  # no length twice
+    assert sorted(r["seqlen"] for r in cell) == [1024, 1536, 2048]  # no length twice
     assert all(r["status"] == "ok" for r in cell), [(r["seqlen"], r["reasons"]) for r in cell]
     assert (folder / "records.jsonl").read_text().startswith(first)  # kept, not measured again
     log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_0_log.*"))
