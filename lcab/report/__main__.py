@@ -80,14 +80,20 @@ def _add_build(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _gpu_table(args: argparse.Namespace) -> int:
-    from lcab.report.gpu_verification import read_verification, verification_markdown
+    from lcab.report.gpu_verification import (
+        cp_verification_markdown,
+        read_verification,
+        verification_markdown,
+    )
 
     try:
-        rows = read_verification(args.file)
+        rows, cp_rows = read_verification(args.file), read_verification(args.file, cp=True)
     except (OSError, ValueError) as err:
         print(f"python -m lcab.report gpu-table: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(verification_markdown(rows))
+    if cp_rows:  # the one-GPU CP step's strategy x kernel rows
+        print("\n" + cp_verification_markdown(cp_rows))
     return 0
 
 

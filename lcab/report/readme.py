@@ -16,7 +16,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from lcab.config import CONF_DIR
-from lcab.report.gpu_verification import read_verification, verification_markdown
+from lcab.report.gpu_verification import (
+    cp_verification_markdown,
+    read_verification,
+    verification_markdown,
+)
 from lcab.report.support import (
     VERIFICATION_FILE,
     gpu_strategy_matrix_markdown,
@@ -56,10 +60,15 @@ GROUP_GUIDES: dict[str, tuple[str, str]] = {
 
 
 def committed_gpu_table() -> str:
-    """The verification table of the committed GPU run (the support matrix's ``G`` source)."""
+    """The committed GPU run's tables (the support matrix's ``G`` source).
+
+    Kernel x mask, then strategy x kernel when the run had the one-GPU CP step.
+    """
     if not VERIFICATION_FILE.exists():
         return "No GPU verification records."
-    return verification_markdown(read_verification(VERIFICATION_FILE))
+    table = verification_markdown(read_verification(VERIFICATION_FILE))
+    cp_rows = read_verification(VERIFICATION_FILE, cp=True)
+    return table + ("\n\n" + cp_verification_markdown(cp_rows) if cp_rows else "")
 
 
 def user_groups(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:

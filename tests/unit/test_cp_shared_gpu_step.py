@@ -110,3 +110,18 @@ def test_cp_rows_stay_out_of_the_kernel_table(tmp_path):
     path.write_text(json.dumps(bad) + "\n")
     with pytest.raises(ValueError, match="missing world"):
         read_verification(path, cp=True)
+
+
+def test_gpu_table_prints_the_cp_table_when_the_file_has_cp_rows(tmp_path, capsys):
+    from lcab.report.__main__ import main
+
+    kernel_row = {"kernel": "flex", "mask": "causal", "pass": "fwd", "verdict": "verified"}
+    cp_row = {**kernel_row, "cp": "usp", "world": 4, "cp_options": {"ulysses_degree": 2}}
+    path = tmp_path / "v.jsonl"
+    path.write_text(json.dumps(kernel_row) + "\n")
+    assert main(["gpu-table", str(path)]) == 0
+    assert "| strategy | kernel |" not in capsys.readouterr().out  # no CP rows: no CP table
+    path.write_text(json.dumps(kernel_row) + "\n" + json.dumps(cp_row) + "\n")
+    assert main(["gpu-table", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| `usp` [ulysses_degree=2] @4 | `flex` | verified / · |" in out
