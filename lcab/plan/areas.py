@@ -172,7 +172,7 @@ def _row_work(
             start[:, 1:] &= ~(active[:, :-1] & link[1:])
             runs[head, :, j0 : j0 + block] = _group_sums(start, row_bounds).T
             if doc_count is not None and longest is not None:
-                per_seg = np.add.reduceat(active, seg_starts, axis=1, dtype=np.int64)
+                per_seg = _segment_sums(active, seg_starts)
                 doc_count[head, :, j0 : j0 + block] = _group_sums(per_seg > 0, seg_bounds).T
                 longest[head, :, j0 : j0 + block] = _group_max(per_seg, seg_bounds).T
     return PairWork(area, rows, runs, col_docs=doc_count, longest_cols=longest)
@@ -189,6 +189,22 @@ def _group_sums(values: np.ndarray, bounds: IntArray) -> np.ndarray:
     for g, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
         if b > a:
             sums[:, g] = values[:, a:b].sum(axis=1, dtype=np.int64)
+    return sums
+
+
+def _segment_sums(values: np.ndarray, starts: IntArray) -> np.ndarray:
+    """``np.add.reduceat(values, starts, axis=1, dtype=np.int64)`` (``starts`` increasing).
+
+    A few segments (a document per shard) as slice sums, many times faster than reduceat's
+    cast of a boolean array; many segments (many documents) through reduceat, which is then the
+    faster. Integer sums: the same either way.
+    """
+    if len(starts) > 512:
+        return np.add.reduceat(values, starts, axis=1, dtype=np.int64)
+    ends = [*starts[1:].tolist(), values.shape[1]]
+    sums = np.empty((values.shape[0], len(starts)), dtype=np.int64)
+    for g, (a, b) in enumerate(zip(starts.tolist(), ends, strict=True)):
+        sums[:, g] = values[:, a:b].sum(axis=1, dtype=np.int64)
     return sums
 
 
