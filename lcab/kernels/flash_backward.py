@@ -57,10 +57,13 @@ def library_lse(lse: torch.Tensor, layout: LseLayout, dtype: torch.dtype) -> tor
 def lse_dtype_for(q: torch.Tensor, returned: torch.dtype | None) -> torch.dtype:
     """The LSE dtype a backward takes: what the library's forward returned for these inputs.
 
-    ``returned`` is recorded by the prepared call's `run`; without one, float32 (float64 for
-    float64 inputs, which only CPU emulations of these kernels take).
+    ``returned`` is recorded by the prepared call's `run`. Without one (a backward before any
+    forward of this prepared call), float32 whatever the inputs: the kernels allocate their LSE
+    as ``float`` (FA2 ``flash_api.cpp`` L441, L652; FFA's and FA3's alike), and only a CPU
+    emulation takes float64 inputs at all — one that also returns a float64 LSE is heard from
+    after its forward has run.
     """
-    return returned if returned is not None else torch.promote_types(q.dtype, torch.float32)
+    return returned if returned is not None else torch.float32
 
 
 def _pad(x: torch.Tensor, multiple: int) -> torch.Tensor:

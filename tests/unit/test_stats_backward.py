@@ -76,6 +76,7 @@ def blockwise(kernel: str, mask: AttnMask, cuts, q, k, v, dout, out, lse):
             pytest.skip(f"{kernel} refuses keys {k0}:{k1} of this mask: {refused[0]}")
         prepared = get_kernel(kernel).prepare(block, Problem.of(q, k[k0:k1]))
         native = [prepared.to_native(t) for t in (dout, q, k[k0:k1], v[k0:k1], out)]
+        prepared.run(*native[1:4])  # the step's forward first, as in a ring (its LSE's dtype)
         gq, gk, gv = prepared.backward(*native, lse)
         dq += prepared.from_native(gq)
         dks.append(prepared.from_native(gk))
@@ -119,7 +120,7 @@ def test_library_backward_per_block_equals_reference(
     got = blockwise(kernel, mask, cuts, q, k, v, dout, out, lse)
     assert_close(got, want)
     calls = standin_magi_ffa.CALLS if kernel == "ffa" else standin_flash_attn.CALLS
-    assert sum(c["fn"] == "backward" for c in calls) >= 1  # the library's backward ran
+    assert sum(c.get("fn") == "backward" for c in calls) >= 1  # the library's backward ran
 
 
 def test_fa3_generations_are_told_apart_and_others_refused(monkeypatch) -> None:
