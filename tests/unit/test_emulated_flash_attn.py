@@ -199,3 +199,48 @@ def test_the_lse_goes_back_in_the_dtype_the_forward_returned(interface, monkeypa
     assert [c["lse"].dtype for c in emulated.CALLS] == [torch.float32, torch.float32]
     for g, w in zip(got, want, strict=True):
         assert float((g - w).abs().max()) <= 1e-5 * float(w.abs().max())
+
+
+@pytest.mark.parametrize("head_dim", [12, 16])
+@pytest.mark.parametrize("mask_name", ["causal", "sliding_window", "causal_document"])
+def test_bfloat16_forward_and_autograd_as_a_gpu_takes_them(
+    interface, monkeypatch, mask_name: str, head_dim: int
+) -> None:
+    """The strict path end to end: lcab's forward through the public ``flash_attn_func`` /
+    ``flash_attn_varlen_func`` (padding a head dim of 12 to 16) and autograd through the
+    library's own backward, bf16 in, float32 LSE, against the fp64 reference."""
+    monkeypatch.setattr(emulated, "ALLOW_FLOAT64", False)
+    mask = MASKS[mask_name]()
+    q, k, v, dout = tensors(mask, 4, 2, torch.float64, head_dim=head_dim)
+    out_ref, lse_ref, want = reference(mask, q, k, v, dout)
+    leaves = [t.to(torch.bfloat16).requires_grad_(True) for t in (q, k, v)]
+    out, lse = get_kernel("fa2").prepare(mask, Problem.of(*leaves[:2])).run(*leaves)
+    assert lse is not None and lse.dtype == torch.float32
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert float((lse.detach().double() - lse_ref)[finite].abs().max()) <= 1e-2
+    assert float((out.detach().double() - out_ref).abs().max()) <= 0.02 * float(out_ref.abs().max())
+    out.backward(dout.to(torch.bfloat16))
+    for leaf, w in zip(leaves, want, strict=True):
+        assert leaf.grad is not None and leaf.grad.dtype == torch.bfloat16
+        assert float((leaf.grad.double() - w).abs().max()) <= 0.05 * float(w.abs().max())
+    kinds = {c["fn"] for c in emulated.CALLS}
+    assert kinds & {"fwd", "varlen_fwd"} and kinds & {"bwd", "varlen_bwd"}  # both really ran
+    assert {c["lse"].dtype for c in emulated.CALLS if "lse" in c} == {torch.float32}
+
+
+def test_a_backward_before_any_forward_hands_the_kernels_their_float32_lse(
+    interface, monkeypatch
+) -> None:
+    """An extension that takes float64 inputs but keeps the C++'s float32 LSE (an emulation
+    other than lcab's may): a block's backward with no forward of its own still gives it
+    float32, the kernels' dtype, rather than the inputs' float64."""
+    monkeypatch.setattr(emulated, "FLOAT32_LSE", True)
+    mask = MASKS["causal"]()
+    q, k, v, dout = tensors(mask, 4, 2, torch.float64, head_dim=16)
+    out, lse, want = reference(mask, q, k, v, dout)
+    prepared = get_kernel("fa2").prepare(mask, Problem.of(q, k))
+    got = prepared.backward(dout, q, k, v, out, lse)  # no run first
+    assert [c["lse"].dtype for c in emulated.CALLS] == [torch.float32]
+    for g, w in zip(got, want, strict=True):
+        assert float((g - w).abs().max()) <= 1e-5 * float(w.abs().max())
