@@ -135,7 +135,7 @@ def cp_verification_markdown(rows: list[dict[str, Any]]) -> str:
     """
     if not rows:
         return "No CP verification records."
-    env = rows[0]
+    env = next((r for r in rows if r.get("gpu")), rows[0])  # a world's failure row has none
     shared = any(r.get("shared_device") for r in rows)
     lines = [
         f"CP on one GPU: {env.get('gpu')}, torch {env.get('torch')}; ranks "

@@ -301,3 +301,20 @@ def test_ffa_refusal_names_the_real_cause(monkeypatch) -> None:
     assert "not (dout, q, k, v, sink, sink_layout, out, lse" in reason and "v1.1.1" in reason
     install(monkeypatch, "ffa")
     assert kernel.stats_backward_reasons(problem) == []
+
+
+def test_fa3_aug_2025_gradients_are_taken_from_what_it_returns(monkeypatch) -> None:
+    """The 2025-08 generation returns (dq, dk, dv, softmax_d): a build that fills fresh
+    tensors rather than the buffers it was given must still give the right gradients."""
+    from tests.helpers.standin_rows import from_row
+
+    def fresh_buffers(a):
+        a = dict(a) | {name: torch.zeros_like(a[name]) for name in ("dq", "dk", "dv")}
+        return standin_flash_attn._fa3_backward_aug_2025(a)
+
+    row = fa_table.FA3_BACKWARD_AUG_2025
+    install(monkeypatch, "fa3", _flash_attn_backward=from_row(row, fresh_buffers))
+    mask = MASKS["causal"]()
+    q, k, v, dout = tensors(mask, 4, 2, torch.float64, head_dim=16)
+    out, lse, want = reference(mask, q, k, v, dout)
+    assert_close(blockwise("fa3", mask, CUTS[1], q, k, v, dout, out, lse), want)
