@@ -85,7 +85,10 @@ class TopologyConfig:
     devices_per_node: int | None = None
     """Ranks per node; None: 1 for cp=none, else 4 on CPU or every visible GPU."""
     backend: str = "auto"
-    """auto (nccl on GPU, gloo on CPU) | gloo | nccl."""
+    """auto (nccl on GPU, gloo on CPU) | gloo | nccl. gloo with problem.device=cuda: ranks may
+    share a GPU (numerics only; records say shared_device and their times are not measured)."""
+    nccl_high_priority: bool = False
+    """NCCL's communication on high-priority CUDA streams (ProcessGroupNCCL.Options)."""
 
 
 @dataclass

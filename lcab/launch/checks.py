@@ -58,7 +58,7 @@ def slurm_problems(cfg: DictConfig, cell: Cell) -> list[str]:
     if not uses_slurm(cfg):
         local = None
         if cell.device == "cuda" and cell.cp != "none":
-            local = binding_problem(cell.world_size, torch.cuda.device_count())
+            local = binding_problem(cell.world_size, torch.cuda.device_count(), cell.backend)
         return [] if local is None else [f"topology={cfg.topology.name}: {local}"]
     if shutil.which("sbatch") is None and not cfg.dry_run:  # a dry run may plan anywhere
         return [
