@@ -220,7 +220,8 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
         stopped = stopped_by_scheduler(grace_s)
         if stopped:  # what the rank ran into next (a lost peer, say) is not the cause
             at = f" during seqlen {seqlen}" if seqlen is not None else ""
-            error = f"the scheduler stopped this job (SIGTERM){at}; then: {error}"
+            by = "the scheduler, or srun ending the step"
+            error = f"SIGTERM reached this rank ({by}){at}; then: {error}"
         failure = RankFailure(rank, host, seqlen, status, error, stopped)
         path = cell_dir / FAILURE_FILE.format(rank=rank)
         with contextlib.suppress(OSError):  # a full disk: the launcher still settles the job

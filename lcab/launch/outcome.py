@@ -90,10 +90,10 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
     """(status, reason) for the length that was running when the job ended.
 
     The root cause comes first: the scheduler ending the job (cancel, time limit, memory, node
-    failure); else a rank's own report of a real error (its watchdog's time-out included); else
-    the scheduler's SIGTERM that a rank noted (sacct may still say FAILED when the ranks exit
-    non-zero on it, and what they then ran into is a symptom); else a rank that died silently
-    (srun names the task and node killed by a signal) — before the
+    failure); else a rank's own report of a real error (its watchdog's time-out included; not
+    what a rank ran into after a SIGTERM: with sacct saying FAILED that is srun ending the step
+    for a dead peer, ``--kill-on-bad-exit``); else
+    a rank that died silently (srun names the task and node killed by a signal) — before the
     peers that merely lost their connection to it or timed out waiting for it.
     """
     job = f"SLURM job {end.job_id} {end.state}"
@@ -107,7 +107,6 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
         for f in failures
         if not f.stopped_by_scheduler and not any(s in f.error.lower() for s in _PEER_SYMPTOMS)
     ]
-    stopped = [f for f in failures if f.stopped_by_scheduler]
     reported = {f.rank for f in failures}
     killed = [k for k in killed_ranks(end.srun_log) if k[0] not in reported]
     if real:
@@ -115,13 +114,6 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
         return (
             first.status,
             f"rank {first.rank} on {first.host} failed{_at(first)}: {first.error} ({job})",
-        )
-    if stopped:  # what a rank ran into after the scheduler's SIGTERM is not the cause
-        first = stopped[0]
-        return (
-            "error",
-            f"the scheduler stopped the job (SIGTERM reached rank {first.rank} on "
-            f"{first.host}{_at(first)}; {job})",
         )
     if killed:
         rank, node, how = killed[0]

@@ -132,7 +132,7 @@ def test_a_rank_failing_after_the_scheduler_s_sigterm_names_the_scheduler(
     assert failure["rank"] == 0 and failure["seqlen"] == 65536
     if sigterm:
         assert failure["stopped_by_scheduler"] is True
-        assert failure["error"].startswith("the scheduler stopped this job (SIGTERM) during")
+        assert failure["error"].startswith("SIGTERM reached this rank (the scheduler, or srun")
     else:
         assert failure.get("stopped_by_scheduler", False) is False
         assert "SIGTERM" not in failure["error"]
