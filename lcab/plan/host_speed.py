@@ -171,7 +171,7 @@ def host_figures(fresh: bool = False) -> HostFigures:
 
     An entry older than `MAX_AGE_S` is measured again, and so is everything when the cache
     cannot be read (a cache that cannot be written is not an error either). Figures measured
-    while the host is busy (`host_busy`) are used but not cached.
+    while the host is busy (`host_busy`) are used but not cached, unless ``fresh`` asked for them.
     """
     path = cache_dir() / "host_probe.json"
     key = f"{host_key()}|v{PROBE_VERSION}"
@@ -189,7 +189,7 @@ def host_figures(fresh: bool = False) -> HostFigures:
         except (KeyError, TypeError, ValueError):
             pass
     figures = measure()
-    if host_busy():  # a loaded host's figures are not its speed: use them once, keep none
+    if host_busy() and not fresh:  # a loaded host's figures are not its speed: use them once
         return figures
     cached[key] = {"figures": asdict(figures), "measured_at": time.time()}
     try:

@@ -32,6 +32,8 @@ def test_a_busy_hosts_figures_are_used_but_not_cached(probes, tmp_path, monkeypa
     assert host_probe.host_figures() == HostFigures(10.0, 2.0, 0.5)
     assert not (tmp_path / "host_probe.json").exists()
     assert host_probe.host_figures() == HostFigures(11.0, 2.0, 0.5)  # measured again
+    assert host_probe.host_figures(fresh=True) == HostFigures(12.0, 2.0, 0.5)  # asked for: kept
+    assert host_probe.host_figures() == HostFigures(12.0, 2.0, 0.5)
 
 
 def test_the_probe_is_measured_once_per_host_then_read_from_the_cache(probes, tmp_path) -> None:
