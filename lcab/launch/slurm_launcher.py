@@ -45,7 +45,7 @@ JOB_FILE = "slurm.json"
 """Written in each job folder at submission: job id, shape, overrides (`python -m lcab.sweep`)."""
 
 #: Launcher keys lcab computes per cell or reads itself (never passed to submitit as given).
-_LCAB_KEYS = {"gpus_per_rank", "mem_gb_per_rank", "startup_s", "_target_"}
+_LCAB_KEYS = {"gpus_per_rank", "mem_gb_per_rank", "startup_s", "poll_s", "_target_"}
 _SHAPE_KEYS = {"nodes", "tasks_per_node", "gpus_per_node", "mem_gb", "timeout_min", "partition"}
 
 
@@ -141,6 +141,7 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
             else:
                 groups.setdefault(job.shape, []).append(job)
         submitted: dict[int, Any] = {}
+        _poll_every(float(self.params.get("poll_s", 60.0)), self._EXECUTOR)
         for shape, members in groups.items():
             executor = submitit.AutoExecutor(
                 cluster=self._EXECUTOR,
@@ -214,6 +215,20 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
             log.warning(f"#{job.index}: {added[0].reasons[0]}")
         ret.return_value = {"slurm_job_id": str(handle.job_id), "slurm_state": end.state}
         return ret
+
+
+def _poll_every(poll_s: float, cluster: str) -> None:
+    """Cap the wait between two sacct polls at ``poll_s`` for the jobs submitted from now on.
+
+    submitit polls at 2, 4, 8 ... s after the last submission, half the time since then, up to
+    its watcher's ``delay_s`` (600 s); a new watcher with the launcher's ``poll_s`` (its public
+    constructor) caps that. Jobs register with the watcher of their class when created.
+    """
+    if cluster != "slurm":
+        return
+    from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+    SlurmJob.watcher = SlurmInfoWatcher(delay_s=max(1, round(poll_s)))
 
 
 def ask_wandb_once(cfg: DictConfig, sweep_dir: Path) -> None:

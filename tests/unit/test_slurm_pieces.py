@@ -244,3 +244,16 @@ def test_a_real_error_before_the_stop_still_comes_first(cell_2x4, tmp_path):
     (tmp_path / FAILURE_FILE.format(rank=1)).write_text(json.dumps(failure))
     added = settle(cell_2x4, JobEnd("13", "FAILED"))
     assert added[0].status == "oom" and "rank 3 on n1" in added[0].reasons[0]
+
+
+def test_the_launcher_caps_the_wait_between_sacct_polls(monkeypatch):
+    from submitit.slurm.slurm import SlurmJob
+
+    from lcab.launch.slurm_launcher import _poll_every
+
+    monkeypatch.setattr(SlurmJob, "watcher", SlurmJob.watcher)  # restored after the test
+    assert SlurmJob.watcher._delay_s == 600  # submitit's own cap
+    _poll_every(3.0, "local")  # submitit's local executor: not SLURM's watcher
+    assert SlurmJob.watcher._delay_s == 600
+    _poll_every(3.0, "slurm")
+    assert SlurmJob.watcher._delay_s == 3
