@@ -13,8 +13,10 @@ rank of a CPU cell runs on one thread, `lcab.bench.worker`):
   one host is TCP over loopback).
 
 Each figure is the best of many short repetitions (the machine's own speed: a repetition that
-other work interrupted is slower, never faster). The profile's ``host_probe`` section holds
-the same figures for the host it was fitted on; `lcab.plan.hardware.auto_profile` multiplies
+other work interrupted is slower, never faster); the attention and copy figures are timed on
+the thread's own CPU clock, so time spent waiting for a core that other processes hold does not
+count (the loopback figure, two threads and the kernel, is wall time). The profile's
+``host_probe`` section holds the same figures for the host it was fitted on; `lcab.plan.hardware.auto_profile` multiplies
 each term by this host's figure over that one. The probe takes a second or two and is cached
 per host (hostname, CPU model, cores, torch version) in ``$LCAB_CACHE_DIR`` or
 ``~/.cache/lcab/``. ``python -m lcab.plan.host_probe`` prints the figures.
@@ -32,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 """Bumped when what the probe measures changes (older cache entries are measured again)."""
 
 MAX_AGE_S = 7 * 24 * 3600.0
@@ -87,9 +89,9 @@ def probe_attention(tokens: int = 512, heads: int = 8, head_dim: int = 32) -> fl
     flops = 4 * heads * tokens * tokens * head_dim
 
     def once() -> float:
-        start = time.perf_counter()
+        start = time.thread_time()  # this thread's CPU time: other processes' load is not in it
         torch.softmax(q @ k.transpose(1, 2), dim=-1) @ v
-        return flops / (time.perf_counter() - start) / 1e9
+        return flops / max(time.thread_time() - start, 1e-9) / 1e9
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -108,9 +110,9 @@ def probe_memory(mib: int = 64) -> float:
     dst = torch.empty_like(src)
 
     def once() -> float:
-        start = time.perf_counter()
+        start = time.thread_time()
         dst.copy_(src)
-        return 2 * src.numel() * 4 / (time.perf_counter() - start) / 1e9
+        return 2 * src.numel() * 4 / max(time.thread_time() - start, 1e-9) / 1e9
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
