@@ -16,10 +16,10 @@ Each figure is the best of many short repetitions (the machine's own speed: a re
 other work interrupted is slower, never faster); the attention and copy figures are timed on
 the thread's own CPU clock, so time spent waiting for a core that other processes hold does not
 count (the loopback figure, two threads and the kernel, is wall time). The profile's
-``host_probe`` section holds the same figures for the host it was fitted on; `lcab.plan.hardware.auto_profile` multiplies
-each term by this host's figure over that one. The probe takes a second or two and is cached
-per host (hostname, CPU model, cores, torch version) in ``$LCAB_CACHE_DIR`` or
-``~/.cache/lcab/``. ``python -m lcab.plan.host_probe`` prints the figures.
+``host_probe`` section holds the same figures for the host it was fitted on;
+`lcab.plan.hardware.auto_profile` multiplies each term by this host's figure over that one. The
+probe takes a second or two and is cached per host (hostname, CPU model, cores, torch version)
+in ``$LCAB_CACHE_DIR`` or ``~/.cache/lcab/``. ``python -m lcab.plan.host_probe`` prints the figures.
 """
 
 from __future__ import annotations
