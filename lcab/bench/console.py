@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lcab.cell import few_tokens_warning, tokens_per_rank
 from lcab.records.schema import RunRecord
 
 _STATUS_STYLE = {
@@ -62,20 +63,57 @@ def records_table(records: Sequence[RunRecord], title: str = "lcab results") -> 
     for p in passes:
         table.add_column(f"{p} ms", justify="right")
         table.add_column(f"{p} TFLOP/s", justify="right")
+    planned = any(r.predicted_hardware for r in records)
+    if planned:  # measured / predicted throughput per pass (lcab.plan.record_prediction)
+        table.add_column("vs plan", justify="right")
     table.add_column("note")
     for r in records:
         style = _STATUS_STYLE.get(r.status, "")
-        row = [r.kernel, r.cp, r.mask, f"{r.seqlen:,}", f"[{style}]{r.status}[/]"]
+        row = [r.kernel, r.cp, r.mask, _seqlen(r), f"[{style}]{r.status}[/]"]
         for p in passes:
             res = r.pass_result(p)
             if res.status == "ok" or res.status == "numerics_mismatch":
                 row += [_fmt(res.ms_p50, 4), _fmt(res.tflops, 3)]
             else:
                 row += [res.status if p in r.passes else "", ""]
-        note = r.reasons[0] if r.reasons else ""
+        if planned:
+            row.append(_vs_plan(r, passes))
+        note = r.reasons[0] if r.reasons else (r.prediction_warning or "")
+        if r.shared_device:  # ranks shared a GPU: the times are shown, but measure nothing
+            note = "shared GPU: times not a measurement" + (f"; {note}" if note else "")
         row.append(note if len(note) <= 70 else note[:67] + "...")
         table.add_row(*row)
     return table
+
+
+def _seqlen(r: RunRecord) -> str:
+    """``8,192 (1,024/rank)``: the length, and what each rank holds of it under CP."""
+    if r.cp == "none" or r.world_size <= 1:
+        return f"{r.seqlen:,}"
+    return f"{r.seqlen:,} ({tokens_per_rank(r.seqlen, r.world_size):,}/rank)"
+
+
+def token_warnings(records: Sequence[RunRecord]) -> list[str]:
+    """`lcab.cell.few_tokens_warning` for each CP cell among ``records`` (its lengths)."""
+    cells: dict[tuple[str, ...], list[RunRecord]] = {}
+    for r in records:
+        if r.cp != "none":
+            key = (r.kernel, r.cp, r.mask, str(r.world_size), r.device)
+            cells.setdefault(key, []).append(r)
+    out = []
+    for (kernel, cp, mask, _, _), rs in cells.items():
+        seqlens = sorted({r.seqlen for r in rs})
+        warning = few_tokens_warning(seqlens, rs[0].world_size, rs[0].device)
+        if warning:
+            out.append(f"warning: {kernel} {cp} {mask}: {warning}")
+    return out
+
+
+def _vs_plan(r: RunRecord, passes: Sequence[str]) -> str:
+    """``0.97x/1.1x``: each requested pass's measured / predicted throughput, red when flagged."""
+    ratios = [r.pass_result(p).predicted_ratio for p in passes if p in r.passes]
+    text = "/".join(f"{x:.2g}x" for x in ratios if x is not None)
+    return f"[red]{text}[/]" if text and r.prediction_warning else text or "-"
 
 
 def print_records(records: Sequence[RunRecord], title: str = "lcab results") -> None:
@@ -88,3 +126,5 @@ def print_records(records: Sequence[RunRecord], title: str = "lcab results") -> 
     if not console.is_terminal:
         console = Console(width=200)
     console.print(records_table(records, title))
+    for line in token_warnings(records):
+        console.print(line, style="yellow", markup=False, highlight=False)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 
 def _topics() -> dict[str, Callable[[], None]]:
-    from lcab.perf import balance, cp, harness, kernels, masks, startup
+    from lcab.perf import balance, cp, harness, kernels, masks, predict, startup
 
     return {
         "masks": masks.run,
@@ -16,6 +16,7 @@ def _topics() -> dict[str, Callable[[], None]]:
         "kernels": kernels.run,
         "balance": balance.run,
         "cp": cp.run,
+        "predict": predict.run,
         "startup": startup.run,
     }
 

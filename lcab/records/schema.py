@@ -24,6 +24,21 @@ from lcab.flops import PASSES
 
 SCHEMA_VERSION = 1
 
+TIMING_FIELDS = (
+    "ms_p50",
+    "ms_p20",
+    "ms_p80",
+    "ms_samples",
+    "tflops",
+    "tflops_dense",
+    "tflops_mean_rank",
+    "rank_ms_p50",
+    "predicted_ratio",
+)
+"""`PassResult` fields read off the clock: not a measurement when ranks shared a GPU."""
+TIMING_COLUMNS = (*(f"{p}_{f}" for p in PASSES for f in TIMING_FIELDS), "phase_ms")
+"""The `RunRecord.flat` columns of `TIMING_FIELDS` (and the phase split)."""
+
 STATUSES = ("ok", "skipped", "oom", "error", "timeout", "numerics_mismatch")
 #: Severity order used to combine pass statuses into the record status.
 _SEVERITY = {"ok": 0, "skipped": 1, "numerics_mismatch": 2, "oom": 3, "timeout": 4, "error": 5}
@@ -52,8 +67,10 @@ class PassResult:
     mem_peak_mib: float | None = None
     """Peak memory of the timed region; under CP the largest over ranks (`mem_peak_rank`)."""
     mem_delta_mib: float | None = None
+    """Peak above the region's starting point; under CP the largest of any rank's."""
     mem_reserved_mib: float | None = None
-    """CUDA: peak bytes the caching allocator reserved (max over ranks); None on CPU."""
+    """CUDA: the caching allocator's reserved peak above what it held when the region began
+    (L2-flush buffer and earlier cache not in it; max over ranks); None on CPU."""
     mem_peak_rank: int | None = None
     """Under CP: the rank whose peak is `mem_peak_mib`."""
     max_abs_err: float | None = None
@@ -65,6 +82,12 @@ class PassResult:
     backend: str | None = None
     """The library path that ran, when the kernel chooses one at run time (SDPA on CUDA names
     the backend it pinned: FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH)."""
+    predicted_ms: float | None = None
+    """The planner's time for this pass on `RunRecord.predicted_hardware` (fwd_bwd: fwd + bwd)."""
+    predicted_tflops: float | None = None
+    """The planner's per-device TFLOP/s for this pass."""
+    predicted_ratio: float | None = None
+    """Measured / predicted throughput (= predicted_ms / ms_p50; above 1: faster than predicted)."""
 
 
 @dataclass
@@ -138,11 +161,23 @@ class RunRecord:
     """max / mean attended area over ranks, from the plan."""
     padding_tokens: int | None = None
     kv_replication: int | None = None
+    shared_device: bool = False
+    """Under CP over gloo: ranks shared a GPU (a numerics-only check). Numerics and bytes hold;
+    the times are not a measurement, and no throughput figure uses them (`timings_measured`)."""
+    # the planner's prediction (lcab.plan.record_prediction)
+    predicted_hardware: str | None = None
+    """The hardware profile the per-pass ``predicted_*`` fields were computed on."""
+    prediction_note: str | None = None
+    """Why the record has no prediction (no model for the cell, a profile that failed)."""
+    prediction_warning: str | None = None
+    """Set when a pass's measured / predicted throughput is outside [0.5, 2]."""
     # environment
     torch_version: str = ""
     cuda_version: str | None = None
     nccl_version: str | None = None
     """NCCL that torch was built with (None without NCCL, e.g. a CPU build)."""
+    nccl_version_loaded: str | None = None
+    """NCCL the process actually loaded (``ncclGetVersion``; None when none is loaded)."""
     device_name: str = ""
     num_threads: int | None = None
     hostname: str = ""
@@ -203,6 +238,22 @@ class RunRecord:
             if isinstance(kwargs.get(name), dict):
                 kwargs[name] = PassResult(**kwargs[name])
         return cls(**kwargs)
+
+    @property
+    def timings_measured(self) -> bool:
+        """Whether the times are a measurement (not when ranks shared a GPU)."""
+        return not self.shared_device
+
+    def measured_flat(self) -> dict[str, Any]:
+        """`flat`, with the `TIMING_COLUMNS` None unless the times are a measurement.
+
+        What every throughput view reads (report, W&B), so a shared-GPU record keeps its
+        numerics, bytes and memory there and adds no time or TFLOP/s to any figure.
+        """
+        out = self.flat()
+        if not self.timings_measured:
+            out.update(dict.fromkeys(TIMING_COLUMNS))
+        return out
 
     def flat(self) -> dict[str, Any]:
         """One-level dict for tables: pass fields become ``<pass>_<field>``."""

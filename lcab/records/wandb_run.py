@@ -10,7 +10,9 @@
   string ``status`` included.
 * **Summary**: per-length values (``fwd_tflops/8192``), the string status of each length,
   ``status_counts``, and a *named* headline (``headline/seqlen`` and ``headline/<metric>``, the
-  largest ``ok`` length) — never a last-length value that an earlier failure could mislabel.
+  largest ``ok`` length) — never a last-length value that an earlier failure could mislabel;
+  the planner's predicted TFLOP/s and measured/predicted ratio per length, and
+  ``n_prediction_warnings`` with each warning under ``prediction_warning/<seqlen>``.
 * **Records table**: one schema for every run (all `RunRecord` columns; lists and dicts as JSON).
 * **Exit state**: failed when the job was killed or crashed, or every length failed.
 * **Artifacts**: ``lcab-records`` (the job's ``records.jsonl``, ``records.csv`` and mask
@@ -71,6 +73,10 @@ SUMMARY_METRICS = (
     "bwd_mem_peak_mib",
     "fwd_max_abs_err",
     "bwd_max_abs_err",
+    "fwd_predicted_tflops",  # the planner's (lcab.plan.record_prediction)
+    "bwd_predicted_tflops",
+    "fwd_predicted_ratio",  # measured / predicted throughput
+    "bwd_predicted_ratio",
 )
 FAILED = ("error", "timeout", "oom", "numerics_mismatch")
 """Statuses that count as a failed length (a capability ``skipped`` does not)."""
@@ -241,7 +247,7 @@ class WandbLogger(RecordLogger):
                     "python_version",
                 )
                 self.run.config.update({k: getattr(record, k) for k in env}, allow_val_change=True)
-            flat = record.flat()
+            flat = record.measured_flat()  # ranks that shared a GPU: no times, no TFLOP/s
             row: dict[str, Any] = {
                 k: v
                 for k, v in flat.items()
@@ -261,14 +267,17 @@ class WandbLogger(RecordLogger):
         for status in ("ok", "skipped", "error", "timeout", "oom", "numerics_mismatch"):
             summary[f"n_{status}"] = counts.get(status, 0)
         for r in self.records:
-            flat = r.flat()
+            flat = r.measured_flat()
             summary[f"status/{r.seqlen}"] = r.status
+            if r.prediction_warning:
+                summary[f"prediction_warning/{r.seqlen}"] = r.prediction_warning
             for name in SUMMARY_METRICS:
                 if flat.get(name) is not None:
                     summary[f"{name}/{r.seqlen}"] = flat[name]
+        summary["n_prediction_warnings"] = sum(bool(r.prediction_warning) for r in self.records)
         ok = [r for r in self.records if r.status == "ok"]
         if ok:
-            head = max(ok, key=lambda r: r.seqlen).flat()
+            head = max(ok, key=lambda r: r.seqlen).measured_flat()
             summary["headline/seqlen"] = head["seqlen"]
             for name in SUMMARY_METRICS:
                 summary[f"headline/{name}"] = head.get(name)
@@ -280,7 +289,10 @@ class WandbLogger(RecordLogger):
             try:
                 table = self._wandb.Table(
                     columns=list(TABLE_COLUMNS),
-                    data=[[_cell_value(r.flat()[c]) for c in TABLE_COLUMNS] for r in self.records],
+                    data=[
+                        [_cell_value(r.measured_flat()[c]) for c in TABLE_COLUMNS]
+                        for r in self.records
+                    ],
                 )
                 self.run.summary["records"] = table  # a summary value: no extra history step
                 present = set(self.run.summary.keys())
