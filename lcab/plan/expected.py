@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lcab.cell import BenchConfig, Cell
 from lcab.config import ConfigError
-from lcab.plan.hardware import Hardware, from_dict, load_profile
+from lcab.plan.hardware import Hardware, auto_profile, from_dict, is_auto, load_profile
 from lcab.plan.harness import LCAB, Harness
 from lcab.plan.predict import CellPrediction, PlanCell, predict_median
 
@@ -136,6 +136,8 @@ def hardware_for(cfg: DictConfig, cell: Cell) -> Hardware:
     data = OmegaConf.to_container(node, resolve=True)
     try:
         assert isinstance(data, dict)
+        if is_auto(data):  # the profile of where this job runs, not of this host
+            return auto_profile(cell.device)
         return from_dict({str(k): v for k, v in data.items()})
     except (TypeError, KeyError, AssertionError) as err:
         raise ConfigError("hardware", node.get("name"), f"malformed profile: {err}") from err

@@ -69,3 +69,12 @@ def test_a_length_the_planner_cannot_predict_says_why() -> None:
     (length,) = expect_job(cell, load_profile("h100_nvlink_ib")).lengths
     assert length.prediction is None and "Ulysses degree" in length.reason
     assert "no prediction" in length.text()
+
+
+def test_hardware_auto_in_a_dry_run_follows_the_job_s_device(compose):
+    from lcab.config import resolve_cell
+    from lcab.plan.expected import hardware_for
+    from lcab.plan.hardware import GPU_PROFILE
+
+    cfg = compose(["hardware=auto", "problem.device=cuda", "kernel=fa3", "cp=ring"])
+    assert hardware_for(cfg, resolve_cell(cfg)).name == GPU_PROFILE  # not this CPU host's
