@@ -136,9 +136,10 @@ def hardware_for(cfg: DictConfig, cell: Cell) -> Hardware:
     data = OmegaConf.to_container(node, resolve=True)
     try:
         assert isinstance(data, dict)
-        if is_auto(data):  # the profile of where this job runs, not of this host
+        plain = {str(k): v for k, v in data.items()}
+        if is_auto(plain):  # the profile of where this job runs, not of this host
             return auto_profile(cell.device)
-        return from_dict({str(k): v for k, v in data.items()})
+        return from_dict(plain)
     except (TypeError, KeyError, AssertionError) as err:
         raise ConfigError("hardware", node.get("name"), f"malformed profile: {err}") from err
 
