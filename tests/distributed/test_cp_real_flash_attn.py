@@ -66,3 +66,15 @@ def test_usp_and_loongtrain_through_the_real_flash_attn(generation, tmp_path) ->
     assert any("loongtrain" in label and label.endswith(" fa2") for label in ok), refused
     assert any("usp" in label and label.endswith(" fa2") for label in ok), refused
     check(ok, refused)
+
+
+def test_usp_and_loongtrain_at_world_2_through_the_real_flash_attn(tmp_path) -> None:
+    """World 2: USP as a ring of two Ulysses groups of one, LoongTrain as a double ring of two
+    one-rank windows (its outer hop carries K/V and the dK/dV accumulators)."""
+    both = grid(2, "usp", {"ulysses_degree": 1}) + grid(
+        2, "loongtrain", {"ulysses_degree": 1, "window_count": 2}
+    )
+    ok, refused = run(2, both, tmp_path, FA3_GENERATIONS["fa3-custom-op"], CASE_TIMEOUT)
+    assert any("loongtrain" in label and label.endswith(" fa2") for label in ok), refused
+    assert any("usp" in label and label.endswith(" fa2") for label in ok), refused
+    check(ok, refused)
