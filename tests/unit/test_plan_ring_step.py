@@ -156,7 +156,7 @@ def test_bad_input_and_a_missing_gpu_exit_2_naming_the_problem(capsys):
     assert main(["--cp", "12", "--rank", "12", "--sample", "20", "--hardware", "h200"]) == 2
     err = capsys.readouterr().err
     assert "--cp=12" in err and "--rank=12" in err and "--sample=20" in err
-    assert "'h200' is no profile; valid: cpu_gloo_local, h100_nvlink_ib" in err
+    assert "'h200' is no profile; valid: auto, cpu_gloo_local, h100_nvlink_ib" in err
     assert "no CUDA device" in err
     with pytest.raises(SystemExit):
         main(["--mask", "sliding_window"])  # argparse names the valid choices
