@@ -119,7 +119,12 @@ def test_a_rank_failing_after_the_scheduler_s_sigterm_names_the_scheduler(
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
             time.sleep(1.0)
-            assert all(p.poll() is None for p in procs), "SIGTERM must not end a rank by itself"
+            for rank, proc in enumerate(procs):
+                if proc.poll() is not None:  # a blocking gloo call interrupted by the signal
+                    # may fail at once; the rank must then say the signal came first
+                    noted = json.loads((cell_dir / f"rank-{rank}.failure.json").read_text())
+                    assert noted["stopped_by_scheduler"] is True, noted
+                    assert proc.returncode not in (-signal.SIGTERM, 128 + signal.SIGTERM)
         procs[1].kill()  # the scheduler's SIGKILL reaches rank 1's node first
         procs[0].wait(timeout=90)
     finally:
