@@ -23,11 +23,12 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lcab.cell import Cell
-from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
+from lcab.config import CONF_DIR, ConfigError, compose_cache, register_configs, resolve_cell
 
 #: Hydra flags after which lcab does not pre-check (help, info, config printing, shell completion).
 _PASSTHROUGH = (
@@ -57,24 +58,54 @@ _PASSTHROUGH = (
 def job_overrides(
     overrides: list[str], multirun: bool, config_name: str = "config"
 ) -> list[list[str]]:
-    """The override list of every job the run or sweep would launch."""
+    """The overrides of every job the run or sweep would launch (as `hydra_jobs` shows them)."""
+    return [shown for shown, _ in hydra_jobs(overrides, multirun, config_name)]
+
+
+def hydra_jobs(
+    overrides: list[str], multirun: bool, config_name: str = "config"
+) -> list[tuple[list[str], list[str]]]:
+    """(shown, composed) override lists of every job, ``composed`` exactly as Hydra's.
+
+    Hydra first composes the whole command line in multirun mode to read ``hydra.mode``
+    (``Hydra.get_mode``) and, when the config leaves it unset, appends ``hydra.mode=RUN`` or
+    ``hydra.mode=MULTIRUN``. A run is then composed from that list. A multirun's sweeper expands
+    the ``hydra.sweeper.params`` preset followed by the task overrides (a key given twice keeps
+    its first place and its last value) and its launcher composes each job after the ``hydra``
+    overrides of the command line. Composing the same lists in the same order here lets
+    `lcab.config.compose_cache` answer Hydra's compositions from the pre-flight's; ``shown`` is
+    the job as the user wrote it (messages, the dry run).
+    """
     register_configs()
-    if not multirun:
-        return [overrides]
+    compose_cache.install()
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(overrides)
     with _hydra():
-        base = compose(
-            config_name,
-            overrides=[o for o in overrides if not _is_sweep(o, parser)],
-            return_hydra_config=True,
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        master = hydra.compose_config(  # the very call of Hydra.get_mode
+            config_name=config_name,
+            overrides=list(overrides),
+            with_log_configuration=False,
+            run_mode=RunMode.MULTIRUN,
+            validate_sweep_overrides=False,
         )
-    params = OmegaConf.select(base, "hydra.sweeper.params", default=None) or {}
-    preset = [f"{k}={v}" for k, v in params.items()]
-    given = {o.key_or_group for o in parsed}
-    preset_parsed = [o for o in parser.parse_overrides(preset) if o.key_or_group not in given]
-    batches = BasicSweeper.split_arguments(preset_parsed + parsed, max_batch_size=None)
-    return [list(job) for batch in batches for job in batch]
+    mode = OmegaConf.select(master, "hydra.mode", default=None)
+    suffix = []
+    if mode is None:
+        suffix = [f"hydra.mode={'MULTIRUN' if multirun else 'RUN'}"]
+    elif multirun and mode == RunMode.RUN:
+        suffix = ["hydra.mode=MULTIRUN"]
+    if not multirun:
+        return [(list(overrides), [*overrides, *suffix])]
+    params = OmegaConf.select(master, "hydra.sweeper.params", default=None) or {}
+    preset = parser.parse_overrides([f"{k}={v}" for k, v in params.items()])
+    hydra_part = [str(o.input_line) for o in parsed if o.is_hydra_override()]
+    task = [o for o in parsed if not o.is_hydra_override()]
+    batches = BasicSweeper.split_arguments(preset + task, max_batch_size=None)
+    return [
+        ([*hydra_part, *job], [*hydra_part, *suffix, *job]) for batch in batches for job in batch
+    ]
 
 
 def _is_sweep(text: str, parser: OverridesParser) -> bool:
@@ -124,28 +155,26 @@ JobCheck = Callable[[DictConfig, Cell], list[str]]
 
 
 _COMPOSED: dict[tuple[str, tuple[str, ...], bool], DictConfig] = {}
-"""Configs this process composed, by (config name, overrides, with the ``hydra`` node).
+"""Configs the pre-flight handed out, by (config name, overrides, with the ``hydra`` node).
 
-Composing one job costs Hydra about 0.3-0.7 s; the pre-flight composes every job of a command
-line and the dry run then asks for the same jobs. Both only read them (``resolve_cell``, the
-launcher's settings), so the second asks are answered from here. The conf/ files do not change
-within one command.
+The pre-flight and the dry run ask for the same jobs and only read them (``resolve_cell``, the
+launcher's settings), so they share one object rather than a copy from `compose_cache` each.
 """
 
 
-def _compose(config_name: str, job: list[str], with_hydra: bool) -> DictConfig:
-    """``compose`` once per process for each job (inside `_hydra`)."""
-    key = (config_name, tuple(job), with_hydra)
+def _compose(config_name: str, overrides: list[str], with_hydra: bool) -> DictConfig:
+    """``compose`` once per process for each override list (inside `_hydra`)."""
+    key = (config_name, tuple(overrides), with_hydra)
     if key not in _COMPOSED:
-        _COMPOSED[key] = compose(config_name, overrides=job, return_hydra_config=with_hydra)
+        _COMPOSED[key] = compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
     return _COMPOSED[key]
 
 
 def composed_jobs(overrides: list[str], multirun: bool) -> list[tuple[list[str], DictConfig]]:
     """Every job's overrides and config, composed with its ``hydra`` node (no job runs)."""
-    jobs = job_overrides(overrides, multirun)
+    jobs = hydra_jobs(overrides, multirun)
     with _hydra():
-        return [(job, _compose("config", job, True)) for job in jobs]
+        return [(shown, _compose("config", composed, True)) for shown, composed in jobs]
 
 
 def check_jobs(
@@ -156,16 +185,16 @@ def check_jobs(
 ) -> list[str]:
     """Problems of every job (empty: all jobs compose, resolve and pass ``extra``)."""
     try:
-        jobs = job_overrides(overrides, multirun, config_name)
+        jobs = hydra_jobs(overrides, multirun, config_name)
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         with _hydra():
             return [_explain(err, overrides, config_name)]
     problems: list[str] = []
     with _hydra():
-        for job in jobs:
+        for job, composed in jobs:
             where = " ".join(job) or "(defaults)"
             try:
-                cfg = _compose(config_name, job, extra is not None)
+                cfg = _compose(config_name, composed, extra is not None)
                 cell = resolve_cell(cfg)
                 if extra is not None:
                     problems += [f"{where}: {text}" for text in extra(cfg, cell)]
@@ -208,9 +237,9 @@ def output_problem(argv: list[str], config_name: str = "config") -> str | None:
         return None
     overrides, multirun = split_argv(argv)
     try:
-        first = job_overrides(overrides, multirun, config_name)[0]
+        first = hydra_jobs(overrides, multirun, config_name)[0][1]
         with _hydra():
-            cfg = compose(config_name, overrides=first, return_hydra_config=True)
+            cfg = _compose(config_name, first, True)
             folder = Path(str(OmegaConf.select(cfg, f"hydra.{'sweep' if multirun else 'run'}.dir")))
     except (HydraException, OmegaConfBaseException, ValueError, IndexError):
         return None  # the pre-flight has said what is wrong with the config

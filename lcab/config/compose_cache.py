@@ -1,0 +1,118 @@
+"""Compose each distinct Hydra job once per process.
+
+One command composes the same job several times: lcab's pre-flight composes every job to check
+it, Hydra's basic sweeper composes every job again to check it (``validate_batch_is_legal``) and
+its launcher composes it a third time to run it (lcab's SLURM launcher composes it to shape it).
+Each composition costs Hydra 0.1-0.5 s (its defaults tree, YAML parsing, OmegaConf merges), so a
+25-job planner sweep spent 10 s composing. All of them go through
+`ConfigLoaderImpl.load_configuration` with the same arguments, whose result depends only on
+those arguments, the config files and a little process state (the working directory, which
+Hydra stores in ``hydra.runtime.cwd``). `install` wraps that method with a memo keyed by all of
+it, handing every caller its own deep copy (a few milliseconds): callers mutate what they get
+(the launcher sets ``hydra.job.num``; resolving fills OmegaConf's resolver cache, which
+``load_sweep_config`` then replaces with the sweep's own).
+
+Failures are not memoized: a bad job raises on every call, with the caller's own message
+(``from_shell``, which only changes the wording of errors, is therefore left out of the key).
+The config files' newest modification time and count are in the key, so a file edited within a
+process (tests do) is composed afresh.
+
+Private Hydra API on purpose, like the pre-flight's sweep expansion: the hydra-core<1.4 pin in
+pyproject.toml keeps `ConfigLoaderImpl` stable, and tests/config/test_compose_cache.py holds the
+memo's answers to fresh compositions.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+_MEMO: dict[tuple[Any, ...], DictConfig] = {}
+"""Pristine compositions by key; never handed out (copies are)."""
+
+_COUNTS = {"composed": 0, "reused": 0}
+"""How many calls composed and how many were answered from `_MEMO` (tests read it)."""
+
+
+def counts() -> dict[str, int]:
+    """Compositions made and reused by this process since `install` (a copy)."""
+    return dict(_COUNTS)
+
+
+def _folder_state(folder: str) -> tuple[int, int]:
+    """(newest modification time in ns, number of entries) of everything under ``folder``."""
+    newest, entries = 0, 0
+    for root, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            try:
+                newest = max(newest, os.stat(os.path.join(root, name)).st_mtime_ns)
+            except OSError:
+                continue
+            entries += 1
+    return newest, entries
+
+
+def _key(loader: ConfigLoaderImpl, *arguments: Any) -> tuple[Any, ...]:
+    """Everything a composition with ``arguments`` depends on besides Hydra's and lcab's code."""
+    paths = tuple((e.provider, e.path) for e in loader.get_search_path().get_path())
+    folders = [
+        str(path).removeprefix("file://")
+        for _, path in paths
+        if "://" not in str(path) or str(path).startswith("file://")
+    ]
+    files = tuple(_folder_state(folder) for folder in folders if Path(folder).is_dir())
+    store = ConfigStore.instance().repo
+    return (
+        paths,
+        files,
+        (id(store), len(store)),
+        os.getcwd(),
+        *arguments,
+    )
+
+
+def install() -> None:
+    """Wrap `ConfigLoaderImpl.load_configuration` with the memo (idempotent)."""
+    original = ConfigLoaderImpl.load_configuration
+    if getattr(original, "_lcab_memo", False):
+        return
+
+    @functools.wraps(original)
+    def load_configuration(
+        self: ConfigLoaderImpl,
+        config_name: str | None,
+        overrides: list[str],
+        run_mode: Any,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> DictConfig:
+        key = _key(self, config_name, tuple(overrides), run_mode, validate_sweep_overrides)
+        if key in _MEMO:
+            _COUNTS["reused"] += 1
+        else:
+            _MEMO[key] = original(
+                self,
+                config_name=config_name,
+                overrides=overrides,
+                run_mode=run_mode,
+                from_shell=from_shell,
+                validate_sweep_overrides=validate_sweep_overrides,
+            )
+            _COUNTS["composed"] += 1
+        return copy.deepcopy(_MEMO[key])
+
+    load_configuration._lcab_memo = True  # type: ignore[attr-defined]
+    ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]
+
+
+def memoized(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` is the memo `install` put in place (for tests)."""
+    return bool(getattr(function, "_lcab_memo", False))
