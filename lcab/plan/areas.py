@@ -5,7 +5,12 @@ is the attended area of that rectangle of the mask (and how long its rows are). 
 each step's area by restricting the mask (`lcab.masks.remap`) — fine for one rank, too slow for
 a planner that replays 96 ranks × 96 steps in a second. Here every query row's attended key
 spans are counted against a prefix count of each key shard's tokens, so all pairs of one key
-shard cost one pass over the rows: O(rows × shards) for the whole matrix, exact.
+shard cost one pass over the rows: O(rows × shards) for the whole matrix, exact — seconds at
+786,432 tokens and 96 shards. So each head is first counted from the chunks of the layouts
+(`lcab.plan.areas_chunks`: segments of rows that touch the same key chunks, O(segments ×
+shards)), and row by row only where the chunks cannot stand for the rows (rows with several
+spans, a token in two key shards, layouts in more pieces than rows). Both give the same
+integers; the row count stays as the definition (`row_work_reference`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import numpy as np
 
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, row_spans
+from lcab.plan import areas_chunks
+from lcab.plan.areas_chunks import Shards
 
 
 @dataclass(frozen=True)
@@ -55,15 +62,6 @@ class PairWork:
         return np.divide(self.area, self.cols, out=np.zeros(self.area.shape), where=self.cols > 0)
 
 
-def owners(layouts: Sequence[IntArray], length: int) -> IntArray:
-    """Shard of every token (-1: held by none); layouts hold token ids, -1 for padding."""
-    owner = np.full(length, -1, dtype=np.int64)
-    for index, layout in enumerate(layouts):
-        tokens = layout[layout >= 0]
-        owner[tokens] = index
-    return owner
-
-
 def pair_work(
     mask: AttnMask,
     row_sets: Sequence[IntArray],
@@ -76,12 +74,22 @@ def pair_work(
     ``with_cols`` also counts the attended key columns (from the transposed mask), per pair
     and per document.
     """
-    work = _row_work(mask, row_sets, col_sets)
+    if with_cols and mask.seqlen_q != mask.seqlen_k:
+        raise ValueError("pair_work(with_cols=True) needs a self-attention mask")
+    rows = Shards.of(row_sets, mask.seqlen_q)
+    same = col_sets is row_sets and mask.seqlen_q == mask.seqlen_k
+    cols = rows if same else Shards.of(col_sets, mask.seqlen_k)
+    work = _row_work(mask, row_sets, col_sets, shards=(rows, cols))
     if with_cols:
-        if mask.seqlen_q != mask.seqlen_k:
-            raise ValueError("pair_work(with_cols=True) needs a self-attention mask")
         lengths = mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q]
-        keys = _row_work(mask.transpose(), col_sets, row_sets, per_doc=np.asarray(lengths))
+        keys = _row_work(
+            mask.transpose(),
+            col_sets,
+            row_sets,
+            np.asarray(lengths),
+            shards=(cols, rows),
+            with_area=False,
+        )
         assert keys.col_docs is not None and keys.longest_cols is not None
         work = dataclasses.replace(
             work,
@@ -101,39 +109,126 @@ def _row_work(
     row_sets: Sequence[IntArray],
     col_sets: Sequence[IntArray],
     per_doc: IntArray | None = None,
+    shards: tuple[Shards, Shards] | None = None,
+    with_area: bool = True,
 ) -> PairWork:
     """Area, active rows and runs of every (row shard, column shard) pair.
 
-    Spans are sorted by (row shard, row) once per head, so every row shard's sum is one
-    contiguous segment (`_group_sums`); column shards are handled a block at a time as 2-D
-    arrays (shards x spans) instead of one pass per shard. ``per_doc`` (document lengths, which
-    a transposed mask does not carry) also counts, per pair, the documents with active rows and
-    the active rows of the document with the most (returned in ``col_docs`` and
-    ``longest_cols``: the caller passes the transposed mask, whose rows are key columns).
+    Each head is counted from the chunks of the layouts (`lcab.plan.areas_chunks`), which
+    costs segments × shards instead of rows × shards; a head that the chunks cannot count
+    (rows with several spans, layouts in more pieces than rows) is counted row by row
+    (`_Reference.head`). ``per_doc`` (document lengths, which a transposed mask does not
+    carry) also counts, per pair, the documents with active rows and the active rows of the
+    document with the most (returned in ``col_docs`` and ``longest_cols``: the caller passes
+    the transposed mask, whose rows are key columns). ``shards``: the chunks of ``row_sets``
+    and ``col_sets`` (`Shards.of`), where the caller already has them. ``with_area=False``
+    leaves ``area`` and ``runs`` zero: the transposed pass of `pair_work` reads only the rows
+    and documents, and the chunks then skip the area's product with the token table.
     """
-    n_i, n_j = len(row_sets), len(col_sets)
-    row_owner = owners(row_sets, mask.seqlen_q)
-    area = np.zeros((mask.num_heads, n_i, n_j))
-    rows = np.zeros((mask.num_heads, n_i, n_j))
-    runs = np.zeros((mask.num_heads, n_i, n_j))
+    if shards is None:
+        shards = (Shards.of(row_sets, mask.seqlen_q), Shards.of(col_sets, mask.seqlen_k))
+    return _count(mask, shards, col_sets, per_doc, fast=True, with_area=with_area)
+
+
+def row_work_reference(
+    mask: AttnMask,
+    row_sets: Sequence[IntArray],
+    col_sets: Sequence[IntArray],
+    per_doc: IntArray | None = None,
+) -> PairWork:
+    """`_row_work` counted row by row for every head: the definition the chunks must match."""
+    shards = (Shards.of(row_sets, mask.seqlen_q), Shards.of(col_sets, mask.seqlen_k))
+    return _count(mask, shards, col_sets, per_doc, fast=False)
+
+
+def _count(
+    mask: AttnMask,
+    shards: tuple[Shards, Shards],
+    col_sets: Sequence[IntArray],
+    per_doc: IntArray | None,
+    fast: bool,
+    with_area: bool = True,
+) -> PairWork:
+    """`_row_work`, through the chunks where ``fast`` and they can, else row by row."""
+    rows_of, keys_of = shards
+    n_i, n_j = rows_of.count, keys_of.count
+    shape = (mask.num_heads, n_i, n_j)
+    area, rows, runs = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     counting = per_doc is not None
-    doc_count = np.zeros((mask.num_heads, n_i, n_j)) if counting else None
-    longest = np.zeros((mask.num_heads, n_i, n_j)) if counting else None
+    doc_count = np.zeros(shape) if counting else None
+    longest = np.zeros(shape) if counting else None
     lengths = per_doc if counting else mask.doc_lengths
-    docs = (
-        np.repeat(np.arange(len(lengths)), lengths)
-        if lengths is not None and len(lengths) and mask.seqlen_q == mask.seqlen_k
-        else np.zeros(mask.seqlen_q, dtype=np.int64)
-    )
-    prefix = _prefix_counts(col_sets, mask.seqlen_k)
-    shard_ids = np.arange(n_i + 1)
+    with_docs = lengths is not None and len(lengths) > 0 and mask.seqlen_q == mask.seqlen_k
+    doc_ends = np.cumsum(lengths) if with_docs and lengths is not None else np.zeros(0, np.int64)
+    # documents that end early leave rows without one: the row-by-row count raises there
+    fast = fast and (not with_docs or doc_ends[-1] >= mask.seqlen_q)
+    reference: _Reference | None = None
     for head in range(mask.num_heads):
-        row, first, last = row_spans(mask.head_slices(head))
-        owner = row_owner[row]
+        slices = mask.head_slices(head)
+        got = None
+        if fast:
+            got = areas_chunks.head_work(
+                slices, rows_of, keys_of, doc_ends[:-1], counting, with_area
+            )
+        if got is None:
+            if reference is None:
+                reference = _Reference.of(rows_of.owner, col_sets, mask.seqlen_k, doc_ends, n_i)
+            got = reference.head(slices, counting)
+        rows[head] = got.rows
+        if with_area:
+            area[head], runs[head] = got.area, got.runs
+        if doc_count is not None and longest is not None:
+            assert got.col_docs is not None and got.longest_cols is not None
+            doc_count[head], longest[head] = got.col_docs, got.longest_cols
+    return PairWork(area, rows, runs, col_docs=doc_count, longest_cols=longest)
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """The row-by-row count of one call's heads (prefix counts of every key shard)."""
+
+    row_owner: IntArray
+    docs: IntArray
+    prefix: np.ndarray
+    n_rows: int
+
+    @classmethod
+    def of(
+        cls,
+        row_owner: IntArray,
+        col_sets: Sequence[IntArray],
+        length: int,
+        doc_ends: IntArray,
+        n_rows: int,
+    ) -> _Reference:
+        """Tables of one call: a row's document and the key shards' prefix counts."""
+        lengths = np.diff(doc_ends, prepend=0)
+        docs = (
+            np.repeat(np.arange(len(lengths)), lengths)
+            if len(lengths)
+            else np.zeros(len(row_owner), dtype=np.int64)
+        )
+        return cls(row_owner, docs, _prefix_counts(col_sets, length), n_rows)
+
+    def head(self, slices: IntArray, counting: bool) -> areas_chunks.HeadWork:
+        """One head's tables, counted row by row.
+
+        Spans are sorted by (row shard, row) once, so every row shard's sum is one contiguous
+        segment (`_group_sums`); column shards are handled a block at a time as 2-D arrays
+        (shards x spans) instead of one pass per shard.
+        """
+        prefix, docs, n_i = self.prefix, self.docs, self.n_rows
+        n_j = len(prefix)
+        area, rows, runs = np.zeros((n_i, n_j)), np.zeros((n_i, n_j)), np.zeros((n_i, n_j))
+        doc_count = np.zeros((n_i, n_j)) if counting else None
+        longest = np.zeros((n_i, n_j)) if counting else None
+        row, first, last = row_spans(slices)
+        owner = self.row_owner[row]
         held = owner >= 0
         row, first, last, owner = row[held], first[held], last[held], owner[held]
         if len(row) == 0:
-            continue
+            return areas_chunks.HeadWork(area, rows, runs, doc_count, longest)
+        shard_ids = np.arange(n_i + 1)
         order = np.lexsort((row, owner))
         row, first, last, owner = row[order], first[order], last[order], owner[order]
         # a row with several spans (shared questions, prefixes) counts once in `rows` and `runs`
@@ -160,22 +255,22 @@ def _row_work(
         for j0 in range(0, n_j, block):
             counts = prefix[j0 : j0 + block]
             inside = np.take(counts, last + 1, axis=1) - np.take(counts, first, axis=1)
-            area[head, :, j0 : j0 + block] = _group_sums(inside, span_bounds).T
+            area[:, j0 : j0 + block] = _group_sums(inside, span_bounds).T
             per_row = (
                 inside
                 if len(row_starts) == len(row)
                 else np.add.reduceat(inside, row_starts, axis=1)
             )
             active = per_row > 0
-            rows[head, :, j0 : j0 + block] = _group_sums(active, row_bounds).T
+            rows[:, j0 : j0 + block] = _group_sums(active, row_bounds).T
             start = active.copy()
             start[:, 1:] &= ~(active[:, :-1] & link[1:])
-            runs[head, :, j0 : j0 + block] = _group_sums(start, row_bounds).T
+            runs[:, j0 : j0 + block] = _group_sums(start, row_bounds).T
             if doc_count is not None and longest is not None:
                 per_seg = _segment_sums(active, seg_starts)
-                doc_count[head, :, j0 : j0 + block] = _group_sums(per_seg > 0, seg_bounds).T
-                longest[head, :, j0 : j0 + block] = _group_max(per_seg, seg_bounds).T
-    return PairWork(area, rows, runs, col_docs=doc_count, longest_cols=longest)
+                doc_count[:, j0 : j0 + block] = _group_sums(per_seg > 0, seg_bounds).T
+                longest[:, j0 : j0 + block] = _group_max(per_seg, seg_bounds).T
+        return areas_chunks.HeadWork(area, rows, runs, doc_count, longest)
 
 
 def _group_sums(values: np.ndarray, bounds: IntArray) -> np.ndarray:
