@@ -187,7 +187,7 @@ def _count(
 class _Reference:
     """The row-by-row count of one call's heads (prefix counts of every key shard)."""
 
-    row_owner: IntArray
+    row_owner: np.ndarray
     docs: IntArray
     prefix: np.ndarray
     n_rows: int
@@ -195,7 +195,7 @@ class _Reference:
     @classmethod
     def of(
         cls,
-        row_owner: IntArray,
+        row_owner: np.ndarray,
         col_sets: Sequence[IntArray],
         length: int,
         doc_ends: IntArray,

@@ -31,6 +31,10 @@ from lcab.masks.geometry import INF, IntArray, kind_bands
 #: count (`lcab.plan.areas`) is then about as fast, and its tables are smaller.
 MAX_SEGMENTS_PER_ROW = 1.0
 
+#: Largest (segments or chunks) × shards table `head_work` builds (its float64 token table is
+#: 8 bytes an element): beyond it the per-row count, which works in bounded blocks, is used.
+MAX_TABLE = 1 << 25
+
 
 @dataclass(frozen=True)
 class Shards:
@@ -40,12 +44,12 @@ class Shards:
     `lcab.plan.areas.pair_work` (rows and keys swap in the transposed pass).
     """
 
-    owner: IntArray
-    """(length,) shard of every position, -1 for none (a token in two shards: the last)."""
+    owner: np.ndarray
+    """(length,) int32 shard of every position, -1 for none (a token in two: the last)."""
     starts: IntArray
     """(C + 1,) chunk c covers positions ``starts[c]:starts[c + 1]``; ``starts[C]`` = length."""
-    chunk_owner: IntArray
-    """(C,) shard of chunk c."""
+    chunk_owner: np.ndarray
+    """(C,) int32 shard of chunk c."""
     count: int
     """Shards."""
     disjoint: bool
@@ -54,7 +58,7 @@ class Shards:
     @classmethod
     def of(cls, sets: Sequence[IntArray], length: int) -> Shards:
         """The chunks of ``sets`` (arrays of token ids, -1 for padding) over ``length``."""
-        owner = np.full(length, -1, dtype=np.int64)
+        owner = np.full(length, -1, dtype=np.int32)  # half the traffic of int64
         given = 0
         for index, layout in enumerate(sets):
             tokens = layout[layout >= 0]
@@ -209,19 +213,22 @@ def head_work(
 
     None where the chunks cannot count it: rows with several spans, a key in two shards, more
     segments and chunks than ``max_segments_per_row`` times the rows (counting rows is then as
-    fast), or areas beyond float64's exact integers. ``doc_starts`` are the starts of documents 1..;
-    ``per_doc`` also counts, per pair, the documents with active rows and the active rows of
-    the document with the most (`lcab.plan.areas.PairWork.col_docs`, ``longest_cols``);
-    ``with_area=False`` leaves ``area`` and ``runs`` zero.
+    fast), tables beyond `MAX_TABLE`, or areas beyond float64's exact integers.
+    ``doc_starts`` are the starts of documents 1..; ``per_doc`` also counts, per pair, the
+    documents with active rows and the active rows of the document with the most
+    (`lcab.plan.areas.PairWork.col_docs`, ``longest_cols``); ``with_area=False`` leaves
+    ``area`` and ``runs`` zero.
     """
-    if not keys.disjoint or len(keys.owner) * (len(rows.owner) + 1) >= 1 << 53:
+    exceeds = (len(keys.chunk_owner) + 1) * keys.count > MAX_TABLE
+    if exceeds or not keys.disjoint or len(keys.owner) * (len(rows.owner) + 1) >= 1 << 53:
         return None
     seg = segments(slices, rows, keys, doc_starts)
     if seg is None:
         return None
     n = seg.stop - seg.start
     n_rows = int(n.sum())
-    if len(n) + len(keys.chunk_owner) > max_segments_per_row * n_rows:
+    many = len(n) + len(keys.chunk_owner) > max_segments_per_row * n_rows
+    if many or len(n) * keys.count > MAX_TABLE:
         return None
     n_i, n_j = rows.count, keys.count
     shape = (n_i, n_j)

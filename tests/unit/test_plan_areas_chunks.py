@@ -282,3 +282,14 @@ def test_the_readme_cell_shape_takes_the_chunk_path(cp, monkeypatch):
     work = pair_work(mask, shards, col_sets)
     assert counted == [True, True]  # the mask and its transpose, one head each
     _assert_same(work, _reference_pair_work(mask, shards, col_sets))
+
+
+def test_tables_beyond_the_budget_are_counted_row_by_row(monkeypatch):
+    mask = make_mask("causal", 300)
+    tokens = np.arange(300)
+    shards = [tokens[:100], tokens[100:]]
+    rows = Shards.of(shards, 300)
+    assert head_work(mask.head_slices(0), rows, rows, np.zeros(0, np.int64), False) is not None
+    monkeypatch.setattr(areas_chunks, "MAX_TABLE", 5)
+    assert head_work(mask.head_slices(0), rows, rows, np.zeros(0, np.int64), False) is None
+    _assert_same(pair_work(mask, shards, shards), _reference_pair_work(mask, shards, shards))
