@@ -105,20 +105,29 @@ def contiguous(seqlen: int, shards: int, multiple: int = 1) -> Placement:
 
 
 def zigzag(doc_lengths: IntArray, shards: int, multiple: int = 1) -> Placement:
-    """The paper's per-document head-tail split (see module docstring)."""
+    """The paper's per-document head-tail split (see module docstring).
+
+    Built for all shards at once: a document of length L padded to P (a multiple of 2·shards)
+    gives every shard two pieces of c = P / (2·shards) positions, pieces p and 2·shards-1-p,
+    and a shard's layout is its pieces of every document in order. One array op per step
+    rather than a piece at a time: 96 ranks over hundreds of documents would be ~10^5 pieces.
+    """
     chunks = 2 * shards
-    layouts: list[list[IntArray]] = [[] for _ in range(shards)]
-    start = 0
-    for length in np.asarray(doc_lengths, dtype=np.int64).tolist():
-        padded = _round_up(length, chunks)
-        doc = _pad(np.arange(start, start + length, dtype=np.int64), padded)
-        pieces = np.split(doc, chunks)
-        for p in range(shards):
-            layouts[p].extend((pieces[p], pieces[chunks - 1 - p]))
-        start += length
-    out = [np.concatenate(parts) for parts in layouts]
-    total = _round_up(len(out[0]), multiple)
-    return Placement(tuple(_pad(layout, total) for layout in out), "zigzag")
+    lengths = np.asarray(doc_lengths, dtype=np.int64).reshape(-1)
+    piece = -(-lengths // chunks)  # c of every document (its padded length / 2·shards)
+    starts = np.cumsum(lengths) - lengths
+    doc = np.repeat(np.arange(len(lengths)), 2 * piece)  # the document of each layout column
+    column = np.arange(len(doc), dtype=np.int64) - np.repeat(
+        np.cumsum(2 * piece) - 2 * piece, 2 * piece
+    )
+    tail = column >= piece[doc]  # the second of a document's two pieces
+    offset = np.where(tail, column - piece[doc], column)
+    shard = np.arange(shards, dtype=np.int64)[:, None]
+    index = np.where(tail[None, :], chunks - 1 - shard, shard)  # the piece each shard holds
+    within = index * piece[doc][None, :] + offset[None, :]  # position inside the document
+    tokens = np.where(within < lengths[doc][None, :], starts[doc][None, :] + within, -1)
+    total = _round_up(tokens.shape[1], multiple)
+    return Placement(tuple(_pad(layout, total) for layout in tokens), "zigzag")
 
 
 def area_balanced(

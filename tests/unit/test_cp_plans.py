@@ -137,3 +137,31 @@ def test_strategies_refuse_what_they_cannot_do():
     assert "does not divide" in " ".join(
         STRATEGIES.get("usp")({"ulysses_degree": 4}, 8).reasons(pb, 6)
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    docs=st.lists(st.integers(1, 300), min_size=1, max_size=12),
+    shards=st.integers(1, 9),
+    multiple=st.sampled_from([1, 2, 3, 8]),
+)
+def test_zigzag_layouts_are_the_per_document_head_tail_pieces(docs, shards, multiple):
+    """Each document padded to a multiple of 2P and cut in 2P pieces; shard p gets pieces p and
+    2P-1-p of every document in order; every layout padded (-1) to a multiple of ``multiple``."""
+    from lcab.cp.balance import zigzag
+
+    chunks = 2 * shards
+    expected: list[list[int]] = [[] for _ in range(shards)]
+    start = 0
+    for length in docs:
+        piece = -(-length // chunks)
+        tokens = [start + t if t < length else -1 for t in range(piece * chunks)]
+        for p in range(shards):
+            for q in (p, chunks - 1 - p):
+                expected[p] += tokens[q * piece : (q + 1) * piece]
+        start += length
+    width = -(-len(expected[0]) // multiple) * multiple
+    layouts = zigzag(np.array(docs), shards, multiple).layouts
+    assert [layout.tolist() for layout in layouts] == [
+        e + [-1] * (width - len(e)) for e in expected
+    ]
