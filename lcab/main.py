@@ -249,6 +249,7 @@ def main() -> None:
     if fast_help_applies(argv):  # before torch and Hydra's walk over every config group
         sys.exit(print_help("config", argv))
     from lcab.config import register_configs
+    from lcab.config.fork_map import usable_cores
     from lcab.config.preflight import output_problem, preflight, split_argv
     from lcab.launch import register_launcher
     from lcab.launch.checks import slurm_problems
@@ -257,7 +258,8 @@ def main() -> None:
     register_configs()
     register_launcher()
     _unwind_on_sigterm()
-    code = preflight(argv, extra=slurm_problems)
+    multirun = split_argv(argv)[1]  # a sweep's jobs are checked on every core
+    code = preflight(argv, extra=slurm_problems, workers=usable_cores() if multirun else 1)
     if code:
         sys.exit(code)
     if _dry_run(argv):

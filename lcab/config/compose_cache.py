@@ -47,6 +47,22 @@ def counts() -> dict[str, int]:
     return dict(_COUNTS)
 
 
+def keys() -> set[tuple[Any, ...]]:
+    """The keys composed so far (a worker's mark before its share, `lcab.config.fork_map`)."""
+    return set(_MEMO)
+
+
+def entries(exclude: set[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...], DictConfig]:
+    """The compositions made so far, but those keyed in ``exclude`` (for another process)."""
+    return {key: cfg for key, cfg in _MEMO.items() if key not in (exclude or set())}
+
+
+def adopt(compositions: dict[tuple[Any, ...], DictConfig]) -> None:
+    """Take compositions another copy of this process made (same files, folder and configs)."""
+    for key, cfg in compositions.items():
+        _MEMO.setdefault(key, cfg)
+
+
 def _folder_state(folder: str) -> tuple[int, int]:
     """(newest modification time in ns, number of entries) of everything under ``folder``."""
     newest, entries = 0, 0

@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from hydra import compose, initialize_config_dir
 
@@ -29,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lcab.cell import Cell
 from lcab.config import CONF_DIR, ConfigError, compose_cache, register_configs, resolve_cell
+from lcab.config.fork_map import fork_map
 
 #: Hydra flags after which lcab does not pre-check (help, info, config printing, shell completion).
 _PASSTHROUGH = (
@@ -177,32 +179,62 @@ def composed_jobs(overrides: list[str], multirun: bool) -> list[tuple[list[str],
         return [(shown, _compose("config", composed, True)) for shown, composed in jobs]
 
 
+class JobAhead(Protocol):
+    """Work for every valid job done while the pre-flight holds its config.
+
+    ``prepare`` may run in a forked worker (`lcab.config.fork_map`): it must return what it
+    made (picklable) rather than keep it; ``adopt`` then runs in the command's own process.
+    """
+
+    def prepare(self, cfg: DictConfig, cell: Cell) -> Any:
+        """What the command will want for this job (errors it knows: return None)."""
+
+    def adopt(self, value: Any) -> None:
+        """Keep one job's ``prepare`` result in this process."""
+
+
 def check_jobs(
     overrides: list[str],
     multirun: bool,
     extra: JobCheck | None = None,
     config_name: str = "config",
+    ahead: JobAhead | None = None,
+    workers: int = 1,
 ) -> list[str]:
-    """Problems of every job (empty: all jobs compose, resolve and pass ``extra``)."""
+    """Problems of every job (empty: all jobs compose, resolve and pass ``extra``).
+
+    ``workers`` > 1 checks the jobs in that many processes (`lcab.config.fork_map`);
+    ``ahead`` prepares each valid job there too.
+    """
     try:
         jobs = hydra_jobs(overrides, multirun, config_name)
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         with _hydra():
             return [_explain(err, overrides, config_name)]
-    problems: list[str] = []
+
+    def check(job_lists: tuple[list[str], list[str]]) -> tuple[list[str], Any]:
+        job, composed = job_lists
+        where = " ".join(job) or "(defaults)"
+        try:
+            cfg = _compose(config_name, composed, extra is not None)
+            cell = resolve_cell(cfg)
+            if extra is not None:
+                problems = [f"{where}: {text}" for text in extra(cfg, cell)]
+                if problems:
+                    return problems, None
+            return [], None if ahead is None else ahead.prepare(cfg, cell)
+        except ConfigError as err:
+            return [f"{where}: {err}"], None
+        except (HydraException, OmegaConfBaseException, ValueError) as err:
+            return [f"{where}: {_explain(err, job, config_name)}"], None
+
     with _hydra():
-        for job, composed in jobs:
-            where = " ".join(job) or "(defaults)"
-            try:
-                cfg = _compose(config_name, composed, extra is not None)
-                cell = resolve_cell(cfg)
-                if extra is not None:
-                    problems += [f"{where}: {text}" for text in extra(cfg, cell)]
-            except ConfigError as err:
-                problems.append(f"{where}: {err}")
-            except (HydraException, OmegaConfBaseException, ValueError) as err:
-                problems.append(f"{where}: {_explain(err, job, config_name)}")
-    return problems
+        outcomes = fork_map(check, jobs, workers)
+    if ahead is not None:
+        for _, value in outcomes:
+            if value is not None:
+                ahead.adopt(value)
+    return [text for problems, _ in outcomes for text in problems]
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], bool]:
@@ -211,12 +243,21 @@ def split_argv(argv: list[str]) -> tuple[list[str], bool]:
     return [a for a in argv if a not in ("-m", "--multirun")], multirun
 
 
-def preflight(argv: list[str], extra: JobCheck | None = None, config_name: str = "config") -> int:
-    """0 if every job of ``argv`` is valid, else print the problems and return 2."""
+def preflight(
+    argv: list[str],
+    extra: JobCheck | None = None,
+    config_name: str = "config",
+    ahead: JobAhead | None = None,
+    workers: int = 1,
+) -> int:
+    """0 if every job of ``argv`` is valid, else print the problems and return 2.
+
+    ``ahead`` and ``workers``: as `check_jobs`.
+    """
     if any(a.split("=", 1)[0] in _PASSTHROUGH for a in argv):
         return 0
     overrides, multirun = split_argv(argv)
-    problems = check_jobs(overrides, multirun, extra, config_name)
+    problems = check_jobs(overrides, multirun, extra, config_name, ahead, workers)
     if not problems:
         return 0
     unique = list(dict.fromkeys(problems))

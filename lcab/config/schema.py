@@ -216,7 +216,18 @@ def _generated(
             fields_.append((f.name, tp, field(default=default)))
     cls = dataclasses.make_dataclass(_class_name(name, suffix), fields_, bases=(base,))
     cls.__doc__ = f"Config of {name} (generated from {source.__name__ if source else 'nothing'})."
-    return cls
+    # a module attribute, so that configs typed by it pickle (`lcab.config.fork_map` sends
+    # composed configs between processes); pickle finds a class by module and name
+    cls.__module__ = __name__
+    existing: type = globals().setdefault(cls.__name__, cls)
+    if existing is not cls and _shape(existing) != _shape(cls):
+        raise RuntimeError(f"two different generated config classes named {cls.__name__}")
+    return existing
+
+
+def _shape(cls: type) -> list[tuple[str, Any, Any]]:
+    """Fields of a generated config class as comparable values."""
+    return [(f.name, f.type, f.default) for f in dataclasses.fields(cls)]
 
 
 def mask_config_classes() -> dict[str, type]:

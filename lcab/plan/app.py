@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
+from lcab.cell import Cell
 from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
 from lcab.plan.hardware import Hardware, from_dict
 from lcab.plan.harness import HARNESSES, LCAB, Harness
@@ -185,8 +186,11 @@ def app(cfg: DictConfig) -> None:
         if cfg.recommend:
             print_recommendation(target, hardware, cell.mask_samples, harness)
             continue
+        key = _ahead_key(target, hardware, cell.mask_samples, harness)
         try:
-            prediction = predict_median(target, hardware, cell.mask_samples, harness)
+            prediction = _AHEAD.pop(key, None) or predict_median(
+                target, hardware, cell.mask_samples, harness
+            )
         except ValueError as err:
             print(f"lcab plan: skipped: {err}", file=sys.stderr)
             continue
@@ -237,11 +241,59 @@ class PlanSummary(Callback):
             print(f"[lcab] plot -> {path}")
 
 
-def main(argv: list[str]) -> int:
-    """Pre-check every job (exit 2 on bad input), then hand over to Hydra."""
-    from lcab.config.preflight import preflight
+_AHEAD: dict[str, CellPrediction] = {}
+"""Predictions the pre-flight made for the jobs Hydra is about to run (`PredictAhead`)."""
 
-    code = preflight(argv, config_name="plan")
+
+def _ahead_key(cell: PlanCell, hardware: Hardware, samples: int, harness: Harness) -> str:
+    """What a prediction depends on, as text (the dataclasses hold dicts: not hashable)."""
+    return repr((cell, hardware, samples, harness.name))
+
+
+class PredictAhead:
+    """Each job's predictions, made by the pre-flight on every core (`lcab.config.fork_map`).
+
+    Hydra's launcher runs a multirun's jobs one after another in this process; the pre-flight
+    already holds every job's config, in workers on all cores. The jobs' `app` then takes the
+    prediction made here and prints it; anything not made here (an error, a recommendation) it
+    makes itself, as without this.
+    """
+
+    def prepare(self, cfg: DictConfig, cell: Cell) -> dict[str, CellPrediction] | None:
+        """Every length's prediction of the job (None for recommendations and bad profiles)."""
+        if cfg.get("recommend"):
+            return None
+        try:
+            hardware, harness = hardware_of(cfg), harness_of(cfg)
+        except ConfigError:
+            return None
+        made = {}
+        for seqlen in cell.seqlens:
+            target = PlanCell.of_cell(cell, seqlen)
+            try:
+                prediction = predict_median(target, hardware, cell.mask_samples, harness)
+            except ValueError:
+                continue  # the job says why when it runs
+            made[_ahead_key(target, hardware, cell.mask_samples, harness)] = prediction
+        return made
+
+    def adopt(self, value: dict[str, CellPrediction]) -> None:
+        """Keep one job's predictions for its `app`."""
+        _AHEAD.update(value)
+
+
+def main(argv: list[str]) -> int:
+    """Pre-check every job (exit 2 on bad input) and predict it on every core, then run Hydra."""
+    from lcab.config.fork_map import usable_cores
+    from lcab.config.preflight import preflight, split_argv
+
+    multirun = split_argv(argv)[1]
+    code = preflight(
+        argv,
+        config_name="plan",
+        ahead=PredictAhead() if multirun else None,
+        workers=usable_cores() if multirun else 1,
+    )
     if code:
         return code
     sys.argv = [sys.argv[0], *argv]

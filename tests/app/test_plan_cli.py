@@ -136,3 +136,38 @@ def test_check_on_records_without_a_usable_record_says_so(tmp_path: Path):
     path.write_text(RunRecord(kernel="ranges", cp="ring", status="error").to_json() + "\n")
     done = plan("--check", str(path))
     assert done.returncode == 2 and "no ok records" in done.stderr
+
+
+def test_a_sweep_predicted_on_every_core_prints_what_one_process_predicts(tmp_path):
+    """The pre-flight's workers predict the jobs (`PredictAhead`); each job's rows must be the
+    ones the planner makes for that cell by itself, in this process, to the written digit."""
+    from lcab.plan.app import hardware_of, harness_of
+    from lcab.plan.predict import PlanCell, predict_median
+
+    sweep = tmp_path / "sweep"
+    axes = ["cp=ring,usp,loongtrain", "topology=1x8,4x8", "mask=causal_document"]
+    done = plan("-m", *axes, f"hydra.sweep.dir={sweep}")
+    assert done.returncode == 0, done.stderr
+    written = {
+        (r["cp"], r["world"], r["seqlen"]): r
+        for p in sweep.rglob("plan.jsonl")
+        for r in map(json.loads, p.read_text().splitlines())
+    }
+    assert len(written) == 6
+    from hydra import compose, initialize_config_dir
+
+    from lcab.config import CONF_DIR, register_configs, resolve_cell
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for cp in ("ring", "usp", "loongtrain"):
+            for topology in ("1x8", "4x8"):
+                cfg = compose("plan", overrides=[f"cp={cp}", f"topology={topology}", axes[2]])
+                cell = resolve_cell(cfg)
+                for seqlen in cell.seqlens:
+                    target = PlanCell.of_cell(cell, seqlen)
+                    alone = predict_median(
+                        target, hardware_of(cfg), cell.mask_samples, harness_of(cfg)
+                    ).row()
+                    row = written[(cp, target.world, seqlen)]
+                    assert {k: row[k] for k in alone} == json.loads(json.dumps(alone))

@@ -107,7 +107,8 @@ def test_a_planner_sweep_composes_each_job_once(tmp_path):
         "from lcab.plan.cli import run\n"
         "code = run(sys.argv[1:])\n"
         "from lcab.config import compose_cache\n"
-        "print('COUNTS ' + json.dumps(compose_cache.counts()))\n"
+        "from lcab.config.fork_map import usable_cores\n"
+        "print('COUNTS ' + json.dumps(compose_cache.counts() | {'cores': usable_cores()}))\n"
     )
     argv = ["-m", "cp=ring,usp", "topology=1x8,2x8", "seqlen=per_device_8k"]
     out = subprocess.run(
@@ -122,8 +123,10 @@ def test_a_planner_sweep_composes_each_job_once(tmp_path):
     line = next(x for x in out.stdout.splitlines() if x.startswith("COUNTS "))
     counts = json.loads(line.removeprefix("COUNTS "))
     jobs = 4
-    # the mode probe (shared with Hydra's), one per job, and Hydra's multirun master config
-    assert counts["composed"] == jobs + 2, counts
+    workers = min(counts["cores"], jobs)  # the pre-flight's processes (lcab.config.fork_map)
+    # the mode probe (shared with Hydra's), this process's share of the jobs (the workers'
+    # compositions come back with their answers), and Hydra's multirun master config
+    assert counts["composed"] == len(range(0, jobs, workers)) + 2, counts
     # Hydra's mode probe, then each job's sweeper check and launch
     assert counts["reused"] == 1 + 2 * jobs, counts
     assert len(list(tmp_path.rglob("plan.jsonl"))) == jobs

@@ -1,0 +1,83 @@
+"""`lcab.config.fork_map`: the pre-flight's jobs on every core, and what happens when a worker
+fails, dies or hangs (the parent computes that share itself, in bounded time)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
+
+from lcab.config import CONF_DIR, compose_cache, fork_map, register_configs
+
+PARENT = os.getpid()
+
+
+def _square(x: int) -> tuple[int, int]:
+    return x * x, os.getpid()
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_the_results_are_the_map_in_order_and_the_work_is_shared(workers):
+    items = list(range(11))
+    out = fork_map.fork_map(_square, items, workers)
+    assert [value for value, _ in out] == [x * x for x in items]
+    pids = {pid for _, pid in out}
+    assert len(pids) == workers and PARENT in pids
+
+
+def test_a_worker_that_dies_or_raises_has_its_share_done_by_the_parent():
+    def fragile(x: int) -> tuple[int, int]:
+        if os.getpid() != PARENT:
+            if x == 1:
+                os._exit(3)  # killed mid-share
+            if x == 2:
+                raise RuntimeError("worker only")
+        return _square(x)
+
+    out = fork_map.fork_map(fragile, list(range(6)), 3)
+    assert [value for value, _ in out] == [x * x for x in range(6)]
+    # shares 1 (items 1, 4) and 2 (items 2, 5) were redone here; share 0 was always here
+    assert all(pid == PARENT for _, pid in out)
+
+
+def test_a_worker_that_hangs_is_killed_and_its_share_redone(monkeypatch):
+    monkeypatch.setattr(fork_map, "GRACE_S", 1.0)
+
+    def stuck(x: int) -> tuple[int, int]:
+        if os.getpid() != PARENT:
+            time.sleep(600)
+        return _square(x)
+
+    started = time.monotonic()
+    out = fork_map.fork_map(stuck, list(range(4)), 2)
+    assert time.monotonic() - started < 60
+    assert [value for value, _ in out] == [0, 1, 4, 9]
+
+
+def test_a_worker_s_compositions_come_back_to_the_parent():
+    register_configs()
+    compose_cache.install()
+    GlobalHydra.instance().clear()
+    topologies = ["1x8", "2x8", "4x8", "8x8"]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+
+            def load(topology: str) -> int:
+                cfg = loader.load_configuration(
+                    config_name="plan", overrides=[f"topology={topology}"], run_mode=RunMode.RUN
+                )
+                return int(cfg.topology.nodes)
+
+            assert fork_map.fork_map(load, topologies, 2) == [1, 2, 4, 8]
+            before = compose_cache.counts()
+            assert [load(t) for t in topologies] == [1, 2, 4, 8]
+            after = compose_cache.counts()
+    finally:
+        GlobalHydra.instance().clear()
+    assert after["composed"] == before["composed"]  # the worker's two came back too
+    assert after["reused"] == before["reused"] + len(topologies)
