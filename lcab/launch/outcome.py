@@ -134,6 +134,27 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
     return STATE_STATUS.get(end.state, "error"), reason
 
 
+def result_can_change(cell: Cell, end: JobEnd) -> bool:
+    """Whether a task's result file could still change what `settle` writes for ``end``.
+
+    ``end`` is the job as sacct reports it after it ended, with no result file seen. A result
+    changes the outcome only by carrying a failed return (state FAILED, its text as detail),
+    and that text is used only when nothing else explains the end. It cannot matter when
+    SLURM itself ended the job (its state is the reason), when every length has its record
+    (nothing is left to settle), or when a rank reported its failure or srun names a rank
+    killed by a signal (the reason comes from those). Otherwise the launcher still waits for
+    the result files, which a shared file system may show late.
+    """
+    if end.state in _SCHEDULER_ENDS:
+        return False
+    cell_dir = Path(cell.job.output_dir)
+    path = cell_dir / RECORDS_FILE
+    done = {r.seqlen for r in read_records(path)} if path.exists() else set()
+    if all(s in done for s in cell.seqlens):
+        return False
+    return not (read_failures(cell_dir) or killed_ranks(end.srun_log))
+
+
 def settle(cell: Cell, end: JobEnd) -> list[RunRecord]:
     """Write records for the lengths of ``cell`` that its job left unsettled; return them."""
     cell_dir = Path(cell.job.output_dir)

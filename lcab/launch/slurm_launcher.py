@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lcab.bench.scheduled import SCHEDULED_RANKS, watch_scheduler_signals
 from lcab.cell import Cell
 from lcab.config import job_info, resolve_cell
-from lcab.launch.outcome import NOT_SUBMITTED, JobEnd, settle
+from lcab.launch.outcome import NOT_SUBMITTED, JobEnd, result_can_change, settle
 from lcab.launch.shape import JobShape, SlurmSettings, job_shape
 from lcab.records.resume import split_done
 from lcab.records.sinks import RECORDS_FILE
@@ -191,12 +191,34 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
 
     def _collect(self, job: PlannedJob, handle: Any) -> JobReturn:
         """Wait for ``handle``; records for whatever it left unsettled; a completed return."""
-        from submitit.core.utils import UncompletedJobError
-
         ret = JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED)
         ret.working_dir = job.cell.job.output_dir
         if handle is None:  # settled before: nothing was submitted
             return ret
+        end: JobEnd | None = None
+        handle.wait()  # every task left its result file, or sacct says the job ended
+        if not _results_written(handle):
+            # submitit would now wait up to 15 s for each missing result file (a shared file
+            # system may show it late); pointless when the file could not change the records
+            state = handle.get_info(mode="force").get("State", "UNKNOWN").split()[0]
+            ended = handle.watcher.is_done(handle.job_id, mode="cache")  # sacct's final word
+            silent = JobEnd(str(handle.job_id), state, "no result file", _srun_log(handle))
+            if ended and not result_can_change(job.cell, silent):
+                end = silent
+        if end is None:
+            end = self._ended(handle)
+            end = JobEnd(end.job_id, end.state, end.detail, _srun_log(handle))
+        added = settle(job.cell, end)
+        if added:
+            log.warning(f"#{job.index}: {added[0].reasons[0]}")
+        ret.return_value = {"slurm_job_id": str(handle.job_id), "slurm_state": end.state}
+        return ret
+
+    @staticmethod
+    def _ended(handle: Any) -> JobEnd:
+        """How the job ended, from its tasks' results (waiting for them) and sacct."""
+        from submitit.core.utils import UncompletedJobError
+
         end: JobEnd | None = None
         try:
             results = handle.results()
@@ -209,12 +231,7 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
         if end is None:
             state = handle.get_info(mode="force").get("State", "COMPLETED").split()[0]
             end = JobEnd(str(handle.job_id), state)
-        end = JobEnd(end.job_id, end.state, end.detail, _srun_log(handle))
-        added = settle(job.cell, end)
-        if added:
-            log.warning(f"#{job.index}: {added[0].reasons[0]}")
-        ret.return_value = {"slurm_job_id": str(handle.job_id), "slurm_state": end.state}
-        return ret
+        return end
 
 
 def _poll_every(poll_s: float, cluster: str) -> None:
@@ -252,6 +269,12 @@ def ask_wandb_once(cfg: DictConfig, sweep_dir: Path) -> None:
     why, _ = online_blocker(url, float(logger.get("init_timeout_s", 20.0)), sweep_dir)
     if why is not None:
         log.warning(f"W&B server unreachable ({why}): every job of this sweep logs offline")
+
+
+def _results_written(handle: Any) -> bool:
+    """Whether every task of the job has written its result file (submitit's sub-jobs)."""
+    tasks = getattr(handle, "_sub_jobs", None) or [handle]
+    return all(task.paths.result_pickle.exists() for task in tasks)
 
 
 def _srun_log(handle: Any) -> str:
