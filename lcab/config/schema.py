@@ -276,6 +276,22 @@ def short_dirname(name: str) -> str:
 _PROCESS_UID = uuid.uuid4().hex[:6]
 
 
+def __getattr__(name: str) -> type:
+    """A generated config class by name, made on first use (PEP 562).
+
+    A config typed by a generated class pickles by reference (module and name); a process
+    that unpickles one — a SLURM task loading its job, a pre-flight worker's answer — may not
+    have generated the classes yet, so looking one up here makes them all.
+    """
+    if name.endswith("Config") and not name.startswith("_"):
+        kernel_config_classes()
+        mask_config_classes()
+        cp_config_classes()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def register_configs() -> None:
     """Store every schema in Hydra's ConfigStore (idempotent; call before composing)."""
     global _REGISTERED

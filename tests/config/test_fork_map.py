@@ -81,3 +81,34 @@ def test_a_worker_s_compositions_come_back_to_the_parent():
         GlobalHydra.instance().clear()
     assert after["composed"] == before["composed"]  # the worker's two came back too
     assert after["reused"] == before["reused"] + len(topologies)
+
+
+def test_a_config_typed_by_generated_classes_loads_in_a_fresh_process(tmp_path):
+    """Workers send composed configs back pickled, and submitit sends each SLURM job's config to
+    a fresh task: a process that has not generated the schema classes must still load it."""
+    import pickle
+    import subprocess
+    import sys
+
+    from hydra import compose
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=["kernel=ranges", "cp=ring", "mask=causal"])
+    finally:
+        GlobalHydra.instance().clear()
+    path = tmp_path / "cfg.pkl"
+    path.write_bytes(pickle.dumps(cfg))
+    script = (
+        "import pickle, sys\n"
+        "from omegaconf import OmegaConf\n"
+        "cfg = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "print(OmegaConf.get_type(cfg.kernel).__name__, cfg.cp.name, cfg.mask.name)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["RangesKernelConfig", "ring", "causal"]
