@@ -144,6 +144,6 @@ def run() -> None:
     verdict = "meets" if share >= TARGET else "misses"
     print(
         f"{within} of {len(ratios)} passes within ±30 % ({share:.0%}; {verdict} the target of "
-        f"{TARGET:.0%}); median measured/predicted "
+        f"{TARGET:.0%}); median predicted/measured "
         f"{statistics.median(ratios) if ratios else float('nan'):.2f}"
     )
