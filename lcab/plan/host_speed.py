@@ -19,7 +19,8 @@ count (the loopback figure, two threads and the kernel, is wall time). The profi
 ``host_probe`` section holds the same figures for the host it was fitted on;
 `lcab.plan.hardware.auto_profile` multiplies each term by this host's figure over that one. The
 probe takes about three seconds (`ATTENTION_SPAN_S`) and is cached per host (hostname, CPU
-model, cores, torch version) in ``$LCAB_CACHE_DIR`` or ``~/.cache/lcab/``. ``python -m lcab.plan.host_probe`` prints the figures.
+model, cores, torch version) in ``$LCAB_CACHE_DIR`` or ``~/.cache/lcab/``; ``python -m
+lcab.plan.host_probe`` prints the figures.
 """
 
 from __future__ import annotations
