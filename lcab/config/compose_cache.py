@@ -33,10 +33,16 @@ from typing import Any
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from hydra.core.utils import JobRuntime
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 _MEMO: dict[tuple[Any, ...], DictConfig] = {}
 """Pristine compositions by key; never handed out (copies are)."""
+
+_RUNTIME_NAMED: set[tuple[Any, ...]] = set()
+"""Keys whose ``hydra.job.name`` came from the process's job name (Hydra's ``JobRuntime``), not
+from the config: the pre-flight composes under its own job name, Hydra's app under the task's
+(``main``: its log is ``main.log``), so a copy takes the name current when it is handed out."""
 
 _COUNTS = {"composed": 0, "reused": 0}
 """How many calls composed and how many were answered from `_MEMO` (tests read it)."""
@@ -57,10 +63,16 @@ def entries(exclude: set[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...]
     return {key: cfg for key, cfg in _MEMO.items() if key not in (exclude or set())}
 
 
-def adopt(compositions: dict[tuple[Any, ...], DictConfig]) -> None:
+def adopt(compositions: dict[tuple[Any, ...], DictConfig], runtime_named: set[Any]) -> None:
     """Take compositions another copy of this process made (same files, folder and configs)."""
     for key, cfg in compositions.items():
         _MEMO.setdefault(key, cfg)
+    _RUNTIME_NAMED.update(runtime_named & set(compositions))
+
+
+def runtime_named() -> set[tuple[Any, ...]]:
+    """Keys whose job name is the process's (sent with `entries` to another process)."""
+    return set(_RUNTIME_NAMED)
 
 
 def _folder_state(folder: str) -> tuple[int, int]:
@@ -122,8 +134,14 @@ def install() -> None:
                 from_shell=from_shell,
                 validate_sweep_overrides=validate_sweep_overrides,
             )
+            if OmegaConf.select(_MEMO[key], "hydra.job.name") == JobRuntime().get("name"):
+                _RUNTIME_NAMED.add(key)
             _COUNTS["composed"] += 1
-        return copy.deepcopy(_MEMO[key])
+        cfg = copy.deepcopy(_MEMO[key])
+        if key in _RUNTIME_NAMED:
+            with open_dict(cfg.hydra.job):
+                cfg.hydra.job.name = JobRuntime().get("name")
+        return cfg
 
     load_configuration._lcab_memo = True  # type: ignore[attr-defined]
     ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]

@@ -62,8 +62,8 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> li
         if answer is None:
             results.update({i: function(items[i]) for i in share})
             continue
-        values, compositions = answer
-        compose_cache.adopt(compositions)
+        values, compositions, runtime_named = answer
+        compose_cache.adopt(compositions, runtime_named)
         results.update(zip(share, values, strict=True))
     return [results[i] for i in range(len(items))]
 
@@ -81,7 +81,8 @@ def _spawn(function: Callable[[T], R], items: Sequence[T], share: list[int]) -> 
         os.close(read_fd)
         known = compose_cache.keys()
         values = [function(items[i]) for i in share]
-        payload = pickle.dumps((values, compose_cache.entries(exclude=known)))
+        made = compose_cache.entries(exclude=known)
+        payload = pickle.dumps((values, made, compose_cache.runtime_named()))
         with os.fdopen(write_fd, "wb") as pipe:
             pipe.write(payload)
     except BaseException:  # the parent redoes the share and meets the error itself
@@ -89,8 +90,13 @@ def _spawn(function: Callable[[T], R], items: Sequence[T], share: list[int]) -> 
     os._exit(code)
 
 
-def _collect(pid: int, fd: int, deadline: float) -> tuple[list[Any], dict[Any, Any]] | None:
-    """The worker's (values, compositions), or None if it failed or missed ``deadline``."""
+def _collect(
+    pid: int, fd: int, deadline: float
+) -> tuple[list[Any], dict[Any, Any], set[Any]] | None:
+    """The worker's answer, or None if it failed or missed ``deadline``.
+
+    The answer: its values, its compositions and which of them carry the process's job name.
+    """
     chunks: list[bytes] = []
     finished = False
     try:

@@ -130,3 +130,23 @@ def test_a_planner_sweep_composes_each_job_once(tmp_path):
     # Hydra's mode probe, then each job's sweeper check and launch
     assert counts["reused"] == 1 + 2 * jobs, counts
     assert len(list(tmp_path.rglob("plan.jsonl"))) == jobs
+
+
+def test_a_copy_takes_the_job_name_of_the_process_that_asks(loader):
+    """The pre-flight composes under its own job name; Hydra's app runs under the task's, whose
+    log file (``main.log``) is named by it: a reused composition must carry the asker's name."""
+    from hydra.core.utils import JobRuntime
+
+    args = {"config_name": "config", "overrides": ["kernel=naive"], "run_mode": RunMode.RUN}
+    before = JobRuntime().get("name")
+    try:
+        JobRuntime().set("name", "preflight_name")
+        assert loader.load_configuration(**args).hydra.job.name == "preflight_name"
+        JobRuntime().set("name", "main")
+        assert loader.load_configuration(**args).hydra.job.name == "main"
+        named = ["hydra.job.name=chosen", "kernel=naive"]
+        assert loader.load_configuration(**{**args, "overrides": named}).hydra.job.name == "chosen"
+        JobRuntime().set("name", "other")
+        assert loader.load_configuration(**{**args, "overrides": named}).hydra.job.name == "chosen"
+    finally:
+        JobRuntime().set("name", before)
