@@ -249,7 +249,6 @@ def main() -> None:
     if fast_help_applies(argv):  # before torch and Hydra's walk over every config group
         sys.exit(print_help("config", argv))
     from lcab.config import register_configs
-    from lcab.config.fork_map import usable_cores
     from lcab.config.preflight import output_problem, preflight, split_argv
     from lcab.launch import register_launcher
     from lcab.launch.checks import slurm_problems
@@ -258,8 +257,9 @@ def main() -> None:
     register_configs()
     register_launcher()
     _unwind_on_sigterm()
-    multirun = split_argv(argv)[1]  # a sweep's jobs are checked on every core
-    code = preflight(argv, extra=slurm_problems, workers=usable_cores() if multirun else 1)
+    # one process: a forked worker deadlocked once in CI on a sweep of library kernels (flex,
+    # fa4, cuDNN), whose checks may start threads; the planner's pre-flight uses every core
+    code = preflight(argv, extra=slurm_problems)
     if code:
         sys.exit(code)
     if _dry_run(argv):

@@ -20,6 +20,7 @@ import os
 import pickle
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -50,7 +51,9 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> li
     world size), so every share gets some of each.
     """
     workers = min(workers, len(items))
-    if workers <= 1 or not hasattr(os, "fork"):
+    if workers <= 1 or not hasattr(os, "fork") or threading.active_count() > 1:
+        # a fork copies only the calling thread: a lock another thread holds stays held in the
+        # worker for ever, so a process with threads maps here
         return [function(x) for x in items]
     shares = [list(range(w, len(items), workers)) for w in range(workers)]
     children = [_spawn(function, items, share) for share in shares[1:]]

@@ -112,3 +112,20 @@ def test_a_config_typed_by_generated_classes_loads_in_a_fresh_process(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["RangesKernelConfig", "ring", "causal"]
+
+
+def test_a_process_with_other_threads_maps_in_one_process():
+    """A fork copies only the calling thread; a lock another thread holds would stay held in the
+    worker, so with other threads alive nothing is forked."""
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        out = fork_map.fork_map(_square, list(range(6)), 3)
+    finally:
+        stop.set()
+        other.join()
+    assert [value for value, _ in out] == [x * x for x in range(6)]
+    assert {pid for _, pid in out} == {PARENT}
