@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -49,13 +49,22 @@ from lcab.records.schema import RunRecord
 Tensors = dict[str, torch.Tensor]
 
 
-def _pass_callable(
-    pass_: str, prepared: PreparedAttention, native: Tensors
-) -> tuple[Callable[[], object], Callable[[], None] | None]:
-    """(timed fn, untimed before-each hook) for one pass."""
+class PassCall(NamedTuple):
+    """One pass as the timer calls it."""
+
+    fn: Callable[[], object]
+    """The timed call."""
+    before_each: Callable[[], None] | None
+    """Untimed, before each repetition (the backward's gradients set to None)."""
+    leaves: list[torch.Tensor]
+    """The tensors whose gradients ``before_each`` resets (empty for the forward)."""
+
+
+def pass_callable(pass_: str, prepared: PreparedAttention, native: Tensors) -> PassCall:
+    """The timed call of one pass, with its untimed before-each hook."""
     q, k, v, dout = native["q"], native["k"], native["v"], native["dout"]
     if pass_ == "fwd":
-        return (lambda: prepared.run(q, k, v)), None
+        return PassCall(lambda: prepared.run(q, k, v), None, [])
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
 
     def zero() -> None:
@@ -64,12 +73,12 @@ def _pass_callable(
 
     if pass_ == "bwd":
         out, _ = prepared.run(*leaves)
-        return (lambda: out.backward(dout, retain_graph=True)), zero
+        return PassCall(lambda: out.backward(dout, retain_graph=True), zero, leaves)
 
     def fwd_bwd() -> None:
         prepared.run(*leaves)[0].backward(dout)
 
-    return fwd_bwd, zero
+    return PassCall(fwd_bwd, zero, leaves)
 
 
 def _problem(cell: Cell, seqlen: int) -> Problem:
@@ -204,7 +213,7 @@ class _LengthRun:
         """Time one pass on one sample (and trace it); failures end the pass."""
         target, problem = self.target, self.problem
         try:
-            fn, before_each = _pass_callable(pass_, prepared, native)
+            fn, before_each, _ = pass_callable(pass_, prepared, native)
             # lcab's own L2-flush buffer is made before the measured region and left out of it
             flush = None
             if problem.device.type == "cuda" and self.timing.flush_l2:

@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 
 def _topics() -> dict[str, Callable[[], None]]:
-    from lcab.perf import balance, cp, harness, kernels, masks, predict, startup
+    from lcab.perf import balance, cp, gpu_timer, harness, kernels, masks, predict, startup
 
     return {
         "masks": masks.run,
         "harness": harness.run,
+        "gpu-timer": gpu_timer.run,
         "kernels": kernels.run,
         "balance": balance.run,
         "cp": cp.run,

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# A wheelhouse for a GPU machine with no package index, made on a machine that has one.
+#
+#   bash launchers/wheelhouse.sh make DIR [--part-mib N]     # here: download, split into parts
+#   bash launchers/wheelhouse.sh stage PART_DIR [STAGE]      # there: keep one carried part
+#   bash launchers/wheelhouse.sh install [STAGE] [TARGET]    # there: reassemble, install
+#
+# `make` downloads, for the GPU machine's Python and platform (LCAB_WHEEL_PYTHON, default 3.12,
+# manylinux x86-64), each wheel with --no-deps: lcab's runtime requirements that a CUDA image
+# with torch usually lacks (Hydra, OmegaConf, its antlr runtime built here from the sdist, the
+# submitit launcher, plotly) and the GPU extras that ship as wheels (LCAB_WHEEL_EXTRAS, default "fa4";
+# also known: "flashinfer", "vsa", and "cudnn", the frontend, which no lcab kernel calls: the
+# `cudnn` kernel is TransformerEngine's). It packs them into DIR/part-1, part-2, ... of at most
+# N MiB each (default 56: a 64 MiB transfer less the repository), cutting
+# a wheel larger than a part (FA4's nvidia-cutlass-dsl-libs-cu13 is ~88 MiB) into pieces named
+# WHEEL.piece-NN, and writes DIR/manifest.txt (sha256 of every whole wheel).
+#
+# On the GPU machine, `stage` copies one carried part into STAGE (default /tmp/lcab-wheelhouse);
+# what a machine keeps between calls lasts only while it stays warm, so the parts go in
+# back-to-back calls. `install` joins the pieces that are all there, checks every wheel against
+# the manifest and installs those that are whole with pip --no-index --no-deps into TARGET
+# (default /tmp/lcab-site; put it on PYTHONPATH), naming the rest: lcab's own requirements
+# travel in the first part, so the first call can already run lcab on torch's kernels. No wheel
+# here is torch, so nothing replaces the image's.
+set -euo pipefail
+
+# what lcab imports at run time and a CUDA image with torch, numpy, pandas, scipy, rich and
+# matplotlib lacks; versions follow .venv where it exists, else these
+RUNTIME=(hydra-core==1.3.8 omegaconf==2.3.1 hydra-submitit-launcher==1.2.0 submitit==1.5.4)
+ANTLR=antlr4-python3-runtime==4.9.3 # sdist only on PyPI: built into a wheel here
+REPORT=(plotly==7.1.0) # the report's page; 9 MiB, so it travels with the large wheels
+# the GPU extras as pyproject.toml pins them for the CPU tests (the `upstream` extra), with the
+# dependencies their import needs that such an image lacks
+declare -A EXTRAS=(
+  [fa4]="flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5"
+  [cudnn]="nvidia-cudnn-frontend==1.32.0 apache-tvm-ffi==0.1.15.post2"
+  [flashinfer]="flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2"
+  [vsa]="fastvideo-kernel==0.3.4"
+)
+STAGE_DEFAULT=/tmp/lcab-wheelhouse
+TARGET_DEFAULT=/tmp/lcab-site
+
+die() {
+  echo "wheelhouse: $*" >&2
+  exit 2
+}
+
+make_house() {
+  local dir=$1 part_mib=56
+  shift
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --part-mib) part_mib=$2; shift 2 ;;
+      *) die "unknown option '$1' for make (valid: --part-mib N)" ;;
+    esac
+  done
+  local py=${LCAB_WHEEL_PYTHON:-3.12} pip=(python3 -m pip)
+  [ -x .venv/bin/python ] && pip=(.venv/bin/python -m pip)
+  local wheels=$dir/wheels
+  rm -rf "$dir" && mkdir -p "$wheels"
+  local platforms=()
+  for tag in manylinux_2_{17,24,27,28,31,34,35}_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
+    platforms+=(--platform "$tag")
+  done
+  local names=("${RUNTIME[@]}" "${REPORT[@]}")
+  for extra in ${LCAB_WHEEL_EXTRAS-fa4}; do
+    [ -n "${EXTRAS[$extra]+x}" ] || die "unknown extra '$extra' (valid: ${!EXTRAS[*]})"
+    # shellcheck disable=SC2206  # the table's entries are space-separated names
+    names+=(${EXTRAS[$extra]})
+  done
+  mapfile -t names < <(printf '%s\n' "${names[@]}" | sort -u)
+  "${pip[@]}" download -q --no-deps --only-binary=:all: --python-version "$py" \
+    --implementation cp "${platforms[@]}" -d "$wheels" "${names[@]}"
+  "${pip[@]}" wheel -q --no-deps -w "$wheels" "$ANTLR"
+  (cd "$wheels" && sha256sum ./*.whl | sed 's| \./| |') >"$dir/manifest.txt"
+
+  # first fit: whole wheels into parts, a wheel over a part in pieces of a part less 1 MiB
+  local limit=$((part_mib * 1024 * 1024)) used=() n
+  place() {  # place FILE SIZE: into the first part with room, a new one if none has
+    for ((n = 0; n < ${#used[@]}; n++)); do
+      [ $((used[n] + $2)) -le "$limit" ] && break
+    done
+    [ "$n" -lt "${#used[@]}" ] || used+=(0)
+    mkdir -p "$dir/part-$((n + 1))"
+    mv "$1" "$dir/part-$((n + 1))/${1##*/}"
+    used[n]=$((used[n] + $2))
+  }
+  while read -r size name; do
+    if [ "$size" -gt "$limit" ]; then
+      mkdir -p "$dir/pieces"
+      split -b "$((limit - 1048576))" -d -a 2 "$wheels/$name" "$dir/pieces/$name.piece-"
+      for piece in "$dir/pieces/$name".piece-*; do
+        place "$piece" "$(stat -c %s "$piece")"
+      done
+    else
+      place "$wheels/$name" "$size"
+    fi
+  done < <(
+    # lcab's own requirements first (they then travel in the first part), the rest largest first
+    cd "$wheels" && for whl in ./*.whl; do
+      local base=${whl#./} first=1
+      for req in "${RUNTIME[@]}" "$ANTLR"; do
+        [ "${base%%-*}" = "$(echo "${req%%==*}" | tr '-' '_')" ] && first=0
+      done
+      echo "$first $(stat -c %s "$whl") $base"
+    done | sort -k1,1n -k2,2rn | cut -d' ' -f2-
+  )
+  for part in "$dir"/part-*; do cp "$dir/manifest.txt" "$part/"; done
+  rm -rf "$wheels" "$dir/pieces"
+  du -sh "$dir"/part-* | sed 's/^/wheelhouse: /'
+  echo "wheelhouse: carry the parts in back-to-back calls (stage), install in the last"
+}
+
+stage() {
+  local part=${1:?usage: stage PART_DIR [STAGE]} stage_dir=${2:-$STAGE_DEFAULT}
+  [ -d "$part" ] || die "no part folder '$part'"
+  mkdir -p "$stage_dir" && cp -f "$part"/* "$stage_dir"/
+  echo "wheelhouse: staged $(find "$part" -type f | wc -l) files of $part in $stage_dir"
+}
+
+install_house() {
+  local stage_dir=${1:-$STAGE_DEFAULT} target=${2:-$TARGET_DEFAULT}
+  [ -f "$stage_dir/manifest.txt" ] || die "no manifest.txt in '$stage_dir': stage a part first"
+  local ready=() missing=() sum whl
+  while read -r sum whl; do
+    if [ ! -f "$stage_dir/$whl" ] && [ -f "$stage_dir/$whl.piece-00" ]; then
+      cat "$stage_dir/$whl".piece-* >"$stage_dir/$whl.joined"
+      if [ "$(sha256sum <"$stage_dir/$whl.joined" | cut -d' ' -f1)" = "$sum" ]; then
+        mv "$stage_dir/$whl.joined" "$stage_dir/$whl" && rm -f "$stage_dir/$whl".piece-*
+      else
+        rm -f "$stage_dir/$whl.joined"  # a piece still to come: stage its part
+      fi
+    fi
+    if [ -f "$stage_dir/$whl" ] && [ "$(sha256sum <"$stage_dir/$whl" | cut -d' ' -f1)" = "$sum" ]
+    then
+      ready+=("$stage_dir/$whl")
+    else
+      missing+=("$whl")
+    fi
+  done <"$stage_dir/manifest.txt"
+  [ "${#ready[@]}" -gt 0 ] || die "no whole wheel in '$stage_dir' yet"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$target" "${ready[@]}"
+  echo "wheelhouse: installed ${#ready[@]} wheels in $target (export PYTHONPATH=$target)"
+  [ "${#missing[@]}" -eq 0 ] || echo "wheelhouse: not yet staged (or damaged): ${missing[*]}"
+}
+
+cd "$(dirname "$0")/.."
+case ${1:-} in
+  make) shift; [ $# -ge 1 ] || die "usage: make DIR [--part-mib N]"; make_house "$@" ;;
+  stage) shift; stage "$@" ;;
+  install) shift; install_house "$@" ;;
+  *) die "unknown command '${1:-}' (valid: make, stage, install)" ;;
+esac
