@@ -7,15 +7,16 @@ called directly so the log-sum-exp comes back (needed by context parallelism). T
 variants (``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn``; ``sdpa_math`` also on CPU) force one
 backend through ``torch.nn.attention.sdpa_kernel`` and return no LSE.
 
-The unpinned ``sdpa`` kernel on CUDA is pinned too, to the backend PyTorch itself would pick for
-the problem, so every cell names the backend that ran (cuDNN may be PyTorch's first choice on
-H100, ahead of flash). `prepare` asks PyTorch's own selection, ``torch._fused_sdp_choice``
-(priority order, enabled backends, each backend's constraints), on fake tensors of the problem's
-exact shapes, strides and dtype in the native layout (``FakeTensorMode``: no memory, even at 1M
-tokens), once without and once with ``requires_grad`` (a backward can rule backends out); `run`
-pins the choice for the call's grad mode and sets ``backend_used`` (also set at prepare, to the
-forward choice). Should the fake-tensor selection fail, the choice is made on the real tensors
-at the first call instead (``backend_resolved_at`` says which).
+The unpinned ``sdpa`` kernel on CUDA is pinned too, to the backend PyTorch itself picks for
+the call, so every cell names the backend that ran (cuDNN is PyTorch's first choice on an H100,
+ahead of flash). `run` asks PyTorch's own selection, ``torch._fused_sdp_choice`` (priority order,
+enabled backends, each backend's constraints), on the call's real tensors, once per grad mode (a
+backward can rule backends out), pins the answer and sets ``backend_used``. Real tensors, not
+fake ones made at prepare: on an H100 (torch 2.11.0+cu130) the selection on ``FakeTensorMode``
+CUDA tensors answered MATH (the meta kernel's answer) where the real tensors, and the kernels a
+profiler saw, were cuDNN's (`tests.gpu.sdpa_choice`, notebooks/data/gpu_h100_sdpa_choice.jsonl);
+pinning that answer made ``sdpa`` 60x slower than cuDNN, and out of memory at 32K tokens, in the
+first GPU run.
 
 Rows that attend no key: SDPA does not say what they give. Its documented reference takes
 ``torch.softmax`` of an all -inf row (NaN), the math backend's safe softmax gives 0, and the
@@ -96,30 +97,7 @@ class _PreparedSDPA(PreparedAttention):
         self.choices: dict[bool, str] = {}
         """Default kernel: PyTorch's choice without / with a backward (key: requires grad)."""
         self.backend_resolved_at: str | None = None
-        if backend is None and not self.cpu_lse:
-            self.choices = self._choose_at_prepare(problem)
-            self.backend_used = self.choices.get(False)
-            self.backend_resolved_at = "prepare" if self.choices else None
-
-    def _choose_at_prepare(self, problem: Problem) -> dict[bool, str]:
-        """PyTorch's choice for this problem on fake tensors ({} when that fails)."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        def packed(seqlen: int, heads: int, grad: bool) -> torch.Tensor:
-            x = torch.empty(seqlen, heads, problem.head_dim, dtype=problem.dtype, device=dev)
-            return self.to_native(x.requires_grad_(grad))
-
-        dev, choices = problem.device, {}
-        try:
-            with FakeTensorMode() as mode:
-                bias = None if self.bias is None else mode.from_tensor(self.bias)
-                for grad in (False, True):
-                    q = packed(problem.seqlen_q, problem.heads_q, grad)
-                    k, v = (packed(problem.seqlen_k, problem.heads_kv, grad) for _ in "kv")
-                    choices[grad] = self._default_backend(q, k, v, bias)
-        except Exception:  # no fake-tensor route in this torch: choose at the first call
-            return {}
-        return choices
+        """Where the default kernel's backend was chosen ("first call"; None before one)."""
 
     def _default_backend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
@@ -135,7 +113,7 @@ class _PreparedSDPA(PreparedAttention):
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if grad not in self.choices:
             self.choices[grad] = self._default_backend(q, k, v, self.bias)
-            self.backend_resolved_at = self.backend_resolved_at or "first call"
+            self.backend_resolved_at = "first call"
         return self.choices[grad]
 
     def run(

@@ -5,8 +5,8 @@ each problem (``causal`` through ``is_causal``, ``causal_document`` as a dense m
 MHA 64:64; bf16, 128 per head, 8K tokens) and each grad mode:
 
 * ``torch``: ``torch._fused_sdp_choice`` on the real CUDA tensors;
-* ``lcab``: what the unpinned ``sdpa`` kernel chose at prepare (`lcab.kernels.sdpa`: the same
-  selection on fake tensors of the native layout);
+* ``lcab``: what the unpinned ``sdpa`` kernel pins (`lcab.kernels.sdpa`), after one call of
+  each grad mode;
 * ``profiler``: the CUDA kernels that a plain ``F.scaled_dot_product_attention`` of the same
   arguments launches under ``torch.profiler``, named to a backend by their kernel names.
 
@@ -54,7 +54,7 @@ def backend_of(kernels: list[str]) -> str:
     return "MATH"
 
 
-def _traced_kernels(fn: Callable[[], None]) -> list[str]:
+def traced_kernels(fn: Callable[[], None]) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     fn()  # outside the trace: first-call setup
@@ -95,6 +95,7 @@ def check(mask_name: str, heads_q: int, heads_kv: int) -> dict[str, Any]:
         torch_choice = torch.nn.attention.SDPBackend(
             torch._fused_sdp_choice(q, k, v, bias, 0.0, is_causal, scale=scale, enable_gqa=gqa)
         ).name
+        prepared.run(q, k, v)
         lcab_choice = prepared.choices.get(grad)  # type: ignore[attr-defined]
 
         def plain(
@@ -106,7 +107,7 @@ def check(mask_name: str, heads_q: int, heads_kv: int) -> dict[str, Any]:
             if grad:
                 out.backward(torch.ones_like(out))
 
-        kernels = _traced_kernels(plain)
+        kernels = traced_kernels(plain)
         seen = backend_of(kernels)
         key = "bwd" if grad else "fwd"
         row[key] = {

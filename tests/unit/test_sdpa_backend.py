@@ -1,10 +1,10 @@
 """The ``sdpa`` kernel pins the backend PyTorch would choose, and names it (CPU tests of our side).
 
 PyTorch's choice (``torch._fused_sdp_choice``) is monkeypatched: these tests show that lcab asks
-it about the problem's exact shapes, strides, dtype, mask and grad mode, pins the answer with
+it about the call's real tensors (shapes, strides, dtype, mask, grad mode), pins the answer with
 ``sdpa_kernel`` and exposes it as ``backend_used``. They are no evidence of what PyTorch picks on
-a GPU, nor that the fake-tensor route reaches the CUDA selection: the GPU test at the end checks
-that on a machine with CUDA.
+a GPU: the GPU test at the end compares the pinned backend with the kernels a plain call
+launches, as `tests.gpu.sdpa_choice` does on the GPU machine.
 
 Rows that attend no key are tested through the same code path as on CUDA (the ``as_on_cuda``
 fixture, and the pinned ``sdpa_math`` on CPU): no backend is handed a row of only -inf, and with
@@ -88,16 +88,22 @@ def run(prepared, q, k, v):
 
 
 @pytest.mark.parametrize("mask_name", ["causal", "sliding_window"])
-def test_prepare_asks_pytorch_about_the_exact_problem(mask_name, as_on_cuda, monkeypatch):
+def test_the_first_call_asks_pytorch_about_its_real_tensors(
+    mask_name, as_on_cuda, pins, monkeypatch
+):
     asked = choose(monkeypatch, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
     mask = make_mask(mask_name, S) if mask_name == "causal" else make_mask(mask_name, S, window=5)
     prepared = get_kernel("sdpa").prepare(mask, Problem(S, S, HQ, HKV, D))
+    assert prepared.choices == {} and prepared.backend_used is None  # nothing asked at prepare
+    assert prepared.backend_resolved_at is None and asked == []
+    run(prepared, *qkv())
+    run(prepared, *qkv(requires_grad=True))
+    run(prepared, *qkv(requires_grad=True))  # each grad mode asked once
     assert prepared.choices == {False: "CUDNN_ATTENTION", True: "EFFICIENT_ATTENTION"}
-    assert prepared.backend_used == "CUDNN_ATTENTION"
-    assert prepared.backend_resolved_at == "prepare"
+    assert prepared.backend_resolved_at == "first call"
     assert [a["grad"] for a in asked] == [False, True]
     for call in asked:
-        assert call["fake"]  # no memory spent on the probe tensors
+        assert not call["fake"]  # the real tensors: a fake CUDA tensor's answer is the meta one
         assert call["shapes"] == [(1, HQ, S, D), (1, HKV, S, D), (1, HKV, S, D)]
         assert call["q_stride"][1:] == (D, HQ * D, 1)  # the native view of packed q
         assert call["dtype"] == torch.float32 and call["dropout_p"] == 0.0
@@ -125,29 +131,6 @@ def test_run_pins_the_choice_of_its_grad_mode(as_on_cuda, pins, monkeypatch):
     assert pins[-1] == SDPBackend.CUDNN_ATTENTION
 
 
-def test_without_the_fake_route_the_first_call_chooses_on_real_tensors(
-    as_on_cuda, pins, monkeypatch
-):
-    asked = choose(monkeypatch, SDPBackend.FLASH_ATTENTION, SDPBackend.FLASH_ATTENTION)
-    real_only = torch._fused_sdp_choice
-
-    def no_fake(q, *args, **kwargs):
-        if isinstance(q, FakeTensor):
-            raise RuntimeError("no fake-tensor route in this torch")
-        return real_only(q, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "_fused_sdp_choice", no_fake)
-    prepared = get_kernel("sdpa").prepare(make_mask("causal", S), Problem(S, S, HQ, HKV, D))
-    assert prepared.choices == {} and prepared.backend_used is None
-    assert prepared.backend_resolved_at is None
-    run(prepared, *qkv())
-    run(prepared, *qkv())
-    assert pins == [SDPBackend.FLASH_ATTENTION] * 2
-    assert prepared.backend_used == "FLASH_ATTENTION"
-    assert prepared.backend_resolved_at == "first call"
-    assert len(asked) == 1 and not asked[0]["fake"]  # chosen once, on the real tensors
-
-
 def test_pinned_variants_and_the_cpu_path_do_not_ask(pins, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("only the unpinned CUDA kernel asks PyTorch")
@@ -167,20 +150,30 @@ def test_pinned_variants_and_the_cpu_path_do_not_ask(pins, monkeypatch):
 @run_if(cuda=True)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mask_name", ["causal", "sliding_window"])
-def test_gpu_prepare_choice_equals_pytorchs_choice_on_real_tensors(mask_name, dtype):
-    """On a GPU: the fake-tensor choice is the one PyTorch makes for the real tensors."""
+def test_gpu_choice_is_the_backend_a_plain_sdpa_call_launches(mask_name, dtype):
+    """On a GPU: the backend lcab pins is the one whose kernels a plain F.sdpa call launches."""
+    from tests.gpu.sdpa_choice import backend_of, traced_kernels
+
     cuda = torch.device("cuda")
     problem = Problem(1024, 1024, 8, 2, 128, dtype, cuda)
     window = {} if mask_name == "causal" else {"window": 128}
     prepared = get_kernel("sdpa").prepare(make_mask(mask_name, 1024, **window), problem)
-    assert prepared.backend_resolved_at == "prepare"
     for grad in (False, True):
         q = torch.randn(1024, 8, 128, dtype=dtype, device=cuda, requires_grad=grad)
         k, v = (
             torch.randn(1024, 2, 128, dtype=dtype, device=cuda, requires_grad=grad) for _ in "kv"
         )
         native = [prepared.to_native(t) for t in (q, k, v)]
-        assert prepared.choices[grad] == prepared._default_backend(*native, prepared.bias)
+        prepared.run(*native)
+
+        def plain(native=native, grad=grad) -> None:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *native, attn_mask=prepared.bias, is_causal=prepared.is_causal, enable_gqa=True
+            )
+            if grad:
+                out.backward(torch.ones_like(out))
+
+        assert prepared.choices[grad] == backend_of(traced_kernels(plain))
 
 
 # ----------------------------------------------------------------------------- rows with no key

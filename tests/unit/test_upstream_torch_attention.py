@@ -152,7 +152,7 @@ def test_fused_sdp_choice_on_meta_and_fake_cuda() -> None:
     choice = torch._fused_sdp_choice(meta, meta, meta, None, 0.0, True)
     assert SDPBackend(choice) == SDPBackend.MATH  # the row's note
     if torch.backends.cuda.is_built():
-        pytest.skip("a CUDA build chooses for fake CUDA tensors; the note is about CPU builds")
+        pytest.skip("a CUDA build answers fake CUDA tensors (MATH on an H100); CPU builds raise")
     with FakeTensorMode(), pytest.raises(RuntimeError, match="missing kernel for cuda"):
         q = torch.empty(1, 8, 128, 64, dtype=torch.bfloat16, device="cuda")
         torch._fused_sdp_choice(q, q, q, None, 0.0, True)

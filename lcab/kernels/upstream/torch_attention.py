@@ -230,8 +230,10 @@ FUSED_SDP_CHOICE = UpstreamFunction(
     keyword_only=("scale", "enable_gqa"),
     returns=("backend",),
     source=f"{TORCH}:{NATIVE_FUNCTIONS} (aten::_fused_sdp_choice)",
-    notes="an int, SDPBackend's value; on meta tensors the MATH choice, on CUDA tensors the "
-    "CUDA chooser (a CPU-only build has none: it raises on fake CUDA tensors)",
+    notes="an int, SDPBackend's value; on CUDA tensors the CUDA chooser; on meta tensors the "
+    "MATH choice, and on fake CUDA tensors too (a CUDA build: MATH on an H100, torch "
+    "2.11.0+cu130, where the real tensors chose cuDNN; a CPU-only build raises), so lcab asks "
+    "on the call's real tensors",
 )
 SDPA_FLASH_CPU = UpstreamFunction(
     module="torch.ops.aten",
