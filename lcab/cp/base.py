@@ -47,9 +47,11 @@ def step_mask(
     return sub
 
 
-BLOCK_CLOSED_LOWERINGS = frozenset({"dense", "ranges", "flex", "block_table", "ffa"})
+BLOCK_CLOSED_LOWERINGS = frozenset({"dense", "ranges", "flex", "ffa"})
 """Lowerings that take every rectangle of a one-head mask they take whole (slices stay slices,
-BlockMasks and dense masks are per element)."""
+BlockMasks and dense masks are per element). Not block tables: a kernel that computes whole
+tiles takes a mask only when its touched tiles are full, and a block's offset can cut them (on
+an H100 a Flex whole-tile kernel ran every strategy's causal blocks and got them wrong)."""
 
 
 @dataclass
@@ -132,20 +134,8 @@ class Strategy(ABC):
         if reasons:
             return reasons
         ulysses = self.ulysses_degree(world)
-        local = Problem(
-            max(problem.seqlen_q // world, 1) * ulysses,
-            max(problem.seqlen_k // world, 1) * ulysses,
-            problem.heads_q // ulysses,
-            max(problem.heads_kv // ulysses, 1),
-            problem.head_dim,
-            problem.dtype,
-            problem.device,
-        )
-        kernel_why = [
-            r
-            for r in kernel.not_supported_reasons(local, None, pass_)
-            if not r.startswith("no GQA")  # replication may turn GQA into MHA locally
-        ]
+        local = self._local_problem(problem, world, ulysses)
+        kernel_why = kernel.not_supported_reasons(local, None, pass_)
         reasons += [f"kernel {kernel.name}: {r}" for r in kernel_why]
         reasons += self.kernel_reasons(kernel, problem, pass_)
         if mask is not None and mask.num_heads > 1 and not kernel.caps.per_head_masks:
@@ -154,6 +144,27 @@ class Strategy(ABC):
         if mask is not None and (mask.num_heads == 1 or kernel.caps.per_head_masks):
             reasons += self.block_reasons(kernel, mask, problem, world)
         return reasons
+
+    @staticmethod
+    def _local_problem(
+        problem: Problem, world: int, ulysses: int, seqlens: tuple[int, int] | None = None
+    ) -> Problem:
+        """The problem one rank's kernel call sees (tokens: its share, or ``seqlens``).
+
+        Its heads are those the Ulysses split leaves it, K/V heads replicated as `head_split`
+        does: GQA stays GQA unless the replication makes it MHA (on an H100, kernels without
+        GQA were handed GQA while this assumed otherwise).
+        """
+        split, _ = head_split(problem.heads_q, problem.heads_kv, ulysses)
+        heads_q = split.local_q if split else problem.heads_q // ulysses
+        heads_kv = split.local_kv if split else max(problem.heads_kv // ulysses, 1)
+        rows, keys = seqlens or (
+            max(problem.seqlen_q // world, 1) * ulysses,
+            max(problem.seqlen_k // world, 1) * ulysses,
+        )
+        return Problem(
+            rows, keys, heads_q, heads_kv, problem.head_dim, problem.dtype, problem.device
+        )
 
     def blocks(self, plan: Plan) -> list[tuple[IntArray, IntArray]]:
         """(query rows, keys) of every kernel call the plan makes, over all ranks.
@@ -173,8 +184,11 @@ class Strategy(ABC):
         is checked once on the whole mask; a varlen kernel on every block (the first refusal
         is reported, with the block).
         """
-        if kernel.caps.lowering in BLOCK_CLOSED_LOWERINGS:
-            return [f"kernel {kernel.name}: {r}" for r in kernel.mask_reasons(mask)]
+        if kernel.caps.lowering in BLOCK_CLOSED_LOWERINGS and kernel.rectangle_closed:
+            whole = self._local_problem(
+                problem, world, self.ulysses_degree(world), (mask.seqlen_q, mask.seqlen_k)
+            )
+            return [f"kernel {kernel.name}: {r}" for r in kernel.mask_refusals(whole, mask)]
         last = self._last_blocks
         if (
             last is not None
@@ -199,7 +213,8 @@ class Strategy(ABC):
         plan = self.plan(mask, problem, world)
         for rows, keys in self.blocks(plan):
             block = remap(mask, rows, keys)
-            why = kernel.mask_reasons(block) if block.num_slices else []
+            local = self._local_problem(problem, world, plan.ulysses, (len(rows), len(keys)))
+            why = kernel.mask_refusals(local, block) if block.num_slices else []
             if why:
                 return [
                     f"kernel {kernel.name} cannot take a {len(rows)}x{len(keys)} block of the "

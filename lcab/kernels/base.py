@@ -198,6 +198,12 @@ class Kernel(ABC):
     summary: ClassVar[str] = ""
     options_cls: ClassVar[type | None] = None
     """Dataclass of the kernel's options (its Hydra config fields); None: no options."""
+    rectangle_closed: ClassVar[bool] = True
+    """Whether every rectangle of a mask this kernel takes is one it takes too, as far as its
+    own checks go (context parallelism then checks a whole mask once instead of every block).
+    False where a check beyond the lowering depends on where a block starts or on the block
+    being the whole mask: SDPA's flash backend takes only a whole causal or full mask, a
+    whole-tile kernel only tiles that a block's offset can cut."""
 
     def __init__(self, **options: Any) -> None:
         valid = [f.name for f in dataclasses.fields(self.options_cls)] if self.options_cls else []
@@ -291,6 +297,22 @@ class Kernel(ABC):
         """
         why = lowering_reason(mask, self.caps.lowering)
         return [] if why is None else [f"mask not expressible as {self.caps.lowering}: {why}"]
+
+    def mask_refusals(self, problem: Problem, mask: AttnMask) -> list[str]:
+        """The reasons this kernel gives for ``mask`` beyond those it gives ``problem`` alone.
+
+        What context parallelism asks of every block a rank calls the kernel with: the checks
+        of `mask_reasons` and whatever mask check a kernel adds in `not_supported_reasons`.
+        """
+        if type(self).not_supported_reasons is Kernel.not_supported_reasons:
+            return self.mask_reasons(mask)  # the base adds nothing else for a one-head mask
+        if mask.num_heads > 1:  # asked as the problem its heads belong to (CP selects them)
+            group = problem.heads_q // problem.heads_kv
+            problem = dataclasses.replace(
+                problem, heads_kv=mask.num_heads, heads_q=mask.num_heads * group
+            )
+        alone = set(self.not_supported_reasons(problem, None))
+        return [r for r in self.not_supported_reasons(problem, mask) if r not in alone]
 
     def stats_backward_reasons(self, problem: Problem) -> list[str]:
         """Why there is no backward from merged softmax statistics for ``problem`` (CP rings).

@@ -218,6 +218,8 @@ class SDPAKernel(Kernel):
 class _MaskFreeSDPA(SDPAKernel):
     """A pinned backend that takes no ``attn_mask`` (flash): only ``is_causal`` or nothing."""
 
+    rectangle_closed = False  # a rectangle of a causal mask is no longer is_causal
+
     def not_supported_reasons(
         self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
     ) -> list[str]:

@@ -70,9 +70,9 @@ class _Counting:
     def __getattr__(self, name: str) -> object:
         return getattr(self.kernel, name)
 
-    def mask_reasons(self, mask: AttnMask) -> list[str]:
+    def mask_refusals(self, problem: Problem, mask: AttnMask) -> list[str]:
         self.asked += 1
-        return list(self.kernel.mask_reasons(mask))
+        return list(self.kernel.mask_refusals(problem, mask))
 
 
 def test_block_reasons_checks_the_blocks_of_one_mask_once() -> None:
