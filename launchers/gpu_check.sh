@@ -16,7 +16,7 @@
 # The timing steps run after the numerics, with the GPU to themselves.
 #
 # LCAB_PYTHON=python3 uses an interpreter that already has lcab's requirements (a machine with
-# no package index: `bash launchers/wheelhouse.sh install` first) instead of setting up .venv;
+# no package index: `eval "$(bash launchers/wheelhouse.sh install)"` first) instead of .venv;
 # LCAB_GPU_EXTRAS="" installs no extras; LCAB_GPU_WORKERS=N runs the tier on N pytest-xdist
 # workers sharing the GPU (default 1: cases are small, but Flex compiles each mask);
 # LCAB_GPU_CP_BUDGET_S caps the CP step (default 420 s; it starts no cell after that) and

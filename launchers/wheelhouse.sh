@@ -2,8 +2,9 @@
 # A wheelhouse for a GPU machine with no package index, made on a machine that has one.
 #
 #   bash launchers/wheelhouse.sh make DIR [--part-mib N]     # here: download, split into parts
+#   bash launchers/wheelhouse.sh pack WHEELS DIR PART_MIB    # (make's second half, on any wheels)
 #   bash launchers/wheelhouse.sh stage PART_DIR [STAGE]      # there: keep one carried part
-#   bash launchers/wheelhouse.sh install [STAGE] [TARGET]    # there: reassemble, install
+#   eval "$(bash launchers/wheelhouse.sh install [STAGE] [TARGET])"   # there: join, install
 #
 # `make` downloads, for the GPU machine's Python and platform (LCAB_WHEEL_PYTHON, default 3.12,
 # manylinux x86-64), each wheel with --no-deps: lcab's runtime requirements that a CUDA image
@@ -19,7 +20,9 @@
 # what a machine keeps between calls lasts only while it stays warm, so the parts go in
 # back-to-back calls. `install` joins the pieces that are all there, checks every wheel against
 # the manifest and installs those that are whole with pip --no-index --no-deps into TARGET
-# (default /tmp/lcab-site; put it on PYTHONPATH), naming the rest: lcab's own requirements
+# (default /tmp/lcab-site), naming the rest, and prints the `export PYTHONPATH=...` that makes
+# them importable (TARGET and what its .pth files add, which a PYTHONPATH entry alone does not
+# run: FA4's CuTe DSL is found only so); lcab's own requirements
 # travel in the first part, so the first call can already run lcab on torch's kernels. No wheel
 # here is torch, so nothing replaces the image's.
 set -euo pipefail
@@ -72,6 +75,11 @@ make_house() {
   "${pip[@]}" download -q --no-deps --only-binary=:all: --python-version "$py" \
     --implementation cp "${platforms[@]}" -d "$wheels" "${names[@]}"
   "${pip[@]}" wheel -q --no-deps -w "$wheels" "$ANTLR"
+  pack "$wheels" "$dir" "$part_mib"
+}
+
+pack() {  # pack WHEELS DIR PART_MIB: the wheels of WHEELS into DIR/part-N (WHEELS is emptied)
+  local wheels=$1 dir=$2 part_mib=$3
   (cd "$wheels" && sha256sum ./*.whl | sed 's| \./| |') >"$dir/manifest.txt"
 
   # first fit: whole wheels into parts, a wheel over a part in pieces of a part less 1 MiB
@@ -140,15 +148,25 @@ install_house() {
   done <"$stage_dir/manifest.txt"
   [ "${#ready[@]}" -gt 0 ] || die "no whole wheel in '$stage_dir' yet"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$target" "${ready[@]}"
-  echo "wheelhouse: installed ${#ready[@]} wheels in $target (export PYTHONPATH=$target)"
-  [ "${#missing[@]}" -eq 0 ] || echo "wheelhouse: not yet staged (or damaged): ${missing[*]}"
+    --target "$target" "${ready[@]}" >&2
+  echo "wheelhouse: installed ${#ready[@]} wheels in $target" >&2
+  [ "${#missing[@]}" -eq 0 ] || echo "wheelhouse: not yet staged (or damaged): ${missing[*]}" >&2
+  # a --target folder is no site folder: its .pth files (the CuTe DSL's puts its `cutlass`
+  # package on sys.path) run only through site.addsitedir, so the path they add is printed too
+  local path
+  path=$(python3 -c 'import site, sys
+before = list(sys.path)
+site.addsitedir(sys.argv[1])
+print(":".join([sys.argv[1]] + [p for p in sys.path if p not in before and p != sys.argv[1]]))
+' "$target")
+  echo "export PYTHONPATH=$path${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 cd "$(dirname "$0")/.."
 case ${1:-} in
   make) shift; [ $# -ge 1 ] || die "usage: make DIR [--part-mib N]"; make_house "$@" ;;
+  pack) shift; [ $# -eq 3 ] || die "usage: pack WHEELS DIR PART_MIB"; mkdir -p "$2"; pack "$@" ;;
   stage) shift; stage "$@" ;;
   install) shift; install_house "$@" ;;
-  *) die "unknown command '${1:-}' (valid: make, stage, install)" ;;
+  *) die "unknown command '${1:-}' (valid: make, pack, stage, install)" ;;
 esac

@@ -7,7 +7,9 @@ each, CUDA events around each call, the median) and once with Triton's ``do_benc
 warm-up, its own L2 flush, CUDA events, ``return_mode="median"``), and prints lcab / do_bench.
 Target: within 3 % (the harness adds nothing a GPU timer would not see). The backward is timed
 as the bench times it: ``out.backward(dout, retain_graph=True)`` with the gradients set to None
-before each repetition (do_bench's ``grad_to_none``), outside both timers.
+before each repetition (do_bench's ``grad_to_none``), outside both timers. do_bench gets the
+protocol's counts (its budgets in multiples of lcab's median), and each cell is measured in two
+rounds of opposite order (lcab, do_bench; do_bench, lcab), the figures being their means.
 
 Cells: `KERNELS` (those not installed are printed with the reason) × ``causal``,
 ``causal_document`` × 8K, 32K tokens, the paper's dense problem (bf16, 64:8 heads × 128).
@@ -59,27 +61,42 @@ class Row:
     ratio: float | None = None
     reference: str = ""
     note: str = ""
+    rounds_ms: list[tuple[float, float]] | None = None
+    """(lcab, reference) of each round; the first measures lcab first, the second the reference."""
 
 
 Hook = Callable[[], None] | None
-Clock = Callable[[Callable[[], object], Hook, list[torch.Tensor]], float]
+Clock = Callable[[Callable[[], object], Hook, list[torch.Tensor], float], float]
 
 
 def _reference_clock(device: torch.device) -> tuple[str, Clock]:
-    """(name, timer(fn, before_each, leaves) -> median ms) of the clock lcab is held to."""
+    """(name, timer(fn, before_each, leaves, call_ms) -> median ms) of the clock lcab is held to.
+
+    do_bench's budgets are given in calls of ``call_ms`` (lcab's median), so it takes the
+    protocol's 5 warm-up calls and 20 repetitions too: left to its defaults (25 / 100 ms) it
+    took 1 warm-up call and 3 repetitions of a 30 ms pass in the first H100 run.
+    """
     if device.type == "cuda":
         from triton.testing import do_bench
 
         def triton_median(
-            fn: Callable[[], object], before_each: Hook, leaves: list[torch.Tensor]
+            fn: Callable[[], object], before_each: Hook, leaves: list[torch.Tensor], call_ms: float
         ) -> float:
-            return float(do_bench(fn, grad_to_none=leaves or None, return_mode="median"))
+            return float(
+                do_bench(
+                    fn,
+                    warmup=max(PROTOCOL.warmup * call_ms, 1.0),
+                    rep=max(PROTOCOL.reps * call_ms, 1.0),
+                    grad_to_none=leaves or None,
+                    return_mode="median",
+                )
+            )
 
         return "triton.testing.do_bench", triton_median
     from torch.utils import benchmark
 
     def torch_timer_ms(
-        fn: Callable[[], object], before_each: Hook, leaves: list[torch.Tensor]
+        fn: Callable[[], object], before_each: Hook, leaves: list[torch.Tensor], call_ms: float
     ) -> float:
         def call() -> None:  # the hook inside the timed call: this clock has no untimed slot
             if before_each is not None:
@@ -90,6 +107,12 @@ def _reference_clock(device: torch.device) -> tuple[str, Clock]:
         return float(timer.blocked_autorange().median) * 1e3
 
     return "torch.utils.benchmark.Timer", torch_timer_ms
+
+
+def _lcab_p50(fn: Callable[[], object], before_each: Hook, device: torch.device) -> float:
+    """The median lcab records for ``fn`` under the protocol, measured as the runner does."""
+    flush = l2_flush_buffer(device) if device.type == "cuda" else None
+    return measure(fn, PROTOCOL, device=device, before_each=before_each, flush_buffer=flush).p50
 
 
 def time_cell(
@@ -121,13 +144,14 @@ def time_cell(
             continue
         try:
             fn, before_each, leaves = pass_callable(row.pass_, prepared, native)
-            flush = l2_flush_buffer(device) if device.type == "cuda" else None
-            timing = measure(
-                fn, PROTOCOL, device=device, before_each=before_each, flush_buffer=flush
-            )
-            del flush
-            row.lcab_ms = timing.p50
-            row.reference_ms = reference(fn, before_each, leaves)
+            # two rounds in opposite orders: a clock or power state that drifts over a cell
+            # then weighs on both timers alike
+            first = _lcab_p50(fn, before_each, device)
+            second = reference(fn, before_each, leaves, first)
+            third = reference(fn, before_each, leaves, first)
+            row.rounds_ms = [(first, second), (_lcab_p50(fn, before_each, device), third)]
+            row.lcab_ms = statistics.fmean(r[0] for r in row.rounds_ms)
+            row.reference_ms = statistics.fmean(r[1] for r in row.rounds_ms)
             row.ratio = row.lcab_ms / row.reference_ms
             row.reference = clock_name
         except Exception as err:

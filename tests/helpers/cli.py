@@ -17,8 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """This process's environment for a CLI run, plus ``extra``."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+    """This process's environment for a CLI run, plus ``extra``.
+
+    The checkout goes first on ``PYTHONPATH``, ahead of what the caller had there (a GPU machine
+    with no package index has lcab's requirements on it: dropping it lost Hydra on an H100).
+    """
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
 
 
 def wandb_env(tmp_path: Path, **extra: str) -> dict[str, str]:
