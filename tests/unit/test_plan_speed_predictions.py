@@ -1,7 +1,8 @@
 """The planner's predictions are pinned: a faster planner must predict exactly what it did.
 
 The expected values in ``data/plan_speed_predictions.json`` were produced by the planner as it
-was before it was made fast (commit e72b1d7, the slow but plain implementation), with this
+was before it was made fast (commit e72b1d7, the slow but plain implementation) on today's H100
+profile (its copy rates and empty-block cost as an H100 measured them, 2026-11-27), with this
 module run as a script (the command is stored in the fixture). The test recomputes every cell
 with today's code through the same path the dry run takes (compose the job, resolve its cell,
 `expect_configured_job`) and compares what the dry run prints per length, to the character, and
@@ -140,7 +141,8 @@ def main() -> None:
     out = {
         "commit": commit,
         "command": (
-            "git worktree add /tmp/base e72b1d7 && cd /tmp/base && PYTHONPATH=/tmp/base "
+            "git worktree add /tmp/base e72b1d7 && cp conf/hardware/h100_nvlink_ib.yaml "
+            "/tmp/base/conf/hardware/ && cd /tmp/base && PYTHONPATH=/tmp/base "
             "python <this module> --write <fixture>"
         ),
         "jobs": {" ".join(job): figures(job) for job in jobs()},
