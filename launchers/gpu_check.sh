@@ -103,6 +103,7 @@ if has numerics; then
   LCAB_GPU_VERIFICATION="$out/tier.jsonl" bounded "$(limit numerics 900)" "$python" -m pytest \
     -m gpu -rA -n "${LCAB_GPU_WORKERS:-1}" --timeout 600 -p no:cacheprovider -p no:benchmark \
     --junitxml="$out/junit.xml" tests/gpu tests/unit/test_timing.py tests/unit/test_memory.py \
+    tests/unit/test_sdpa_backend.py \
     >"$out/pytest.log" 2>&1 &
   tier=$!
   shards=${LCAB_GPU_CP_SHARDS:-3}

@@ -147,6 +147,7 @@ def test_pinned_variants_and_the_cpu_path_do_not_ask(pins, monkeypatch):
     assert pins == [SDPBackend.MATH]  # called directly, not through sdpa_kernel
 
 
+@pytest.mark.gpu
 @run_if(cuda=True)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mask_name", ["causal", "sliding_window"])
