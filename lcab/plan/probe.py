@@ -3,8 +3,8 @@
 The planner costs what the published baselines do around each FA3 call (`harness.LONGCA`) as
 memory passes; reads through an index (unpad) at ``gather_efficiency`` of the profile's
 bandwidth and writes through one (pad) at ``scatter_efficiency``, which this command measured
-(lcab/plan/README.md: on an H200 the gathers reached 0.57 of its datasheet rate, the
-scatters 0.27, so the published Ring P2P's per-step gap was mostly them).
+(lcab/plan/README.md: on an H100 the gathers reached 0.60 of its datasheet rate, the scatters
+0.39; an H200 had given 0.57 and 0.27 of its own, at the same absolute scatter rate).
 It needs neither FlashAttention nor a second rank: it runs the PyTorch operations the baselines
 run around a ring step's forward call — ``fa_varlen_thd_unpad`` (a gather with an expanded
 index), ``fa_varlen_thd_pad`` (zeros, then a scatter), the LSE pad and the LSE merge (eagerly;

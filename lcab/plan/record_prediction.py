@@ -14,14 +14,15 @@ throughput (above 1: faster than predicted; time-based, so independent of FLOP c
 per record ``predicted_hardware``, ``prediction_note`` (why there is none) and
 ``prediction_warning``.
 
-**The band, [0.5, 2].** The planner's validation errors: the published H100 table 79 of 80
-cells within ±25 %, the worst +34 % (ratio 0.75); the CPU measurements 120 of 120 within
+**The band, [0.5, 2].** The planner's validation errors: the published H100 table 78 of 80
+cells within ±25 %, the worst +47 % (ratio 0.68); the CPU measurements 120 of 120 within
 ±30 %, the worst 27 %, and single CPU runs of one cell spread 0.77-1.43 around their median
-(``lcab/plan/README.md``). A factor of 2 either way is more than twice the worst validated miss
-in log terms (ln 2 = 0.69 against ln 1.34 = 0.29) and beyond the run-to-run spread, so an
+(``lcab/plan/README.md``). A factor of 2 either way is nearly twice the worst validated miss
+in log terms (ln 2 = 0.69 against ln 1.47 = 0.39) and beyond the run-to-run spread, so an
 honest cell on a matching profile stays inside; what falls outside is not noise: a wrong
-backend (SDPA's MATH path at 10 TFLOP/s where cuDNN ran 635, ratio 0.016), a profile of the
-wrong machine, a host busy with other work, or a planner that misses the cell (worth knowing).
+backend (lcab's former SDPA MATH pin, 10 TFLOP/s where cuDNN ran 635, ratio 0.016), a cell the
+planner does not model (cuDNN through SDPA on a dense document mask computes every tile: 0.06 to
+0.09 on an H100), a profile of the wrong machine, a host busy with other work.
 """
 
 from __future__ import annotations
