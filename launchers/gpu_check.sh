@@ -48,7 +48,7 @@ failed=()
 # Pin the installed torch so that no extra can replace it.
 pin="$out/constraints.txt"
 "$python" -c "import torch; print('torch==' + torch.__version__)" >"$pin"
-for extra in ${LCAB_GPU_EXTRAS-fa4 cudnn flashinfer}; do
+for extra in ${LCAB_GPU_EXTRAS-fa4 flashinfer}; do
   if "$python" -m pip install -q -c "$pin" -e ".[$extra]" >>"$out/install.log" 2>&1; then
     echo "installed: $extra" | tee -a "$out/install.log"
   else
