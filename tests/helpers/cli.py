@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,39 @@ def wandb_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
         **extra,
     }
+
+
+def run_with_stacks(
+    argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` that, when ``timeout`` passes, ends a Python child with SIGABRT so that
+    ``faulthandler`` prints every thread's stack, and fails with that output.
+
+    A CI run once found a dry run that never returned, and it did not come back in dozens of
+    runs here: a hang that comes back says where it waits.
+    """
+    process = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        try:
+            out, err = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        raise AssertionError(
+            f"{' '.join(argv)} did not end within {timeout:.0f} s; its threads' stacks "
+            f"(SIGABRT, faulthandler):\n{err[-12000:]}\nstdout tail:\n{out[-2000:]}"
+        ) from None
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
 def run_lcab(

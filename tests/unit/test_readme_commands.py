@@ -32,6 +32,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from lcab.config import CONF_DIR, register_configs
+from tests.helpers.cli import run_with_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -105,15 +106,8 @@ def _words(command: str, sweep_dir: Path) -> tuple[dict[str, str], list[str]]:
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+    """Run a command to its end; one that hangs fails with its threads' stacks."""
+    return run_with_stacks(argv, cwd=ROOT, env={**os.environ, **(env or {})}, timeout=TIMEOUT_S)
 
 
 def _flags(args: list[str]) -> list[str]:
@@ -332,3 +326,9 @@ def test_a_wrong_command_fails_its_check(command, error, tmp_path):
     # each checker can fail: a misspelled option, key, flag, topic, script, case and extra
     with pytest.raises(error):
         check_command(command, tmp_path)
+
+
+def test_a_command_that_hangs_fails_with_its_stacks(tmp_path) -> None:
+    code = "import time\ndef waits_here():\n    time.sleep(60)\nwaits_here()\n"
+    with pytest.raises(AssertionError, match=r"(?s)did not end within 2 s.*waits_here"):
+        run_with_stacks([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), timeout=2)
