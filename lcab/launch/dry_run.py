@@ -12,8 +12,6 @@ length, and the GPU-hours the protocol's repetitions take at those times.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +22,7 @@ from rich.table import Table
 
 from lcab.cell import Cell, few_tokens_warning, tokens_per_rank
 from lcab.config import resolve_cell
+from lcab.config.fork_map import fork_map, usable_cores
 from lcab.config.preflight import composed_jobs
 from lcab.launch.checks import uses_slurm
 from lcab.launch.shape import JobShape, SlurmSettings, job_shape
@@ -111,18 +110,20 @@ def _expectations(expect: Expect, jobs: list[tuple[DictConfig, Cell]]) -> list[A
     """The planner's expectation of every job, the jobs side by side on the machine's cores.
 
     The planner is CPU-bound and jobs are independent: forked workers (which inherit every
-    module and the jobs) predict one job each at a time. A job whose prediction raised in a
-    worker is predicted again here, so that its error is raised as in a single process; one job,
-    one core, or no fork: all here.
+    module and the jobs) predict their share (`lcab.config.fork_map`: a worker that fails, dies
+    or hangs is killed and its share predicted here). A job whose prediction raised in a worker
+    is predicted again here, so that its error is raised as in a single process. Not a
+    `multiprocessing.Pool`: now and then in CI its exit (terminate, then join a worker) waited
+    for ever (a dry run of the README's CP sweep; the stack came from `tests/helpers/cli.py`),
+    its forked workers stuck in a futex; fork_map bounds every wait and kills what is late.
     """
     global _JOBS
-    workers = min(len(jobs), os.cpu_count() or 1)
-    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    workers = min(len(jobs), usable_cores())
+    if workers < 2:
         return [expect(cfg, cell) for cfg, cell in jobs]
     _JOBS = (expect, jobs)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            done = pool.map(_expect_one, range(len(jobs)), chunksize=1)
+        done = fork_map(_expect_one, list(range(len(jobs))), workers)
     finally:
         _JOBS = None
     return [

@@ -6,6 +6,7 @@ also point every W&B folder (data, cache, config, home) into the test's temp fol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,16 +59,17 @@ def run_with_stacks(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its forked children too can be ended (they hold the pipes)
     )
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGABRT)
-        try:
-            out, err = process.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # what it forked keeps the pipes open
+        out, err = process.communicate()
         raise AssertionError(
             f"{' '.join(argv)} did not end within {timeout:.0f} s; its threads' stacks "
             f"(SIGABRT, faulthandler):\n{err[-12000:]}\nstdout tail:\n{out[-2000:]}"

@@ -23,6 +23,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -328,7 +329,14 @@ def test_a_wrong_command_fails_its_check(command, error, tmp_path):
         check_command(command, tmp_path)
 
 
-def test_a_command_that_hangs_fails_with_its_stacks(tmp_path) -> None:
-    code = "import time\ndef waits_here():\n    time.sleep(60)\nwaits_here()\n"
+def test_a_command_that_hangs_fails_with_its_stacks_and_leaves_nothing(tmp_path) -> None:
+    # a forked child holding the pipes, as the dry run's pool workers did
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n    time.sleep(600)\n"
+        "def waits_here():\n    time.sleep(600)\nwaits_here()\n"
+    )
+    start = time.monotonic()
     with pytest.raises(AssertionError, match=r"(?s)did not end within 2 s.*waits_here"):
         run_with_stacks([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), timeout=2)
+    assert time.monotonic() - start < 60  # not held until the forked child's sleep ends
