@@ -28,7 +28,7 @@
 set -euo pipefail
 
 # what lcab imports at run time and a CUDA image with torch, numpy, pandas, scipy, rich and
-# matplotlib lacks; versions follow .venv where it exists, else these
+# matplotlib lacks; pinned to the versions launchers/setup.sh resolves today (move them with it)
 RUNTIME=(hydra-core==1.3.8 omegaconf==2.3.1 hydra-submitit-launcher==1.2.0 submitit==1.5.4)
 ANTLR=antlr4-python3-runtime==4.9.3 # sdist only on PyPI: built into a wheel here
 REPORT=(plotly==7.1.0) # the report's page; 9 MiB, so it travels with the large wheels

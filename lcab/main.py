@@ -257,8 +257,8 @@ def main() -> None:
     register_configs()
     register_launcher()
     _unwind_on_sigterm()
-    # one process: a forked worker deadlocked once in CI on a sweep of library kernels (flex,
-    # fa4, cuDNN), whose checks may start threads; the planner's pre-flight uses every core
+    # one process (the planner's pre-flight uses every core): the dry-run hangs CI met, which
+    # this was once suspected of, were the dry run's multiprocessing.Pool (now fork_map)
     code = preflight(argv, extra=slurm_problems)
     if code:
         sys.exit(code)
