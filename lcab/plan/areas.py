@@ -26,6 +26,7 @@ from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, row_spans
 from lcab.plan import areas_chunks
 from lcab.plan.areas_chunks import Shards
+from lcab.plan.areas_diagonal import diagonal_work
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ class PairWork:
     longest_cols: np.ndarray | None = None
     """(H_mask, I, J) attended columns of the document that has the most: a varlen backward
     sizes its grid by this longest key sequence (``max_seqlen_k``) for every sequence."""
+    diagonal_rows: np.ndarray | None = None
+    """(H_mask, I, J) rows of shard i with a band edge (a diagonal) in shard j: where a kernel
+    that masks after computing whole pieces does work outside the area
+    (`lcab.plan.areas_diagonal`)."""
+    diagonal_runs: np.ndarray | None = None
+    """(H_mask, I, J) runs of such rows (each cut into pieces of the kernel's height)."""
 
     @cached_property
     def mean_keys(self) -> np.ndarray:
@@ -80,6 +87,8 @@ def pair_work(
     same = col_sets is row_sets and mask.seqlen_q == mask.seqlen_k
     cols = rows if same else Shards.of(col_sets, mask.seqlen_k)
     work = _row_work(mask, row_sets, col_sets, shards=(rows, cols))
+    diagonal = diagonal_work(mask, row_sets, col_sets)
+    work = dataclasses.replace(work, diagonal_rows=diagonal.rows, diagonal_runs=diagonal.runs)
     if with_cols:
         lengths = mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q]
         keys = _row_work(

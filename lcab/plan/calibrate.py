@@ -134,7 +134,14 @@ def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) 
         key_columns=cols,
         key_documents=key_docs,
         key_runs=key_docs,
+        diagonal_rows=_head_mean(work.diagonal_rows),
+        diagonal_runs=_head_mean(work.diagonal_runs),
     )
+
+
+def _head_mean(values: np.ndarray | None) -> float:
+    """The mean over mask heads of a one-pair figure (0 where it was not counted)."""
+    return float(np.mean(values[:, 0, 0])) if values is not None else 0.0
 
 
 def free_parameters(hardware: Hardware, kernels: Iterable[str], links: bool = True) -> list[str]:

@@ -39,9 +39,10 @@ class Call:
     """The half a causal ring step extracts and calls with (q | kv; "" for none)."""
 
 
-Figures = tuple[float, float, float, float, float, float, float, float]
+Figures = tuple[float, float, float, float, float, float, float, float, float, float]
 """A call's pair figures: (area, mean keys, rows, runs, mean queries, cols, key documents,
-longest cols), averaged over the mask heads of its Ulysses member (`figures_of`)."""
+longest cols, diagonal rows, diagonal runs), averaged over the mask heads of its Ulysses member
+(`figures_of`)."""
 
 
 def figures_of(works: PairWork, mask_heads: Sequence[int], local_q: int, i: int, j: int) -> Figures:
@@ -59,6 +60,12 @@ def figures_of(works: PairWork, mask_heads: Sequence[int], local_q: int, i: int,
         _head_mean(works.cols, mask_heads, i, j) if works.cols is not None else 0.0,
         _head_mean(works.col_docs, mask_heads, i, j) if works.col_docs is not None else 0.0,
         _head_mean(works.longest_cols, mask_heads, i, j) if works.longest_cols is not None else 0.0,
+        _head_mean(works.diagonal_rows, mask_heads, i, j)
+        if works.diagonal_rows is not None
+        else 0.0,
+        _head_mean(works.diagonal_runs, mask_heads, i, j)
+        if works.diagonal_runs is not None
+        else 0.0,
     )
 
 
@@ -95,7 +102,7 @@ def work_of(
 ) -> Work:
     """The `Work` of a call with pair ``figures`` (area > 0) and the copies around it."""
     heads = plan.heads
-    area, keys, rows, runs, queries, cols, key_docs, longest = figures
+    area, keys, rows, runs, queries, cols, key_docs, longest, diagonal, diagonal_runs = figures
     sequences = call.documents if call.harness.lists_every_document else key_docs
     if call.harness.kernel_gets_active_tokens and key_docs > 0:
         # packed varlen input: a document's rows in the call are one sequence, one run of
@@ -130,6 +137,8 @@ def work_of(
         key_documents=key_docs,
         key_runs=key_docs,
         longest_keys=longest,
+        diagonal_rows=diagonal,
+        diagonal_runs=diagonal_runs,
     )
 
 
@@ -217,6 +226,8 @@ def _figure_table(works: PairWork, local_q: int) -> list[list[Figures]]:
         plane(works.cols),
         plane(works.col_docs),
         plane(works.longest_cols),
+        plane(works.diagonal_rows),
+        plane(works.diagonal_runs),
     ]
     return [list(zip(*(p[i] for p in planes), strict=True)) for i in range(len(area))]
 

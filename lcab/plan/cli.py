@@ -39,7 +39,7 @@ Same groups as the benchmark; `hardware` picks the profile.
   python -m lcab.plan                       # USP, causal_document, 8x8 H100
   python -m lcab.plan -m topology=2x8,4x8,8x8,12x8 cp=ulysses,ring,ring_allgather,usp,loongtrain
   python -m lcab.plan recommend=true mask=full_document topology=12x8
-  python -m lcab.plan --calibrate RECORDS.jsonl [--hardware cpu_gloo_local] [--out FILE.yaml]
+  python -m lcab.plan --calibrate RECORDS.jsonl [--hardware NAME] [--kernels-only] [--out FILE]
   python -m lcab.plan --check RECORDS.jsonl [--hardware FILE.yaml]
   python -m lcab.plan --published           # against the published H100 figures
   python -m lcab.plan --calibrate x --help  # the flags of the record commands
@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
         help="keep records whose field KEY is one of the values (repeatable)",
     )
     parser.add_argument("--out", help="where --calibrate writes the fitted profile (YAML)")
+    parser.add_argument(
+        "--kernels-only",
+        action="store_true",
+        help="--calibrate fits the kernels' rates only (links and memory stay as they are)",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -157,7 +162,7 @@ def run(argv: list[str]) -> int:
         print(f"lcab plan: {err}", file=sys.stderr)
         return 2
     if args.calibrate:
-        return _calibrate(points, hardware, args.out)
+        return _calibrate(points, hardware, args.out, args.kernels_only)
     return _check(points, hardware)
 
 
@@ -166,10 +171,12 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
-def _calibrate(points: list, hardware: Hardware, out: str | None) -> int:
-    from lcab.plan.calibrate import calibrate
+def _calibrate(points: list, hardware: Hardware, out: str | None, kernels_only: bool) -> int:
+    from lcab.plan.calibrate import calibrate, free_parameters
 
-    fit = calibrate(points, hardware)
+    kernels = {p.cell.kernel for p in points}
+    names = free_parameters(hardware, kernels, links=False) if kernels_only else None
+    fit = calibrate(points, hardware, names)
     console = _console()
     table = Table(title=f"calibrated {hardware.name} on {fit.points} measured passes")
     table.add_column("parameter")

@@ -74,6 +74,12 @@ class KernelRate:
     bwd_empty_block_us: float = 0.0
     """Time a launched backward thread block with no work (a sequence shorter than the grid,
     or empty) holds a multiprocessor, microseconds; 0: not costed."""
+    diagonal_rows: float = 0.0
+    """Query rows per piece of a kernel that computes each piece's whole key segment and masks
+    past a band edge afterwards (lcab's `ranges`: 128, its ``tile``): every run of rows on a
+    diagonal computes about ``diagonal_rows (diagonal_rows - 1) / 2`` masked positions per
+    whole piece (`lcab.plan.areas_diagonal`); 0: not costed (a tiled kernel's diagonal tiles
+    are left in its fitted rates)."""
 
     def saturation_keys(self, bwd: bool) -> float:
         """Keys per row at which the pass reaches half its plateau."""

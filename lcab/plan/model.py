@@ -95,18 +95,36 @@ class CostModel:
         half = rate.saturation_keys(bwd)
         tile = rate.tile_tokens(bwd, work.q_per_kv)
         padded = (tile - 1) / 2 if tile > 0 else 0.0  # rows a run's last tile wastes, on average
+        masked = self.diagonal_share(work)
         if not bwd:
             efficiency = work.mean_keys / (work.mean_keys + half)
             if work.rows > 0:
                 efficiency *= work.rows / (work.rows + work.runs * padded)
-            return efficiency
+            return efficiency * masked
         sweep = work.mean_queries if work.mean_queries > 0 else work.mean_keys
         swept_runs = work.runs / max(work.key_runs, 1.0)  # query runs one key column sweeps
         efficiency = sweep / (sweep + swept_runs * padded + half)
         if rate.bwd_block_cols > 0 and work.key_columns > 0:
             key_padding = work.key_runs * (rate.bwd_block_cols - 1) / 2
             efficiency *= work.key_columns / (work.key_columns + key_padding)
-        return efficiency
+        return efficiency * masked
+
+    def diagonal_share(self, work: Work) -> float:
+        """Attended share of what a kernel that masks whole pieces afterwards computes.
+
+        Each run of rows on a band edge (``diagonal_runs``, ``diagonal_rows`` rows in all) is
+        cut into pieces of ``diagonal_rows`` rows of the rate; a piece of ``n`` rows computes
+        ``n (n - 1) / 2`` masked positions past the edge. Runs are taken at their mean length.
+        """
+        height = self.rate.diagonal_rows
+        if height <= 1 or work.diagonal_runs <= 0 or work.rows <= 0:
+            return 1.0
+        length = work.diagonal_rows / work.diagonal_runs
+        whole = np.floor(length / height)
+        rest = length - whole * height
+        masked = work.diagonal_runs * (whole * height * (height - 1) + rest * (rest - 1)) / 2
+        area = work.rows * work.mean_keys  # per head
+        return float(area / (area + masked))
 
     def empty_blocks_s(self, work: Work) -> float:
         """Seconds a varlen backward spends on launched thread blocks that have no work.

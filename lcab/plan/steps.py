@@ -64,6 +64,11 @@ class Work:
     scatter_bytes: float = 0.0
     """The part of ``memory_bytes`` written through an index (the published code's pad),
     slower still."""
+    diagonal_rows: float = 0.0
+    """Query rows (per head) whose keys a band edge ends inside the call: a kernel that masks
+    whole pieces afterwards computes a staircase past each (`lcab.plan.areas_diagonal`)."""
+    diagonal_runs: float = 0.0
+    """Runs of such rows (each cut into pieces of the kernel's height)."""
 
 
 @dataclass(frozen=True)

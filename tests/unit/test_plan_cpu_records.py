@@ -54,3 +54,32 @@ def test_calibrated_on_a_disjoint_subset_the_planner_predicts_the_rest(points, t
     assert np.median(errors) <= 0.15
     assert (errors <= 0.30).mean() >= 0.9  # README: 30/30 and 39/40 within ±30 %
     assert errors.max() <= 0.40
+
+
+def test_the_shipped_ranges_rates_are_the_kernels_only_fit_of_these_records(tmp_path):
+    """`conf/hardware/cpu_gloo_local.yaml`'s ``ranges`` entry is reproducible from the records
+    with the command its ``sources`` names; the links and memory are not refitted."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    out = tmp_path / "fit.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "lcab.plan", "--calibrate", str(RECORDS),
+         "--hardware", "cpu_gloo_local", "--kernels-only", "--out", str(out)],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    fitted = yaml.safe_load(out.read_text())
+    shipped = load_profile("cpu_gloo_local")
+    rate = shipped.rate("ranges")
+    assert rate.diagonal_rows == 128
+    for name in ("fwd_tflops", "bwd_tflops", "half_keys", "bwd_half_keys"):
+        assert fitted["kernels"]["ranges"][name] == pytest.approx(getattr(rate, name), rel=0.01)
+    assert fitted["kernels"]["ranges"]["call_us"] < 1.0  # fitted to its lower bound, shipped 0
+    assert fitted["intra"]["gbps"] == shipped.intra.gbps
+    assert fitted["memory_gbps"] == shipped.memory_gbps
+    assert fitted["kernels"]["default"] == yaml.safe_load(
+        yaml.safe_dump(shipped.to_dict()["kernels"]["default"])
+    )

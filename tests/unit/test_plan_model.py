@@ -70,10 +70,10 @@ def test_ranks_beyond_the_compute_slots_of_a_node_share_them():
 def test_calibration_recovers_the_parameters_that_generated_the_times():
     truth = load_profile("cpu_gloo_local").with_values(
         {
-            "kernels.default.fwd_tflops": 0.03,
-            "kernels.default.bwd_tflops": 0.012,
-            "kernels.default.half_keys": 64.0,
-            "kernels.default.call_us": 800.0,
+            "kernels.ranges.fwd_tflops": 0.03,
+            "kernels.ranges.bwd_tflops": 0.012,
+            "kernels.ranges.half_keys": 64.0,
+            "kernels.ranges.call_us": 800.0,
             "intra.gbps": 0.9,
             "intra.latency_us": 300.0,
             "memory_gbps": 4.0,
