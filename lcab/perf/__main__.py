@@ -18,6 +18,7 @@ def _topics() -> dict[str, Callable[[], None]]:
         "balance": balance.run,
         "cp": cp.run,
         "predict": predict.run,
+        "predict-more": predict.run_more,
         "startup": startup.run,
     }
 

@@ -40,6 +40,17 @@ CELLS = [
 ]
 """The multirun's axes: 12 cells, 24 passes, none of them in the profile's fit."""
 
+MORE_CELLS = [
+    "cp=ulysses,ring,ring_allgather",
+    "mask=full_document,sliding_window_causal,causal_blockwise",
+    "topology=local2,local4",
+    "seqlen.values=[1024]",
+    "seqlen.per_device=true",
+]
+"""A second unseen set (``python -m lcab.perf predict-more``), chosen after the first was met:
+other masks (documents without a diagonal, a causal window that binds, causal blocks) at 1024
+tokens per rank: 18 cells, 36 passes."""
+
 PROTOCOL = [
     "kernel=ranges",
     "hardware=auto",
@@ -78,6 +89,16 @@ def runs() -> int:
 
 def run() -> None:
     """Probe, run the unseen cells, print predicted vs measured per pass and the share within."""
+    run_cells(CELLS)
+
+
+def run_more() -> None:
+    """The same for the second unseen set (`MORE_CELLS`)."""
+    run_cells(MORE_CELLS)
+
+
+def run_cells(axes: list[str]) -> None:
+    """Probe, run the multirun ``axes``, print predicted vs measured and the share within."""
     probe = subprocess.run(
         [sys.executable, "-m", "lcab.plan.host_probe", "--fresh"],
         capture_output=True,
@@ -96,7 +117,7 @@ def run() -> None:
                     "-m",
                     "lcab.main",
                     "-m",
-                    *CELLS,
+                    *axes,
                     *PROTOCOL,
                     f"hydra.sweep.dir={sweep}",
                 ],
