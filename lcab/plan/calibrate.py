@@ -44,7 +44,7 @@ class Point:
     def predicted_ms(self, hardware: Hardware) -> float:
         """The model's time for this pass on ``hardware``."""
         if self.replay is None:
-            model = CostModel(hardware, self.cell.kernel, 1)
+            model = CostModel(hardware, self.cell.kernel, 1, alone=True)
             return 1e3 * model.compute_s(self.single, self.pass_ == "bwd")
         return predict_pass(self.replay, hardware, self.cell.kernel, self.pass_).time_ms
 
@@ -136,6 +136,7 @@ def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) 
         key_runs=key_docs,
         diagonal_rows=_head_mean(work.diagonal_rows),
         diagonal_runs=_head_mean(work.diagonal_runs),
+        head_dim=head_dim,
     )
 
 

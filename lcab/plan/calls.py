@@ -139,6 +139,7 @@ def work_of(
         longest_keys=longest,
         diagonal_rows=diagonal,
         diagonal_runs=diagonal_runs,
+        head_dim=problem.head_dim,
     )
 
 

@@ -74,6 +74,14 @@ class KernelRate:
     bwd_empty_block_us: float = 0.0
     """Time a launched backward thread block with no work (a sequence shorter than the grid,
     or empty) holds a multiprocessor, microseconds; 0: not costed."""
+    position_flops: float = 0.0
+    """What one attended position costs per query head besides its ``4 x head_dim`` forward
+    products, in FLOPs at the plateau (a CPU kernel's passes over its scores: maximum, exp,
+    sum, mask); the plateaus are then the rate of the products alone, so a call runs faster
+    per FLOP at a larger head dimension. 0: all of it is products (a GPU kernel's figures,
+    fitted at one head dimension)."""
+    bwd_position_flops: float | None = None
+    """The same beside the backward's ``10 x head_dim`` products (None: the forward's)."""
     diagonal_rows: float = 0.0
     """Query rows per piece of a kernel that computes each piece's whole key segment and masks
     past a band edge afterwards (lcab's `ranges`: 128, its ``tile``): every run of rows on a

@@ -165,7 +165,8 @@ def predicted_tflops(figure: Figure, hardware: Hardware, work: Work | None = Non
     not on the rates a fit varies.
     """
     work = work or figure_work(figure, hardware.rate(figure.kernel))
-    seconds = CostModel(hardware, figure.kernel, 1).compute_s(work, figure.pass_ == "bwd")
+    model = CostModel(hardware, figure.kernel, 1, alone=True)
+    seconds = model.compute_s(work, figure.pass_ == "bwd")
     return work.flops / seconds / 1e12
 
 

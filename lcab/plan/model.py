@@ -41,13 +41,25 @@ class PassPrediction:
 
 
 class CostModel:
-    """Costs of work and transfers on ``hardware`` for ``kernel``, with ``ranks_per_node``."""
+    """Costs of work and transfers on ``hardware`` for ``kernel``, with ``ranks_per_node``.
 
-    def __init__(self, hardware: Hardware, kernel: str, ranks_per_node: int) -> None:
+    ``alone``: a single-device cell, one process on the node. On a CPU profile
+    (``compute_slots_per_node`` set) it runs on every core — the runner leaves torch its
+    threads and the tiled engine splits its batches across them (1.83x one thread on 2 cores,
+    2026-11-27) — where a rank of a context-parallel cell runs on one thread
+    (`lcab.bench.worker`) and ranks beyond the cores share them.
+    """
+
+    def __init__(
+        self, hardware: Hardware, kernel: str, ranks_per_node: int, alone: bool = False
+    ) -> None:
         self.hw = hardware
         self.rate: KernelRate = hardware.rate(kernel)
         slots = hardware.compute_slots_per_node
-        self.compute_share = 1.0 if slots is None else min(1.0, slots / ranks_per_node)
+        if slots is None:
+            self.compute_share = 1.0
+        else:
+            self.compute_share = float(slots) if alone else min(1.0, slots / ranks_per_node)
         self.ranks_per_node = ranks_per_node
         self.matmul_tflops = hardware.matmul_tflops or self.rate.fwd_tflops
 
@@ -77,7 +89,8 @@ class CostModel:
         if work.flops <= 0:
             return matmul + traffic + idle
         peak = (self.rate.bwd_tflops if bwd else self.rate.fwd_tflops) * 1e12 * self.compute_share
-        attention = work.flops / (peak * max(self.efficiency(work, bwd), 1e-9))
+        flops = work.flops * self.position_factor(work, bwd)
+        attention = flops / (peak * max(self.efficiency(work, bwd), 1e-9))
         return self.rate.call_us * 1e-6 + attention + matmul + traffic + idle
 
     def efficiency(self, work: Work, bwd: bool) -> float:
@@ -108,6 +121,20 @@ class CostModel:
             key_padding = work.key_runs * (rate.bwd_block_cols - 1) / 2
             efficiency *= work.key_columns / (work.key_columns + key_padding)
         return efficiency * masked
+
+    def position_factor(self, work: Work, bwd: bool) -> float:
+        """A call's products plus its per-position work, over its products (1: products only).
+
+        ``position_flops`` per attended position and query head beside ``4 x head_dim``
+        forward (``10 x head_dim`` backward) products.
+        """
+        rate = self.rate
+        extra = rate.position_flops
+        if bwd and rate.bwd_position_flops is not None:
+            extra = rate.bwd_position_flops
+        if extra <= 0 or work.head_dim <= 0:
+            return 1.0
+        return 1.0 + extra / ((10.0 if bwd else 4.0) * work.head_dim)
 
     def diagonal_share(self, work: Work) -> float:
         """Attended share of what a kernel that masks whole pieces afterwards computes.
@@ -174,8 +201,10 @@ class _Memo(CostModel):
     steps then cost as many calls as are distinct, each to the same figure as before.
     """
 
-    def __init__(self, hardware: Hardware, kernel: str, ranks_per_node: int) -> None:
-        super().__init__(hardware, kernel, ranks_per_node)
+    def __init__(
+        self, hardware: Hardware, kernel: str, ranks_per_node: int, alone: bool = False
+    ) -> None:
+        super().__init__(hardware, kernel, ranks_per_node, alone)
         self._compute: dict[tuple[int, bool], float] = {}
         self._transfer: dict[int, float] = {}
         self._stages: dict[int, tuple[float, float]] = {}
@@ -203,7 +232,7 @@ class _Memo(CostModel):
 def predict_pass(replay: Replay, hardware: Hardware, kernel: str, pass_: str) -> PassPrediction:
     """Predict ``pass_`` ("fwd" or "bwd") of ``replay`` (see module docstring)."""
     world = replay.plan.world
-    model = _Memo(hardware, kernel, min(replay.devices_per_node, world))
+    model = _Memo(hardware, kernel, min(replay.devices_per_node, world), alone=world == 1)
     bwd = pass_ == "bwd"
     ranks = replay.passes[pass_]
     total = compute = imbalance = comm = 0.0

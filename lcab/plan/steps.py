@@ -69,6 +69,9 @@ class Work:
     whole pieces afterwards computes a staircase past each (`lcab.plan.areas_diagonal`)."""
     diagonal_runs: float = 0.0
     """Runs of such rows (each cut into pieces of the kernel's height)."""
+    head_dim: float = 0.0
+    """Head dimension of the call (0: unknown): a kernel whose work per attended position is
+    not all products (a CPU kernel's softmax passes) runs faster per FLOP at a larger one."""
 
 
 @dataclass(frozen=True)

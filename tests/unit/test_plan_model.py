@@ -10,7 +10,7 @@ import torch
 from lcab.cp import STRATEGIES
 from lcab.kernels import Problem
 from lcab.masks import make_mask
-from lcab.plan.calibrate import Point, calibrate, free_parameters
+from lcab.plan.calibrate import Point, calibrate, free_parameters, whole_mask_call
 from lcab.plan.hardware import KernelRate, load_profile
 from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell
@@ -415,3 +415,34 @@ def test_a_link_s_own_efficiency_for_a_kind_overrides_the_profile_s_on_that_link
     assert CostModel(slow, "ranges", 8).transfer_s(p2p) == pytest.approx(4e-3)
     only_inside = Transfer("allgather_kv", "allgather", 4_000_000, 0)
     assert CostModel(slow, "ranges", 8).transfer_s(only_inside) == pytest.approx(4e-3)
+
+
+def test_a_single_device_cpu_cell_runs_on_every_core_and_a_rank_on_one():
+    """`lcab.bench.worker` leaves a single-device cell torch's threads (the node's cores) and
+    gives each rank of a context-parallel cell one; the ranks beyond the cores share them."""
+    profile = load_profile("cpu_gloo_local")
+    assert profile.compute_slots_per_node == 2
+    assert CostModel(profile, "ranges", 1, alone=True).compute_share == 2.0
+    assert CostModel(profile, "ranges", 2).compute_share == 1.0
+    assert CostModel(profile, "ranges", 1).compute_share == 1.0  # a rank alone on its node
+    assert CostModel(profile, "ranges", 4).compute_share == 0.5
+    gpu = load_profile("h100_nvlink_ib")
+    assert CostModel(gpu, "fa3", 1, alone=True).compute_share == 1.0
+
+
+def test_a_cpu_kernel_runs_faster_per_flop_at_a_larger_head_dim():
+    """Per attended position: 4·d products plus ``position_flops`` (175 on the CPU profile's
+    `ranges`, measured 2026-11-27: 50.6 / 69.4 / 89.2 GFLOP/s forward at d 32 / 64 / 128 on
+    one thread), so d 64 costs (256 + 175) / (128 + 175) of d 32's time per position."""
+    model = CostModel(load_profile("cpu_gloo_local"), "ranges", 2)
+    mask = make_mask("full", 2048)
+    d32 = model.compute_s(whole_mask_call(mask, 8, 2, 32), False)
+    d64 = model.compute_s(whole_mask_call(mask, 8, 2, 64), False)
+    assert d64 / d32 == pytest.approx((256 + 175) / (128 + 175), rel=1e-3)
+    bwd32, bwd64 = (
+        model.compute_s(dataclasses.replace(w, flops=w.flops * 2.5), True)
+        for w in (whole_mask_call(mask, 8, 2, 32), whole_mask_call(mask, 8, 2, 64))
+    )
+    assert bwd64 / bwd32 == pytest.approx((640 + 300) / (320 + 300), rel=1e-3)
+    fa3 = CostModel(load_profile("h100_nvlink_ib"), "fa3", 8)
+    assert fa3.position_factor(whole_mask_call(mask, 8, 2, 64), False) == 1.0
