@@ -125,10 +125,10 @@ def diagonal_work(
         if row_table[2] and key_table[2]:
             rows[head], runs[head] = _count(edges, row_table[:2], key_table[:2], shape)
             continue
+        one_keys = [_positions([col_set], mask.seqlen_k)[:2] for col_set in col_sets]
         for a, row_set in enumerate(row_sets):
             one_row = _positions([row_set], mask.seqlen_q)[:2]
-            for b, col_set in enumerate(col_sets):
-                one_key = _positions([col_set], mask.seqlen_k)[:2]
+            for b, one_key in enumerate(one_keys):
                 got = _count(edges, one_row, one_key, (1, 1))
                 rows[head, a, b], runs[head, a, b] = got[0][0, 0], got[1][0, 0]
     return DiagonalWork(rows, runs)

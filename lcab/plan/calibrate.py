@@ -118,20 +118,19 @@ def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) 
     square = mask.seqlen_q == mask.seqlen_k
     work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)], square)
     # documents with attended keys: the key runs of the call (0 when columns are not counted)
-    key_docs = float(np.mean(work.col_docs[:, 0, 0])) if work.col_docs is not None else 0.0
-    cols = float(np.mean(work.cols[:, 0, 0])) if work.cols is not None else 0.0
+    key_docs = _head_mean(work.col_docs)
     return Work(
         flops=4.0 * mask.area() * (heads_q // mask.num_heads) * head_dim,
-        mean_keys=float(np.mean(work.mean_keys[:, 0, 0])),
-        rows=float(np.mean(work.rows[:, 0, 0])),
-        runs=float(np.mean(work.runs[:, 0, 0])),
+        mean_keys=_head_mean(work.mean_keys),
+        rows=_head_mean(work.rows),
+        runs=_head_mean(work.runs),
         q_per_kv=heads_q / max(heads_kv, 1),
-        mean_queries=float(np.mean(work.mean_queries[:, 0, 0])),
+        mean_queries=_head_mean(work.mean_queries),
         q_elements=mask.seqlen_q * heads_q * head_dim,
         kv_elements=mask.seqlen_k * heads_kv * head_dim,
         q_row_elements=heads_q * head_dim,
         kv_row_elements=heads_kv * head_dim,
-        key_columns=cols,
+        key_columns=_head_mean(work.cols),
         key_documents=key_docs,
         key_runs=key_docs,
         diagonal_rows=_head_mean(work.diagonal_rows),
