@@ -168,5 +168,6 @@ case ${1:-} in
   pack) shift; [ $# -eq 3 ] || die "usage: pack WHEELS DIR PART_MIB"; mkdir -p "$2"; pack "$@" ;;
   stage) shift; stage "$@" ;;
   install) shift; install_house "$@" ;;
-  *) die "unknown command '${1:-}' (valid: make, pack, stage, install)" ;;
+  build) shift; exec bash launchers/kernel_build.sh "$@" ;;
+  *) die "unknown command '${1:-}' (valid: make, pack, stage, install, build)" ;;
 esac

@@ -36,8 +36,8 @@ Every call is appended to ``CALLS`` (which function, its keyword arguments, the 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
-import inspect
 import math
 import types
 from typing import Any
@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from lcab.kernels.upstream import flash_attn as table
+from tests.helpers import real_schemas
 from tests.helpers.standin_rows import flash_backward_math, from_row, looks_differentiable
 
 CALLS: list[dict[str, Any]] = []
@@ -286,8 +287,13 @@ def _fa3_call(a: dict[str, Any]) -> Any:
     return (out, lse) if a["return_attn_probs"] else out
 
 
-fa3_flash_attn_func = from_row(table.FA3_FUNC, _fa3_call)
-fa3_flash_attn_varlen_func = from_row(table.FA3_VARLEN_FUNC, _fa3_call)
+# FA3's functions as the built wheel defines them (tests/unit/data/real_schemas/fa3.json, read
+# from the real extension and Python), not as lcab's table reads them
+FA3_FUNC = real_schemas.recorded_row("fa3", "flash_attn_interface:flash_attn_func")
+FA3_VARLEN_FUNC = real_schemas.recorded_row("fa3", "flash_attn_interface:flash_attn_varlen_func")
+FA3_BACKWARD = real_schemas.recorded_row("fa3", "flash_attn_interface:_flash_attn_backward")
+fa3_flash_attn_func = from_row(FA3_FUNC, _fa3_call)
+fa3_flash_attn_varlen_func = from_row(FA3_VARLEN_FUNC, _fa3_call)
 
 
 def _fa3_backward(a: dict[str, Any]) -> torch.Tensor:
@@ -306,44 +312,34 @@ def _fa3_backward_aug_2025(a: dict[str, Any]) -> tuple[torch.Tensor, ...]:
 
 
 def _fa3_backward_op() -> Any:
-    """The newest generation as the library defines it: a ``torch.library.custom_op``
-    ``flash_attn_3::_flash_attn_backward`` mutating dq, dk, dv (hopper
-    ``flash_attn_interface.py`` at 0251105a L258-310, a custom op since c7697bbf), registered
-    for ``device_types="cuda"`` as upstream and given the same function for CPU, as a test does
-    for a library's own op. Its parameters are checked against the table row on creation."""
+    """The newest generation as the built library defines it: a ``torch.library.custom_op``
+    (``flash_attn_3::_flash_attn_backward``, ``device_types="cuda"``) with the recorded schema
+    — its argument types, defaults and mutated arguments — and the recorded parameters, given
+    the same function for CPU, as a test does for a library's own op. Its schema is checked
+    against the record on creation, so the stand-in cannot drift from the real op."""
     from torch._library import custom_ops
 
-    existing = custom_ops.OPDEFS.get(table.FA3_BACKWARD.op)
+    row = FA3_BACKWARD
+    existing = custom_ops.OPDEFS.get(row.op)
     if existing is not None:  # this module imported twice in one process
         return existing
-
-    row = table.FA3_BACKWARD
-
-    @torch.library.custom_op(row.op, mutates_args=row.mutates, device_types="cuda")
-    def _flash_attn_backward(
-        dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        out: torch.Tensor, softmax_lse: torch.Tensor,
-        cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
-        sequed_q: torch.Tensor | None = None, sequed_k: torch.Tensor | None = None,
-        max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-        dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
-        dv: torch.Tensor | None = None, softmax_scale: float | None = None,
-        is_causal: bool = False, window_size_left: int = -1, window_size_right: int = -1,
-        softcap: float = 0.0, deterministic: bool = False, sm_margin: int = 0,
-    ) -> torch.Tensor:  # fmt: skip
-        return _fa3_backward(table.FA3_BACKWARD.bind(**locals()))
-
-    _flash_attn_backward.register_kernel("cpu")(_flash_attn_backward._init_fn)
-    assert tuple(inspect.signature(_flash_attn_backward._init_fn).parameters) == (
-        table.FA3_BACKWARD.params
+    recorded = real_schemas.load("fa3")["operators"][row.op]["schema"]
+    signature = recorded[len(row.op) :]  # "(Tensor dout, ...) -> Tensor"
+    body = from_row(row, _fa3_backward)
+    op = torch.library.custom_op(
+        row.op, body, mutates_args=row.mutates, device_types="cuda", schema=signature
     )
-    return _flash_attn_backward
+    op.register_kernel("cpu")(op._init_fn)
+    assert str(op._opoverload._schema) == recorded, (str(op._opoverload._schema), recorded)
+    return op
 
 
 fa3_flash_attn_backward = _fa3_backward_op()
 fa3_flash_attn_backward_aug_2025 = from_row(table.FA3_BACKWARD_AUG_2025, _fa3_backward_aug_2025)
 """The 2025-08 generation (203b9b3d L105-154): a plain function, as upstream had it."""
-fa3_flash_attn_backward_function = from_row(table.FA3_BACKWARD, _fa3_backward)
+fa3_flash_attn_backward_function = from_row(
+    dataclasses.replace(FA3_BACKWARD, kind="function", op="", mutates=()), _fa3_backward
+)
 """The newest parameters as a plain function (what lcab's adapters took before custom ops)."""
 
 

@@ -1,0 +1,306 @@
+#!/usr/bin/env bash
+# Build a GPU attention library's wheel on this machine (no GPU needed) for lcab's GPU image:
+# Python 3.12, torch 2.11.0+cu130, nvcc 13.0, sm_90a (H100 / H200). What a lent GPU's minutes
+# cannot pay — tens of minutes of nvcc — is paid here, once; the wheel is cached and travels.
+#
+#   bash launchers/wheelhouse.sh build NAME [--src DIR] [--jobs N] [--force]
+#   bash launchers/kernel_build.sh NAME ...        (the same; wheelhouse.sh calls this)
+#   bash launchers/kernel_build.sh toolchain       (only the build venv)
+#   bash launchers/kernel_build.sh list            (the recipes: pins, flags, restrictions)
+#   bash launchers/kernel_build.sh schemas NAME    (record the cached wheel's real operator
+#                                                   schemas into tests/unit/data/real_schemas/)
+#
+# NAME is one of the recipes below (fa3 first). Each builds only what lcab sweeps — bf16, head
+# dims 64 and 128, forward and backward, varlen, local windows, GQA — from the library's own
+# setup script with its own switches; every restriction is printed and recorded.
+#
+# Sources: a repository at the recipe's pinned commit, with its submodules (CUTLASS) at the
+# commits the repository pins. On a machine that reaches GitHub the script clones them into
+# the cache; elsewhere `--src DIR` names a checkout brought in (its commit is read with git and
+# compared with the pin). A recipe with a PyPI sdist (fa2) needs neither.
+#
+# The toolchain is a venv of its own (never .venv): Python 3.12 (LCAB_BUILD_PYTHON, else
+# python3.12 on PATH, else a pyenv 3.12), torch 2.11.0's CUDA wheel with its CUDA libraries (so
+# the built extension can also be imported here, on the CPU, for its real op schemas), and
+# nvcc 13.0 from NVIDIA's PyPI wheels (CUDA_HOME = the venv's nvidia/cu13).
+#
+# Cache (LCAB_CACHE, default ~/.cache/lcab): build/toolchain-*/ (the venv), build/src/ (clones),
+# build/work/NAME-KEY/ (the build folder: a rerun resumes where ninja stopped),
+# wheels/NAME/KEY/ (the wheel and build.json: commits, flags, restrictions, toolchain, and the
+# measured wall time, peak memory of the whole process tree and wheel size). KEY hashes the
+# sources' content, the flags and the toolchain, so a changed input builds anew. `wheelhouse.sh
+# make` packs every cached wheel into the parts it carries (LCAB_WHEEL_BUILT picks names).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo_root=$(pwd)
+
+CACHE=${LCAB_CACHE:-$HOME/.cache/lcab}
+TORCH_PIN=torch==2.11.0
+# nvcc 13.0 as the GPU image has it (release 13.0, V13.0.88), from NVIDIA's PyPI wheels
+NVCC_PINS=(nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88
+  nvidia-cuda-cccl==13.0.85)
+# what the libraries' setup scripts import (setuptools as torch 2.11 pins it, <82), and what
+# the tests that load a built wheel here need of lcab's (tests/unit/test_real_wheels.py)
+BUILD_PINS=(setuptools==81.0.0 wheel==0.45.1 ninja==1.13.2 packaging==26.4 psutil==7.2.2
+  einops==0.8.2 pybind11==3.1.0 numpy==2.3.5 typing_extensions==4.15.0 pytest==9.2.0)
+TOOLCHAIN=$CACHE/build/toolchain-py312-torch2.11.0-cu130
+
+die() {
+  echo "kernel_build: $*" >&2
+  exit 2
+}
+say() { echo "kernel_build: $*" >&2; }
+
+# ---------------------------------------------------------------------------- recipes
+# A recipe sets: REPO (owner/name), PIN (commit), SUBMODULES ("path=commit" each), SETUP_DIR
+# (where its setup script is, relative to the checkout), SETUP (the script), NEEDS (paths the
+# build reads, copied into the build folder), ENV (VAR=value each), RESTRICTIONS (one line
+# each), ABI ("abi3": loads on any Python >= 3.9, or "cp312"), DIST (the wheel's name),
+# SDIST (a PyPI requirement to build from instead of a repository).
+recipe() {
+  REPO="" PIN="" SUBMODULES=() SETUP_DIR="" SETUP=setup.py NEEDS=() ENV=() RESTRICTIONS=()
+  ABI="" DIST="" SDIST=""
+  case $1 in
+    fa3)
+      REPO=Dao-AILab/flash-attention
+      PIN=0251105a2fb19d2957484b7f023cd8c115286ced # 2026-08-15, the hopper/ lcab's rows read
+      SUBMODULES=(csrc/cutlass=7127592069c2fe01b041e174ba4345ef9b279671) # v4.3.0-48
+      SETUP_DIR=hopper NEEDS=(hopper README.md csrc/cutlass/include)
+      ABI=abi3 DIST=flash_attn_3
+      ENV=(FLASH_ATTENTION_FORCE_BUILD=TRUE # offline: its wheel download catches HTTPError only
+        FLASH_ATTENTION_DISABLE_SM80=TRUE FLASH_ATTENTION_DISABLE_FP16=TRUE
+        FLASH_ATTENTION_DISABLE_FP8=TRUE FLASH_ATTENTION_DISABLE_HDIM96=TRUE
+        FLASH_ATTENTION_DISABLE_HDIM192=TRUE FLASH_ATTENTION_DISABLE_HDIM256=TRUE
+        FLASH_ATTENTION_DISABLE_HDIMDIFF64=TRUE FLASH_ATTENTION_DISABLE_HDIMDIFF192=TRUE
+        FLASH_ATTENTION_DISABLE_SPLIT=TRUE FLASH_ATTENTION_DISABLE_PAGEDKV=TRUE
+        FLASH_ATTENTION_DISABLE_APPENDKV=TRUE FLASH_ATTENTION_DISABLE_SOFTCAP=TRUE
+        FLASH_ATTENTION_DISABLE_PACKGQA=TRUE)
+      RESTRICTIONS=("sm_90a only (H100/H200): no sm80 kernels"
+        "bf16 only: fp16 and fp8 off"
+        "head dims 64 and 128 (q and v alike): 96, 192, 256 and the mixed (64,256/512), (192,128) off"
+        "no split-KV (num_splits must be 1), no paged KV, no append-KV, no softcap"
+        "no PackGQA: GQA runs without packing query heads (the heuristic's choice is off; same numbers, possibly slower for decoding shapes lcab does not sweep)"
+        "kept: forward and backward, varlen, causal and local windows, thread-block clusters (FA3's hdim-128 non-causal path)")
+      ;;
+    *) die "unknown kernel '$1' (valid: $(recipes))" ;;
+  esac
+}
+recipes() { echo fa3; }
+
+# ---------------------------------------------------------------------------- toolchain
+find_python312() {
+  local candidate
+  for candidate in "${LCAB_BUILD_PYTHON:-}" "$(command -v python3.12 || true)" \
+    "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    [ -n "$candidate" ] && [ -x "$candidate" ] || continue
+    if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+toolchain() {
+  local py stamp=$TOOLCHAIN/.lcab-toolchain want
+  want=$(printf '%s\n' "$TORCH_PIN" "${NVCC_PINS[@]}" "${BUILD_PINS[@]}" | sha256sum | cut -c1-16)
+  if [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ]; then
+    return 0
+  fi
+  py=$(find_python312) || die "no Python 3.12 found (the GPU image's): set LCAB_BUILD_PYTHON \
+to a CPython 3.12 (tried python3.12 on PATH and ~/.pyenv/versions/3.12*)"
+  say "toolchain: $TOOLCHAIN ($("$py" -V), $TORCH_PIN with its CUDA libraries, nvcc 13.0.88)"
+  rm -rf "$TOOLCHAIN"
+  "$py" -m venv "$TOOLCHAIN"
+  "$TOOLCHAIN/bin/python" -m pip install -q --disable-pip-version-check \
+    "$TORCH_PIN" "${NVCC_PINS[@]}" "${BUILD_PINS[@]}" 2>&1 | grep -v "^WARNING: Location" >&2
+  local cuda
+  cuda=$(cuda_home)
+  # torch's extension builder links -L$CUDA_HOME/lib64 -lcudart: the wheels ship lib/ and only
+  # the versioned libcudart.so.13
+  ln -sfn lib "$cuda/lib64"
+  ln -sfn libcudart.so.13 "$cuda/lib/libcudart.so"
+  "$cuda/bin/nvcc" --version | grep -q 'release 13.0' || die "nvcc in $cuda is not 13.0"
+  echo "$want" >"$stamp"
+}
+
+cuda_home() {
+  "$TOOLCHAIN/bin/python" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))'
+}
+
+# ---------------------------------------------------------------------------- sources
+commit_of() { git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown; }
+
+fetch_source() {  # fetch_source NAME: a checkout at the pin with its submodules, or die
+  local dest=$CACHE/build/src/$1-${PIN:0:12} path commit
+  if [ ! -e "$dest/.lcab-complete" ]; then
+    say "cloning https://github.com/$REPO at ${PIN:0:12} into $dest"
+    rm -rf "$dest"
+    if ! timeout 600 git clone -q --no-checkout "https://github.com/$REPO" "$dest" 2>&1 ||
+      ! git -C "$dest" checkout -q "$PIN"; then
+      rm -rf "$dest"
+      die "could not clone https://github.com/$REPO (no access to GitHub?): bring a checkout \
+of $REPO at $PIN with ${SUBMODULES[*]:-no submodules} and pass --src DIR"
+    fi
+    for entry in "${SUBMODULES[@]}"; do
+      path=${entry%%=*} commit=${entry#*=}
+      git -C "$dest" submodule update --init -q "$path" ||
+        die "could not fetch submodule $path of $REPO: pass --src DIR with it checked out"
+      [ "$(commit_of "$dest/$path")" = "$commit" ] || die "submodule $path is not at $commit"
+    done
+    touch "$dest/.lcab-complete"
+  fi
+  echo "$dest"
+}
+
+check_source() {  # check_source DIR: has what the build reads; commits compared with the pins
+  local dir=$1 path entry commit found
+  for path in "${NEEDS[@]}"; do
+    [ -e "$dir/$path" ] || die "--src $dir has no $path (a checkout of $REPO at $PIN with \
+${SUBMODULES[*]:-no submodules} is expected)"
+  done
+  found=$(commit_of "$dir")
+  [ "$found" = "$PIN" ] || say "warning: $dir is at $found, not the pinned $PIN"
+  for entry in "${SUBMODULES[@]}"; do
+    path=${entry%%=*} commit=${entry#*=}
+    found=$(commit_of "$dir/$path")
+    [ "$found" = "$commit" ] || say "warning: $dir/$path is at $found, not the pinned $commit"
+  done
+}
+
+content_hash() {  # content_hash DIR PATHS...: one hash over every file's path and bytes
+  local dir=$1
+  shift
+  (cd "$dir" && find "$@" -type f ! -path '*/.git/*' -print0 | LC_ALL=C sort -z |
+    xargs -0 sha256sum | sha256sum | cut -c1-16)
+}
+
+# ---------------------------------------------------------------------------- build
+build() {
+  local name=$1 src="" jobs force=0
+  shift
+  jobs=$(nproc)
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --src) [ $# -ge 2 ] || die "--src needs a folder"; src=$2; shift 2 ;;
+      --jobs) [ $# -ge 2 ] || die "--jobs needs a number"; jobs=$2; shift 2 ;;
+      --force) force=1; shift ;;
+      *) die "unknown option '$1' for build (valid: --src DIR, --jobs N, --force)" ;;
+    esac
+  done
+  [[ $jobs =~ ^[1-9][0-9]*$ ]] || die "--jobs '$jobs' is not a positive whole number"
+  recipe "$name"
+  if [ -n "$src" ]; then
+    [ -d "$src" ] || die "--src '$src' is not a folder"
+    src=$(cd "$src" && pwd)
+  else
+    src=$(fetch_source "$name")
+  fi
+  check_source "$src"
+  toolchain
+
+  local cuda key out work report
+  cuda=$(cuda_home)
+  key=$( {
+    content_hash "$src" "${NEEDS[@]}"
+    printf '%s\n' "${ENV[@]}" "$TORCH_PIN" "${NVCC_PINS[@]}" "$ABI"
+  } | sha256sum | cut -c1-16)
+  out=$CACHE/wheels/$name/$key
+  if [ "$force" = 0 ] && compgen -G "$out/*.whl" >/dev/null && [ -f "$out/build.json" ]; then
+    say "cached: $(ls "$out"/*.whl) (--force builds it again)"
+    return 0
+  fi
+  work=$CACHE/build/work/$name-$key
+  mkdir -p "$work" "$out"
+  for path in "${NEEDS[@]}"; do  # a copy without .git: setup scripts' submodule calls do nothing
+    mkdir -p "$work/$(dirname "$path")"
+    cp -a "$src/$path" "$work/$(dirname "$path")/"
+  done
+  find "$work" -name .git -prune -exec rm -rf {} +
+  say "building $name ($REPO@${PIN:0:12}) in $work with $jobs jobs; restrictions:"
+  printf '  - %s\n' "${RESTRICTIONS[@]}" >&2
+
+  report=$out/monitor.json
+  rm -f "$out"/*.whl
+  (
+    cd "$work/$SETUP_DIR"
+    export CUDA_HOME=$cuda PATH=$cuda/bin:$TOOLCHAIN/bin:$PATH MAX_JOBS=$jobs NVCC_THREADS=1
+    export TORCH_CUDA_ARCH_LIST=9.0a
+    for assignment in "${ENV[@]}"; do export "${assignment?}"; done
+    "$TOOLCHAIN/bin/python" "$repo_root/launchers/build_monitor.py" "$report" -- \
+      "$TOOLCHAIN/bin/python" "$SETUP" -q bdist_wheel -d "$out"
+  ) 2>&1 | tee "$out/build.log" | awk '/^\[[0-9]+\/[0-9]+\]/ { out = ""
+      if (match($0, / -o [^ ]+/)) { out = substr($0, RSTART + 4, RLENGTH - 4); sub(/.*\//, "", out) }
+      print "  " $1 " " out; fflush() } / error|^error/ { print; fflush() }' >&2 || true
+  compgen -G "$out/*.whl" >/dev/null || die "no wheel built: see $out/build.log"
+  record "$name" "$src" "$out" "$jobs" "$key"
+}
+
+record() {  # record NAME SRC OUT JOBS KEY: build.json beside the wheel, and one line for people
+  local name=$1 src=$2 out=$3 jobs=$4 key=$5 wheel submodules=()
+  wheel=$(ls "$out"/*.whl)
+  for entry in "${SUBMODULES[@]}"; do submodules+=("${entry%%=*}=$(commit_of "$src/${entry%%=*}")"); done
+  "$TOOLCHAIN/bin/python" - "$out" "$wheel" "$name" "$REPO" "$(commit_of "$src")" "$jobs" "$key" \
+    "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" \
+    "$(cuda_home)" "${#ENV[@]}" "${ENV[@]}" "${#RESTRICTIONS[@]}" "${RESTRICTIONS[@]}" \
+    "${submodules[@]}" <<'PY'
+import datetime, hashlib, json, os, platform, subprocess, sys
+out, wheel, name, repo, commit, jobs, key, cores, cpu, cuda = sys.argv[1:11]
+rest = sys.argv[11:]
+n_env = int(rest[0]); env = rest[1 : 1 + n_env]; rest = rest[1 + n_env :]
+n_res = int(rest[0]); restrictions = rest[1 : 1 + n_res]; submodules = rest[1 + n_res :]
+monitor = json.load(open(os.path.join(out, "monitor.json")))
+import torch
+nvcc = subprocess.run([os.path.join(cuda, "bin", "nvcc"), "--version"], capture_output=True,
+                      text=True).stdout.strip().splitlines()[-2]
+facts = {
+    "kernel": name, "wheel": os.path.basename(wheel), "wheel_bytes": os.path.getsize(wheel),
+    "wheel_sha256": hashlib.sha256(open(wheel, "rb").read()).hexdigest(),
+    "source": repo, "commit": commit, "submodules": dict(s.split("=", 1) for s in submodules),
+    "flags": env, "restrictions": restrictions, "key": key,
+    "toolchain": {"python": platform.python_version(), "torch": torch.__version__,
+                  "torch_cuda": torch.version.cuda, "nvcc": nvcc, "arch": "sm_90a"},
+    "machine": {"cores": int(cores), "cpu": cpu, "jobs": int(jobs)},
+    "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    **monitor,
+}
+json.dump(facts, open(os.path.join(out, "build.json"), "w"), indent=1)
+print(f"kernel_build: {facts['wheel']}: {facts['wheel_bytes'] / 2**20:.1f} MiB, built in "
+      f"{facts['wall_s'] / 60:.1f} min on {cores} cores ({jobs} jobs), peak memory "
+      f"{facts['peak_tree_rss_mib'] / 1024:.1f} GiB (largest process "
+      f"{facts['peak_process_rss_mib'] / 1024:.1f} GiB)", file=sys.stderr)
+PY
+  echo "$wheel"
+}
+
+list_recipes() {
+  local name
+  for name in $(recipes); do
+    recipe "$name"
+    echo "$name: ${SDIST:-$REPO@$PIN} ${SUBMODULES[*]} -> $DIST ($ABI)"
+    echo "  flags: ${ENV[*]}"
+    printf '  - %s\n' "${RESTRICTIONS[@]}"
+  done
+}
+
+schemas() {  # schemas NAME: the real interface of the newest cached wheel, into tests/unit/data
+  local name=${1:?usage: schemas NAME} facts folder wheel
+  recipe "$name"
+  facts=$(ls -t "$CACHE/wheels/$name"/*/build.json 2>/dev/null | head -n 1)
+  [ -n "$facts" ] && [ -x "$TOOLCHAIN/bin/python" ] ||
+    die "no $name wheel cached: bash launchers/wheelhouse.sh build $name first"
+  folder=$(dirname "$facts")
+  wheel=$(ls "$folder"/*.whl)
+  rm -rf "$folder/site" && mkdir -p "$folder/site"
+  (cd "$folder/site" && "$TOOLCHAIN/bin/python" -m zipfile -e "$wheel" .)
+  PYTHONPATH=$repo_root "$TOOLCHAIN/bin/python" -W ignore -m tests.helpers.real_schemas record \
+    "$name" "$folder/site" "$facts" "$repo_root/tests/unit/data/real_schemas/$name.json"
+}
+
+case ${1:-} in
+  toolchain) toolchain; echo "$TOOLCHAIN" ;;
+  list) list_recipes ;;
+  schemas) shift; schemas "$@" ;;
+  ""|-h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) build "$@" ;;
+esac

@@ -1,0 +1,124 @@
+"""The GPU libraries' wheels built here (``launchers/kernel_build.sh``), found and loaded on a CPU.
+
+A built extension links torch's CUDA libraries (FA3's ``_C.abi3.so`` needs ``libtorch_cuda.so``
+and ``libcudart.so.13``), which the CPU torch of ``.venv`` does not ship; the build's toolchain
+venv (torch 2.11.0+cu130 with its CUDA wheels) does, and loads the extension without a GPU. So
+a test in ``.venv`` finds the cached wheel and the toolchain (`cached`), unpacks the wheel once
+(`site_of`) and runs the checks of ``tests/realwheel/`` in the toolchain's Python
+(`run_checks`); those checks then call `load_fa3` there, which imports the library's own Python
+and real operators from the wheel and registers the CPU emulation on them.
+
+When nothing is cached, `missing` is the one line a skipped test prints: the command that
+builds it. CI never builds (its 30 minutes), so there the tests that need a wheel skip.
+Standard library at import time: this module is imported by both interpreters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("LCAB_CACHE", Path.home() / ".cache" / "lcab"))
+TOOLCHAIN = CACHE / "build" / "toolchain-py312-torch2.11.0-cu130"
+"""The build venv of ``launchers/kernel_build.sh`` (its ``TOOLCHAIN``; move them together)."""
+SITE_ENV = "LCAB_REAL_WHEEL_SITE"
+"""Where `run_checks` tells the checks the unpacked wheel is."""
+BUILD_COMMAND = {
+    "fa3": "bash launchers/wheelhouse.sh build fa3 --src DIR  (DIR: a flash-attention checkout "
+    "at the pinned commit with csrc/cutlass; about 6 minutes on 2 cores)",
+}
+
+
+@dataclass(frozen=True)
+class CachedBuild:
+    """One wheel in ``~/.cache/lcab/wheels/NAME/KEY/`` and its ``build.json``."""
+
+    folder: Path
+    facts: dict[str, Any]
+
+    @property
+    def wheel(self) -> Path:
+        return self.folder / self.facts["wheel"]
+
+
+def cached(name: str, commit: str | None = None) -> CachedBuild | None:
+    """The newest cached build of ``name`` (of ``commit`` when given) whose toolchain is here."""
+    if not (TOOLCHAIN / "bin" / "python").exists():
+        return None
+    found = []
+    for facts_file in (CACHE / "wheels" / name).glob("*/build.json"):
+        facts = json.loads(facts_file.read_text())
+        wheel = facts_file.parent / facts["wheel"]
+        if wheel.exists() and (commit is None or facts["commit"] == commit):
+            found.append(CachedBuild(facts_file.parent, facts))
+    return max(found, key=lambda b: b.facts["built"], default=None)
+
+
+def missing(name: str) -> str:
+    """The one line a test that needs the wheel prints when it is not cached."""
+    return f"no {name} wheel cached in {CACHE / 'wheels' / name}: {BUILD_COMMAND[name]}"
+
+
+def site_of(build: CachedBuild) -> Path:
+    """The wheel unpacked (once) into a folder to put on ``sys.path``."""
+    site = build.folder / "site"
+    stamp = site / ".lcab-unpacked"
+    if not stamp.exists() or stamp.read_text() != build.facts["wheel_sha256"]:
+        with zipfile.ZipFile(build.wheel) as wheel:
+            wheel.extractall(site)
+        stamp.write_text(build.facts["wheel_sha256"])
+    return site
+
+
+def run_checks(build: CachedBuild, checks: str, *pytest_args: str) -> subprocess.CompletedProcess:
+    """``pytest CHECKS`` in the toolchain's Python with the wheel's site and the repository.
+
+    ``tests/conftest.py`` imports Hydra, which the toolchain does not have: the checks run
+    without conftest files and with the project's addopts cleared (they need none of them).
+    """
+    env = {**os.environ, SITE_ENV: str(site_of(build)), "PYTHONPATH": str(ROOT)}
+    command = [str(TOOLCHAIN / "bin" / "python"), "-m", "pytest", checks, "-q", "--noconftest"]
+    command += ["-p", "no:cacheprovider", "-o", "addopts=", "-W", "ignore::UserWarning"]
+    return subprocess.run(
+        [*command, *pytest_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+# ----------------------------------------------------------------------------- in the toolchain
+_LOADED: dict[str, Any] = {}
+
+
+def load_fa3() -> Any:
+    """FA3's own ``flash_attn_interface`` from the unpacked wheel, running on the CPU.
+
+    Its extension ``flash_attn_3._C`` registers the real ``flash_attn_3::fwd``/``bwd`` with
+    CUDA kernels only; the emulation (`tests.helpers.emulated_flash_attn_3`) is registered as
+    their CPU kernels, and the library's Python custom ops (``_flash_attn_forward``/
+    ``_backward``, ``device_types="cuda"``) get their own bodies for CPU, as FA2's loader does.
+    Everything else — the autograd functions, padding, reshapes, the ops' schemas — is the
+    library's. Once per process.
+    """
+    if "fa3" in _LOADED:
+        return _LOADED["fa3"]
+    import torch
+
+    from tests.helpers import emulated_flash_attn_3
+
+    sys.path.insert(0, os.environ[SITE_ENV])
+    import flash_attn_interface  # type: ignore[import-not-found]
+
+    library = torch.library.Library("flash_attn_3", "IMPL")  # kept alive below
+    library.impl("fwd", emulated_flash_attn_3.fwd, "CPU")
+    library.impl("bwd", emulated_flash_attn_3.bwd, "CPU")
+    for name in ("_flash_attn_forward", "_flash_attn_backward"):
+        opdef = getattr(flash_attn_interface, name)
+        opdef.register_kernel("cpu")(opdef._init_fn)
+    _LOADED["fa3"], _LOADED["fa3-library"] = flash_attn_interface, library
+    return flash_attn_interface
