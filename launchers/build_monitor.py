@@ -6,7 +6,10 @@
 build fits a machine is the sum over every process alive at once (two nvcc front ends and their
 ``cicc``/``ptxas`` children under ``MAX_JOBS=2``). The tree is sampled every half second from
 ``/proc`` (a peak shorter than that can be missed: the figure is a lower bound, said in the
-report). The command's own output passes through; its exit status is this script's.
+report). Beside the wall time: the CPU time of every process of the tree (``getrusage`` of the
+waited children: a figure other work on the machine changes less than the wall time) and the
+1-minute load average before and after (other work on the machine shows there). The command's
+own output passes through; its exit status is this script's.
 Standard library only: it runs under whichever Python starts the build.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -59,11 +63,12 @@ def tree_sample(root: int) -> tuple[int, int, int]:
 
 
 def main(argv: list[str]) -> int:
+    """Run ``argv[2:]`` under the sampler, write the report to ``argv[0]``; its exit status."""
     if len(argv) < 3 or argv[1] != "--":
         print("usage: build_monitor.py REPORT.json -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     report, command = Path(argv[0]), argv[2:]
-    start = time.monotonic()
+    start, load_before = time.monotonic(), os.getloadavg()[0]
     process = subprocess.Popen(command)
     peak_total = peak_single = peak_processes = 0
     while process.poll() is None:
@@ -72,10 +77,14 @@ def main(argv: list[str]) -> int:
         peak_processes = max(peak_processes, count)
         time.sleep(INTERVAL_S)
     wall = time.monotonic() - start
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     report.write_text(
         json.dumps(
             {
                 "wall_s": round(wall, 1),
+                "cpu_s": round(used.ru_utime + used.ru_stime, 1),
+                "load_before": round(load_before, 2),
+                "load_after": round(os.getloadavg()[0], 2),
                 "peak_tree_rss_mib": round(peak_total / 2**20),
                 "peak_process_rss_mib": round(peak_single / 2**20),
                 "peak_processes": peak_processes,

@@ -48,6 +48,18 @@ failed=()
 # Pin the installed torch so that no extra can replace it.
 pin="$out/constraints.txt"
 "$python" -c "import torch; print('torch==' + torch.__version__)" >"$pin"
+# what a wheelhouse carried here (lcab's requirements, the GPU extras, and the kernels built by
+# launchers/kernel_build.sh: FA3 and the other source builds), staged part by part with
+# `wheelhouse.sh stage`: installed first, with no index
+stage=${LCAB_WHEELHOUSE_STAGE:-/tmp/lcab-wheelhouse}
+if [ -f "$stage/manifest.txt" ]; then
+  if exports=$(bash launchers/wheelhouse.sh install "$stage" 2>>"$out/install.log"); then
+    eval "$exports"
+    echo "installed: the staged wheelhouse ($stage)" | tee -a "$out/install.log"
+  else
+    echo "not installed: the staged wheelhouse ($stage; see install.log)" | tee -a "$out/install.log"
+  fi
+fi
 for extra in ${LCAB_GPU_EXTRAS-fa4 flashinfer}; do
   if "$python" -m pip install -q -c "$pin" -e ".[$extra]" >>"$out/install.log" 2>&1; then
     echo "installed: $extra" | tee -a "$out/install.log"
@@ -74,6 +86,11 @@ for dist in ("triton", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl
         print(dist, metadata.version(dist))
     except metadata.PackageNotFoundError:
         print(dist, "not installed")
+try:  # what a source build switched off (kernel_build.sh writes it into FA3's wheel)
+    from flash_attn_config import CONFIG
+    print("flash_attn_3 build flags", {k: v for k, v in CONFIG["build_flags"].items() if v})
+except ImportError:
+    pass
 EOF
 } >"$out/env.txt" 2>&1
 cat "$out/env.txt"

@@ -42,7 +42,9 @@ NVCC_PINS=(nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.
 # what the libraries' setup scripts import (setuptools as torch 2.11 pins it, <82), and what
 # the tests that load a built wheel here need of lcab's (tests/unit/test_real_wheels.py)
 BUILD_PINS=(setuptools==81.0.0 wheel==0.45.1 ninja==1.13.2 packaging==26.4 psutil==7.2.2
-  einops==0.8.2 pybind11==3.1.0 numpy==2.3.5 typing_extensions==4.15.0 pytest==9.2.0)
+  einops==0.8.2 pybind11==3.1.0 numpy==2.3.5 typing_extensions==4.15.0 pytest==9.2.0
+  versioningit==3.3.0 debugpy==1.8.22) # MagiAttention's setup reads its version with
+# versioningit and imports the package, whose utils import debugpy
 TOOLCHAIN=$CACHE/build/toolchain-py312-torch2.11.0-cu130
 
 die() {
@@ -82,10 +84,43 @@ recipe() {
         "no PackGQA: GQA runs without packing query heads (the heuristic's choice is off; same numbers, possibly slower for decoding shapes lcab does not sweep)"
         "kept: forward and backward, varlen, causal and local windows, thread-block clusters (FA3's hdim-128 non-causal path)")
       ;;
+    flashmask)
+      REPO=PaddlePaddle/flash-attention
+      PIN=9985af538d20bd7a56c7a5f5ea13294d454a011a # 2026-08-17, the torch build lcab's rows read
+      local v3=flashmask/flash_mask/flashmask_attention_v3
+      SUBMODULES=("$v3/cutlass=afa1772203677c5118fcd82537a9c8fefbcc7008") # CUTLASS v3.8.0
+      SETUP_DIR=$v3 SETUP=setup_torch.py NEEDS=("$v3") ABI=abi3 DIST=flashmask
+      ENV=(FLASH_MASK_V3_FORCE_BUILD=TRUE # offline: its wheel download catches HTTPError only
+        FLASH_MASK_V3_OFFLINE_BUILD=1 FLASH_MASK_V3_DISABLE_APPENDKV=TRUE
+        FLASH_MASK_V3_DISABLE_HDIMDIFF192=TRUE)
+      PATCHES=("setup_torch.py|s/^DISABLE_HDIM256 = False.*/DISABLE_HDIM256 = True/|its \
+setup_torch.py sets the head-dim switches in code (L362-378, over the environment's); head dim \
+256 is switched off there")
+      RESTRICTIONS=("sm_90a only; bf16 only; no split-KV, paged KV, softcap or PackGQA (all \
+switched off in setup_torch.py itself, L362-378, whatever the environment says)"
+        "head dims 64 and 128: 256 patched off in setup_torch.py (no switch reaches it)"
+        "no append-KV, no (192,128) head dims"
+        "kept: forward and backward (causal and deterministic variants), varlen, local windows")
+      ;;
+    ffa)
+      REPO=SandAI-org/MagiAttention
+      PIN=d7ea8afd44c790b65fab68a04a6a0fdd5adbf182 # v1.1.1
+      SUBMODULES=(magi_attention/csrc/cutlass=81a43e6d92cdd8c20d22392f9579604ed5f710a1)
+      NEEDS=(setup.py pyproject.toml README.md MANIFEST.in magi_attention) ABI=cp312
+      DIST=magi_attention
+      ENV=(MAGI_ATTENTION_BUILD_COMPUTE_CAPABILITY=90 # no GPU to ask
+        MAGI_ATTENTION_SKIP_MAGI_ATTN_COMM_BUILD=1 MAGI_ATTENTION_PREBUILD_FFA=1)
+      PATCHES=("setup.py|/(torch.float16, torch.float\(16\|32\)),/d|its prebuild list \
+(setup.py L691-696) has no switch: the fp16 rows are deleted")
+      RESTRICTIONS=("sm_90a only (FFA is Hopper-only: check_cuda_compute_capability asserts 9.0)"
+        "prebuilt FFA kernels: forward and backward, head dims 64 and 128, bf16 computing into bf16 or fp32, atomic reduction on and off (16 modules; fp16 deleted from setup.py's prebuild list); any other variant (deterministic, softcap, another head dim) is JIT-compiled on first call and needs nvcc 13 on the GPU machine"
+        "no magi_attn_comm (NVSHMEM group collectives): kernel-only, lcab's CP is its own"
+        "magi_attn_ext links libpython3.12.so: the image's Python must ship its shared library")
+      ;;
     *) die "unknown kernel '$1' (valid: $(recipes))" ;;
   esac
 }
-recipes() { echo fa3; }
+recipes() { echo fa3 flashmask ffa; }
 
 # ---------------------------------------------------------------------------- toolchain
 find_python312() {
@@ -113,13 +148,14 @@ to a CPython 3.12 (tried python3.12 on PATH and ~/.pyenv/versions/3.12*)"
   rm -rf "$TOOLCHAIN"
   "$py" -m venv "$TOOLCHAIN"
   "$TOOLCHAIN/bin/python" -m pip install -q --disable-pip-version-check \
-    "$TORCH_PIN" "${NVCC_PINS[@]}" "${BUILD_PINS[@]}" 2>&1 | grep -v "^WARNING: Location" >&2
+    "$TORCH_PIN" "${NVCC_PINS[@]}" "${BUILD_PINS[@]}" 2>&1 | { grep -v "^WARNING: Location" >&2 || true; }
   local cuda
   cuda=$(cuda_home)
   # torch's extension builder links -L$CUDA_HOME/lib64 -lcudart: the wheels ship lib/ and only
   # the versioned libcudart.so.13
   ln -sfn lib "$cuda/lib64"
   ln -sfn libcudart.so.13 "$cuda/lib/libcudart.so"
+  ln -sfn libnvrtc.so.13 "$cuda/lib/libnvrtc.so" # MagiAttention's CMake looks for it
   "$cuda/bin/nvcc" --version | grep -q 'release 13.0' || die "nvcc in $cuda is not 13.0"
   echo "$want" >"$stamp"
 }
@@ -203,7 +239,7 @@ build() {
   cuda=$(cuda_home)
   key=$( {
     content_hash "$src" "${NEEDS[@]}"
-    printf '%s\n' "${ENV[@]}" "$TORCH_PIN" "${NVCC_PINS[@]}" "$ABI"
+    printf '%s\n' "${ENV[@]}" "${PATCHES[@]}" "$TORCH_PIN" "${NVCC_PINS[@]}" "$ABI"
   } | sha256sum | cut -c1-16)
   out=$CACHE/wheels/$name/$key
   if [ "$force" = 0 ] && compgen -G "$out/*.whl" >/dev/null && [ -f "$out/build.json" ]; then
@@ -212,11 +248,14 @@ build() {
   fi
   work=$CACHE/build/work/$name-$key
   mkdir -p "$work" "$out"
-  for path in "${NEEDS[@]}"; do  # a copy without .git: setup scripts' submodule calls do nothing
-    mkdir -p "$work/$(dirname "$path")"
-    cp -a "$src/$path" "$work/$(dirname "$path")/"
+  # a copy without .git (setup scripts' `git submodule update` then does nothing), mtimes kept
+  # (a rerun recompiles only what changed)
+  tar -C "$src" --exclude=.git -cf - "${NEEDS[@]}" | tar -C "$work" -xf -
+  for patch in "${PATCHES[@]}"; do
+    local file=${patch%%|*} rest=${patch#*|}
+    sed -i "${rest%%|*}" "$work/$SETUP_DIR/$file"
+    say "patched $file: ${rest%%|*}"
   done
-  find "$work" -name .git -prune -exec rm -rf {} +
   say "building $name ($REPO@${PIN:0:12}) in $work with $jobs jobs; restrictions:"
   printf '  - %s\n' "${RESTRICTIONS[@]}" >&2
 
@@ -224,11 +263,14 @@ build() {
   rm -f "$out"/*.whl
   (
     cd "$work/$SETUP_DIR"
-    export CUDA_HOME=$cuda PATH=$cuda/bin:$TOOLCHAIN/bin:$PATH MAX_JOBS=$jobs NVCC_THREADS=1
-    export TORCH_CUDA_ARCH_LIST=9.0a
+    export CUDA_HOME=$cuda CUDA_PATH=$cuda PATH=$cuda/bin:$TOOLCHAIN/bin:$PATH MAX_JOBS=$jobs
+    export NVCC_THREADS=1 TORCH_CUDA_ARCH_LIST=9.0a
+    # FFA's prebuild: as many kernels at once as jobs, its JIT workspace inside the build folder
+    export MAGI_ATTENTION_PREBUILD_FFA_JOBS=$jobs MAGI_ATTENTION_WORKSPACE_BASE=$work/workspace
     for assignment in "${ENV[@]}"; do export "${assignment?}"; done
     "$TOOLCHAIN/bin/python" "$repo_root/launchers/build_monitor.py" "$report" -- \
-      "$TOOLCHAIN/bin/python" "$SETUP" -q bdist_wheel -d "$out"
+      "$TOOLCHAIN/bin/python" "$SETUP" bdist_wheel -d "$out" # bdist_wheel first: FFA's setup
+      # decides what to build from sys.argv[1]
   ) 2>&1 | tee "$out/build.log" | awk '/^\[[0-9]+\/[0-9]+\]/ { out = ""
       if (match($0, / -o [^ ]+/)) { out = substr($0, RSTART + 4, RLENGTH - 4); sub(/.*\//, "", out) }
       print "  " $1 " " out; fflush() } / error|^error/ { print; fflush() }' >&2 || true
@@ -237,18 +279,20 @@ build() {
 }
 
 record() {  # record NAME SRC OUT JOBS KEY: build.json beside the wheel, and one line for people
-  local name=$1 src=$2 out=$3 jobs=$4 key=$5 wheel submodules=()
+  local name=$1 src=$2 out=$3 jobs=$4 key=$5 wheel submodules=() entry
   wheel=$(ls "$out"/*.whl)
-  for entry in "${SUBMODULES[@]}"; do submodules+=("${entry%%=*}=$(commit_of "$src/${entry%%=*}")"); done
-  "$TOOLCHAIN/bin/python" - "$out" "$wheel" "$name" "$REPO" "$(commit_of "$src")" "$jobs" "$key" \
-    "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" \
-    "$(cuda_home)" "${#ENV[@]}" "${ENV[@]}" "${#RESTRICTIONS[@]}" "${RESTRICTIONS[@]}" \
-    "${submodules[@]}" <<'PY'
+  for entry in "${SUBMODULES[@]}"; do
+    submodules+=("${entry%%=*}=$(commit_of "$src/${entry%%=*}")")
+  done
+  # lists travel one item a line
+  FLAGS=$(printf '%s\n' "${ENV[@]}") RESTRICTED=$(printf '%s\n' "${RESTRICTIONS[@]}") \
+    PATCHED=$(printf '%s\n' "${PATCHES[@]}") SUBMODULE_COMMITS=$(printf '%s\n' "${submodules[@]}") \
+    CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') \
+    "$TOOLCHAIN/bin/python" - "$out" "$wheel" "$name" "$REPO" "$(commit_of "$src")" "$jobs" \
+    "$key" "$(nproc)" "$(cuda_home)" <<'PY'
 import datetime, hashlib, json, os, platform, subprocess, sys
-out, wheel, name, repo, commit, jobs, key, cores, cpu, cuda = sys.argv[1:11]
-rest = sys.argv[11:]
-n_env = int(rest[0]); env = rest[1 : 1 + n_env]; rest = rest[1 + n_env :]
-n_res = int(rest[0]); restrictions = rest[1 : 1 + n_res]; submodules = rest[1 + n_res :]
+out, wheel, name, repo, commit, jobs, key, cores, cuda = sys.argv[1:10]
+lines = lambda var: [line for line in os.environ[var].splitlines() if line]
 monitor = json.load(open(os.path.join(out, "monitor.json")))
 import torch
 nvcc = subprocess.run([os.path.join(cuda, "bin", "nvcc"), "--version"], capture_output=True,
@@ -256,11 +300,13 @@ nvcc = subprocess.run([os.path.join(cuda, "bin", "nvcc"), "--version"], capture_
 facts = {
     "kernel": name, "wheel": os.path.basename(wheel), "wheel_bytes": os.path.getsize(wheel),
     "wheel_sha256": hashlib.sha256(open(wheel, "rb").read()).hexdigest(),
-    "source": repo, "commit": commit, "submodules": dict(s.split("=", 1) for s in submodules),
-    "flags": env, "restrictions": restrictions, "key": key,
+    "source": repo, "commit": commit,
+    "submodules": dict(s.split("=", 1) for s in lines("SUBMODULE_COMMITS")),
+    "flags": lines("FLAGS"), "patches": lines("PATCHED"), "restrictions": lines("RESTRICTED"),
+    "key": key,
     "toolchain": {"python": platform.python_version(), "torch": torch.__version__,
                   "torch_cuda": torch.version.cuda, "nvcc": nvcc, "arch": "sm_90a"},
-    "machine": {"cores": int(cores), "cpu": cpu, "jobs": int(jobs)},
+    "machine": {"cores": int(cores), "cpu": os.environ["CPU"], "jobs": int(jobs)},
     "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     **monitor,
 }
@@ -297,10 +343,15 @@ schemas() {  # schemas NAME: the real interface of the newest cached wheel, into
     "$name" "$folder/site" "$facts" "$repo_root/tests/unit/data/real_schemas/$name.json"
 }
 
-case ${1:-} in
-  toolchain) toolchain; echo "$TOOLCHAIN" ;;
-  list) list_recipes ;;
-  schemas) shift; schemas "$@" ;;
-  ""|-h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
-  *) build "$@" ;;
-esac
+main() {
+  case ${1:-} in
+    toolchain) toolchain; echo "$TOOLCHAIN" ;;
+    list) list_recipes ;;
+    schemas) shift; schemas "$@" ;;
+    ""|-h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) build "$@" ;;
+  esac
+}
+# one compound command, read whole before it runs: an edit of this file during a long build
+# cannot change what the running script does next
+{ main "$@"; exit $?; }

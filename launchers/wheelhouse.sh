@@ -6,12 +6,17 @@
 #   bash launchers/wheelhouse.sh stage PART_DIR [STAGE]      # there: keep one carried part
 #   eval "$(bash launchers/wheelhouse.sh install [STAGE] [TARGET])"   # there: join, install
 #
+#   bash launchers/wheelhouse.sh build NAME [--src DIR]      # here: build a kernel's wheel
+#   bash launchers/wheelhouse.sh built WHEELS                # (make's step: the built wheels)
+#
 # `make` downloads, for the GPU machine's Python and platform (LCAB_WHEEL_PYTHON, default 3.12,
 # manylinux x86-64), each wheel with --no-deps: lcab's runtime requirements that a CUDA image
 # with torch usually lacks (Hydra, OmegaConf, its antlr runtime built here from the sdist, the
 # submitit launcher, plotly) and the GPU extras that ship as wheels (LCAB_WHEEL_EXTRAS, default "fa4";
 # also known: "flashinfer", "vsa", and "cudnn", the frontend, which no lcab kernel calls: the
-# `cudnn` kernel is TransformerEngine's). It packs them into DIR/part-1, part-2, ... of at most
+# `cudnn` kernel is TransformerEngine's), and adds the newest cached wheel of every kernel built
+# here by `build` (launchers/kernel_build.sh: FA3 and the other source builds; LCAB_WHEEL_BUILT
+# names some, "" none). It packs them into DIR/part-1, part-2, ... of at most
 # N MiB each (default 56: a 64 MiB transfer less the repository), cutting
 # a wheel larger than a part (FA4's nvidia-cutlass-dsl-libs-cu13 is ~88 MiB) into pieces named
 # WHEEL.piece-NN, and writes DIR/manifest.txt (sha256 of every whole wheel).
@@ -75,7 +80,21 @@ make_house() {
   "${pip[@]}" download -q --no-deps --only-binary=:all: --python-version "$py" \
     --implementation cp "${platforms[@]}" -d "$wheels" "${names[@]}"
   "${pip[@]}" wheel -q --no-deps -w "$wheels" "$ANTLR"
+  built "$wheels"
   pack "$wheels" "$dir" "$part_mib"
+}
+
+built() {  # built WHEELS: the newest cached wheel of each kernel built here, copied into WHEELS
+  local wheels=$1 cache=${LCAB_CACHE:-$HOME/.cache/lcab} names name facts
+  names=${LCAB_WHEEL_BUILT-$(ls "$cache/wheels" 2>/dev/null || true)}
+  mkdir -p "$wheels"
+  for name in $names; do
+    facts=$(ls -t "$cache/wheels/$name"/*/build.json 2>/dev/null | head -n 1 || true)
+    [ -n "$facts" ] || die "no $name wheel cached in $cache/wheels: bash launchers/wheelhouse.sh \
+build $name first"
+    cp "$(dirname "$facts")"/*.whl "$wheels"/
+    echo "wheelhouse: built here: $(cd "$(dirname "$facts")" && ls ./*.whl | cut -c3-)"
+  done
 }
 
 pack() {  # pack WHEELS DIR PART_MIB: the wheels of WHEELS into DIR/part-N (WHEELS is emptied)
@@ -169,5 +188,6 @@ case ${1:-} in
   stage) shift; stage "$@" ;;
   install) shift; install_house "$@" ;;
   build) shift; exec bash launchers/kernel_build.sh "$@" ;;
-  *) die "unknown command '${1:-}' (valid: make, pack, stage, install, build)" ;;
+  built) shift; [ $# -eq 1 ] || die "usage: built WHEELS"; built "$1" ;;
+  *) die "unknown command '${1:-}' (valid: make, pack, stage, install, build, built)" ;;
 esac
