@@ -25,13 +25,17 @@ follow:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from lcab.kernels.callables import (  # callable_kind: re-exported, adapters ask here
+    callable_kind,
+    missing_default_overload,
+    parameters_of,
+)
 from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.kernels.upstream import magi_ffa as ffa_table
 from lcab.kernels.upstream.facts import LseLayout, UpstreamFunction
@@ -133,45 +137,17 @@ def _in_order(row: UpstreamFunction, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {p: kwargs[p] for p in row.params if p in kwargs}
 
 
-def callable_kind(fn: Any) -> str:
-    """What ``fn`` is, in the `UpstreamFunction.kind` vocabulary plus two refusals.
-
-    ``custom_op`` (a ``torch.library.custom_op``), ``library_op`` (an operator under
-    ``torch.ops``), ``function`` (any other callable), ``missing`` (None), ``not callable``.
-    """
-    if fn is None:
-        return "missing"
-    if isinstance(fn, _custom_op_type()):
-        return "custom_op"
-    if isinstance(fn, torch._ops.OpOverloadPacket | torch._ops.OpOverload):
-        return "library_op"
-    return "function" if callable(fn) else "not callable"
-
-
-def _custom_op_type() -> type:
-    """``torch._library.custom_ops.CustomOpDef`` (private: looked up, never assumed)."""
-    from torch._library import custom_ops
-
-    return getattr(custom_ops, "CustomOpDef", type(None))
-
-
 def parameters(fn: Any) -> tuple[str, ...]:
     """Parameter names of an installed callable (empty when it has no readable signature).
 
-    A custom op's ``inspect.signature`` is ``(*args, **kwargs)``: its parameters are those of
-    the function it wraps (``CustomOpDef._init_fn``); an operator under ``torch.ops`` has
-    those of its schema (the ``default`` overload of a packet).
+    Read for each kind of callable by `lcab.kernels.callables.parameters_of`.
     """
-    kind = callable_kind(fn)
-    if kind == "custom_op":
-        fn = fn._init_fn
-    elif kind == "library_op":
-        overload = fn.default if isinstance(fn, torch._ops.OpOverloadPacket) else fn
-        return tuple(argument.name for argument in overload._schema.arguments)
-    try:
-        return tuple(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return ()
+    return tuple(p.name for p in parameters_of(fn) or ())
+
+
+def keyword_only(fn: Any) -> tuple[str, ...]:
+    """The parameters of an installed callable that cannot be passed by position."""
+    return tuple(p.name for p in parameters_of(fn) or () if p.kind is p.KEYWORD_ONLY)
 
 
 def mismatch(fn: Any, row: UpstreamFunction) -> str | None:
@@ -179,11 +155,21 @@ def mismatch(fn: Any, row: UpstreamFunction) -> str | None:
     kind = callable_kind(fn)
     if kind in ("missing", "not callable"):
         return f"{row.qualname} is {'missing' if fn is None else type(fn).__name__}"
+    unreadable = missing_default_overload(fn)
+    if unreadable:
+        return f"{row.qualname} ({kind}) {unreadable}"
     found = parameters(fn)
     if found != row.params:
         return (
             f"{row.qualname} ({kind}) has parameters ({', '.join(found) or 'unreadable'}), "
             f"not ({', '.join(row.params)}) as {row.source.split(':')[0]} defines"
+        )
+    by_keyword = keyword_only(fn)
+    if by_keyword != row.keyword_only:
+        return (
+            f"{row.qualname} ({kind}) takes ({', '.join(by_keyword) or 'none'}) by keyword "
+            f"only, not ({', '.join(row.keyword_only) or 'none'}) as "
+            f"{row.source.split(':')[0]} defines: lcab's call would not bind"
         )
     return None
 
@@ -191,9 +177,10 @@ def mismatch(fn: Any, row: UpstreamFunction) -> str | None:
 def takes(fn: Any, row: UpstreamFunction) -> bool:
     """Whether ``fn`` — a function or a torch op — takes exactly ``row``'s parameters in order.
 
-    The kind of object is not part of the test: lcab calls FA2's and FA3's positionally in the
-    row's order, which a plain function, a custom op and a schema op all accept (FFA's, a plain
-    function, by keyword as MagiAttention's ``dist_attn.py`` does).
+    The keyword-only ones among them must be those the row marks. The kind of object is not
+    part of the test: lcab calls FA2's and FA3's positionally in the row's order, which a plain
+    function, a custom op and a schema op all accept (FFA's, a plain function, by keyword as
+    MagiAttention's ``dist_attn.py`` does).
     """
     return mismatch(fn, row) is None
 
@@ -203,8 +190,18 @@ def positional(row: UpstreamFunction, kwargs: dict[str, Any]) -> list[Any]:
 
     That is how the libraries' own Python calls these functions (flash-attn's
     ``_wrapped_flash_attn_backward(dout, q, ...)``, FA3's ``_backward``), and a plain function,
-    a custom op and a schema op all take it.
+    a custom op and a schema op all take it — unless a parameter is keyword-only, which no
+    positional call can reach: such a row is refused here, before the call.
+
+    Raises:
+        TypeError: the row has keyword-only parameters (a bug in lcab's choice of call).
+
     """
+    if row.keyword_only:
+        raise TypeError(
+            f"{row.qualname} takes {', '.join(row.keyword_only)} by keyword only: "
+            "it cannot be called positionally"
+        )
     ordered = _in_order(row, kwargs)
     return [ordered[p] if p in ordered else row.defaults[p] for p in row.params]
 

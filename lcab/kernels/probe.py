@@ -9,9 +9,11 @@ runner records as ``skipped``:
 1. the installed distribution's version, read with `importlib.metadata` (the package is *not*
    imported, so this is cheap and safe anywhere), against a minimum;
 2. only when the cell would really run (the package is importable and CUDA is present): import
-   the module and check with `inspect.signature` that every function and keyword the adapter
-   passes exists. Importing a CUDA extension on a machine without CUDA can itself fail or be
-   slow, which is why this step waits for CUDA.
+   the module and check that every function and keyword the adapter passes exists — read for a
+   plain function, a custom op and an operator's schema alike (`lcab.kernels.callables`; an
+   op's ``inspect.signature`` is ``(*args, **kwargs)``, which accepted any keyword). Importing
+   a CUDA extension on a machine without CUDA can itself fail or be slow, which is why this
+   step waits for CUDA.
 
 Missing packages and missing CUDA are reported by `Kernel.environment_reasons`; a probe adds
 nothing in those cases.
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 from packaging.version import InvalidVersion, Version
+
+from lcab.kernels.callables import missing_default_overload, parameters_of, takes_any_keyword
 
 
 @dataclass(frozen=True)
@@ -112,12 +116,15 @@ def api_reasons(probe: PackageProbe, version: str | None) -> list[str]:
         if not callable(fn):
             reasons.append(f"{label} has no {need.function}{needs}")
             continue
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):  # a builtin without a signature: cannot check
+        unreadable = missing_default_overload(fn)
+        if unreadable:
+            reasons.append(f"{label}'s {need.function} {unreadable}{needs}")
             continue
-        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        missing = [p for p in need.params if p not in params and not takes_kwargs]
+        found = parameters_of(fn)  # a custom op's and an operator's too, not (*args, **kwargs)
+        if found is None:  # a builtin without a signature: cannot check
+            continue
+        params = {p.name: p for p in found}
+        missing = [p for p in need.params if p not in params and not takes_any_keyword(fn)]
         if missing:
             reasons.append(f"{label} has no {', '.join(missing)} in {need.function}{needs}")
         required = _required_unpassed(params, need)
@@ -143,7 +150,7 @@ def _required_unpassed(params: Mapping[str, inspect.Parameter], need: ApiNeed) -
     """Parameters without a default that the adapter passes neither by position nor keyword."""
     if need.positional is None:
         return []
-    named = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    named = list(params.values())
     return [
         p.name
         for index, p in enumerate(named)

@@ -17,6 +17,7 @@ import inspect
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -47,6 +48,33 @@ def _float64_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     emulated.CALLS.clear()
 
 
+def same_operator(packet: Any, qualname: str) -> bool:
+    """Whether ``packet`` is the operator registered as ``qualname``: by name and schema.
+
+    Never by identity: ``torch.ops`` caches one packet per name, and once another import's ops
+    are destroyed (`emulated_flash_attn` drops them after a test module) the cache entry goes
+    and the next lookup builds a new packet for the same operator — a test run in another
+    order then compared two packets of one op and failed.
+    """
+    namespace, name = qualname.split("::")
+    live = getattr(getattr(torch.ops, namespace), name)
+    return packet._qualified_op_name == live._qualified_op_name == qualname and str(
+        packet.default._schema
+    ) == str(live.default._schema)
+
+
+def test_operators_are_compared_by_name_and_schema_not_identity(interface) -> None:
+    """After torch.ops forgets a packet (as when another import's ops are dropped first), the
+    library's packet and a fresh lookup are different objects of the same operator."""
+    kept = interface._wrapped_flash_attn_backward
+    namespace = torch.ops.flash_attn
+    delattr(namespace, "_flash_attn_backward")  # what dropping the ops does to the cache
+    fresh = torch.ops.flash_attn._flash_attn_backward
+    assert fresh is not kept  # what the identity test saw in the other order
+    assert same_operator(kept, "flash_attn::_flash_attn_backward")
+    assert not same_operator(kept, "flash_attn::_flash_attn_forward")
+
+
 def test_the_library_files_are_the_sdists_and_only_the_extension_is_emulated(interface) -> None:
     root = Path(interface.__file__).parents[1]
     for member in emulated_flash_attn.FILES:
@@ -60,7 +88,7 @@ def test_fa2_backward_is_admitted_through_the_librarys_custom_ops(interface, mon
     op = interface._flash_attn_backward
     assert tuple(inspect.signature(op).parameters) == ("args", "kwargs")  # what lcab once read
     assert flash_backward.callable_kind(op) == "custom_op"
-    assert interface._wrapped_flash_attn_backward is torch.ops.flash_attn._flash_attn_backward
+    assert same_operator(interface._wrapped_flash_attn_backward, "flash_attn::_flash_attn_backward")
     kernel = get_kernel("fa2")
     assert kernel.library_backward_reasons() == []
     assert kernel.library_backward() is not None

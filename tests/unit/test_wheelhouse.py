@@ -125,5 +125,25 @@ def test_a_damaged_piece_is_not_installed(tmp_path, wheels, fake_pip):
 
 def test_bad_commands_say_what_is_valid():
     done = wheelhouse("bogus")
-    assert done.returncode == 2 and "valid: make, pack, stage, install" in done.stderr
+    assert done.returncode == 2 and "valid: make, pack, stage, install, build, built" in done.stderr
     assert wheelhouse("install", "/nonexistent").returncode == 2
+
+
+def test_built_takes_the_newest_cached_wheel_of_each_kernel(tmp_path):
+    """`make` carries what `build` cached: the newest build of each kernel, or says how to
+    build one that is asked for and missing."""
+    cache = tmp_path / "cache"
+    for key, stamp, wheel in (("old", 1_000, "flash_attn_3-3.0.0-old.whl"),
+                              ("new", 2_000, "flash_attn_3-3.0.0-new.whl")):  # fmt: skip
+        folder = cache / "wheels" / "fa3" / key
+        folder.mkdir(parents=True)
+        (folder / wheel).write_bytes(b"wheel " + key.encode())
+        (folder / "build.json").write_text("{}")
+        os.utime(folder / "build.json", (stamp, stamp))
+    env = {**os.environ, "LCAB_CACHE": str(cache)}
+    done = wheelhouse("built", str(tmp_path / "out"), env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["flash_attn_3-3.0.0-new.whl"]
+    done = wheelhouse("built", str(tmp_path / "out2"), env={**env, "LCAB_WHEEL_BUILT": "fa3 ffa"})
+    assert done.returncode == 2
+    assert "no ffa wheel cached" in done.stderr and "wheelhouse.sh build ffa" in done.stderr
