@@ -10,7 +10,8 @@ task sees every GPU of its node, GPU 0 when SLURM gives each task its own (``--g
 ``--gpu-bind``) — and names it to ``init_process_group`` (``device_id``), so NCCL binds its
 communicator eagerly and ``barrier`` never guesses a device. Two NCCL ranks on one GPU, which
 NCCL refuses ("Duplicate GPU"), are refused first with the numbers (`binding_problem`, and a
-comparison of GPU UUIDs across the ranks of a host after joining). Over gloo, ranks may share a
+comparison of GPU UUIDs across the ranks of a host through the rendezvous store, before NCCL
+starts: `gpu_verdict`). Over gloo, ranks may share a
 GPU on purpose — a numerics-only check of CP on one GPU: the context says so (`shared_device`),
 CUDA tensors travel through host copies where gloo cannot move them (`lcab.distributed.staging`)
 and the records' timings are not a measurement. A GPU rank's host threads are capped at its
@@ -72,20 +73,12 @@ class DistContext:
 
         Every rank sees the same GPUs here, so more NCCL ranks than GPUs are refused at once.
         """
+        staging.choose_mode(device, backend, os.environ)  # a forced mode that cannot work: now
         bound = _bind(device, rank, world, backend, per_task=False)
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"file://{rendezvous}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout_s),
-            **_device_id(bound, backend),
-            **pg_options(backend, high_priority),
-        )
-        context = cls(rank, world, devices_per_node, backend, bound, high_priority)
-        context.check_distinct_gpus()
-        staging.configure(bound, backend)
-        return context
+        return cls._join(
+            f"file://{rendezvous}", rank, world, devices_per_node, backend, bound,
+            timeout_s, high_priority,
+        )  # fmt: skip
 
     @classmethod
     def from_environment(
@@ -95,50 +88,54 @@ class DistContext:
 
         torchrun's variables are used as they are; inside a SLURM task they are derived from
         SLURM's (`scheduler_environment`), so both launchers share this one path. A SLURM task
-        may see only its own GPU (``--gpus-per-task``): there the GPU UUIDs compared after
-        joining decide; torchrun's ranks all see the node's GPUs, like local ranks.
+        may see only its own GPU (``--gpus-per-task``): there the GPU UUIDs compared at the
+        rendezvous decide; torchrun's ranks all see the node's GPUs, like local ranks.
         """
+        staging.choose_mode(device, backend, os.environ)  # a forced mode that cannot work: now
         per_task = "SLURM_PROCID" in os.environ
         for key, value in scheduler_environment(os.environ).items():
             os.environ.setdefault(key, value)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         bound = _bind(device, int(os.environ.get("LOCAL_RANK", 0)), local, backend, per_task)
+        return cls._join("env://", rank, world, local, backend, bound, timeout_s, high_priority)
+
+    @classmethod
+    def _join(
+        cls,
+        init_method: str,
+        rank: int,
+        world: int,
+        devices_per_node: int,
+        backend: str,
+        bound: torch.device,
+        timeout_s: float,
+        high_priority: bool,
+    ) -> DistContext:
+        """Rendezvous, compare GPUs, then start the process group on the rendezvous' store.
+
+        ``init_process_group(device_id=...)`` connects NCCL at once, and NCCL refuses two ranks
+        on one GPU with an error of its own ("Duplicate GPU") before any check of lcab's could
+        run after it: so the ranks first meet through the store ``torch.distributed.rendezvous``
+        makes of the same ``init_method`` (file:// or env://), compare the GPUs they bound there
+        (`gpu_verdict`), and only then hand that store to ``init_process_group``.
+        """
+        timeout = timedelta(seconds=timeout_s)
+        store = rendezvous_store(init_method, rank, world, timeout)
+        shared = gpu_verdict(store, rank, world, bound, backend)
         dist.init_process_group(
             backend=backend,
-            timeout=timedelta(seconds=timeout_s),
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
             **_device_id(bound, backend),
             **pg_options(backend, high_priority),
         )
-        context = cls(rank, world, local, backend, bound, high_priority)
-        context.check_distinct_gpus()
+        context = cls(rank, world, devices_per_node, backend, bound, high_priority)
+        context.shared_device = shared
         staging.configure(bound, backend)
         return context
-
-    def check_distinct_gpus(self) -> None:
-        """Refuse two NCCL ranks of one host on one GPU (NCCL would fail later, less clearly).
-
-        Compares the GPU UUIDs the ranks bound (a task that sees one GPU always binds index 0,
-        so indices alone cannot tell a GPU per task from a GPU shared by all tasks). Over gloo
-        a shared GPU is allowed and noted in `shared_device` (the same on every rank).
-        """
-        if self.device.type != "cuda":
-            return
-        mine = (node_name(), str(torch.cuda.get_device_properties(self.device).uuid))
-        every: list[Any] = [None] * self.world
-        dist.all_gather_object(every, mine)
-        shared = shared_gpu(every)
-        if shared is None:
-            return
-        if self.backend == "gloo":
-            self.shared_device = True
-            return
-        first, rank, host, uuid = shared
-        raise RuntimeError(
-            f"ranks {first} and {rank} share GPU {uuid} on {host}, which NCCL refuses: give "
-            "each rank its own GPU (one task per GPU: --gpus-per-task=1, or as many tasks per "
-            "node as GPUs), or use topology.backend=gloo for a numerics-only check"
-        )
 
     def group(self, ranks: list[int] | tuple[int, ...], tag: str = "") -> Any:
         """The process group of ``ranks``: the world for all ranks, None for a single rank.
@@ -170,6 +167,56 @@ class DistContext:
         """Tear the process group down."""
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def rendezvous_store(init_method: str, rank: int, world: int, timeout: timedelta) -> Any:
+    """The store ``init_process_group`` would make of ``init_method`` (its own rendezvous)."""
+    store, _, _ = next(dist.rendezvous(init_method, rank, world, timeout=timeout))
+    store.set_timeout(timeout)
+    return store
+
+
+GPU_KEY = "lcab/bound_gpu/{rank}"
+"""The store key under which each rank leaves the (host, GPU UUID) it bound."""
+READ_KEY = "lcab/bound_gpu_read/{rank}"
+"""Set by each rank once it has read every rank's GPU."""
+
+
+def gpu_verdict(store: Any, rank: int, world: int, bound: torch.device, backend: str) -> bool:
+    """Whether ranks share a GPU (gloo: allowed and noted); two NCCL ranks on one are refused.
+
+    Every rank leaves the (host, UUID) of the GPU it bound in the store, waits for all, and
+    reads the same list, so every rank reaches the same verdict — the same refusal, or
+    ``shared_device`` on all. UUIDs, not indices: a task that sees one GPU binds index 0
+    whether SLURM gave it its own GPU or every task the same one. CPU ranks bind no GPU and
+    leave nothing (every rank of a world runs on the same kind of device).
+
+    Raises:
+        RuntimeError: NCCL ranks of one host share a GPU.
+
+    """
+    if bound.type != "cuda":
+        return False
+    mine = (node_name(), str(torch.cuda.get_device_properties(bound).uuid))
+    store.set(GPU_KEY.format(rank=rank), "\t".join(mine))
+    keys = [GPU_KEY.format(rank=r) for r in range(world)]
+    store.wait(keys)
+    shared = shared_gpu([store.get(key).decode().split("\t") for key in keys])
+    # rank 0 hosts an env:// store: it leaves only when every rank has read (a refusal ends
+    # the process, and with it the store, under a rank still reading)
+    store.set(READ_KEY.format(rank=rank), "1")
+    if rank == 0:
+        store.wait([READ_KEY.format(rank=r) for r in range(world)])
+    if shared is None:
+        return False
+    if backend == "gloo":
+        return True
+    first, second, host, uuid = shared
+    raise RuntimeError(
+        f"ranks {first} and {second} share GPU {uuid} on {host}, which NCCL refuses: give "
+        "each rank its own GPU (one task per GPU: --gpus-per-task=1, or as many tasks per "
+        "node as GPUs), or use topology.backend=gloo for a numerics-only check"
+    )
 
 
 def shared_gpu(bound: list[Any]) -> tuple[int, int, str, str] | None:

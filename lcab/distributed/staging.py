@@ -34,21 +34,45 @@ _HOST = torch.device("cpu")
 _COPIES = [0]
 
 
+def valid_modes(device: torch.device | str, backend: str) -> tuple[str, ...]:
+    """The modes that can carry this rank's tensors over ``backend``.
+
+    gloo's send/recv read host memory, so CUDA tensors over gloo need at least ``p2p``; NCCL
+    reads device memory, so host-staged tensors cannot travel over it; CPU tensors over gloo
+    can take any mode (``all`` runs the staging path for tests).
+    """
+    cuda = torch.device(device).type == "cuda"
+    if backend == "nccl":
+        return ("off",)
+    return ("p2p", "all") if cuda else MODES
+
+
 def choose_mode(device: torch.device | str, backend: str, env: Mapping[str, str]) -> str:
     """The staging mode of a rank on ``device`` talking over ``backend``.
 
     Raises:
-        ValueError: the environment names an unknown mode.
+        ValueError: the environment names an unknown mode, or one that cannot carry this
+            rank's tensors (a send would go to the wrong device): one line, with the valid ones.
 
     """
     forced = env.get(STAGING_ENV, "auto").strip().lower() or "auto"
-    if forced != "auto":
-        if forced not in MODES:
-            raise ValueError(
-                f"{STAGING_ENV}={forced!r} is not a mode; valid: auto, {', '.join(MODES)}"
-            )
-        return forced
-    return "p2p" if torch.device(device).type == "cuda" and backend == "gloo" else "off"
+    if forced == "auto":
+        return "p2p" if torch.device(device).type == "cuda" and backend == "gloo" else "off"
+    if forced not in MODES:
+        raise ValueError(f"{STAGING_ENV}={forced!r} is not a mode; valid: auto, {', '.join(MODES)}")
+    valid = valid_modes(device, backend)
+    if forced not in valid:
+        where = f"{torch.device(device).type} tensors over {backend}"
+        why = (
+            "NCCL reads device memory, not host copies"
+            if backend == "nccl"
+            else "gloo's send/recv read host memory, not a GPU's"
+        )
+        raise ValueError(
+            f"{STAGING_ENV}={forced!r} cannot carry {where} ({why}); valid here: auto, "
+            f"{', '.join(valid)}"
+        )
+    return forced
 
 
 def set_mode(mode: str) -> None:

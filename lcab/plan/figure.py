@@ -1,7 +1,8 @@
 """The planner's plot: predicted per-GPU TFLOP/s against world size, one line per strategy.
 
 Measured points (records of the same masks and strategies) are drawn as markers on the same
-axes, so a reader sees at once where a measurement leaves the prediction.
+axes, so a reader sees at once where a measurement leaves the prediction; records whose ranks
+shared a GPU (`RunRecord.timings_measured`) are not measurements and are left out.
 """
 
 from __future__ import annotations
@@ -14,7 +15,24 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from lcab.records.schema import RunRecord
 from lcab.records.sinks import read_records
+
+
+def measured_points(
+    records: list[RunRecord], mask: str, cp: str, pass_: str
+) -> list[tuple[int, float]]:
+    """(world size, TFLOP/s per GPU) of the ``ok`` records of a mask and strategy.
+
+    Only those whose times are a measurement: a run whose ranks shared a GPU is a numerics check.
+    """
+    return [
+        (r.world_size, tflops)
+        for r in records
+        if (r.mask, r.cp, r.status) == (mask, cp, "ok")
+        and r.timings_measured
+        and (tflops := r.pass_result(pass_).tflops)
+    ]
 
 
 def plot_scaling(
@@ -32,11 +50,7 @@ def plot_scaling(
                 if (r["mask"], r["cp"]) == (mask, cp)
             )
             (handle,) = ax.plot(*zip(*line, strict=True), marker=".", label=f"{cp} (predicted)")
-            points = [
-                (m.world_size, m.pass_result(pass_).tflops)
-                for m in measured
-                if (m.mask, m.cp, m.status) == (mask, cp, "ok") and m.pass_result(pass_).tflops
-            ]
+            points = measured_points(measured, mask, cp, pass_)
             if points:
                 ax.scatter(
                     *zip(*points, strict=True),

@@ -36,8 +36,15 @@ TIMING_FIELDS = (
     "predicted_ratio",
 )
 """`PassResult` fields read off the clock: not a measurement when ranks shared a GPU."""
-TIMING_COLUMNS = (*(f"{p}_{f}" for p in PASSES for f in TIMING_FIELDS), "phase_ms")
-"""The `RunRecord.flat` columns of `TIMING_FIELDS` (and the phase split)."""
+SETUP_COLUMNS = ("setup_mask_ms", "setup_prepare_ms", "setup_first_call_ms")
+"""`RunRecord`'s set-up times: read off the same clock as the passes'."""
+TIMING_COLUMNS = (
+    *(f"{p}_{f}" for p in PASSES for f in TIMING_FIELDS),
+    "phase_ms",
+    *SETUP_COLUMNS,
+)
+"""The `RunRecord.flat` columns read off the clock: `TIMING_FIELDS` of each pass, the phase
+split and the set-up times."""
 
 STATUSES = ("ok", "skipped", "oom", "error", "timeout", "numerics_mismatch")
 #: Severity order used to combine pass statuses into the record status.

@@ -39,6 +39,8 @@ def _headline(records: list[RunRecord]) -> str:
         return "-"
     best = max(ok, key=lambda r: r.seqlen)
     parts = [f"S={best.seqlen:,}"]
+    if not best.timings_measured:  # ranks shared a GPU: a numerics check, no throughput
+        return f"{parts[0]}, shared GPU (numerics only)"
     for p in ("fwd", "bwd"):
         tflops = best.pass_result(p).tflops
         if tflops is not None:

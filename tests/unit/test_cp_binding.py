@@ -55,7 +55,8 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
         monkeypatch.setattr(torch.cuda, "set_device", self.bound.append)
         monkeypatch.setattr(context.dist, "init_process_group", self._init)
-        monkeypatch.setattr(DistContext, "check_distinct_gpus", lambda self: None)
+        monkeypatch.setattr(context, "rendezvous_store", lambda *args: "store")
+        monkeypatch.setattr(context, "gpu_verdict", lambda *args: False)
         self.threads = [torch.get_num_threads()]  # the test process's own count stays as it is
         monkeypatch.setattr(torch, "get_num_threads", lambda: self.threads[0])
         monkeypatch.setattr(torch, "set_num_threads", lambda n: self.threads.__setitem__(0, n))

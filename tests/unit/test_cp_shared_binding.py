@@ -61,6 +61,32 @@ def test_staging_mode_follows_device_and_backend_unless_forced():
         staging.choose_mode("cpu", "gloo", {staging.STAGING_ENV: "sometimes"})
 
 
+@pytest.mark.parametrize(
+    ("device", "backend", "forced", "valid"),
+    [
+        ("cuda", "gloo", "off", "auto, p2p, all"),  # gloo's send would read a GPU pointer
+        ("cuda", "nccl", "p2p", "auto, off"),  # NCCL would be handed host copies
+        ("cuda", "nccl", "all", "auto, off"),
+    ],
+)
+def test_a_forced_mode_that_cannot_carry_the_tensors_is_one_clear_line(
+    device, backend, forced, valid
+):
+    with pytest.raises(ValueError) as refused:
+        staging.choose_mode(device, backend, {staging.STAGING_ENV: forced})
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith(f"LCAB_CP_HOST_STAGING={forced!r} cannot carry {device} tensors over")
+    assert line.endswith(f"valid here: {valid}")
+
+
+def test_a_bad_forced_mode_is_refused_before_the_rank_joins(monkeypatch, tmp_path):
+    monkeypatch.setenv(staging.STAGING_ENV, "p2p")
+    with pytest.raises(ValueError, match="valid here: auto, off"):
+        DistContext.start_local(0, 2, 2, "nccl", str(tmp_path / "rdv"), 5, "cuda")
+    assert not (tmp_path / "rdv").exists()  # no rendezvous was attempted
+
+
 class _FakeOptions:
     def __init__(self, is_high_priority_stream: bool = False) -> None:
         self.is_high_priority_stream = is_high_priority_stream

@@ -30,8 +30,35 @@ def test_every_strategy_kernel_and_mask_is_a_cell():
     assert {(c.strategy, c.world) for c in todo if c.world == 4} == {("usp", 4), ("loongtrain", 4)}
     assert {c.mask for c in todo} == {"causal", "causal_document", "sliding_window"}
     assert {c.kernel for c in todo} == set(kernels) and "reference" not in kernels
-    assert len(todo) == len(set(todo)) == 7 * len(kernels) * 3
-    assert [c.world for c in todo] == sorted(c.world for c in todo)  # one world per size
+    assert len(todo) == len(set(todo)) == 5 * len(kernels) * 3
+    assert [c.world for c in todo] == sorted((c.world for c in todo), reverse=True)  # 4 first
+
+
+def test_usp_and_loongtrain_run_only_with_a_ring_of_more_than_one_rank():
+    """At world 2 their default Ulysses degree (the node's ranks) leaves a ring of one: the
+    H100 rows of those cells repeated Ulysses and verified nothing of theirs."""
+    for strategy, options, world in cp_shared.CONFIGS:
+        if strategy in ("usp", "loongtrain"):
+            built = STRATEGIES.get(strategy)(dict(options), world)
+            ulysses = built.ulysses_degree(world)
+            assert world // ulysses > 1, (strategy, options, world)
+            if strategy == "usp":
+                assert ulysses > 1  # and Ulysses groups too: both halves of USP
+    assert ("usp", (), 2) not in cp_shared.CONFIGS and (
+        "loongtrain",
+        (),
+        2,
+    ) not in cp_shared.CONFIGS
+
+
+def test_a_budget_cut_never_falls_on_the_world_of_four():
+    """Each shard runs its world-4 cells (the only multi-rank rings of USP and LoongTrain)
+    before any world-2 cell: a shard cut short by its budget loses world-2 cells first."""
+    todo = cells(["ranges", "flex", "sdpa", "fa4"])
+    kinds = [classify(c) for c in todo]
+    for index in range(3):
+        worlds = [c.world for c in shard(todo, kinds, 3, index)]
+        assert worlds == sorted(worlds, reverse=True) and 4 in worlds
 
 
 def test_dry_run_sorts_cells_as_a_gpu_machine_would():
@@ -46,9 +73,10 @@ def test_dry_run_sorts_cells_as_a_gpu_machine_would():
 def test_list_prints_every_cell_and_the_estimate(capsys):
     assert cp_shared.main(["--list", "--kernels", "ranges,sdpa"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 7 * 2 * 3 + 1
-    # sdpa returns no LSE on CUDA: it runs under pure Ulysses only (ulysses@2, usp@2)
-    assert out[-1].startswith("42 cells x fwd+bwd on 2 worlds: 27 run, 0 run a compiled kernel")
+    assert len(out) == 5 * 2 * 3 + 1
+    # sdpa returns no LSE on CUDA: it runs where no block is merged by LSE (Ulysses and the
+    # all-gather ring at 2), never on the rings of USP and LoongTrain at 4
+    assert out[-1].startswith("30 cells x fwd+bwd on 2 worlds: 21 run, 0 run a compiled kernel")
 
 
 def test_shards_split_the_cells_once_with_balanced_expected_cost():

@@ -2,7 +2,8 @@
 
 A numerics-only CP run over gloo on one GPU (`shared_device`) measures nothing about speed: the
 report's frame and figures, the W&B history and summary and the planner's calibration points
-must leave its times and TFLOP/s out, while its errors, bytes and memory stay.
+must leave its times and TFLOP/s out, while its errors, bytes and memory stay — and so must the
+end-of-sweep summary's headline, the planner figure's measured points and the set-up times.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from lcab.plan.calibrate import points_of
+from lcab.plan.figure import measured_points
 from lcab.records.schema import TIMING_COLUMNS, RunRecord
+from lcab.records.sinks import RECORDS_FILE, write_records
+from lcab.records.summary import summarise_sweep
 from lcab.records.wandb_run import WandbLogger
 from lcab.report.figures import NUMERICS, THROUGHPUT, metric_panel
 from lcab.report.frame import load_records
@@ -94,3 +98,33 @@ def test_wandb_logs_no_time_or_throughput_of_a_shared_record():
 def test_calibration_takes_no_point_from_a_shared_record():
     assert len(points_of([_record(256, 3.0, False)])) == 1
     assert points_of([_record(256, 3.0, True)]) == []
+
+
+def test_the_sweep_summary_headline_shows_no_throughput_of_a_shared_record(tmp_path: Path):
+    """The end-of-sweep table's headline (records/summary.py) read a shared record's TFLOP/s."""
+    own = tmp_path / "0_cp=ring"
+    shared = tmp_path / "1_cp=ring_shared"
+    own.mkdir()
+    shared.mkdir()
+    write_records(own / RECORDS_FILE, [_record(256, 3.0, False)])
+    write_records(shared / RECORDS_FILE, [_record(256, 3.0, False), _record(512, 100.0, True)])
+    rows = {row.cell: row.headline for row in summarise_sweep(tmp_path)}
+    assert rows["0_cp=ring"] == "S=256, fwd 3 TFLOP/s"
+    assert rows["1_cp=ring_shared"] == "S=512, shared GPU (numerics only)"
+
+
+def test_the_planner_figure_plots_no_measured_point_of_a_shared_record():
+    records = [_record(256, 3.0, False), _record(512, 100.0, True)]
+    assert measured_points(records, "causal", "ring", "fwd") == [(2, 3.0)]
+
+
+def test_setup_times_are_timings_too():
+    """Set-up times are read off the same clock: W&B (measured_flat) logs none of a shared one."""
+    record = _record(256, 7.0, True)
+    record.setup_mask_ms, record.setup_prepare_ms, record.setup_first_call_ms = 1.0, 2.0, 3.0
+    flat = record.measured_flat()
+    assert flat["setup_mask_ms"] is None and flat["setup_first_call_ms"] is None
+    assert _record(256, 7.0, False).measured_flat()["setup_mask_ms"] is None  # never set here
+    own = _record(256, 7.0, False)
+    own.setup_prepare_ms = 2.0
+    assert own.measured_flat()["setup_prepare_ms"] == 2.0
