@@ -117,10 +117,68 @@ switched off in setup_torch.py itself, L362-378, whatever the environment says)"
         "no magi_attn_comm (NVSHMEM group collectives): kernel-only, lcab's CP is its own"
         "magi_attn_ext links libpython3.12.so: the image's Python must ship its shared library")
       ;;
+    bsa)
+      REPO=mit-han-lab/Block-Sparse-Attention
+      PIN=49d6c39e4dc0303442cda3bb758b3925d4399c49 # 2026-01-17
+      SUBMODULES=(csrc/cutlass=a75b4ac483166189a45290783cb0a18af5ff0ea5) # CUTLASS v3.3.0
+      NEEDS=(setup.py README.md block_sparse_attn csrc/block_sparse_attn csrc/cutlass/include)
+      ABI=cp312 DIST=block_sparse_attn
+      ENV=(BLOCK_SPARSE_ATTN_FORCE_BUILD=TRUE BLOCK_SPARSE_ATTN_CUDA_ARCHS=90)
+      local switch=csrc/block_sparse_attn/src/static_switch.h api=csrc/block_sparse_attn/flash_api.cpp
+      PATCHES=("setup.py|/_block_hdim32_/d;/_block_hdim[0-9]*_fp16_/d|setup.py lists every head \
+dim and dtype with no switch: its hdim-32 and fp16 kernel files are deleted from the sources"
+        "$switch|s/using elem_type = cutlass::half_t;/using elem_type = cutlass::bfloat16_t;/|the \
+dtype switch names only bf16 kernels (fp16 is refused before it, below)"
+        "$switch|s/constexpr static int kHeadDim = 32;/constexpr static int kHeadDim = 64;/|head \
+dims up to 32 run the 64 kernel (the kernels predicate a head dim below their tile's)"
+        "$api|s/q_dtype == torch::kFloat16 || q_dtype == torch::kBFloat16/q_dtype == torch::kBFloat16/|\
+fp16 inputs are refused: this build has bf16 kernels only"
+        "$api|s/round_multiple(head_size, head_size <= 128 ? 32 : 64)/round_multiple(head_size, 64)/|\
+the rounded head dim is the kernel's (a head dim of 32 runs the 64 kernel)"
+        "$api|s/head_size <= 256, \"BlockSparseAttention \([a-z]*\) only supports head dimension at most 256\"/head_size <= 128, \"BlockSparseAttention \1 only supports head dimension at most 128\"/|\
+head dims above 128 are refused: the head-dim switch has no kernel for them (upstream then runs \
+none, silently)")
+      RESTRICTIONS=("sm_90 (FA2-class kernels: no wgmma) plus sm_90 PTX; bf16 only (fp16 \
+refused by a patched check); head dims 64 and 128 (up to 32 runs the 64 kernel; above 128 \
+refused, where upstream silently ran no kernel)"
+        "kept: forward and backward block-sparse kernels, causal and not, 128x128 tiles, \
+streaming heads, GQA")
+      ;;
+    fa2)
+      SDIST=flash-attn==2.8.3.post2 # its csrc/ carries CUTLASS (4.0, dc48179)
+      REPO=Dao-AILab/flash-attention NEEDS=(setup.py README.md flash_attn csrc/flash_attn \
+        csrc/cutlass/include)
+      ABI=cp312 DIST=flash_attn
+      ENV=(FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=90)
+      local switch=csrc/flash_attn/src/static_switch.h api=csrc/flash_attn/flash_api.cpp
+      local off='"-DFLASHATTENTION_DISABLE_DROPOUT", "-DFLASHATTENTION_DISABLE_ALIBI", "-DFLASHATTENTION_DISABLE_SOFTCAP"'
+      PATCHES=("setup.py|/_hdim32_/d;/_hdim96_/d;/_hdim192_/d;/_hdim256_/d;/_fp16_/d|setup.py \
+lists every head dim and dtype with no switch: all but the hdim-64/128 bf16 files are deleted"
+        "setup.py|s/# \"-DFLASHATTENTION_DISABLE_\(DROPOUT\|ALIBI\|SOFTCAP\)\"/\"-DFLASHATTENTION_DISABLE_\1\"/|\
+dropout, ALiBi and softcap compiled out of the kernels (its own switches, commented out in setup.py)"
+        "setup.py|s/\"cxx\": compiler_c17_flag,/\"cxx\": compiler_c17_flag + [$off],/|and \
+out of flash_api.cpp, which checks the same macros"
+        "$switch|s/using elem_type = cutlass::half_t;/using elem_type = cutlass::bfloat16_t;/|the \
+dtype switch names only bf16 kernels (fp16 is refused before it, below)"
+        "$switch|s/kHeadDim = \(32\|96\|192\|256\);/kHeadDim = \1 <= 64 ? 64 : 128;/|head \
+dims up to 64 run the 64 kernel, the rest the 128 one (more than 128 is refused, below)"
+        "$api|s/q_dtype == torch::kFloat16 || q_dtype == torch::kBFloat16/q_dtype == torch::kBFloat16/|\
+fp16 inputs are refused: this build has bf16 kernels only"
+        "$api|s/head_size <= 256, \"FlashAttention \([a-z]*\) only supports head dimension at most 256\"/head_size <= 128, \"FlashAttention \1 only supports head dimension at most 128 in this build\"/|\
+head dims above 128 are refused: this build has no such kernels"
+        "$api|s/round_multiple(head_size, head_size <= 128 ? 32 : 64)/round_multiple(head_size, 64)/|\
+the rounded head dim is the kernel's (up to 64 runs the 64 kernel, up to 128 the 128 one)")
+      RESTRICTIONS=("sm_90 (FA2's kernels: no wgmma) plus sm_90 PTX; bf16 only (fp16 refused \
+by a patched check); head dims 64 and 128 (up to 64 runs the 64 kernel, up to 128 the 128 one, \
+more is refused)"
+        "no dropout, ALiBi or softcap (compiled out with FA2's own FLASHATTENTION_DISABLE_*)"
+        "kept: forward, backward and split-KV forward, causal and not, varlen, local windows, \
+uneven head dims, GQA")
+      ;;
     *) die "unknown kernel '$1' (valid: $(recipes))" ;;
   esac
 }
-recipes() { echo fa3 flashmask ffa; }
+recipes() { echo fa3 flashmask ffa bsa fa2; }
 
 # ---------------------------------------------------------------------------- toolchain
 find_python312() {
@@ -165,9 +223,30 @@ cuda_home() {
 }
 
 # ---------------------------------------------------------------------------- sources
-commit_of() { git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown; }
+commit_of() {  # the commit of a checkout (a sdist's: what fetch_source wrote of it)
+  cat "$1/.lcab-source" 2>/dev/null || git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown
+}
+
+fetch_sdist() {  # fetch_sdist NAME: the recipe's PyPI sdist, unpacked (its setup imports torch)
+  local dest=$CACHE/build/src/$1-${SDIST//[^A-Za-z0-9.]/_} scratch tarball
+  if [ ! -e "$dest/.lcab-source" ]; then
+    scratch=$(mktemp -d)
+    say "downloading the $SDIST sdist from PyPI"
+    FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE "$TOOLCHAIN/bin/python" -m pip download -q \
+      --disable-pip-version-check --no-deps --no-binary :all: --no-build-isolation \
+      "$SDIST" -d "$scratch" 2>&1 | { grep -v "^WARNING: Location" >&2 || true; }
+    tarball=$(ls "$scratch"/*.tar.gz)
+    rm -rf "$dest" && mkdir -p "$dest"
+    tar -C "$dest" --strip-components=1 -xzf "$tarball"
+    echo "sdist $(basename "$tarball") sha256:$(sha256sum <"$tarball" | cut -c1-64)" \
+      >"$dest/.lcab-source"
+    rm -rf "$scratch"
+  fi
+  echo "$dest"
+}
 
 fetch_source() {  # fetch_source NAME: a checkout at the pin with its submodules, or die
+  [ -z "$SDIST" ] || { fetch_sdist "$1"; return; }
   local dest=$CACHE/build/src/$1-${PIN:0:12} path commit
   if [ ! -e "$dest/.lcab-complete" ]; then
     say "cloning https://github.com/$REPO at ${PIN:0:12} into $dest"
@@ -196,7 +275,7 @@ check_source() {  # check_source DIR: has what the build reads; commits compared
 ${SUBMODULES[*]:-no submodules} is expected)"
   done
   found=$(commit_of "$dir")
-  [ "$found" = "$PIN" ] || say "warning: $dir is at $found, not the pinned $PIN"
+  [ -z "$PIN" ] || [ "$found" = "$PIN" ] || say "warning: $dir is at $found, not the pinned $PIN"
   for entry in "${SUBMODULES[@]}"; do
     path=${entry%%=*} commit=${entry#*=}
     found=$(commit_of "$dir/$path")
@@ -226,6 +305,7 @@ build() {
   done
   [[ $jobs =~ ^[1-9][0-9]*$ ]] || die "--jobs '$jobs' is not a positive whole number"
   recipe "$name"
+  toolchain
   if [ -n "$src" ]; then
     [ -d "$src" ] || die "--src '$src' is not a folder"
     src=$(cd "$src" && pwd)
@@ -233,7 +313,6 @@ build() {
     src=$(fetch_source "$name")
   fi
   check_source "$src"
-  toolchain
 
   local cuda key out work report
   cuda=$(cuda_home)
@@ -251,10 +330,13 @@ build() {
   # a copy without .git (setup scripts' `git submodule update` then does nothing), mtimes kept
   # (a rerun recompiles only what changed)
   tar -C "$src" --exclude=.git -cf - "${NEEDS[@]}" | tar -C "$work" -xf -
-  for patch in "${PATCHES[@]}"; do
-    local file=${patch%%|*} rest=${patch#*|}
-    sed -i "${rest%%|*}" "$work/$SETUP_DIR/$file"
-    say "patched $file: ${rest%%|*}"
+  for patch in "${PATCHES[@]}"; do  # FILE|SED|why: the sed expression may hold "|", why not
+    local file=${patch%%|*} rest=${patch#*|} before
+    before=$(sha256sum <"$work/$SETUP_DIR/$file")
+    sed -i "${rest%|*}" "$work/$SETUP_DIR/$file"
+    [ "$(sha256sum <"$work/$SETUP_DIR/$file")" != "$before" ] ||
+      die "patch of $file changed nothing (${rest%|*}): the recipe no longer fits this source"
+    say "patched $file: ${rest%|*}"
   done
   say "building $name ($REPO@${PIN:0:12}) in $work with $jobs jobs; restrictions:"
   printf '  - %s\n' "${RESTRICTIONS[@]}" >&2
@@ -323,7 +405,11 @@ list_recipes() {
   local name
   for name in $(recipes); do
     recipe "$name"
-    echo "$name: ${SDIST:-$REPO@$PIN} ${SUBMODULES[*]} -> $DIST ($ABI)"
+    if [ -n "$SDIST" ]; then
+      echo "$name: $SDIST (PyPI sdist) -> $DIST ($ABI)"
+    else
+      echo "$name: $REPO@$PIN ${SUBMODULES[*]} -> $DIST ($ABI)"
+    fi
     echo "  flags: ${ENV[*]}"
     printf '  - %s\n' "${RESTRICTIONS[@]}"
   done

@@ -99,11 +99,12 @@ def series_name(kernel: str, cp: str) -> str:
     return kernel if cp == "none" else f"{cp}/{kernel}"
 
 
-def load_records(paths: Sequence[Path | str]) -> pd.DataFrame:
+def load_records(paths: Path | str | Sequence[Path | str]) -> pd.DataFrame:
     """One row per record found under ``paths``, merged and de-duplicated.
 
     Args:
-        paths: sweep folders, run folders or ``records.jsonl`` files, in any mix.
+        paths: one sweep folder, run folder or ``records.jsonl`` file, or several in any mix
+            (a single path given as a string is one path, not a sequence of characters).
 
     Returns:
         A DataFrame with the `RunRecord.flat` columns plus ``series``, ``variant`` and
@@ -114,6 +115,8 @@ def load_records(paths: Sequence[Path | str]) -> pd.DataFrame:
             line that is not a record; the message names the path (and the line).
 
     """
+    if isinstance(paths, str | Path):
+        paths = [paths]
     if not paths:
         raise BadInputError("no input: give at least one sweep folder, run folder or records file")
     rows: list[dict[str, Any]] = []

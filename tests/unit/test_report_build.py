@@ -71,6 +71,13 @@ def test_a_sweep_is_read_from_its_job_files_without_counting_the_merged_copy(swe
     assert len(load_records([kernels, job, kernels / RECORDS_FILE])) == 16
 
 
+def test_one_path_as_a_string_or_a_path_is_one_input(sweeps):
+    """A notebook's ``load_records('outputs/sweeps/...')`` once iterated the string's characters."""
+    kernels, _ = sweeps
+    assert len(load_records(str(kernels))) == len(load_records(kernels)) == 16
+    assert len(load_records(str(kernels / RECORDS_FILE))) == 16
+
+
 def test_a_sweeps_records_files_are_its_jobs_not_the_merged_copy(sweeps):
     kernels, _ = sweeps
     jobs = sorted(kernels.glob(f"*_*/{RECORDS_FILE}"))
