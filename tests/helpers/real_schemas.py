@@ -41,7 +41,7 @@ class LibrarySpec:
     imports: tuple[str, ...]
     """Modules imported first (they register the operators)."""
     callables: tuple[str, ...]
-    """``module:attribute`` of each Python callable to record."""
+    """``module:attribute`` of each Python callable to record (dotted: an attribute's)."""
 
 
 SPECS = {
@@ -53,6 +53,15 @@ SPECS = {
             "flash_attn_interface:flash_attn_varlen_func",
             "flash_attn_interface:_flash_attn_forward",
             "flash_attn_interface:_flash_attn_backward",
+        ),
+    ),
+    "flashmask": LibrarySpec(
+        namespace="flashmask",
+        imports=("flashmask._C", "interface_torch"),
+        callables=(
+            "interface_torch:flashmask_attention",
+            "interface_torch:flashmask_cuda.fwd",
+            "interface_torch:flashmask_cuda.bwd",
         ),
     ),
 }
@@ -102,7 +111,13 @@ def describe(fn: Any) -> dict[str, Any]:
         entry["kind"] = "library_op"
         overload = fn.default if isinstance(fn, torch._ops.OpOverloadPacket) else fn
         entry |= _operator_entry(overload)
-        entry["params"] = [a.name for a in overload._schema.arguments]
+        entry["op"] = overload._schema.name
+        arguments = overload._schema.arguments
+        entry["params"] = [a.name for a in arguments]
+        entry["keyword_only"] = [a.name for a in arguments if a.kwarg_only]
+        entry["defaults"] = {
+            a.name: _jsonable(a.default_value) for a in arguments if a.has_default_value()
+        }
         return entry
     else:
         entry["kind"] = "function"
@@ -135,7 +150,10 @@ def record(name: str, site: Path, build_json: Path) -> dict[str, Any]:
     callables = {}
     for target in spec.callables:
         module, attribute = target.split(":")
-        callables[target] = describe(getattr(importlib.import_module(module), attribute))
+        found: Any = importlib.import_module(module)
+        for part in attribute.split("."):  # flashmask_cuda.bwd: an op of a module attribute
+            found = getattr(found, part)
+        callables[target] = describe(found)
     build = json.loads(build_json.read_text())
     return {
         "kernel": name,

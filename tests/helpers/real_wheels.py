@@ -33,6 +33,9 @@ SITE_ENV = "LCAB_REAL_WHEEL_SITE"
 BUILD_COMMAND = {
     "fa3": "bash launchers/wheelhouse.sh build fa3 --src DIR  (DIR: a flash-attention checkout "
     "at the pinned commit with csrc/cutlass; about 6 minutes on 2 cores)",
+    "flashmask": "bash launchers/wheelhouse.sh build flashmask --src DIR  (DIR: a "
+    "PaddlePaddle/flash-attention checkout at the pinned commit with FlashMask V3's cutlass; "
+    "about 20 minutes on 2 cores)",
 }
 
 
@@ -122,3 +125,28 @@ def load_fa3() -> Any:
         opdef.register_kernel("cpu")(opdef._init_fn)
     _LOADED["fa3"], _LOADED["fa3-library"] = flash_attn_interface, library
     return flash_attn_interface
+
+
+def load_flashmask() -> Any:
+    """FlashMask's own ``interface_torch`` from the unpacked wheel, running on the CPU.
+
+    Its extension ``flashmask._C`` registers the real ``flashmask::fwd``/``bwd`` (CUDA kernels
+    only, ``TORCH_LIBRARY_IMPL(flashmask, CUDA, m)``); the stand-in's kernels
+    (`tests.helpers.standin_flashmask`, which then defines no ops of its own) are registered as
+    their CPU kernels. ``flashmask_attention``, ``FlashMaskFunc`` and the op schemas are the
+    library's. Once per process.
+    """
+    if "flashmask" in _LOADED:
+        return _LOADED["flashmask"]
+    import torch
+
+    sys.path.insert(0, os.environ[SITE_ENV])
+    import interface_torch  # type: ignore[import-not-found]
+
+    from tests.helpers import standin_flashmask
+
+    library = torch.library.Library("flashmask", "IMPL")
+    library.impl("fwd", standin_flashmask._fwd, "CPU")
+    library.impl("bwd", standin_flashmask._bwd, "CPU")
+    _LOADED["flashmask"], _LOADED["flashmask-library"] = interface_torch, library
+    return interface_torch

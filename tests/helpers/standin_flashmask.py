@@ -22,8 +22,10 @@ lcab's lowering, so lcab's adapter is contract-tested on CPU (never GPU-verified
   statistics), an LSE of -inf read as 0 (``flash_bwd_preprocess_kernel.h`` L242), dk/dv summed
   over the query heads of each KV head.
 
-``fwd`` and ``bwd`` are operators under ``torch.ops.flashmask``, defined from the schemas of
-``TORCH_LIBRARY(flashmask, m)`` (the rows' kind ``library_op``), with CPU kernels; upstream's
+``fwd`` and ``bwd`` are operators under ``torch.ops.flashmask``, defined from the schemas the
+built extension registers (`SCHEMAS`, recorded from the real wheel), with CPU kernels; when the
+real extension is loaded (`tests.helpers.real_wheels.load_flashmask`) the same two functions are
+registered as CPU kernels of the real operators instead. Upstream's
 ``flashmask_attention`` is a plain function. Every call of ``fwd`` and ``bwd`` is appended to
 ``CALLS``.
 """
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 
 from lcab.kernels.upstream.flashmask import FLASHMASK_ATTENTION, FLASHMASK_BWD, FLASHMASK_FWD
+from tests.helpers import real_schemas
 from tests.helpers.standin_flash_attn import module
 
 CALLS: list[dict[str, Any]] = []
@@ -124,30 +127,16 @@ def _bwd(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return dq[None].to(q.dtype), dk[None].to(q.dtype), dv[None].to(q.dtype)
 
 
-#: The schemas ``TORCH_LIBRARY(flashmask, m)`` defines (``flash_api_torch.cpp`` L1651-1714 at
-#: 9985af53), as text: the stand-in's ops are defined by them, so their parameters, defaults
-#: and mutated arguments are upstream's (and checked against the table rows below).
+RECORDED = real_schemas.load("flashmask")["operators"]
 SCHEMAS = {
-    "fwd": "fwd(Tensor q, Tensor k, Tensor v, Tensor(k_new!)? k_new=None, "
-    "Tensor(v_new!)? v_new=None, Tensor? q_v=None, Tensor(out!)? out=None, "
-    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? cu_seqlens_k_new=None, "
-    "Tensor? seqused_q=None, Tensor? seqused_k=None, int? max_seqlen_q=0, "
-    "int? max_seqlen_k=0, Tensor? page_table=None, Tensor? kv_batch_idx=None, "
-    "Tensor? leftpad_k=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, "
-    "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, "
-    "float softmax_scale=0.0, bool is_causal=False, int window_size_left=-1, "
-    "int window_size_right=-1, float softcap=0.0, Tensor? startend_row_indices=None, "
-    "Tensor? block_mask=None, bool is_rotary_interleaved=True, "
-    "Tensor? scheduler_metadata=None, int num_splits=1, bool? pack_gqa=False, "
-    "int sm_margin=0) -> (Tensor(out!), Tensor)",
-    "bwd": "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
-    "Tensor? dq=None, Tensor? dk=None, Tensor? dv=None, Tensor? cu_seqlens_q=None, "
-    "Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, Tensor? seqused_k=None, "
-    "Tensor? startend_row_indices=None, Tensor? block_mask=None, int? max_seqlen_q=None, "
-    "int? max_seqlen_k=None, float softmax_scale=0.0, bool is_causal=False, "
-    "int window_size_left=-1, int window_size_right=-1, float softcap=0.0, "
-    "bool deterministic=False, int sm_margin=0) -> (Tensor, Tensor, Tensor)",
+    name: RECORDED[f"flashmask::{name}"]["schema"].removeprefix("flashmask::")
+    for name in ("fwd", "bwd")
 }
+"""The schemas of ``torch.ops.flashmask.fwd``/``bwd`` as the built extension registers them
+(``TORCH_LIBRARY(flashmask, m)``, ``flash_api_torch.cpp`` L1651-1714 at 9985af53), read from
+the wheel ``launchers/kernel_build.sh`` builds (``tests/unit/data/real_schemas/flashmask.json``):
+the stand-in's ops are defined by them, so their parameters, defaults and mutated arguments are
+the real ones (and the table rows are held to them)."""
 
 
 def _define_ops() -> Any:

@@ -1,13 +1,14 @@
-"""lcab's FA3 rows and stand-in held to the real build's recorded interface, in every CI run.
+"""lcab's rows and stand-ins held to the real builds' recorded interfaces, in every CI run.
 
-``tests/unit/data/real_schemas/fa3.json`` was read from FA3 as ``launchers/kernel_build.sh``
-builds it — its extension loaded (torch 2.11.0+cu130 on a CPU) and its own
-``flash_attn_interface`` imported — by ``bash launchers/kernel_build.sh schemas fa3``. Every FA3
-row lcab calls through must say what that file says (parameters, defaults, kind of object, op
-name, mutated arguments), the file must be of the build the recipe pins, and the FA3 stand-in is
-built from the file (`tests.helpers.standin_flash_attn`), so neither side can be lcab's reading
-checked against itself. ``tests/unit/test_real_wheels.py`` re-reads the live build when it is
-cached here.
+``tests/unit/data/real_schemas/{fa3,flashmask}.json`` were read from FA3 and FlashMask as
+``launchers/kernel_build.sh`` builds them — each extension loaded (torch 2.11.0+cu130 on a CPU)
+and its own Python imported — by ``bash launchers/kernel_build.sh schemas NAME``. Every row lcab
+calls through must say what its file says (parameters, defaults, keyword-only ones, kind of
+object, op name, mutated arguments), each file must be of the build its recipe pins, and the FA3
+stand-in's functions and backward op and the FlashMask stand-in's ``fwd``/``bwd`` ops are built
+from the files (`tests.helpers.standin_flash_attn`, `tests.helpers.standin_flashmask`), so
+neither side can be lcab's reading checked against itself. ``tests/unit/test_real_wheels.py``
+re-reads the live build when it is cached here.
 """
 
 from __future__ import annotations
@@ -17,18 +18,24 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from lcab.kernels import flash_backward
 from lcab.kernels.upstream import flash_attn as table
+from lcab.kernels.upstream import flashmask as flashmask_table
 from lcab.kernels.upstream.facts import UpstreamFunction
 from tests.helpers import real_schemas, standin_flash_attn
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = {
-    "flash_attn_interface:flash_attn_func": table.FA3_FUNC,
-    "flash_attn_interface:flash_attn_varlen_func": table.FA3_VARLEN_FUNC,
-    "flash_attn_interface:_flash_attn_backward": table.FA3_BACKWARD,
+    ("fa3", "flash_attn_interface:flash_attn_func"): table.FA3_FUNC,
+    ("fa3", "flash_attn_interface:flash_attn_varlen_func"): table.FA3_VARLEN_FUNC,
+    ("fa3", "flash_attn_interface:_flash_attn_backward"): table.FA3_BACKWARD,
+    ("flashmask", "interface_torch:flashmask_attention"): flashmask_table.FLASHMASK_ATTENTION,
+    ("flashmask", "interface_torch:flashmask_cuda.fwd"): flashmask_table.FLASHMASK_FWD,
+    ("flashmask", "interface_torch:flashmask_cuda.bwd"): flashmask_table.FLASHMASK_BWD,
 }
+KERNELS = sorted({kernel for kernel, _ in ROWS})
 FIELDS = ("module", "name", "params", "keyword_only", "kind", "op", "mutates")
 
 
@@ -44,9 +51,9 @@ def differences(row: UpstreamFunction, recorded: UpstreamFunction) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("target", sorted(ROWS))
-def test_lcabs_fa3_rows_are_the_built_library(target: str) -> None:
-    assert differences(ROWS[target], real_schemas.recorded_row("fa3", target)) == []
+@pytest.mark.parametrize(("kernel", "target"), sorted(ROWS), ids=lambda key: str(key))
+def test_lcabs_rows_are_the_built_library(kernel: str, target: str) -> None:
+    assert differences(ROWS[kernel, target], real_schemas.recorded_row(kernel, target)) == []
 
 
 def test_the_comparison_catches_a_row_that_differs() -> None:
@@ -71,10 +78,11 @@ def recipe(name: str) -> tuple[str, dict[str, str], list[str]]:
     return source.split("@")[1], dict(s.split("=", 1) for s in submodules), flags
 
 
-def test_the_record_is_of_the_build_the_recipe_pins() -> None:
-    """A recipe changed without re-recording (``kernel_build.sh schemas fa3``) fails here."""
-    provenance = real_schemas.load("fa3")["provenance"]
-    commit, submodules, flags = recipe("fa3")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_record_is_of_the_build_the_recipe_pins(kernel: str) -> None:
+    """A recipe changed without re-recording (``kernel_build.sh schemas NAME``) fails here."""
+    provenance = real_schemas.load(kernel)["provenance"]
+    commit, submodules, flags = recipe(kernel)
     assert provenance["commit"] == commit
     assert provenance["submodules"] == submodules
     assert provenance["flags"] == flags
@@ -83,11 +91,12 @@ def test_the_record_is_of_the_build_the_recipe_pins() -> None:
 
 
 def test_the_compiled_ops_run_on_cuda_only() -> None:
-    """Why a CPU run needs the emulation registered (`tests.helpers.real_wheels.load_fa3`)."""
-    operators = real_schemas.load("fa3")["operators"]
-    assert operators["flash_attn_3::fwd"]["kernels"] == ["CUDA"]
-    assert operators["flash_attn_3::bwd"]["kernels"] == ["CUDA"]
+    """Why a CPU run needs the emulation registered (`tests.helpers.real_wheels`)."""
+    operators = real_schemas.load("fa3")["operators"] | real_schemas.load("flashmask")["operators"]
+    for name in ("flash_attn_3::fwd", "flash_attn_3::bwd", "flashmask::fwd", "flashmask::bwd"):
+        assert operators[name]["kernels"] == ["CUDA"], name
     assert operators["flash_attn_3::bwd"]["mutates"] == ["dq", "dk", "dv"]
+    assert operators["flashmask::fwd"]["mutates"] == ["k_new", "v_new", "out"]
 
 
 def test_the_standin_is_built_from_the_record() -> None:
@@ -101,6 +110,15 @@ def test_the_standin_is_built_from_the_record() -> None:
         ("flash_attn_interface:flash_attn_varlen_func", standin_flash_attn.FA3_VARLEN_FUNC),
     ):
         assert row == real_schemas.recorded_row("fa3", target)
+
+
+def test_the_flashmask_standin_defines_its_ops_from_the_record() -> None:
+    from tests.helpers import standin_flashmask
+
+    for name in ("fwd", "bwd"):
+        live = str(getattr(torch.ops.flashmask, name).default._schema)
+        assert live == real_schemas.load("flashmask")["operators"][f"flashmask::{name}"]["schema"]
+    assert standin_flashmask.SCHEMAS["bwd"].startswith("bwd(Tensor dout, Tensor q")
 
 
 def test_mutated_arguments_are_read_from_the_alias_marks() -> None:

@@ -14,7 +14,10 @@ import pytest
 
 from tests.helpers import real_schemas, real_wheels
 
-CHECKS = {"fa3": "tests/realwheel/check_fa3_cpu.py"}
+CHECKS = {
+    "fa3": "tests/realwheel/check_fa3_cpu.py",
+    "flashmask": "tests/realwheel/check_flashmask_cpu.py",
+}
 
 
 @pytest.mark.slow
