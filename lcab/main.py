@@ -248,6 +248,13 @@ def main() -> None:
     argv = sys.argv[1:]
     if fast_help_applies(argv):  # before torch and Hydra's walk over every config group
         sys.exit(print_help("config", argv))
+    from lcab.config.choices import choice_problems
+
+    misspelt = choice_problems(argv, CONF_DIR)  # a wrong group option: before torch, too
+    if misspelt:
+        for line in misspelt:
+            print(f"lcab: {line}", file=sys.stderr)
+        sys.exit(2)
     from lcab.config import register_configs
     from lcab.config.preflight import output_problem, preflight, split_argv
     from lcab.launch import register_launcher

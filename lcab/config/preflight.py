@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lcab.cell import Cell
 from lcab.config import CONF_DIR, ConfigError, compose_cache, register_configs, resolve_cell
+from lcab.config.choices import choice_line, closest, options
 from lcab.config.fork_map import fork_map
 
 #: Hydra flags after which lcab does not pre-check (help, info, config printing, shell completion).
@@ -126,19 +127,35 @@ class _hydra:  # noqa: N801  (a context manager used like a function)
 
 
 def _explain(err: BaseException, job: list[str], config_name: str = "config") -> str:
-    """Hydra's message without its search-path listing, plus the cause and valid keys."""
+    """Hydra's message without its search-path listing, plus the cause and valid keys.
+
+    Two of Hydra's messages mislead a user and are said lcab's way: a group option that does
+    not exist (`choice_line`), and a key the group's option lacks — Hydra's "To append to your
+    config use +mask.windw" would add a key no code reads; lcab names the keys there are and the
+    nearest one.
+    """
     text = str(err).split("\nConfig search path:")[0].strip()
+    missing = re.search(r"Could not find '(\w+)/([^']+)'", text)
+    if missing and (valid := options(missing.group(1), CONF_DIR)):
+        return choice_line(missing.group(1), missing.group(2), valid)
     cause = err.__cause__
     if cause is not None and str(cause).split("\n")[0] not in text:
         text += f" ({str(cause).splitlines()[0]})"
     match = re.search(r"Could not override '([\w.]+)'", text)
     if match and "." in match.group(1):
-        parent = match.group(1).rsplit(".", 1)[0]
-        others = [o for o in job if not o.startswith(match.group(1) + "=")]
+        key = match.group(1)
+        parent, leaf = key.rsplit(".", 1)
+        others = [o for o in job if not o.startswith(key + "=")]
         try:
             node = OmegaConf.select(compose(config_name, overrides=others), parent)
             if node is not None and hasattr(node, "keys"):
-                text += f"; valid keys of {parent}: {', '.join(map(str, node.keys()))}"
+                keys = [str(k) for k in node]
+                near = closest(leaf, keys)
+                hint = f"did you mean {parent}.{near[0]}? " if near else ""
+                text = (
+                    f"{key}: {parent} has no key {leaf!r} (the {parent} chosen has no such "
+                    f"setting); {hint}valid keys of {parent}: {', '.join(keys)}"
+                )
         except (HydraException, OmegaConfBaseException):
             pass
         group = match.group(1).split(".")[0]

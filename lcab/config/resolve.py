@@ -8,6 +8,7 @@ collects those errors for every job of a sweep before launching any.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -175,7 +176,7 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
         try:
             _, values_obj = make_params(pattern.name, total, **mask_cfg)
         except ValueError as err:
-            raise ConfigError(f"mask (seqlen {total})", mask_cfg, str(err)) from err
+            raise _mask_error(pattern.name, total, mask_cfg, str(err)) from err
     samples = int(b.mask_samples) if values_obj.randomized() else 1
     mask_seed = int(cfg.seed if seed_override is None else seed_override)
 
@@ -209,3 +210,18 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
         },
         job=job or JobInfo(output_dir="."),
     )
+
+
+def _mask_error(mask: str, seqlen: int, given: dict[str, Any], message: str) -> ConfigError:
+    """One mask parameter's error as ``mask.KEY=VALUE is invalid: RULE (mask M at seqlen S)``.
+
+    The patterns word their checks ``key=value rule`` (``window=-5 must be >= 0``); a message
+    about one parameter the user gave names that key and its rule, anything else the whole set.
+    """
+    match = re.match(r"(\w+)=(\S+) (.+)$", message)
+    if match and match.group(1) in given:
+        key = match.group(1)
+        return ConfigError(
+            f"mask.{key}", given[key], f"{match.group(3)} (mask {mask} at seqlen {seqlen})"
+        )
+    return ConfigError(f"mask (seqlen {seqlen})", given, message)

@@ -156,10 +156,13 @@ def test_invalid_values_name_the_key(compose, overrides, key):
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["kernel=nosuch"], "Available options in 'kernel'"),
-        (["mask=nosuch"], "Available options in 'mask'"),
-        (["seqlen=nosuch"], "Available options in 'seqlen'"),
-        (["mask=sliding_window", "mask.windw=3"], "valid keys of mask: name, seed, window"),
+        (["kernel=nosuch"], "kernel=nosuch: no kernel named 'nosuch'; valid: cudnn, fa2"),
+        (["mask=nosuch"], "mask=nosuch: no mask named 'nosuch'; valid: block_causal_document"),
+        (["seqlen=nosuch"], "seqlen=nosuch: no seqlen named 'nosuch'; valid: long, million"),
+        (
+            ["mask=sliding_window", "mask.windw=3"],
+            "did you mean mask.window? valid keys of mask: name, seed, window",
+        ),
         (["mask=sliding_window", "mask.window=wide"], "could not be converted to Integer"),
         (["problem.heads_q=6", "problem.heads_kv=4"], "multiple of problem.heads_kv=4"),
     ],
