@@ -124,7 +124,8 @@ def app(cfg: DictConfig) -> None:
     finally:
         for logger in loggers:
             logger.close(failed=failed)
-    print_records(records, title=f"{job.override_dirname or 'lcab'}  ->  {sink.path}")
+    print_records(records, title=job.override_dirname or "lcab results")
+    print(f"records: {sink.path}")
     if lost is not None:
         done = {r.seqlen for r in records}
         _unwritable(lost, records[-1:], [s for s in cell.seqlens if s not in done])

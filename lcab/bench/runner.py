@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lcab.bench import host_load
 from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
 from lcab.bench.checking import NumericsCheck
 from lcab.bench.environment import environment
@@ -384,6 +385,7 @@ def run_cell(
     """Run every length of ``cell``; rank 0 emits one record per length as soon as it is done."""
     env = environment(cell.device)
     for seqlen in cell.seqlens:
+        start = host_load.snapshot()
         try:
             record = run_seqlen(cell, target, seqlen, env, on_progress)
         except Exception as err:  # a bug in lcab itself: still a record
@@ -393,6 +395,8 @@ def run_cell(
             record.status = "oom" if is_oom(err) else "error"
             record.error_type, record.error_msg = type(err).__name__, short_error(err)
             record.reasons = [traceback.format_exc(limit=4)[-1200:]]
+        for key, value in host_load.load_fields(start, host_load.snapshot()).items():
+            setattr(record, key, value)
         if target.rank == 0:
             emit(record)
         if torch.cuda.is_available() and cell.device == "cuda":

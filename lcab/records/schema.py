@@ -188,6 +188,15 @@ class RunRecord:
     device_name: str = ""
     num_threads: int | None = None
     hostname: str = ""
+    host_load_start: float | None = None
+    """1-minute load average of the host when this length began (`lcab.bench.host_load`)."""
+    host_load_end: float | None = None
+    """... and when it ended (the benchmark's own work included)."""
+    host_cores: int | None = None
+    """Cores the benchmark process could run on."""
+    host_steal_share: float | None = None
+    """Share of CPU time a hypervisor gave other guests while the length ran (None: the
+    kernel reports no steal time)."""
     python_version: str = ""
     slurm_job_id: str | None = None
     slurm_nodelist: str | None = None

@@ -1,10 +1,11 @@
-"""The end-of-sweep summary: one table of every cell, then where its results are.
+"""The end-of-sweep summary: one table of every cell's records, then where its results are.
 
-Each job folder of a sweep is one cell. Its row gives the cell (its overrides), the status of
-its lengths, and a headline — the largest length that ran ``ok`` with its forward and backward
-TFLOP/s — so a whole sweep reads at a glance instead of one table per job. Below the table:
-the merged records files, the command that builds the sweep's report, and the cell's W&B runs
-(and the ``wandb sync`` command for offline ones).
+Each job folder of a sweep is one cell. The table is the one each cell printed
+(`lcab.records.table`), over every cell in job order — kernel, cp, mask, length, status, times,
+throughput, distance from the plan — so a whole sweep reads at a glance. Below it: the cells'
+W&B runs, the merged records files, the command that builds the sweep's report, and the
+``wandb sync`` command for offline runs. `summarise_sweep` gives each cell's statuses and its
+headline (the largest ``ok`` length's throughput) for other views.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import RECORDS_FILE, read_records
+from lcab.records.table import console as table_console
+from lcab.records.table import print_table
 
 WANDB_RUN_ID_FILE = "wandb-run-id"
 """Job-folder file holding the cell's W&B run id (written by `lcab.records.wandb_run`)."""
@@ -74,15 +76,20 @@ def _job_number(name: str) -> int:
 def print_sweep_summary(
     root: Path, merged: Path, csv: Path, console: Console | None = None
 ) -> None:
-    """Print the table of every cell and where the sweep's results are."""
-    console = console or Console(width=200)
-    rows = summarise_sweep(root)
-    table = Table(title=f"sweep {root.name}: {len(rows)} cells")
-    for column in ("cell", "statuses", "headline (largest ok length)", "W&B run"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(row.cell, row.statuses, row.headline, row.wandb_run)
-    console.print(table)
+    """Print one table of every cell's records, then where the sweep's results are.
+
+    The table is the per-cell one (`lcab.records.table`) over the whole sweep, in job order:
+    every cell and length with its status, times, throughput and distance from the plan, so a
+    sweep reads at a glance without scrolling back through one table per job.
+    """
+    console = console or table_console()
+    files = sorted(root.glob(f"*/{RECORDS_FILE}"), key=lambda p: _job_number(p.parent.name))
+    records = [record for path in files for record in read_records(path)]
+    title = f"sweep {root.name}: {len(files)} cells, {len(records)} records"
+    print_table(records, title, console)
+    runs = [f"{row.cell} {row.wandb_run}" for row in summarise_sweep(root) if row.wandb_run != "-"]
+    if runs:
+        console.print(f"W&B runs: {'; '.join(runs)}", markup=False, highlight=False)
     console.print(f"records: {merged}  and  {csv}")
     console.print(f"report:  python -m lcab.report build {root}")
     offline = sorted(root.glob("*/wandb/offline-run-*"))

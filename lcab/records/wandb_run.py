@@ -141,7 +141,11 @@ def _cell_value(value: Any) -> Any:
 
 
 class WandbLogger(RecordLogger):
-    """One W&B run per cell (see the module docstring); rank 0 only."""
+    """One W&B run per cell (see the module docstring); rank 0 only.
+
+    Its runs are ``quiet``: W&B's own history and summary (about 40 lines at each cell's end)
+    would stand before lcab's table, which says the same.
+    """
 
     def __init__(self, cfg: DictConfig, cell: Cell) -> None:
         import wandb
@@ -196,7 +200,11 @@ class WandbLogger(RecordLogger):
                 raise ValueError(f"logger.mode={mode!r} is invalid: online, offline or disabled")
             # W&B's own analytics would otherwise contact the server at exit (10 s when it hangs)
             wandb.setup(wandb.Settings(mode=cast(Literal["offline", "disabled"], mode)))
-            self.run = wandb.init(mode=cast(Literal["offline", "disabled"], mode), **init)
+            self.run = wandb.init(
+                mode=cast(Literal["offline", "disabled"], mode),
+                settings=wandb.Settings(quiet=True),
+                **init,
+            )
         self.run.define_metric("seqlen")
         self.run.define_metric("*", step_metric="seqlen")
 
@@ -216,7 +224,7 @@ class WandbLogger(RecordLogger):
                 why = f"{why}; known from earlier in this sweep"
         if why is None:
             try:
-                settings = wandb.Settings(init_timeout=timeout)
+                settings = wandb.Settings(init_timeout=timeout, quiet=True)
                 return wandb.init(mode="online", settings=settings, **init)
             except Exception as err:  # auth, network, time-out: all mean "not now"
                 why = first_line(err)

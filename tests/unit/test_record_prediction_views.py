@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from lcab.bench.console import records_table
 from lcab.plan.record_prediction import attach
 from lcab.records.schema import RunRecord
+from lcab.records.table import print_table
 from lcab.report.build import build_report
 from tests.helpers.synthetic_records import failed, measured, write_sweep
 
@@ -42,13 +42,16 @@ def records() -> list[RunRecord]:
 
 def test_console_shows_each_pass_ratio_and_the_warning(records) -> None:
     console = Console(width=250, record=True)
-    console.print(records_table(records))
+    print_table(records, out=console)
     text = console.export_text()
-    assert "vs plan" in text
+    assert "vs plan fwd/bwd" in text
     rows = [line.split("│") for line in text.splitlines() if "│" in line]
     lines = {(r[1].strip(), r[4].strip()): "│".join(r) for r in rows}
     assert "1x/1x" in lines["ranges", "1,024"] and "0.2x/1x" in lines["ranges", "2,048"]
-    assert "off the plan: fwd 0.2x" in lines["ranges", "2,048"]
+    note = lines["ranges", "2,048"].split("│")[11].strip()  # the warning is a numbered note
+    assert note in ("[1]", "[2]")
+    notes = [line for line in text.splitlines() if line.startswith(note + " ")]
+    assert len(notes) == 1 and notes[0].startswith(f"{note} off the plan: fwd 0.2x")
     assert lines["sdpa", "1,024"].split("│")[10].strip() == "-"  # no prediction
 
 
