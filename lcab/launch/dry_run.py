@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
-from rich.console import Console
 from rich.table import Table
 
 from lcab.cell import Cell, few_tokens_warning, tokens_per_rank
@@ -25,8 +24,10 @@ from lcab.config import resolve_cell
 from lcab.config.fork_map import fork_map, usable_cores
 from lcab.config.preflight import composed_jobs
 from lcab.launch.checks import uses_slurm
+from lcab.launch.refusals import job_refusal
 from lcab.launch.shape import JobShape, SlurmSettings, job_shape
 from lcab.launch.slurm_launcher import composed_settings
+from lcab.records.table import console
 
 Expect = Callable[[DictConfig, Cell], Any]
 """The planner's expectation of one job: an object with ``hardware``, ``gpu_hours`` and
@@ -50,6 +51,15 @@ class JobRow:
     """(length, tokens each rank holds) of a context-parallel job (empty: one device)."""
     warning: str = ""
     """Why the job's lengths measure little on its ranks (`lcab.cell.few_tokens_warning`)."""
+    refused: tuple[str, ...] = ()
+    """Why the job would end ``skipped`` wherever it runs (`lcab.launch.refusals`); such a job
+    is priced at zero and counted apart."""
+    device: str = "cpu"
+
+    @property
+    def gpu_hours(self) -> float:
+        """The time limits' bound on its GPU-hours; nothing for a job that would be skipped."""
+        return 0.0 if self.refused else self.shape.gpu_hours()
 
 
 def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None) -> list[JobRow]:
@@ -59,13 +69,12 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
     GPU, ``problem.device=auto`` is CUDA even on a login node without one (`job_device`).
     """
     jobs = [(job, cfg, resolve_cell(cfg)) for job, cfg in composed_jobs(overrides, multirun)]
-    expectations = (
-        _expectations(expect, [(cfg, cell) for _, cfg, cell in jobs])
-        if expect is not None
-        else [None] * len(jobs)
-    )
+    refusals = [tuple(job_refusal(cell)) for _, _, cell in jobs]
+    expect_of = [(cfg, cell) for (_, cfg, cell), why in zip(jobs, refusals, strict=True) if not why]
+    predicted = iter(_expectations(expect, expect_of) if expect is not None else [])
+    expectations = [None if why or expect is None else next(predicted) for why in refusals]
     rows = []
-    for (job, cfg, cell), expectation in zip(jobs, expectations, strict=True):
+    for (job, cfg, cell), expectation, refused in zip(jobs, expectations, refusals, strict=True):
         if uses_slurm(cfg):
             launcher, settings = "slurm", composed_settings(cfg)
         else:
@@ -76,9 +85,10 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
         )
         world = cell.world_size if cell.cp != "none" else 1
         per_rank = tuple((s, tokens_per_rank(s, world)) for s in cell.seqlens) if world > 1 else ()
+        shown = [o for o in job if o.split("=", 1)[0].lstrip("+") != "dry_run"]
         rows.append(
             JobRow(
-                " ".join(job) or "(defaults)",
+                " ".join(shown) or "(defaults)",
                 launcher,
                 job_shape(cell, settings),
                 len(cell.seqlens),
@@ -87,6 +97,8 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
                 expectation,
                 per_rank,
                 few_tokens_warning(cell.seqlens, world, cell.device),
+                refused,
+                cell.device,
             )
         )
     return rows
@@ -133,50 +145,112 @@ def _expectations(expect: Expect, jobs: list[tuple[DictConfig, Cell]]) -> list[A
 
 
 def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = None) -> int:
-    """Print every job's shape, expectation and the sweep's cost; submits and runs nothing."""
+    """Print every job's shape, expectation and the sweep's cost; submits and runs nothing.
+
+    In the units of the machine the jobs run on: per-GPU TFLOP/s and GPU-hours for GPU jobs,
+    GFLOP/s, wall time and core-hours for CPU ones. Jobs that would end ``skipped`` say why (a
+    numbered note under the table) and cost nothing. The table fits the terminal (120 columns
+    off one): a problem every job shares is said once above it, a length's prediction keeps
+    to one line, and long texts — refusals, few-token warnings — are notes under it.
+    """
     rows = plan_rows(overrides, multirun, expect)
+    on_cpu = all(row.device == "cpu" for row in rows)
+    unit = "GFLOP/s" if on_cpu else "TFLOP/s per GPU"
+    problems = {row.problem for row in rows}
     table = Table(title=f"dry run: {len(rows)} job(s), nothing submitted")
-    columns = ["#", "job", "launcher", "shape", "problem", "lengths", "tokens per rank", "GPU-h ≤"]
+    columns = ["#", "job", "shape"] + (["problem"] if len(problems) > 1 else [])
     if expect is not None:
-        columns += ["predicted per GPU (each length)", "GPU-h expected"]
+        columns.append(f"predicted fwd / bwd {unit} (time)")
+    columns += ["hours ≤", "expected"] if expect is not None else ["hours ≤"]
     for column in columns:
-        table.add_column(column)
-    gpu_hours = core_hours = expected = startup = 0.0
+        table.add_column(
+            column,
+            justify="right" if column in ("hours ≤", "expected") else "left",
+            no_wrap=column.startswith("predicted"),
+            overflow="fold",  # a cut override ("mask=causal_docum…") says nothing
+        )
+    notes: list[str] = []
+    limit_hours = core_hours = expected = startup = 0.0
     profiles = set()
     for i, row in enumerate(rows):
         shape, expectation = row.shape, row.expectation
-        gpu_hours += shape.gpu_hours()
-        core_hours += shape.tasks * shape.cpus_per_task * shape.timeout_min / 60
-        text = (
-            shape.describe()
-            if row.launcher == "slurm"
-            else (
-                f"{shape.tasks} local process(es), {shape.gpus} GPU(s), "
-                f"up to {shape.timeout_min} min (bench.timeout_s x lengths)"
-            )
-        )
-        cells = [str(i), row.job, row.launcher, text, row.problem, str(row.lengths)]
-        cells.append("\n".join(f"{s:,}: {n:,}" for s, n in row.tokens_per_rank) or "-")
-        cells.append(f"{shape.gpu_hours():.2f}")
-        if expectation is not None:
-            expected += expectation.gpu_hours
-            startup += shape.gpus * row.startup_s / 3600
-            profiles.add(expectation.hardware)
-            cells.append("\n".join(length.text() for length in expectation.lengths))
-            cells.append(f"{expectation.gpu_hours:.3g}")
-        table.add_row(*cells)
-    Console(width=240).print(table)
-    for i, row in enumerate(rows):
+        job_hours = shape.timeout_min / 60 if on_cpu else row.gpu_hours
+        if not row.refused:
+            limit_hours += job_hours
+            core_hours += shape.tasks * shape.cpus_per_task * shape.timeout_min / 60
+        cells = [str(i), row.job, _shape_text(row)] + ([row.problem] if len(problems) > 1 else [])
         if row.warning:
-            print(f"warning: job {i} ({row.job}): {row.warning}")
+            notes.append(f"job {i}: {row.warning}")
+            cells[1] += f" [{len(notes)}]"
+        if row.refused:
+            notes.append(f"job {i} would end skipped: {'; '.join(row.refused)}")
+            if expect is not None:
+                cells.append(f"skipped, costs nothing [{len(notes)}]")
+            cells += ["0", "0"] if expect is not None else ["0"]
+        else:
+            hours = 0.0
+            if expectation is not None:
+                scale = 1e3 if on_cpu else 1.0
+                lines = [_length(length, scale, row) for length in expectation.lengths]
+                cells.append("\n".join(lines))
+                wall = sum(length.wall_s for length in expectation.lengths) / 3600
+                hours = wall if on_cpu else expectation.gpu_hours
+                expected += hours
+                startup += shape.gpus * row.startup_s / 3600
+                profiles.add(expectation.hardware)
+            cells.append(f"{job_hours:.2f}")
+            if expectation is not None:
+                cells.append(f"{hours:.3g}")
+        table.add_row(*cells)
+    out = console()
+    if len(problems) == 1:
+        out.print(f"problem of every job: {problems.pop()}", markup=False, highlight=False)
+    out.print(table)
+    for number, note in enumerate(notes, 1):
+        out.print(f"[{number}] {note}", markup=False, highlight=False)
+    refused = sum(bool(row.refused) for row in rows)
+    apart = f" ({refused} would end skipped and cost nothing)" if refused else ""
+    bound = f"{limit_hours:.1f} h of wall time" if on_cpu else f"{limit_hours:.1f} GPU-hours"
     print(
-        f"total: {len(rows)} job(s), at most {gpu_hours:.1f} GPU-hours "
-        f"({core_hours:.1f} CPU core-hours) from the time limits"
+        f"total: {len(rows)} job(s){apart}, at most {bound} ({core_hours:.1f} CPU "
+        "core-hours) from the time limits"
     )
     if expect is not None:
-        print(
-            f"expected: {expected:.3g} GPU-hours of measurement at the planner's predicted "
-            f"times (hardware {', '.join(sorted(profiles))}; hardware=NAME picks another "
-            f"profile), plus start-up: up to {startup:.3g} GPU-hours by the launchers' startup_s"
+        what = _wall(expected * 3600) if on_cpu else f"{expected:.3g} GPU-hours"
+        line = (
+            f"expected: {what} of measurement at the planner's predicted times "
+            f"(hardware {', '.join(sorted(profiles)) or 'none'}; hardware=NAME picks another "
+            "profile)"
         )
+        if not on_cpu:
+            line += f", plus start-up: up to {startup:.3g} GPU-hours by the launchers' startup_s"
+        print(line)
     return 0
+
+
+def _shape_text(row: JobRow) -> str:
+    """The job's shape in a few words (SLURM's full request: `JobShape.describe`)."""
+    shape = row.shape
+    if row.launcher == "slurm":
+        return shape.describe()
+    gpus = f", {shape.gpus} GPU" if shape.gpus else ""
+    return f"{shape.tasks} local process(es){gpus}, up to {shape.timeout_min} min"
+
+
+def _wall(seconds: float) -> str:
+    """A wall time for people: ``42 s``, ``3.5 min``, ``1.2 h``."""
+    if seconds < 60:
+        return f"{seconds:.2g} s of wall time"
+    if seconds < 3600:
+        return f"{seconds / 60:.2g} min of wall time"
+    return f"{seconds / 3600:.2g} h of wall time"
+
+
+def _length(length: Any, scale: float, row: JobRow) -> str:
+    """One length's prediction, with the tokens each rank holds under CP."""
+    per_rank = dict(row.tokens_per_rank)
+    text = length.text(scale)
+    if length.seqlen in per_rank:
+        head, _, rest = text.partition(":")
+        text = f"{head} ({per_rank[length.seqlen]:,}/rank):{rest}"
+    return text

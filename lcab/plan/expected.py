@@ -40,15 +40,28 @@ class LengthExpectation:
     wall_s: float = 0.0
     """Expected wall time of this length on every rank (all samples and passes)."""
 
-    def text(self) -> str:
-        """``S: fwd 612 / bwd 498 TFLOP/s/GPU (12.3 / 35.1 ms)``, or why there is none."""
+    def text(self, scale: float = 1.0) -> str:
+        """``S: 612 / 498 (12.3 / 35.1 ms)``: forward / backward throughput and time, or why not.
+
+        The throughput is TFLOP/s per GPU times ``scale`` (1000: GFLOP/s, for a CPU job); the
+        caller names the unit and the order (fwd / bwd) once, in its header.
+        """
         if self.prediction is None:
-            return f"{self.seqlen}: no prediction ({self.reason})"
+            return f"{self.seqlen:,}: no prediction ({self.reason})"
         fwd, bwd = self.prediction.fwd, self.prediction.bwd
         return (
-            f"{self.seqlen}: fwd {fwd.tflops:.3g} / bwd {bwd.tflops:.3g} TFLOP/s/GPU "
-            f"({fwd.time_ms:.3g} / {bwd.time_ms:.3g} ms)"
+            f"{self.seqlen:,}: {fwd.tflops * scale:.3g} / {bwd.tflops * scale:.3g} "
+            f"({_times(float(fwd.time_ms), float(bwd.time_ms))})"
         )
+
+
+def _times(fwd_ms: float, bwd_ms: float) -> str:
+    """``12.3 / 35.1 ms`` or ``848 ms / 2.16 s``: never ``2.16e+03 ms``."""
+    if max(fwd_ms, bwd_ms) < 1000:
+        return f"{fwd_ms:.3g} / {bwd_ms:.3g} ms"
+    return " / ".join(
+        f"{ms / 1000:.3g} s" if ms >= 1000 else f"{ms:.3g} ms" for ms in (fwd_ms, bwd_ms)
+    )
 
 
 @dataclass(frozen=True)

@@ -281,7 +281,7 @@ def test_dry_run_prints_shapes_and_gpu_hours_and_submits_nothing(slurm_cluster, 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 nodes x 2 tasks" in done.stdout and "1 node x 2 tasks" in done.stdout
-    assert "4 job(s)" in done.stdout and "GPU-hours" in done.stdout
+    assert "4 job(s)" in done.stdout and "CPU core-hours" in done.stdout  # no GPU: CPU units
     assert not sweep.exists()
     assert _jobs_known(slurm_cluster) == before
     queued = subprocess.run(["squeue", "-h"], env=slurm_cluster, capture_output=True, text=True)

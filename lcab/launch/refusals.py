@@ -1,0 +1,56 @@
+"""Whether a job would end ``skipped``: the runner's own check, asked before anything runs.
+
+A dry run that priced every job as if it ran told a user, for ``kernel=fa3,sdpa_flash
+mask=share_question``, to expect 561 and 358 TFLOP/s per GPU for two jobs that the support
+matrix marks unsupported and that would both come back ``skipped``. Here each job's first
+length is checked as the runner checks it — the kernel's `not_supported_reasons` for a single
+device, the strategy's (every rank's block included) under context parallelism — leaving out
+what belongs to the machine the dry run runs on (a package or a GPU a login node lacks: the job
+runs elsewhere).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lcab.cell import Cell
+from lcab.cp import STRATEGIES
+from lcab.kernels import Problem, get_kernel
+from lcab.masks import make_mask
+
+
+def job_refusal(cell: Cell) -> list[str]:
+    """Why the job's passes would be skipped wherever it runs (empty: it runs).
+
+    Only a refusal of every pass the job asks for counts (a job that runs its forward is not
+    refused); the reasons are those of its first length and first mask sample.
+    """
+    seqlen = cell.seqlens[0]
+    kernel = get_kernel(cell.kernel, **cell.kernel_options)
+    device = torch.device(cell.device)
+    problem = Problem(
+        seqlen, seqlen, cell.heads_q, cell.heads_kv, cell.head_dim, cell.torch_dtype, device
+    )
+    try:
+        mask = make_mask(cell.mask, seqlen, seed=cell.mask_seed, **cell.mask_params)
+    except ValueError as err:  # the runner records this length skipped with the same words
+        return [f"mask {cell.mask} at seqlen {seqlen}: {err}"]
+    machine = set(kernel.environment_reasons(device))
+    strategy = (
+        None
+        if cell.cp == "none"
+        else STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
+    )
+    found: list[str] = []
+    for pass_ in cell.bench.passes:
+        reasons = (
+            kernel.not_supported_reasons(problem, mask, pass_)
+            if strategy is None
+            else strategy.not_supported_reasons(kernel, problem, mask, cell.world_size, pass_)
+        )
+        # a strategy names its kernel's reasons ("kernel fa3: needs package ..."): by the end
+        reasons = [r for r in reasons if not any(r.endswith(m) for m in machine)]
+        if not reasons:
+            return []  # a pass runs: the job is not refused
+        found += [r for r in reasons if r not in found]
+    return found
