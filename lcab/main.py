@@ -259,7 +259,7 @@ def main() -> None:
     from lcab.config import register_configs
     from lcab.config.preflight import output_problem, preflight, split_argv
     from lcab.launch import register_launcher
-    from lcab.launch.checks import slurm_problems
+    from lcab.launch.checks import slurm_problems, sweep_problems
     from lcab.records.callback import write_failures
 
     register_configs()
@@ -267,7 +267,8 @@ def main() -> None:
     _unwind_on_sigterm()
     # one process (the planner's pre-flight uses every core): the dry-run hangs CI met, which
     # this was once suspected of, were the dry run's multiprocessing.Pool (now fork_map)
-    code = preflight(argv, extra=slurm_problems)
+    # a sweep is not refused for a cell that cannot be built: that cell is a skipped record
+    code = preflight(argv, extra=sweep_problems if split_argv(argv)[1] else slurm_problems)
     if code:
         sys.exit(code)
     if _dry_run(argv):

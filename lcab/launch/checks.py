@@ -18,10 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from lcab.cell import Cell
 from lcab.config.launcher import LAUNCHER_TARGET
-from lcab.cp import STRATEGIES
-from lcab.cp.hybrid import UlyssesRing
 from lcab.distributed.context import binding_problem
-from lcab.kernels import Problem
+from lcab.launch.refusals import layout_problems
 from lcab.launch.slurm_launcher import composed_settings
 
 
@@ -51,7 +49,35 @@ def partitions() -> dict[str, int] | None:
 
 
 def slurm_problems(cfg: DictConfig, cell: Cell) -> list[str]:
-    """Why this job cannot be submitted as it is (empty: it can).
+    """Why this job cannot be submitted as it is (empty: it can): a single run's check.
+
+    `submission_problems` and `cell_impossibility` together; a sweep checks only the first
+    (`sweep_problems`): one cell that cannot be built must not refuse every other cell.
+    """
+    return submission_problems(cfg, cell) + cell_impossibility(cfg, cell)
+
+
+def sweep_problems(cfg: DictConfig, cell: Cell) -> list[str]:
+    """A sweep's check of one job: what stops the sweep, not a cell that cannot be built.
+
+    Such a cell (Ulysses over more ranks than heads divide, say) ends as a ``skipped`` record
+    with its reason — under SLURM without being submitted (`ShapedSlurmLauncher.launch`), in
+    the dry run priced at zero (`lcab.launch.refusals`).
+    """
+    return submission_problems(cfg, cell)
+
+
+def cell_impossibility(cfg: DictConfig, cell: Cell) -> list[str]:
+    """Why the cell's strategy cannot be laid out on its SLURM topology (empty: it can).
+
+    Local runs are not asked: their ranks start in seconds and record the same reasons as
+    ``skipped`` themselves; a SLURM job would hold its nodes to say it.
+    """
+    return layout_problems(cell, str(cfg.topology.name)) if uses_slurm(cfg) else []
+
+
+def submission_problems(cfg: DictConfig, cell: Cell) -> list[str]:
+    """What stops the job being submitted or started at all (empty: nothing).
 
     A local CUDA job is checked too: all its ranks share this host's visible GPUs.
     """
@@ -72,17 +98,6 @@ def slurm_problems(cfg: DictConfig, cell: Cell) -> list[str]:
             "launcher=slurm name the ranks per node (e.g. topology=2x8 or "
             "topology.devices_per_node=8)"
         )
-    if cell.cp != "none":
-        strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
-        problem = Problem(1, 1, cell.heads_q, cell.heads_kv, cell.head_dim, torch.float32)
-        for why in strategy.reasons(problem, cell.world_size):
-            problems.append(f"cp={cell.cp} on topology={cfg.topology.name}: {why}")
-        ulysses = strategy.ulysses_degree(cell.world_size)
-        if isinstance(strategy, UlyssesRing) and cell.devices_per_node % ulysses:
-            problems.append(
-                f"cp.ulysses_degree={ulysses} does not divide the {cell.devices_per_node} ranks "
-                "of a node: Ulysses groups must stay inside a node (all-to-all over NVLink)"
-            )
     settings = composed_settings(cfg)
     known = partitions()
     if known is not None:

@@ -37,6 +37,9 @@ STATE_STATUS = {
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 """The state of a job sbatch refused (``detail`` holds the scheduler's message)."""
+NOT_BUILDABLE = "NOT_BUILDABLE"
+"""The state of a cell lcab did not submit: it cannot be laid out on its topology (``detail``
+says why; `lcab.launch.checks.cell_impossibility`). Its records are ``skipped``."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
     job = f"SLURM job {end.job_id} {end.state}"
     if end.state == NOT_SUBMITTED:
         return "error", f"SLURM refused the job: {end.detail}"
+    if end.state == NOT_BUILDABLE:
+        return "skipped", f"not submitted: {end.detail}"
     if end.state in _SCHEDULER_ENDS:
         return STATE_STATUS[end.state], f"SLURM job {end.job_id} ended {end.state}"
     failures = read_failures(cell_dir)

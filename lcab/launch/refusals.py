@@ -15,6 +15,7 @@ import torch
 
 from lcab.cell import Cell
 from lcab.cp import STRATEGIES
+from lcab.cp.hybrid import UlyssesRing
 from lcab.kernels import Problem, get_kernel
 from lcab.masks import make_mask
 
@@ -54,3 +55,26 @@ def job_refusal(cell: Cell) -> list[str]:
             return []  # a pass runs: the job is not refused
         found += [r for r in reasons if r not in found]
     return found
+
+
+def layout_problems(cell: Cell, topology: str) -> list[str]:
+    """Why the cell's strategy cannot be laid out on a SLURM ``topology`` (empty: it can).
+
+    The strategy's own rules (heads that the Ulysses degree must divide, ranks a degree must
+    divide) and one of the cluster's: a Ulysses group stays inside a node (all-to-all over
+    NVLink).
+    """
+    if cell.cp == "none":
+        return []
+    problems = []
+    strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
+    problem = Problem(1, 1, cell.heads_q, cell.heads_kv, cell.head_dim, torch.float32)
+    for why in strategy.reasons(problem, cell.world_size):
+        problems.append(f"cp={cell.cp} on topology={topology}: {why}")
+    ulysses = strategy.ulysses_degree(cell.world_size)
+    if isinstance(strategy, UlyssesRing) and cell.devices_per_node % ulysses:
+        problems.append(
+            f"cp.ulysses_degree={ulysses} does not divide the {cell.devices_per_node} ranks "
+            "of a node: Ulysses groups must stay inside a node (all-to-all over NVLink)"
+        )
+    return problems

@@ -34,7 +34,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lcab.bench.scheduled import SCHEDULED_RANKS, watch_scheduler_signals
 from lcab.cell import Cell
 from lcab.config import job_info, resolve_cell
-from lcab.launch.outcome import NOT_SUBMITTED, JobEnd, result_can_change, settle
+from lcab.launch.outcome import NOT_BUILDABLE, NOT_SUBMITTED, JobEnd, result_can_change, settle
+from lcab.launch.refusals import layout_problems
 from lcab.launch.shape import JobShape, SlurmSettings, job_shape
 from lcab.records.resume import split_done
 from lcab.records.sinks import RECORDS_FILE
@@ -70,6 +71,8 @@ class PlannedJob:
     cell: Cell
     shape: JobShape
     settled: bool
+    impossible: tuple[str, ...] = ()
+    """Why the cell cannot be laid out on its topology: not submitted, recorded skipped."""
 
 
 class ShapedSlurmLauncher(BaseSubmititLauncher):
@@ -118,9 +121,9 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
             if cfg.resume:
                 _, todo = split_done(Path(job.output_dir) / RECORDS_FILE, cell.seqlens, cell.config)
                 settled = not todo
-            planned.append(
-                PlannedJob(index, list(overrides), cell, job_shape(cell, settings), settled)
-            )
+            impossible = tuple(layout_problems(cell, str(cfg.topology.name)))
+            shape = job_shape(cell, settings)
+            planned.append(PlannedJob(index, list(overrides), cell, shape, settled, impossible))
         return planned
 
     def launch(
@@ -138,6 +141,9 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
         for job in planned:
             if job.settled:
                 log.info(f"\t#{job.index} : settled, not submitted ({' '.join(job.overrides)})")
+            elif job.impossible:  # no nodes held just to say so: its records are written here
+                log.info(f"\t#{job.index} : cannot be built, not submitted: {job.impossible[0]}")
+                settle(job.cell, JobEnd("-", NOT_BUILDABLE, "; ".join(job.impossible)))
             else:
                 groups.setdefault(job.shape, []).append(job)
         submitted: dict[int, Any] = {}

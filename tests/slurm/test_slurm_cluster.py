@@ -141,6 +141,26 @@ def test_a_topology_sweep_gets_one_shape_per_cell_and_ulysses_stays_in_a_node(
         assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2]
 
 
+def test_a_cell_that_cannot_be_built_is_a_skipped_record_and_never_submitted(
+    slurm_cluster, tmp_path
+):
+    """Ulysses over 6 ranks cannot split 8 heads: that cell is recorded skipped with the reason
+    and never reaches the scheduler, while the sweep's other cell runs."""
+    before = _jobs_known(slurm_cluster)
+    sweep = tmp_path / "sweep"
+    done = lcab(
+        slurm_cluster, "-m", *SLURM, "cp=ulysses", "kernel=ranges", "mask=causal",
+        "topology=local2,local6", "debug=default", f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_jsonl(sweep / "records.jsonl")
+    assert {r["status"] for r in records if r["world_size"] == 2} == {"ok"}
+    six = sorted((r for r in records if r["world_size"] == 6), key=lambda r: r["seqlen"])
+    assert six and {r["status"] for r in six} == {"skipped"}
+    assert "heads_q=8 is not divisible by the Ulysses degree 6" in " ".join(six[0]["reasons"])
+    assert _jobs_known(slurm_cluster) - before == 1  # only the buildable cell was submitted
+
+
 # Lengths for the fault tests: a fault lands after the first length is recorded and must find the
 # job still running (the second and third lengths are its window), and every length the fault
 # left unsettled is run again on resume or requeue. The naive kernel's time grows as the square
