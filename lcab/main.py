@@ -8,6 +8,7 @@ pre-checked as a whole before the first job starts; bad input exits with code 2.
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -77,6 +78,7 @@ def app(cfg: DictConfig) -> None:
     from lcab.bench.scheduled import scheduled_rank, write_job_environment
     from lcab.config import resolve_cell
     from lcab.records.loggers import make_loggers
+    from lcab.records.table import record_line
 
     job = _job_info()
     try:
@@ -105,11 +107,18 @@ def app(cfg: DictConfig) -> None:
     from lcab.plan.record_prediction import record_predictor  # the planner, only to run a cell
 
     predict = record_predictor(cfg, cell)  # every length predicted before any is timed
+    log = logging.getLogger("lcab")  # the job's main.log (conf/hydra/job_logging/lcab.yaml)
+    log.info(
+        "cell kernel=%s cp=%s mask=%s world=%d on %s, lengths %s; records to %s",
+        cell.kernel, cell.cp, cell.mask, cell.world_size, cell.device, list(cell.seqlens),
+        sink.path,
+    )  # fmt: skip
 
     def write(record: RunRecord) -> None:
         predict(record)  # never raises: a cell without a prediction says why
         records.append(record)
         sink.write(record)  # first: a record that cannot be kept stops the cell
+        log.info("%s", record_line(record))
         for logger in loggers:
             logger.log(record)
 

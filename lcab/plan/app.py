@@ -11,6 +11,7 @@ overlaid. ``recommend=true`` ranks every strategy for the cell instead.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -197,9 +198,11 @@ def app(cfg: DictConfig) -> None:
         extra = {"hardware": hardware.name, "harness": harness.name, "samples": cell.mask_samples}
         rows.append(prediction.row() | extra)
     if rows:
+        log = logging.getLogger("lcab.plan")  # the job's app.log
         with (out_dir / PLAN_FILE).open("w") as fh:  # a job run again replaces its rows
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
+                log.info("%s", json.dumps(row))
         _console().print(predictions_table(rows, f"{hardware.name}  ->  {out_dir / PLAN_FILE}"))
 
 

@@ -136,3 +136,18 @@ def print_table(
     out.print(table)
     for number, note in enumerate(notes, 1):
         out.print(f"[{number}] {note}", markup=False, highlight=False, soft_wrap=False)
+
+
+def record_line(r: RunRecord) -> str:
+    """One record in one line, for a log: length, status, each pass's time and rate, its note."""
+    unit, factor = throughput_unit([r])
+    parts = [f"seqlen {r.seqlen:,}: {r.status}"]
+    for p in r.passes:
+        res = r.pass_result(p)
+        if res.status in ("ok", "numerics_mismatch"):
+            value = None if res.tflops is None else res.tflops * factor
+            parts.append(f"{p} {duration(res.ms_p50)} {rate(value)} {unit}")
+        else:
+            parts.append(f"{p} {res.status}")
+    note = note_of(r)
+    return ", ".join(parts) + (f" ({note})" if note else "")

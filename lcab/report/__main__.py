@@ -5,7 +5,9 @@ Commands:
   readme                       refresh the generated sections of the README, the guides and
                                the --help template
   build PATH... [--out DIR]    the report of sweeps, run folders or records files: an offline
-                               HTML page, PNG plots, CSV and Markdown tables
+                               HTML page, PNG plots, CSV and Markdown tables; NAME=PATH names
+                               a run (``baseline=A new=B``: labelled by name, and the summary
+                               gains each pass's speed-up over the first named run)
   wandb-workspace SWEEP        the sweep's standard W&B workspace (``--dry-run PATH``: its JSON,
                                offline; without: saved, which needs a W&B login)
   gpu-table FILE               the GPU verification table a ``launchers/gpu_check.sh`` run wrote
@@ -72,9 +74,10 @@ def _add_build(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "build",
         help="HTML page, PNG plots and tables from records",
         description="Build a report from sweep folders, run folders or records.jsonl files "
-        "(several are merged). Writes <first folder>/report/ unless --out is given.",
+        "(several are merged; NAME=PATH names one, and two named runs are compared: "
+        "baseline=A new=B). Writes <first folder>/report/ unless --out is given.",
     )
-    build.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    build.add_argument("paths", nargs="+", metavar="[NAME=]PATH")
     build.add_argument("--out", type=Path, default=None, metavar="DIR", help="output folder")
     build.set_defaults(run=_build)
 

@@ -23,7 +23,7 @@ import pandas as pd
 
 from lcab.records.sinks import RECORDS_FILE
 from lcab.report.figures import build_figures
-from lcab.report.frame import SOURCE, load_records
+from lcab.report.frame import SOURCE, load_records, named_input
 from lcab.report.page import (
     PageInputs,
     markdown_table,
@@ -74,8 +74,8 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
         lcab.report.frame.BadInputError: a path does not exist or holds no records.
 
     """
-    inputs = [Path(p) for p in paths]
-    frame = load_records(inputs)
+    inputs = [named_input(p)[1] for p in paths]
+    frame = load_records(list(paths))
     figures = build_figures(frame)
     folder = Path(out) if out is not None else default_out(inputs[0])
     png_dir = folder / PNG_DIR
@@ -93,7 +93,8 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
 
     summary, reasons = summary_table(frame), reasons_table(frame)
     summary.to_csv(folder / "summary.csv", index=False)
-    (folder / "summary.md").write_text(markdown_table(shown_columns(summary)), encoding="utf-8")
+    summary_md = markdown_table(shown_columns(summary, keep=("variant", "reason")))
+    (folder / "summary.md").write_text(summary_md, encoding="utf-8")
     predicted = predictions_table(frame)
     predicted.to_csv(folder / "predicted.csv", index=False)
     (folder / "predicted.md").write_text(
@@ -101,7 +102,12 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
         encoding="utf-8",
     )
     reasons.to_csv(folder / "reasons.csv", index=False)
-    (folder / "reasons.md").write_text(markdown_table(reasons, max_text=400), encoding="utf-8")
+    (folder / "reasons.md").write_text(
+        markdown_table(reasons, max_text=400)
+        if len(reasons)
+        else "Every pass of every record ran `ok`: no reason to give.\n",
+        encoding="utf-8",
+    )
 
     page = render_page(
         figures,

@@ -14,6 +14,10 @@ one record (one cell at one length); the columns are `RunRecord.flat` keys (pass
     because the inputs mix, say, two dtypes or the same cell from two sweeps.
 ``source``
     the records file a row was read from.
+``run``
+    the name a user gave its input (``python -m lcab.report build baseline=PATH new=PATH``;
+    empty when unnamed): what a comparison of two runs is labelled by (`variant` tries it
+    first) and what the summary's speed-up columns divide by (`speedups`).
 
 A record whose ranks shared a GPU (``shared_device``: a numerics-only check over gloo) keeps
 its numerics, bytes and memory, but its times and TFLOP/s are empty here
@@ -39,12 +43,14 @@ from lcab.records.sinks import RECORDS_FILE, read_records
 SERIES = "series"
 VARIANT = "variant"
 SOURCE = "source"
-DERIVED_COLUMNS = (SERIES, VARIANT, SOURCE)
+RUN = "run"
+DERIVED_COLUMNS = (SERIES, VARIANT, SOURCE, RUN)
 """Columns `load_records` adds to the `RunRecord.flat` keys."""
 
 POINT_KEY = ("series", "mask", "world_size", "seqlen")
 """What makes one point of a plot; rows sharing it are told apart by ``variant``."""
 VARIANT_CANDIDATES = (
+    RUN,
     "dtype",
     "heads_q",
     "heads_kv",
@@ -122,7 +128,7 @@ def load_records(paths: Path | str | Sequence[Path | str]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     seen_files: set[Path] = set()
     for given in paths:
-        path = Path(given)
+        name, path = named_input(given)
         count = 0
         for file in record_files(path):
             resolved = file.resolve()
@@ -136,7 +142,7 @@ def load_records(paths: Path | str | Sequence[Path | str]) -> pd.DataFrame:
             if resolved in seen_files:
                 continue
             seen_files.add(resolved)
-            rows += [_row(record, file) for record in records]
+            rows += [_row(record, file, name) for record in records]
         if count == 0:
             raise BadInputError(f"{path}: its {RECORDS_FILE} file(s) hold no records")
     frame = pd.DataFrame(rows)
@@ -146,14 +152,59 @@ def load_records(paths: Path | str | Sequence[Path | str]) -> pd.DataFrame:
     frame = frame[frame[SOURCE] == first].copy()
     frame[VARIANT] = variant_labels(frame)
     order = ["mask", SERIES, "world_size", VARIANT, "seqlen"]
-    return frame.sort_values(order, kind="stable").reset_index(drop=True)
+    frame = frame.sort_values(order, kind="stable").reset_index(drop=True)
+    named = [named_input(p)[0] for p in paths]
+    frame.attrs[RUN] = list(dict.fromkeys(n for n in named if n))  # in the order given
+    return frame
 
 
-def _row(record: RunRecord, file: Path) -> dict[str, Any]:
+SAME_PROBLEM = (*POINT_KEY, "dtype", "heads_q", "heads_kv", "head_dim")
+"""What two named runs' rows must share to be compared (`speedups`)."""
+
+
+def speedups(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per row, its throughput over the first named run's at the same point (empty: none).
+
+    With two or more named runs (``build baseline=A new=B``), columns ``fwd vs <first>`` and
+    ``bwd vs <first>``: TFLOP/s of the row / TFLOP/s of the first run's row of the same
+    problem (`SAME_PROBLEM`); blank on the first run's own rows and where either has none.
+    """
+    runs = frame.attrs.get(RUN, [])
+    if len(runs) < 2:
+        return pd.DataFrame(index=frame.index)
+    base = frame[frame[RUN] == runs[0]]
+    key = list(SAME_PROBLEM)
+    out = pd.DataFrame(index=frame.index)
+    for pass_ in ("fwd", "bwd"):
+        column = f"{pass_}_tflops"
+        reference = base.drop_duplicates(key).set_index(key)[column]
+        joined = frame[key].apply(tuple, axis=1).map(reference.to_dict())
+        ratio = frame[column] / joined.astype(float)
+        ratio[frame[RUN] == runs[0]] = float("nan")
+        out[f"{pass_} vs {runs[0]}"] = ratio.round(3)
+    return out
+
+
+def _row(record: RunRecord, file: Path, name: str) -> dict[str, Any]:
     row = record.measured_flat()
     row[SERIES] = series_name(record.kernel, record.cp)
     row[SOURCE] = str(file)
+    row[RUN] = name
     return row
+
+
+def named_input(given: Path | str) -> tuple[str, Path]:
+    """(name, path) of an input: ``NAME=PATH`` names its records, a plain path is unnamed.
+
+    A string is read as ``NAME=PATH`` only when it is not itself an existing path and ``NAME``
+    is a plain word (letters, digits, ``-``, ``_``, ``.``): a folder whose name holds ``=`` (a
+    Hydra job folder, ``0_kernel=ranges``) stays a path.
+    """
+    text = str(given)
+    name, sep, rest = text.partition("=")
+    if sep and not Path(text).exists() and name and all(c.isalnum() or c in "-_." for c in name):
+        return name, Path(rest)
+    return "", Path(text)
 
 
 def variant_labels(frame: pd.DataFrame) -> pd.Series:

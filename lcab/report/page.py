@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from lcab.flops import PASSES
+from lcab.report.frame import speedups
 from lcab.report.plot_data import SECTIONS, Figures
 from lcab.report.plot_style import severity
 
@@ -93,6 +94,7 @@ SECTION_NOTES = {
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per record: cell, length, status, p50 times, TFLOP/s, memory, errors, reason."""
     table = frame[list(SUMMARY_COLUMNS)].copy()
+    table = pd.concat([table, speedups(frame)], axis=1)  # named runs compared, if any
     table["reason"] = [_first_reason(row) for _, row in frame.iterrows()]
     return table.reset_index(drop=True)
 
@@ -227,9 +229,13 @@ def markdown_table(table: pd.DataFrame, max_text: int = 120) -> str:
     return "\n".join(lines) + "\n"
 
 
-def shown_columns(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` without the columns empty in every row (``variant`` usually is)."""
-    empty = [c for c in table.columns if table[c].map(lambda v: format_value(v) in ("", "–")).all()]
+def shown_columns(table: pd.DataFrame, keep: tuple[str, ...] = ()) -> pd.DataFrame:
+    """``table`` without the columns empty in every row (but those in ``keep``)."""
+    empty = [
+        c
+        for c in table.columns
+        if c not in keep and table[c].map(lambda v: format_value(v) in ("", "–")).all()
+    ]
     return table.drop(columns=empty)
 
 

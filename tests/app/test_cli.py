@@ -51,8 +51,17 @@ def test_multirun_writes_one_merged_record_per_cell_and_seqlen(tmp_path):
     with open(sweep / "records.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert {(r["kernel"], r["mask"], int(r["seqlen"])) for r in rows} == expected
-    # each job also kept its own records file
+    # each job also kept its own records file, and its log says what it did
     assert len(list(sweep.glob("*/records.jsonl"))) == 4
+    for log in sweep.glob("*/main.log"):
+        lines = log.read_text().splitlines()
+        assert lines[0].split(" - ", 1)[1].startswith("cell kernel=")
+        assert [line.split(" - ", 1)[1].split(":")[0] for line in lines[1:]] == [
+            "seqlen 256", "seqlen 512"
+        ]  # fmt: skip
+    assert len(list(sweep.glob("*/main.log"))) == 4
+    # the sweep ends with one table of every cell, and no cell name carries debug=...
+    assert "sweep " in done.stdout and "4 cells, 8 records" in done.stdout
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from tests.helpers.synthetic_records import (
     example_sweeps,
     kernel_jobs,
     measured,
+    write_sweep,
 )
 
 
@@ -477,3 +478,28 @@ def test_figure_titles_say_what_the_numbers_ran_on(tmp_path):
     write_records(tmp_path / RECORDS_FILE, [record])
     figures = build_figures(load_records([tmp_path / RECORDS_FILE]))
     assert line_figure(figures, "throughput_causal").title.endswith("· float32 on EPYC (cpu)")
+
+
+def test_two_named_runs_are_labelled_by_name_and_compared(tmp_path):
+    """``build baseline=A new=B``: rows say which run, and the new run's rows carry its speed-up
+    over the baseline's at the same point (by hand: the same FLOPs in half the time is 2x)."""
+    base = write_sweep(tmp_path / "a", [[measured("ranges", "causal", 1024, ms=10.0)]])
+    new = write_sweep(tmp_path / "b", [[measured("ranges", "causal", 1024, ms=5.0, sweep="b")]])
+    frame = load_records([f"baseline={base}", f"new={new}"])
+    assert sorted(frame["variant"]) == ["run=baseline", "run=new"]
+    built = build_report([f"baseline={base}", f"new={new}"], out=tmp_path / "report")
+    summary = (built.folder / "summary.md").read_text()
+    header = summary.splitlines()[0]
+    assert "fwd vs baseline" in header and "bwd vs baseline" in header and "reason" in header
+    new_row = next(line for line in summary.splitlines() if "run=new" in line)
+    cells = [c.strip() for c in new_row.strip("|").split("|")]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert cells[columns.index("fwd vs baseline")] == "2"
+
+
+def test_a_report_with_nothing_to_explain_says_so(tmp_path):
+    sweep = write_sweep(tmp_path / "a", [[measured("ranges", "causal", 1024)]])
+    built = build_report([sweep], out=tmp_path / "report")
+    assert (built.folder / "reasons.md").read_text().startswith("Every pass of every record ran")
+    header = (built.folder / "summary.md").read_text().splitlines()[0]
+    assert "variant" in header and "reason" in header  # kept, if empty
