@@ -151,7 +151,8 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
     GFLOP/s, wall time and core-hours for CPU ones. Jobs that would end ``skipped`` say why (a
     numbered note under the table) and cost nothing. The table fits the terminal (120 columns
     off one): a problem every job shares is said once above it, a length's prediction keeps
-    to one line, and long texts — refusals, few-token warnings — are notes under it.
+    to one line, and long texts — refusals, few-token warnings, a kernel costed at another's
+    rate — are notes under it.
     """
     rows = plan_rows(overrides, multirun, expect)
     on_cpu = all(row.device == "cpu" for row in rows)
@@ -182,6 +183,11 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
         if row.warning:
             notes.append(f"job {i}: {row.warning}")
             cells[1] += f" [{len(notes)}]"
+        rate_note = getattr(expectation, "rate_note", None)
+        if rate_note and not row.refused:  # one note per kernel, marked on each of its jobs
+            if rate_note not in notes:
+                notes.append(rate_note)
+            cells[1] += f" [{notes.index(rate_note) + 1}]"
         if row.refused:
             notes.append(f"job {i} would end skipped: {'; '.join(row.refused)}")
             if expect is not None:

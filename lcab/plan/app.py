@@ -173,11 +173,11 @@ def app(cfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"lcab: {err}", file=sys.stderr)
         sys.exit(2)
-    if cell.kernel not in hardware.kernels:
+    origin = hardware.rate_origin(cell.kernel)
+    if origin is not None:
         print(
-            f"lcab plan: note: hardware profile {hardware.name!r} has no rate for kernel "
-            f"{cell.kernel!r} (it has {', '.join(hardware.kernels)}); using its 'default' entry. "
-            "Fit one with `python -m lcab.plan --calibrate` on that kernel's records.",
+            f"lcab plan: note: {origin} (own rates: {', '.join(hardware.kernels)}). Fit one "
+            "with `python -m lcab.plan --calibrate` on that kernel's records.",
             file=sys.stderr,
         )
     out_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -25,7 +25,7 @@ from lcab.plan.hardware import Hardware
 from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell, mask_for
 from lcab.plan.replay import Replay, replay
-from lcab.plan.steps import Work
+from lcab.plan.steps import Work, dense_rectangle
 from lcab.records.schema import RunRecord
 
 
@@ -119,6 +119,9 @@ def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) 
     work = pair_work(mask, [np.arange(mask.seqlen_q)], [np.arange(mask.seqlen_k)], square)
     # documents with attended keys: the key runs of the call (0 when columns are not counted)
     key_docs = _head_mean(work.col_docs)
+    dense_rows, dense_keys = dense_rectangle(
+        mask.area() / mask.num_heads, mask.seqlen_q, mask.seqlen_k
+    )
     return Work(
         flops=4.0 * mask.area() * (heads_q // mask.num_heads) * head_dim,
         mean_keys=_head_mean(work.mean_keys),
@@ -136,6 +139,9 @@ def whole_mask_call(mask: AttnMask, heads_q: int, heads_kv: int, head_dim: int) 
         diagonal_rows=_head_mean(work.diagonal_rows),
         diagonal_runs=_head_mean(work.diagonal_runs),
         head_dim=head_dim,
+        q_heads=heads_q,
+        dense_rows=dense_rows,
+        dense_keys=dense_keys,
     )
 
 
@@ -160,14 +166,15 @@ def free_parameters(hardware: Hardware, kernels: Iterable[str], links: bool = Tr
 def start_value(hardware: Hardware, name: str) -> float:
     """Where a log-space fit starts a parameter: at its value.
 
-    An unset ``bwd_half_keys`` starts from the forward's; a 0 (a call cost fitted away) from 1,
-    since a logarithm cannot start at 0.
+    An unset backward value (``bwd_half_keys``, ``bwd_bias_bytes``) starts from the forward's;
+    a 0 (a call cost fitted away) from 1, since a logarithm cannot start at 0.
     """
     node: object = hardware.to_dict()
     for part in name.split("."):
         parent, node = node, node[part]  # type: ignore[index]
-    if node is None and name.endswith(".bwd_half_keys"):
-        node = parent["half_keys"]  # type: ignore[index]
+    last = name.rsplit(".", 1)[-1]
+    if node is None and last.startswith("bwd_"):  # bwd_half_keys, bwd_bias_bytes
+        node = parent[last.removeprefix("bwd_")]  # type: ignore[index]
     value = float(node)  # type: ignore[arg-type]
     return value if value > 0 else 1.0
 

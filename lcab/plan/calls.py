@@ -21,7 +21,7 @@ from lcab.masks.core import AttnMask
 from lcab.masks.geometry import kind_bands
 from lcab.plan.areas import PairWork
 from lcab.plan.harness import Copies, Elements, Harness
-from lcab.plan.steps import Work
+from lcab.plan.steps import Work, dense_rectangle
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,12 @@ def work_of(
     moved = copies.bytes(elements, element_bytes(problem), accumulator_bytes(problem))
     q_per_kv = heads.local_q / max(heads.local_kv, 1)
     flops = 4.0 * area * problem.head_dim * factor
+    active = call.harness.kernel_gets_active_tokens
+    dense_rows, dense_keys = dense_rectangle(
+        area / max(heads.local_q, 1),
+        rows if active else call.q_tokens,
+        cols if active and cols > 0 else call.kv_tokens,
+    )
     return Work(
         flops,
         keys,
@@ -140,6 +146,8 @@ def work_of(
         diagonal_rows=diagonal,
         diagonal_runs=diagonal_runs,
         head_dim=problem.head_dim,
+        dense_rows=dense_rows,
+        dense_keys=dense_keys,
     )
 
 

@@ -71,6 +71,8 @@ class JobExpectation:
     hardware: str
     gpus: int
     lengths: tuple[LengthExpectation, ...]
+    rate_note: str | None = None
+    """Whose rate the job's kernel is costed at, where not its own (`Hardware.rate_origin`)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -129,7 +131,8 @@ def expect_length(
 def expect_job(cell: Cell, hardware: Hardware, harness: Harness = LCAB) -> JobExpectation:
     """What the planner expects of every length of a job on ``hardware``."""
     lengths = tuple(expect_length(cell, s, hardware, harness) for s in cell.seqlens)
-    return JobExpectation(hardware.name, cell.nodes * cell.devices_per_node, lengths)
+    gpus = cell.nodes * cell.devices_per_node
+    return JobExpectation(hardware.name, gpus, lengths, hardware.rate_origin(cell.kernel))
 
 
 DEFAULT_PROFILES = {"cuda": "h100_nvlink_ib", "cpu": "cpu_gloo_local"}

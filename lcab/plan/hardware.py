@@ -89,6 +89,16 @@ class KernelRate:
     whole piece (`lcab.plan.areas_diagonal`); 0: not costed (a tiled kernel's diagonal tiles
     are left in its fitted rates)."""
 
+    dense_mask: bool = False
+    """The kernel takes any mask but full or causal as a dense bias (PyTorch SDPA's cuDNN and
+    efficient backends): it computes every position of the call's rectangle and reads the bias
+    for each (`Work.dense_rows`), whatever the mask's area."""
+    bias_bytes: float = 0.0
+    """Memory traffic per computed position and query head of such a call (the bias read
+    again for every head: 2 bytes in bf16, more where tiles reread it), at ``memory_gbps``."""
+    bwd_bias_bytes: float | None = None
+    """``bias_bytes`` of the backward (None: the forward's)."""
+
     def saturation_keys(self, bwd: bool) -> float:
         """Keys per row at which the pass reaches half its plateau."""
         return self.bwd_half_keys if bwd and self.bwd_half_keys is not None else self.half_keys
@@ -148,21 +158,47 @@ class Hardware:
     """Ranks of a node that compute at full speed at once (CPU cores); None: one device each."""
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
+    borrow: dict[str, str] = field(default_factory=dict)
+    """Kernels with no figures of their own that run another entry's code, and that entry
+    (PyTorch's ``sdpa_flash`` and ``torch_varlen`` call its FlashAttention-2 kernels: ``fa2``)."""
+    default_from: str | None = None
+    """The entry whose rate ``default`` copies, named when a kernel falls back to it."""
 
     def rate(self, kernel: str) -> KernelRate:
-        """The kernel's rate, or the profile's ``default`` entry.
+        """The kernel's rate, the entry it borrows, or the profile's ``default`` entry.
 
         Raises:
-            ValueError: neither exists (names the kernels the profile has).
+            ValueError: none exists (names the kernels the profile has).
 
         """
         if kernel in self.kernels:
             return self.kernels[kernel]
+        if self.borrow.get(kernel) in self.kernels:
+            return self.kernels[self.borrow[kernel]]
         if "default" in self.kernels:
             return self.kernels["default"]
         raise ValueError(
             f"hardware profile {self.name!r} has no rate for kernel {kernel!r}; "
             f"valid: {', '.join(self.kernels)}"
+        )
+
+    def rate_origin(self, kernel: str) -> str | None:
+        """Whose rate ``kernel`` is costed at, said in words; None when it has its own.
+
+        A planner that gives every kernel one rate misleads (an H100 dry run priced FA4 and
+        PyTorch's cuDNN backend alike), so output says which kernels borrow a rate.
+        """
+        if kernel in self.kernels:
+            return None
+        entry = self.borrow.get(kernel)
+        if entry in self.kernels:
+            return f"{kernel} is costed at {entry}'s rate (it runs {entry}'s kernels)"
+        if "default" not in self.kernels:
+            return None  # rate() refuses it
+        whose = f"{self.default_from}'s rate" if self.default_from else "its generic rate"
+        return (
+            f"{kernel} has no figures in hardware profile {self.name}: costed at the "
+            f"profile's default ({whose})"
         )
 
     def with_values(self, values: dict[str, float]) -> Hardware:
@@ -200,7 +236,8 @@ class Hardware:
             return [prefix[:-1]] if numeric or node is None else []
 
         data = self.to_dict()
-        data.pop("sources", None)
+        for words in ("sources", "borrow", "default_from"):
+            data.pop(words, None)
         for link in ("intra", "inter"):
             for kind in self.efficiency:
                 data[link]["efficiency"].setdefault(kind, None)

@@ -42,6 +42,8 @@ from lcab.plan.steps import Work
 FIGURES_DIR = Path(__file__).resolve().parent / "figures"
 PARAMETERS = {"fwd": ("fwd_tflops", "half_keys"), "bwd": ("bwd_tflops", "bwd_half_keys")}
 """Per pass: the plateau and the sweep length of half saturation. ``call_us`` is fitted too."""
+BIAS = {"fwd": "bias_bytes", "bwd": "bwd_bias_bytes"}
+"""Per pass: a dense-mask kernel's bias traffic per computed position."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class Figures:
     default_from: str | None
     sources: dict[str, str]
     figures: list[Figure]
+    saturation_from: dict[str, str] = field(default_factory=dict)
+    """Kernels whose figures cannot place a saturation length (two long lengths, no short
+    sweep), and the kernel whose fitted lengths they take: only their plateaus are fitted."""
 
     def kernels(self) -> list[str]:
         """Kernels with figures, in file order."""
@@ -116,7 +121,8 @@ def load_figures(path: str | Path) -> Figures:
                     params=dict(series.get("params") or {}),
                 )
             )
-    return Figures(data["reference"], data.get("default_from"), sources, figures)
+    saturation_from = dict(data.get("saturation_from") or {})
+    return Figures(data["reference"], data.get("default_from"), sources, figures, saturation_from)
 
 
 def figure_work(figure: Figure, rate: KernelRate) -> Work:
@@ -136,7 +142,8 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
     """
     mask = make_mask(figure.mask, figure.seqlen, **figure.params)
     call = whole_mask_call(mask, figure.heads_q, figure.heads_kv, figure.head_dim)
-    if call.runs != 1.0:
+    dense = rate.dense_mask and call.dense_rows > 0  # the model costs the whole rectangle
+    if call.runs != 1.0 and not dense:
         raise ValueError(f"figure mask {figure.mask!r} is not one run of rows per sequence")
     bwd = figure.pass_ == "bwd"
     if bwd and rate.bwd_block_cols and figure.seqlen % rate.bwd_block_cols:
@@ -155,6 +162,7 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
         q_row_elements=0.0,
         kv_row_elements=0.0,
         key_columns=0.0,  # whole key tiles: no key padding (checked above)
+        dense_rows=call.dense_rows * figure.batch,  # the batch's rectangles, stacked
     )
 
 
@@ -190,24 +198,43 @@ class KernelFit:
 def fit_kernel(figures: Figures, hardware: Hardware, kernel: str) -> KernelFit:
     """Fit ``kernel``'s plateau and saturation length, per pass, to its figures.
 
+    The reference source sets the plateaus; a kernel it has no figures of is set by its first
+    source (lcab's own GPU records). A kernel in ``figures.saturation_from`` keeps the other
+    kernel's saturation lengths, as ``hardware`` has them. A dense-mask kernel
+    (`KernelRate.dense_mask`) with figures on other masks than full and causal fits its bias
+    traffic per position too.
+
     Raises:
-        ValueError: the kernel has no figures from the reference source.
+        ValueError: the kernel has no figures.
 
     """
     from scipy.optimize import least_squares  # only fits need scipy
 
     mine = [f for f in figures.figures if f.kernel == kernel]
-    passes = sorted({f.pass_ for f in mine if f.source == figures.reference})
-    if not passes:
-        raise ValueError(f"kernel {kernel!r} has no figures from {figures.reference!r}")
+    if not mine:
+        raise ValueError(f"kernel {kernel!r} has no figures")
+    sources = {f.source for f in mine}
+    reference = figures.reference if figures.reference in sources else mine[0].source
+    passes = sorted({f.pass_ for f in mine if f.source == reference})
     mine = [f for f in mine if f.pass_ in passes]
-    names = [f"kernels.{kernel}.{p}" for pass_ in passes for p in PARAMETERS[pass_]]
-    names.append(f"kernels.{kernel}.call_us")
-    scaled = sorted({(f.source, f.pass_) for f in mine if f.source != figures.reference})
     base = hardware if kernel in hardware.kernels else _with_kernel(hardware, kernel)
+    borrowed = figures.saturation_from.get(kernel)
+    if borrowed is not None:
+        lengths = hardware.rate(borrowed)
+        rate = dataclasses.replace(
+            base.rate(kernel), half_keys=lengths.half_keys, bwd_half_keys=lengths.bwd_half_keys
+        )
+        base = dataclasses.replace(base, kernels={**base.kernels, kernel: rate})
+    works = [figure_work(f, base.rate(kernel)) for f in mine]  # built once, not per iteration
+    free = [PARAMETERS[p][0] if borrowed else PARAMETERS[p] for p in passes]
+    parameters = [p for group in free for p in ((group,) if isinstance(group, str) else group)]
+    if base.rate(kernel).dense_mask:
+        dense = {f.pass_ for f, w in zip(mine, works, strict=True) if w.dense_rows > 0}
+        parameters += [BIAS[p] for p in passes if p in dense]
+    names = [f"kernels.{kernel}.{p}" for p in parameters] + [f"kernels.{kernel}.call_us"]
+    scaled = sorted({(f.source, f.pass_) for f in mine if f.source != reference})
     start = np.log([start_value(base, n) for n in names] + [1.0] * len(scaled))
     measured = np.log([f.tflops for f in mine])
-    works = [figure_work(f, base.rate(kernel)) for f in mine]  # built once, not per iteration
 
     def fitted(x: np.ndarray) -> np.ndarray:
         hw = base.with_values(dict(zip(names, np.exp(x[: len(names)]).tolist(), strict=True)))
@@ -246,15 +273,22 @@ def fit_profile(figures: Figures, hardware: Hardware) -> tuple[Hardware, list[Ke
 
     The ``default`` kernel, where the profile has one, becomes ``figures.default_from``'s rate.
     """
-    fits = [fit_kernel(figures, hardware, k) for k in figures.kernels()]
-    kernels = dict(hardware.kernels)
-    for fit in fits:
-        rate = kernels.get(fit.kernel, hardware.rate(fit.kernel))
+    fits = []
+    for kernel in figures.kernels():  # in file order: a borrowed saturation is fitted first
+        fit = fit_kernel(figures, hardware, kernel)
+        rate = hardware.kernels.get(kernel, hardware.rate(kernel))
+        borrowed = figures.saturation_from.get(kernel)
         changes: dict[str, Any] = {n.rsplit(".", 1)[1]: v for n, v in fit.values.items()}
-        kernels[fit.kernel] = dataclasses.replace(rate, **changes)
-    if figures.default_from and "default" in kernels:
-        kernels["default"] = kernels[figures.default_from]
-    return dataclasses.replace(hardware, kernels=kernels), fits
+        if borrowed is not None:
+            lengths = hardware.rate(borrowed)
+            changes |= {"half_keys": lengths.half_keys, "bwd_half_keys": lengths.bwd_half_keys}
+        kernels = {**hardware.kernels, kernel: dataclasses.replace(rate, **changes)}
+        hardware = dataclasses.replace(hardware, kernels=kernels)
+        fits.append(fit)
+    if figures.default_from and "default" in hardware.kernels:
+        kernels = {**hardware.kernels, "default": hardware.kernels[figures.default_from]}
+        hardware = dataclasses.replace(hardware, kernels=kernels)
+    return hardware, fits
 
 
 def main(argv: Sequence[str] | None = None) -> int:

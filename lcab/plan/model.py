@@ -14,6 +14,7 @@ exactly into
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,8 @@ class CostModel:
         """Seconds of one kernel call, or of a harness's matrix products (``flops`` 0)."""
         if work is None:
             return 0.0
+        if self.rate.dense_mask and work.dense_rows > 0:
+            work = self.dense_call(work, bwd)
         moved = work.memory_bytes
         if bwd:  # the backward kernel's own passes over every token it is given
             rate = self.rate
@@ -92,6 +95,34 @@ class CostModel:
         flops = work.flops * self.position_factor(work, bwd)
         attention = flops / (peak * max(self.efficiency(work, bwd), 1e-9))
         return self.rate.call_us * 1e-6 + attention + matmul + traffic + idle
+
+    def dense_call(self, work: Work, bwd: bool) -> Work:
+        """What a dense-mask kernel runs for ``work``: its whole rectangle, and a bias read.
+
+        Every position of ``dense_rows x dense_keys`` per query head is computed (one run of
+        rows, every key), and each reads ``bias_bytes`` of the bias; the call's useful FLOPs
+        are no longer what sets its time.
+        """
+        rate = self.rate
+        positions = work.dense_rows * work.dense_keys * max(work.q_heads, 1.0)
+        per_position = (10.0 if bwd else 4.0) * work.head_dim
+        bias = rate.bwd_bias_bytes if bwd and rate.bwd_bias_bytes is not None else rate.bias_bytes
+        return dataclasses.replace(
+            work,
+            flops=positions * per_position,
+            mean_keys=work.dense_keys,
+            mean_queries=work.dense_rows,
+            rows=work.dense_rows,
+            runs=1.0,
+            key_columns=work.dense_keys,
+            key_runs=1.0,
+            key_documents=1.0,
+            diagonal_rows=0.0,
+            diagonal_runs=0.0,
+            memory_bytes=work.memory_bytes + positions * bias,
+            dense_rows=0.0,
+            dense_keys=0.0,
+        )
 
     def efficiency(self, work: Work, bwd: bool) -> float:
         """Fraction of the plateau a call's attention reaches.

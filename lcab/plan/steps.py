@@ -72,6 +72,27 @@ class Work:
     head_dim: float = 0.0
     """Head dimension of the call (0: unknown): a kernel whose work per attended position is
     not all products (a CPU kernel's softmax passes) runs faster per FLOP at a larger one."""
+    dense_rows: float = 0.0
+    """Query tokens of the call when its mask is neither full nor exactly causal, where a kernel
+    that takes a dense mask (`KernelRate.dense_mask`) computes ``dense_rows x dense_keys``
+    positions per query head (``q_heads``) whatever the area; 0: the call needs no dense mask."""
+    dense_keys: float = 0.0
+    """Key tokens of that rectangle."""
+
+
+def dense_rectangle(area: float, q_tokens: float, k_tokens: float) -> tuple[float, float]:
+    """(``dense_rows``, ``dense_keys``) of a call attending ``area`` positions per head.
+
+    A dense-mask kernel runs a full or a causal mask without one (PyTorch SDPA: ``is_causal``
+    when the mask is one full or causal slice over a square, `lcab.kernels.sdpa`); the area
+    tells them apart here (a whole rectangle, or a square's lower triangle with its diagonal),
+    which a mask of several slices adding up to a triangle would pass too: (0, 0) for those.
+    """
+    if area >= q_tokens * k_tokens or (
+        q_tokens == k_tokens and area == q_tokens * (q_tokens + 1) / 2
+    ):
+        return 0.0, 0.0
+    return q_tokens, k_tokens
 
 
 @dataclass(frozen=True)

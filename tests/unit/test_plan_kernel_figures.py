@@ -27,17 +27,48 @@ def test_the_shipped_h100_kernel_rates_are_the_fit_of_its_figures():
     """Edit a figure or a profile number and this fails until the other follows."""
     shipped = load_profile("h100_nvlink_ib")
     fitted, fits = fit_profile(load_figures(FIGURES_DIR / "h100_nvlink_ib.yaml"), shipped)
-    assert {f.kernel for f in fits} == {"fa3", "fa2", "cudnn", "ffa", "flex"}
-    for kernel in ("fa3", "fa2", "cudnn", "ffa", "flex", "default"):
+    kernels = {"fa3", "fa2", "cudnn", "ffa", "flex", "fa4", "sdpa_cudnn"}
+    assert {f.kernel for f in fits} == kernels
+    for kernel in (*kernels, "default"):
         want, got = fitted.kernels[kernel], shipped.kernels[kernel]
-        for name in ("fwd_tflops", "bwd_tflops", "half_keys", "bwd_half_keys"):
+        for name in ("fwd_tflops", "bwd_tflops", "half_keys", "bwd_half_keys", "bias_bytes"):
             assert getattr(got, name) == pytest.approx(getattr(want, name), rel=0.01), (
                 kernel,
                 name,
             )
         assert got.call_us == pytest.approx(want.call_us, abs=0.5), kernel
+        if want.bwd_bias_bytes is not None:
+            assert got.bwd_bias_bytes == pytest.approx(want.bwd_bias_bytes, rel=0.02), kernel
     fa3 = next(f for f in fits if f.kernel == "fa3")
     assert max(abs(value / f.tflops - 1) for f, value in fa3.rows) < 0.06
+    # lcab's own H100 kernels: each figure within 8 % of its fit, the dense-bias ones included
+    for fit in fits:
+        if fit.kernel in ("fa4", "sdpa_cudnn"):
+            assert max(abs(value / f.tflops - 1) for f, value in fit.rows) < 0.08, fit.kernel
+
+
+def test_lcab_h100_figures_are_the_records_they_cite():
+    """The `lcab_h100` series hold the records' throughputs (to 0.1), record for record."""
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "notebooks/data/gpu_h100_sweep_records.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    measured = {
+        (r["kernel"], r["mask"], pass_, r["seqlen"]): r[pass_]["tflops"]
+        for r in records
+        if r["status"] == "ok" and r["cp"] == "none"
+        for pass_ in ("fwd", "bwd")
+    }
+    figures = [
+        f
+        for f in load_figures(FIGURES_DIR / "h100_nvlink_ib.yaml").figures
+        if f.source == "lcab_h100"
+    ]
+    assert {(f.kernel, f.mask, f.pass_, f.seqlen) for f in figures} == set(measured)
+    for f in figures:
+        assert f.tflops == pytest.approx(measured[f.kernel, f.mask, f.pass_, f.seqlen], abs=0.051)
+        assert (f.heads_q, f.heads_kv, f.batch, f.head_dim) == (64, 8, 1, 128)
+    assert {r["device_name"] for r in records} == {"NVIDIA H100 80GB HBM3"}
 
 
 def _figure(**changes):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,22 @@ def _close(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
+def _printed(text: str) -> tuple[str, list[float]]:
+    """What a dry-run line says, apart from its layout: its words and its numbers in ms.
+
+    The layout changed on purpose after the fixture (``1,024: 0.00613 / 0.00851 (21.9 / 39.5
+    ms)`` for ``1024: fwd 0.00613 / bwd 0.00851 TFLOP/s/GPU (...)``, ``1.23 s`` for
+    ``1.23e+03 ms``); every printed digit must still be the same.
+    """
+    numbers = []
+    for match in re.finditer(r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)( s\b)?", text.replace(",", "")):
+        value = float(match.group(1))
+        numbers.append(round(value * 1000 if match.group(2) else value, 9))
+    if "no prediction" in text:  # the reason, word for word
+        return text.split(":", 1)[1].strip(), numbers
+    return "", numbers
+
+
 def _load() -> dict[str, Any]:
     return json.loads(FIXTURE.read_text())
 
@@ -116,7 +133,7 @@ def test_predictions_match_those_of_the_planner_before_it_was_made_fast(key: str
     got = figures(tuple(key.split(" ")))
     assert [g["seqlen"] for g in got] == [w["seqlen"] for w in want]
     for g, w in zip(got, want, strict=True):
-        assert g["text"] == w["text"], (key, g["seqlen"])
+        assert _printed(g["text"]) == _printed(w["text"]), (key, g["text"], w["text"])
         assert _close(g["wall_s"], w["wall_s"]), (key, g["seqlen"])
         assert ("row" in g) == ("row" in w)
         if "row" in w:
