@@ -74,12 +74,14 @@ def pair_work(
     row_sets: Sequence[IntArray],
     col_sets: Sequence[IntArray],
     with_cols: bool = True,
+    diagonal: bool = True,
 ) -> PairWork:
     """`PairWork` of ``mask`` for query shards ``row_sets`` and key shards ``col_sets``.
 
     Shards are arrays of token ids (-1 = padding, which attends and is attended by nothing).
     ``with_cols`` also counts the attended key columns (from the transposed mask), per pair
-    and per document.
+    and per document; ``diagonal`` the rows a band edge ends inside each pair
+    (`lcab.plan.areas_diagonal`; without it ``diagonal_rows`` and ``diagonal_runs`` are None).
     """
     if with_cols and mask.seqlen_q != mask.seqlen_k:
         raise ValueError("pair_work(with_cols=True) needs a self-attention mask")
@@ -87,8 +89,9 @@ def pair_work(
     same = col_sets is row_sets and mask.seqlen_q == mask.seqlen_k
     cols = rows if same else Shards.of(col_sets, mask.seqlen_k)
     work = _row_work(mask, row_sets, col_sets, shards=(rows, cols))
-    diagonal = diagonal_work(mask, row_sets, col_sets)
-    work = dataclasses.replace(work, diagonal_rows=diagonal.rows, diagonal_runs=diagonal.runs)
+    if diagonal:
+        edges = diagonal_work(mask, row_sets, col_sets)
+        work = dataclasses.replace(work, diagonal_rows=edges.rows, diagonal_runs=edges.runs)
     if with_cols:
         lengths = mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q]
         keys = _row_work(

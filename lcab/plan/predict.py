@@ -188,7 +188,8 @@ def predict(
     mask = mask if mask is not None else mask_for(cell)
     problem = cell.problem()
     plan = strategy.plan(mask, problem, cell.world)
-    replayed = replay(strategy, mask, problem, cell.world, plan, harness)
+    diagonal = hardware.rate(cell.kernel).diagonal_rows > 0  # else nothing costs the edges
+    replayed = replay(strategy, mask, problem, cell.world, plan, harness, diagonal)
     return CellPrediction(
         cell=cell,
         fwd=predict_pass(replayed, hardware, cell.kernel, "fwd"),

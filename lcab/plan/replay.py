@@ -92,10 +92,14 @@ def replay(
     world: int,
     plan: Plan | None = None,
     harness: Harness = LCAB,
+    diagonal: bool = True,
 ) -> Replay:
     """The replay of ``strategy`` running ``mask`` on ``world`` ranks (fwd and bwd).
 
     ``harness``: whose implementation of the schedule (default: lcab's runner).
+    ``diagonal=False`` leaves the calls' band-edge rows uncounted (`Work.diagonal_rows` 0):
+    only a kernel that masks whole pieces afterwards (``KernelRate.diagonal_rows``, lcab's
+    `ranges`) is costed by them, and counting them was 40 % of a GPU planner sweep's time.
     """
     plan = plan or strategy.plan(mask, problem, world)
     dpn = strategy.devices_per_node
@@ -105,7 +109,7 @@ def replay(
         num, den = PASS_FACTORS[pass_]
         out.global_flops[pass_] = forward * num / den
     builder = _BUILDERS[_family(strategy.name)]
-    fwd, bwd = builder(plan, mask, problem, Links(dpn, harness.p2p_batched), harness)
+    fwd, bwd = builder(plan, mask, problem, Links(dpn, harness.p2p_batched), harness, diagonal)
     tail = _projection_gradients(plan, problem, harness)
     out.passes = {"fwd": fwd, "bwd": [(*windows, *tail) for windows in bwd]}
     return out
@@ -171,10 +175,10 @@ def _ulysses_ends(
 
 
 def _ulysses(
-    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness
+    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness, diagonal: bool
 ) -> tuple[list, list]:
     order = np.concatenate(plan.rank_layouts)  # every token (a group holds the whole sequence)
-    call_work = CallWorks(pair_work(mask, [order], [order]), plan, problem)
+    call_work = CallWorks(pair_work(mask, [order], [order], diagonal=diagonal), plan, problem)
     call = Call("ulysses", harness, len(order), len(order), documents_of(mask))
     passes: tuple[list, list] = ([], [])
     for bwd, ranks in enumerate(passes):
@@ -186,7 +190,7 @@ def _ulysses(
 
 
 def _allgather(
-    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness
+    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness, diagonal: bool
 ) -> tuple[list, list]:
     """Ring All-Gather: gather K/V, one call per rank (or one per zigzag half), reduce-scatter.
 
@@ -200,7 +204,7 @@ def _allgather(
         docs = np.asarray(mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q])
         row_sets = [h for rows in row_sets for h in zigzag_halves(rows, docs, len(row_sets))]
     calls = len(row_sets) // plan.world
-    call_work = CallWorks(pair_work(mask, row_sets, [everything]), plan, problem)
+    call_work = CallWorks(pair_work(mask, row_sets, [everything], diagonal=diagonal), plan, problem)
     call = Call("allgather", harness, plan.shard_len // calls, len(everything), documents_of(mask))
     shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
     moved = 2 * (plan.ring - 1) * shard
@@ -248,11 +252,11 @@ def zigzag_halves(layout: np.ndarray, doc_lengths: np.ndarray, shards: int) -> l
 
 
 def _ring(
-    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness
+    plan: Plan, mask: AttnMask, problem: Problem, links: Links, harness: Harness, diagonal: bool
 ) -> tuple[list, list]:
     """Ring P2P, USP and LoongTrain: (Ulysses ends around) a windowed ring of R positions."""
     shards = list(plan.placement.layouts)
-    call_work = CallWorks(pair_work(mask, shards, shards), plan, problem)
+    call_work = CallWorks(pair_work(mask, shards, shards, diagonal=diagonal), plan, problem)
     r, w = plan.ring, plan.windows
     s = r // w
     prefix = {"ring": "ring", "usp": "usp_ring", "loongtrain": "loong"}[plan.strategy]
