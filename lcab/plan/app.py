@@ -20,7 +20,9 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
@@ -31,6 +33,7 @@ from lcab.plan.hardware import Hardware, from_dict
 from lcab.plan.harness import HARNESSES, LCAB, Harness
 from lcab.plan.predict import CellPrediction, PlanCell, predict_median
 from lcab.plan.recommend import recommend, step_ms
+from lcab.records.table import console, duration
 
 PLAN_FILE = "plan.jsonl"
 
@@ -38,53 +41,74 @@ register_configs()
 
 
 def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=220)
+    """The terminal's width, or 120 columns off one (`lcab.records.table.console`)."""
+    return console()
+
+
+def _shared(rows: list[dict[str, Any]], key: str, default: str = "") -> str | None:
+    """The value every row has for ``key`` (None: they differ)."""
+    values = {str(r.get(key, default)) for r in rows}
+    return values.pop() if len(values) == 1 else None
 
 
 def predictions_table(rows: list[dict[str, Any]], title: str) -> Table:
-    """Rich table of prediction rows (`CellPrediction.row`)."""
-    table = Table(title=title)
-    columns = [
-        ("cp", "cp"),
-        ("harness", "harness"),
-        ("mask", "mask"),
-        ("S", "seqlen"),
-        ("world", "world"),
-        ("U x R", None),
-        ("fwd ms", "fwd_time_ms"),
-        ("fwd TFLOP/s/GPU", "fwd_tflops"),
-        ("bwd ms", "bwd_time_ms"),
-        ("bwd TFLOP/s/GPU", "bwd_tflops"),
-        ("fwd compute/comm/imbal ms", None),
-        ("inter-node MB (fwd+bwd)", None),
-        ("mem MiB", "memory_mib"),
-    ]
-    for name, _ in columns:
-        table.add_column(name, justify="right" if name not in ("cp", "harness", "mask") else "left")
+    """Rich table of prediction rows (`CellPrediction.row`), within 120 columns.
+
+    What every row shares (mask, harness, hardware) is said once in the title; the passes
+    share a column each for throughput and time, labelled forward / backward.
+    """
+    shared = {k: _shared(rows, k, "lcab" if k == "harness" else "") for k in SHARED_KEYS}
+    said = [f"{k} {v}" for k, v in shared.items() if v]
+    table = Table(title=", ".join([title, *said]), title_justify="left", box=box.SIMPLE_HEAD)
+    columns = [k for k in SHARED_KEYS if shared[k] is None] + list(ROW_COLUMNS)
+    for name in columns:
+        table.add_column(
+            HEADERS.get(name, name),
+            justify="left" if name in (*SHARED_KEYS, "cp") else "right",
+            no_wrap=name in ROW_COLUMNS,
+        )
     for r in rows:
-        cells = []
-        for name, key in columns:
-            if name == "U x R":
-                cells.append(
-                    f"{r['ulysses']}x{r['ring']}"
-                    + (f"/{r['windows']}w" if r["windows"] > 1 else "")
-                )
-            elif name.startswith("fwd compute"):
-                cells.append(
-                    f"{r['fwd_compute_ms']:.2f}/{r['fwd_comm_ms']:.2f}/{r['fwd_imbalance_ms']:.2f}"
-                )
-            elif name.startswith("inter-node"):
-                cells.append(f"{(r['fwd_inter_bytes'] + r['bwd_inter_bytes']) / 1e6:.0f}")
-            else:
-                value = r.get(key, "lcab") if key == "harness" else r[key]  # type: ignore[index]
-                # 4 significant digits: H100 TFLOP/s and CPU ones (0.0353) both stay readable
-                if isinstance(value, float):
-                    cells.append(f"{value:.4g}")
-                else:
-                    cells.append(f"{value:,}" if isinstance(value, int) else str(value))
-        table.add_row(*cells)
+        table.add_row(*(_cell(r, name) for name in columns))
     return table
+
+
+SHARED_KEYS = ("mask", "harness", "hardware")
+"""Row fields usually shared by a whole sweep: a column only where rows differ."""
+ROW_COLUMNS = ("cp", "seqlen", "world", "layout", "tflops", "time", "split", "inter", "memory")
+HEADERS = {
+    "seqlen": "tokens",
+    "world": "GPUs",
+    "layout": "U×R",
+    "tflops": "TFLOP/s/GPU\nfwd / bwd",
+    "time": "ms\nfwd / bwd",
+    "split": "fwd ms: compute\n/comm/imbalance",
+    "inter": "inter-node\nMB",
+    "memory": "mem\nMiB",
+}
+
+
+def _cell(r: dict[str, Any], name: str) -> str:
+    """One cell of `predictions_table` (3 significant digits; CPU rates like 0.0353 too)."""
+    if name == "layout":
+        return f"{r['ulysses']}x{r['ring']}" + (f"/{r['windows']}w" if r["windows"] > 1 else "")
+    if name == "tflops":
+        return f"{r['fwd_tflops']:.3g} / {r['bwd_tflops']:.3g}"
+    if name == "time":
+        return f"{_ms(r['fwd_time_ms'])} / {_ms(r['bwd_time_ms'])}"
+    if name == "split":
+        parts = (r["fwd_compute_ms"], r["fwd_comm_ms"], r["fwd_imbalance_ms"])
+        return "/".join(_ms(ms) for ms in parts)
+    if name == "inter":
+        return f"{(r['fwd_inter_bytes'] + r['bwd_inter_bytes']) / 1e6:,.0f}"
+    if name == "memory":
+        return f"{r['memory_mib']:,.0f}"
+    value = r.get(name, "lcab" if name == "harness" else "")
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _ms(ms: float) -> str:
+    """Milliseconds in 3 significant digits, whole above 1000 (no exponent)."""
+    return f"{ms:,.0f}" if ms >= 1000 else f"{ms:.3g}"
 
 
 def hardware_of(cfg: DictConfig) -> Hardware:
@@ -203,7 +227,9 @@ def app(cfg: DictConfig) -> None:
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
                 log.info("%s", json.dumps(row))
-        _console().print(predictions_table(rows, f"{hardware.name}  ->  {out_dir / PLAN_FILE}"))
+        if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep ends with one table of all
+            _console().print(predictions_table(rows, "plan"))
+            print(f"[lcab] rows -> {out_dir / PLAN_FILE}")
 
 
 def read_plan_rows(root: Path, since: float | None = None) -> list[dict[str, Any]]:
@@ -236,7 +262,8 @@ class PlanSummary(Callback):
         if not rows:
             return
         rows.sort(key=lambda r: (r["mask"], r["cp"], r["world"]))
-        _console().print(predictions_table(rows, f"plan of {len(rows)} cells -> {root}"))
+        _console().print(predictions_table(rows, f"plan of {len(rows)} cells"))
+        print(f"[lcab] each cell's rows: {root}/*/{PLAN_FILE}")
         if len({r["world"] for r in rows}) > 1:
             from lcab.plan.figure import plot_scaling
 

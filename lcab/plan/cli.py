@@ -26,6 +26,7 @@ from rich.table import Table
 from lcab.plan.hardware import Hardware, load_profile
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import read_records
+from lcab.records.table import console
 
 RECORD_COMMANDS = ("--calibrate", "--check", "--published")
 
@@ -167,8 +168,8 @@ def run(argv: list[str]) -> int:
 
 
 def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
+    """The terminal's width, or 120 columns off one."""
+    return console()
 
 
 def _calibrate(points: list, hardware: Hardware, out: str | None, kernels_only: bool) -> int:
@@ -228,7 +229,7 @@ def _published(hardware: Hardware) -> int:
     rows = compare(hardware)
     console = _console()
     table = Table(
-        title=f"predicted vs published per-GPU TFLOP/s (H100 blog table) on {hardware.name}, "
+        title=f"predicted/published per-GPU TFLOP/s (H100 blog table) on {hardware.name}, "
         "costing the code that was measured (harness=longca)"
     )
     table.add_column("mask / pass")
@@ -241,7 +242,7 @@ def _published(hardware: Hardware) -> int:
         table.add_row(
             f"{mask} {pass_}",
             cp,
-            *(f"{r.predicted:.0f} / {r.published:.0f} ({100 * r.error:+.0f}%)" for r in cells),
+            *(f"{r.predicted:.0f}/{r.published:.0f} {100 * r.error:+.0f}%" for r in cells),
         )
     console.print(table)
     errors = np.abs([r.error for r in rows])

@@ -49,6 +49,10 @@ def test_a_topology_sweep_predicts_every_world_and_plots_them(tmp_path):
     usp = {r["world"]: r for r in rows if r["cp"] == "usp"}
     assert usp[16]["ulysses"] == 8 and usp[16]["ring"] == 2  # Ulysses inside the node
     assert (sweep / "plan_tflops.png").stat().st_size > 10_000
+    # one table of the sweep (not one per job), within 120 columns off a terminal, nothing cut
+    assert done.stdout.count("TFLOP/s/GPU") == 1 and "plan of 4 cells" in done.stdout
+    assert all(len(line) <= 120 for line in done.stdout.splitlines())
+    assert "…" not in done.stdout
 
     # the same sweep directory again, for one of those cells: its table holds that job alone,
     # whose file it rewrites, and the other jobs' folders are left as they were
@@ -69,9 +73,11 @@ def test_recommend_names_the_best_strategy_its_margin_and_the_smallest_world():
 def test_a_kernel_the_profile_has_no_rate_for_is_planned_with_a_note_saying_so(tmp_path):
     done = plan("kernel=sdpa", "mask=causal", "topology=1x8", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
-    assert "no rate for kernel 'sdpa'" in done.stderr and "'default' entry" in done.stderr
+    note = " ".join(done.stderr.split())
+    assert "sdpa has no figures in hardware profile h100_nvlink_ib" in note
+    assert "costed at the profile's default (fa3's rate)" in note
     fa3 = plan("kernel=fa3", "mask=causal", "topology=1x8", f"hydra.run.dir={tmp_path}")
-    assert fa3.returncode == 0 and "no rate" not in fa3.stderr
+    assert fa3.returncode == 0 and "no figures" not in fa3.stderr and "costed at" not in fa3.stderr
 
 
 def test_bad_input_exits_2_naming_the_key_and_the_valid_options():
