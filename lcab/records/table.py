@@ -12,7 +12,8 @@ readable where it is read:
   a cell it wrapped each row over 7-8 lines, so the row carries ``[n]`` and the text follows
   the table, one line per distinct note;
 * **the terminal's width**, or 120 columns where there is no terminal (logs, CI, SLURM output
-  files), where rich would otherwise wrap at 80.
+  files), where rich would otherwise wrap at 80: what every row shares (kernel, cp, mask) is
+  said once in the title, numbers never wrap, and a long name folds rather than being cut.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from lcab.records.schema import RunRecord
 WIDTH_OFF_TERMINAL = 120
 """Columns a table may take where no terminal says how many there are."""
 PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
+SHAREABLE = ("kernel", "cp", "mask")
+"""Columns said once in the title when every row of a table has the same value."""
 STATUS_STYLE = {
     "ok": "green",
     "skipped": "yellow",
@@ -94,22 +97,32 @@ def records_table(
     """The table of ``records`` and the notes its rows point to (``[n]`` → ``notes[n-1]``)."""
     passes = [p for p in PASS_ORDER if any(p in r.passes for r in records)]
     unit, factor = throughput_unit(records)
-    table = Table(title=title, show_lines=False)
-    for column in ("kernel", "cp", "mask", "seqlen", "status"):
-        table.add_column(column, justify="right" if column == "seqlen" else "left")
+    shared = {
+        column: values.pop()
+        for column in SHAREABLE
+        if len(records) > 1 and len(values := {getattr(r, column) for r in records}) == 1
+    }
+    said = ", ".join(f"{column} {value}" for column, value in shared.items())
+    table = Table(title=f"{title}: {said}" if said else title, show_lines=False)
+    columns = [c for c in SHAREABLE if c not in shared] + ["seqlen", "status"]
+    for column in columns:  # folded, never cut: "causal_do…" says nothing
+        table.add_column(column, justify="right" if column == "seqlen" else "left", overflow="fold")
     for p in passes:
-        table.add_column(f"{p} time", justify="right")
-        table.add_column(f"{p} {unit}", justify="right")
+        table.add_column(f"{p} time", justify="right", no_wrap=True)
+        table.add_column(f"{p} {unit}", justify="right", no_wrap=True)
     planned = any(r.predicted_hardware for r in records)
     if planned:  # measured / predicted throughput per pass (lcab.plan.record_prediction)
         table.add_column(
-            f"vs plan {'/'.join(p for p in passes if p != 'fwd_bwd')}", justify="right"
+            f"vs plan {'/'.join(p for p in passes if p != 'fwd_bwd')}",
+            justify="right",
+            no_wrap=True,
         )
     notes: list[str] = []
     table.add_column("note", justify="right")
     for r in records:
         style = STATUS_STYLE.get(r.status, "")
-        row = [r.kernel, r.cp, r.mask, seqlen_text(r), f"[{style}]{r.status}[/]"]
+        row = [getattr(r, c) for c in SHAREABLE if c not in shared]
+        row += [seqlen_text(r), f"[{style}]{r.status}[/]"]
         for p in passes:
             res = r.pass_result(p)
             if res.status in ("ok", "numerics_mismatch"):

@@ -76,3 +76,22 @@ def test_a_sweep_ends_with_one_table_of_every_cell(tmp_path: Path):
     rows = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
     assert rows == ["ranges", "ranges", "sdpa"]  # every record, in job order, one table
     assert f"sweep {tmp_path.name}: 2 cells, 3 records" in text
+
+
+def test_what_every_row_shares_is_said_once_and_no_value_is_cut():
+    """A CP sweep's rows share kernel and mask: the title says them; long names are not cut."""
+    records = []
+    for cp in ("ring_allgather", "loongtrain"):
+        record = _cpu(measured("ranges", "block_causal_document", 1024))
+        record.cp, record.world_size = cp, 4
+        records.append(record)
+    out = Console(record=True, width=WIDTH_OFF_TERMINAL)
+    print_table(records, out=out)
+    text = out.export_text()
+    assert "lcab results: kernel ranges, mask block_causal_document" in text
+    headers = [c.header for c in records_table(records)[0].columns]
+    assert "kernel" not in headers and "mask" not in headers and "cp" in headers
+    assert "ring_allgather" in text and "…" not in text
+    assert all(len(line) <= WIDTH_OFF_TERMINAL for line in text.splitlines())
+    one, _ = records_table(records[:1])  # one row: its own columns, the title as given
+    assert [c.header for c in one.columns][:3] == ["kernel", "cp", "mask"]
