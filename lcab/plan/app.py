@@ -33,7 +33,7 @@ from lcab.plan.hardware import Hardware, from_dict
 from lcab.plan.harness import HARNESSES, LCAB, Harness
 from lcab.plan.predict import CellPrediction, PlanCell, predict_median
 from lcab.plan.recommend import recommend, step_ms
-from lcab.records.table import console, duration
+from lcab.records.table import console
 
 PLAN_FILE = "plan.jsonl"
 
