@@ -96,6 +96,7 @@ def _note(record: RunRecord, note: str) -> None:
 def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND) -> None:
     """Write ``prediction`` (a `CellPrediction`) into ``record``; warn when out of ``band``."""
     off: list[str] = []
+    slower = False  # some pass slower than the band allows
     # ranks that shared a GPU (a numerics-only check): their times are no measurement
     measured = getattr(record, "timings_measured", True)
     for name in record.passes:
@@ -116,15 +117,21 @@ def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND)
             continue
         ratio = predicted_ms / result.ms_p50
         result.predicted_ratio = ratio
+        slower = slower or ratio < band[0]
         if not band[0] <= ratio <= band[1]:
             off.append(
                 f"{name} {ratio:.3g}x ({result.ms_p50:.4g} ms, {predicted_ms:.4g} predicted)"
             )
     if off and record.status == "ok":
+        # a busy host explains a slow run; a run faster than planned on a probed CPU profile
+        # points at the probe (taken while the host was busy, or on another machine)
+        why = busy_host(record) if slower else ""
+        if not slower and str(record.predicted_hardware).endswith("@auto"):
+            why = "; faster than this host's probe: `python -m lcab.plan.host_probe --fresh`"
         record.prediction_warning = (
             f"off the plan: {'; '.join(off)}: measured/predicted throughput outside "
             f"[{band[0]:g}, {band[1]:g}] on {record.predicted_hardware}"
-        ) + busy_host(record)
+        ) + why
 
 
 BUSY_LOAD = 0.5

@@ -8,6 +8,8 @@ ended, its usable cores and the share of CPU time a hypervisor stole meanwhile
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from lcab.bench import host_load
@@ -15,7 +17,7 @@ from lcab.bench.runner import run_cell
 from lcab.bench.targets import KernelTarget
 from lcab.config import resolve_cell
 from lcab.kernels import get_kernel
-from lcab.plan.record_prediction import busy_host
+from lcab.plan.record_prediction import attach, busy_host
 from lcab.records.schema import RunRecord
 
 STAT = """cpu  100 5 50 800 20 3 2 40 7 0
@@ -76,3 +78,21 @@ def test_every_record_of_a_cell_carries_the_hosts_load(compose):
     assert record.host_cores == host_load.usable_cores() >= 1
     assert record.host_load_start is not None and record.host_load_end is not None
     assert RunRecord.from_dict(record.to_dict()).host_cores == record.host_cores
+
+
+@pytest.mark.parametrize(
+    ("measured_ms", "said", "unsaid"),
+    [
+        (40.0, "the host was busy: load average 2.06", "host_probe --fresh"),  # 4x slower
+        (2.5, "faster than this host's probe: `python -m lcab.plan.host_probe --fresh`", "busy"),
+    ],
+)
+def test_a_busy_host_explains_a_slow_run_and_the_probe_a_fast_one(measured_ms, said, unsaid):
+    """A run faster than planned on a loaded host is no sign of the load: the probe is."""
+    record = _record(2.06, 0.0)
+    record.status, record.predicted_hardware = "ok", "cpu_gloo_local@auto"
+    record.fwd.status, record.fwd.ms_p50 = "ok", measured_ms
+    prediction = SimpleNamespace(pass_=lambda name: SimpleNamespace(time_ms=10.0, tflops=1.0))
+    attach(record, prediction)
+    assert record.prediction_warning is not None
+    assert said in record.prediction_warning and unsaid not in record.prediction_warning
