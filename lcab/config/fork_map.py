@@ -50,11 +50,27 @@ def fork_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> li
     Round-robin: neighbouring jobs of a sweep differ in size (a sweep's last axis is often the
     world size), so every share gets some of each.
     """
+    global _MAPPING
     workers = min(workers, len(items))
-    if workers <= 1 or not hasattr(os, "fork") or threading.active_count() > 1:
+    if workers <= 1 or not hasattr(os, "fork") or threading.active_count() > 1 or _MAPPING:
         # a fork copies only the calling thread: a lock another thread holds stays held in the
-        # worker for ever, so a process with threads maps here
+        # worker for ever, so a process with threads maps here; so does a map inside a map (its
+        # cores are taken: a job's lengths, mapped when the job is alone, are not when the jobs
+        # already are)
         return [function(x) for x in items]
+    _MAPPING = True
+    try:
+        return _fork_map(function, items, workers)
+    finally:
+        _MAPPING = False
+
+
+_MAPPING = False
+"""True while this process (or the process it was forked from) runs a `fork_map`."""
+
+
+def _fork_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
+    """`fork_map` with ``workers`` >= 2 processes."""
     shares = [list(range(w, len(items), workers)) for w in range(workers)]
     children = [_spawn(function, items, share) for share in shares[1:]]
     started = time.monotonic()

@@ -69,10 +69,8 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
     GPU, ``problem.device=auto`` is CUDA even on a login node without one (`job_device`).
     """
     jobs = [(job, cfg, resolve_cell(cfg)) for job, cfg in composed_jobs(overrides, multirun)]
-    refusals = [tuple(job_refusal(cell)) for _, _, cell in jobs]
-    expect_of = [(cfg, cell) for (_, cfg, cell), why in zip(jobs, refusals, strict=True) if not why]
-    predicted = iter(_expectations(expect, expect_of) if expect is not None else [])
-    expectations = [None if why or expect is None else next(predicted) for why in refusals]
+    refusals, predicted = _checks(expect, [(cfg, cell) for _, cfg, cell in jobs])
+    expectations = [None if why else value for why, value in zip(refusals, predicted, strict=True)]
     rows = []
     for (job, cfg, cell), expectation, refused in zip(jobs, expectations, refusals, strict=True):
         if uses_slurm(cfg):
@@ -104,44 +102,69 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
     return rows
 
 
-_JOBS: tuple[Expect, list[tuple[DictConfig, Cell]]] | None = None
-"""What forked workers predict (`_expectations`): inherited, so nothing is pickled to them."""
+_JOBS: tuple[Expect | None, list[tuple[DictConfig, Cell]]] | None = None
+"""What forked workers check and predict (`_checks`): inherited, so nothing is pickled to them."""
+_FAILED = object()
+"""A worker's answer for a task that raised (the parent runs it again, to raise it there)."""
 
 
-def _expect_one(index: int) -> Any:
-    """The expectation of job ``index`` in a worker (None where it raised: see the caller)."""
+def _task(kind: str, index: int) -> Any:
+    """Job ``index``'s refusal (``refuse``) or the planner's expectation (``expect``)."""
     assert _JOBS is not None
     expect, jobs = _JOBS
+    cfg, cell = jobs[index]
+    if kind == "refuse":
+        return tuple(job_refusal(cell))
+    return expect(cfg, cell) if expect is not None else None
+
+
+def _task_in_worker(task: tuple[str, int]) -> Any:
     try:
-        return expect(*jobs[index])
+        return _task(*task)
     except Exception:  # re-raised by the parent, in its own process
-        return None
+        return _FAILED
 
 
-def _expectations(expect: Expect, jobs: list[tuple[DictConfig, Cell]]) -> list[Any]:
-    """The planner's expectation of every job, the jobs side by side on the machine's cores.
+def _checks(
+    expect: Expect | None, jobs: list[tuple[DictConfig, Cell]]
+) -> tuple[list[tuple[str, ...]], list[Any]]:
+    """Every job's refusal and the planner's expectation of it, side by side on every core.
 
-    The planner is CPU-bound and jobs are independent: forked workers (which inherit every
-    module and the jobs) predict their share (`lcab.config.fork_map`: a worker that fails, dies
-    or hangs is killed and its share predicted here). A job whose prediction raised in a worker
-    is predicted again here, so that its error is raised as in a single process. Not a
-    `multiprocessing.Pool`: now and then in CI its exit (terminate, then join a worker) waited
-    for ever (a dry run of the README's CP sweep; the stack came from `tests/helpers/cli.py`),
-    its forked workers stuck in a futex; fork_map bounds every wait and kills what is late.
+    Both are CPU-bound and independent: a 96-rank job's refusal lowers its kernel's mask for
+    each of 9,216 blocks while its expectation replays the plan, so even one job's two run in
+    two processes (`lcab.config.fork_map`: forked workers inherit every module and the jobs; a
+    worker that fails, dies or hangs is killed and its share done here). A task that raised in
+    a worker runs again here, so that its error is raised as in a single process. A refused
+    job's expectation is made but not shown. Not a `multiprocessing.Pool`: now and then in CI
+    its exit (terminate, then join a worker) waited for ever, its forked workers stuck in a
+    futex; fork_map bounds every wait and kills what is late.
     """
     global _JOBS
-    workers = min(len(jobs), usable_cores())
-    if workers < 2:
-        return [expect(cfg, cell) for cfg, cell in jobs]
+    kinds = ("refuse", "expect") if expect is not None else ("refuse",)
+    # refusal and expectation of a job alternate between the workers' round-robin shares
+    tasks = [
+        (kinds[(i + k) % len(kinds)] if i % 2 else kinds[k], i)
+        for i in range(len(jobs))
+        for k in range(len(kinds))
+    ]
     _JOBS = (expect, jobs)
     try:
-        done = fork_map(_expect_one, list(range(len(jobs))), workers)
+        answers = dict(zip(tasks, fork_map(_task_in_worker, tasks, usable_cores()), strict=True))
+        refusals = [
+            _task("refuse", i) if answers["refuse", i] is _FAILED else answers["refuse", i]
+            for i in range(len(jobs))
+        ]
+        expectations = [
+            None
+            if refusals[i] or expect is None  # a refused job's expectation is not shown
+            else _task("expect", i)
+            if answers["expect", i] is _FAILED
+            else answers["expect", i]
+            for i in range(len(jobs))
+        ]
     finally:
         _JOBS = None
-    return [
-        result if result is not None else expect(cfg, cell)
-        for result, (cfg, cell) in zip(done, jobs, strict=True)
-    ]
+    return refusals, expectations
 
 
 def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = None) -> int:

@@ -5,7 +5,9 @@ slow ones fewer times, said in the output), so interpreter start, imports, Hydra
 and the work itself all count. Targets (issue 40, a 2-core machine where ``import torch`` alone
 takes 2-3.5 s, which is printed first for reference): ``--help`` of ``lcab.main`` and
 ``lcab.plan`` <= 3 s; the dry run of one 96-GPU cell <= 5 s; the dry run of the SLURM guide's
-scaling sweep <= 20 s; the README's first planner command <= 10 s.
+scaling sweep <= 20 s; the README's first planner command <= 10 s (issue 50: and at least twice
+as fast as the 19.1 s it took), its recommendation <= 10 s (47 s at 96 ranks before), its
+context-parallel example (5 cells on 4 local ranks) <= 3 minutes.
 
 The sweep and the planner command are read from the guides (``lcab/launch/README.md``,
 ``README.md``) so the figure is for the command as documented. Processes run in a temporary
@@ -70,6 +72,8 @@ def figures() -> list[Figure]:
     )
     sweep = first_command(ROOT / "lcab" / "launch" / "README.md", "python -m lcab.main -m ")
     plan = first_command(ROOT / "README.md", "python -m lcab.plan")
+    advice = first_command(ROOT / "README.md", "python -m lcab.plan recommend=true")
+    cp_example = first_command(ROOT / "README.md", "python -m lcab.main -m cp=")
     return [
         Figure("python -m lcab.main --help", (*python, "lcab.main", "--help"), 5, 3.0, warmup=1),
         Figure("python -m lcab.plan --help", (*python, "lcab.plan", "--help"), 5, 3.0, warmup=1),
@@ -81,6 +85,8 @@ def figures() -> list[Figure]:
             20.0,
         ),
         Figure("README's first planner command", (*python, *plan[2:]), 1, 10.0),
+        Figure("README's recommendation", (*python, *advice[2:]), 1, 10.0),
+        Figure("README's context-parallel example", (*python, *cp_example[2:]), 1, 180.0),
     ]
 
 

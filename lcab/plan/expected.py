@@ -14,6 +14,7 @@ strategy that cannot run the cell, say) the length says why and adds nothing to 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lcab.cell import BenchConfig, Cell
 from lcab.config import ConfigError
+from lcab.config.fork_map import fork_map, usable_cores
 from lcab.plan.hardware import Hardware, auto_profile, from_dict, is_auto, load_profile
 from lcab.plan.harness import LCAB, Harness
 from lcab.plan.predict import CellPrediction, PlanCell, predict_median
@@ -130,7 +132,9 @@ def expect_length(
 
 def expect_job(cell: Cell, hardware: Hardware, harness: Harness = LCAB) -> JobExpectation:
     """What the planner expects of every length of a job on ``hardware``."""
-    lengths = tuple(expect_length(cell, s, hardware, harness) for s in cell.seqlens)
+    # lengths side by side on every core when the job is alone (a 96-rank dry run of one cell)
+    one_length = functools.partial(expect_length, cell, hardware=hardware, harness=harness)
+    lengths = tuple(fork_map(one_length, list(cell.seqlens), usable_cores()))
     gpus = cell.nodes * cell.devices_per_node
     return JobExpectation(hardware.name, gpus, lengths, hardware.rate_origin(cell.kernel))
 

@@ -129,3 +129,16 @@ def test_a_process_with_other_threads_maps_in_one_process():
         other.join()
     assert [value for value, _ in out] == [x * x for x in range(6)]
     assert {pid for _, pid in out} == {PARENT}
+
+
+def _inner_pids(x: int) -> tuple[int, set[int]]:
+    """A map inside a map: the processes its items ran in."""
+    return os.getpid(), {pid for _, pid in fork_map.fork_map(_square, [x, x + 1, x + 2], 2)}
+
+
+def test_a_map_inside_a_map_runs_in_its_own_process():
+    """The cores are the outer map's: an inner one (a job's lengths) forks no more workers."""
+    for outer, inner in fork_map.fork_map(_inner_pids, [0, 10], 2):
+        assert inner == {outer}
+    assert not fork_map._MAPPING  # and a later map forks again
+    assert len({pid for _, pid in fork_map.fork_map(_square, [1, 2, 3], 2)}) == 2
