@@ -83,7 +83,8 @@ class Placement:
 _ROW_WORK: dict[tuple[int, bytes, bytes], np.ndarray] = {}
 """`row_work` of the latest masks, by content: a planner's recommendation weighs a dozen
 placements of the same mask, and each asked for it (a quarter of its time at 96 ranks)."""
-_ROW_WORK_KEPT = 4
+_ROW_WORK_KEPT = 32
+"""Masks kept (a 786K-token mask's row work is 6 MB): a sweep's lengths x mask samples."""
 
 
 def row_work(mask: AttnMask) -> np.ndarray:

@@ -117,3 +117,22 @@ def test_a_recommendation_on_every_core_ranks_as_one_process_would(monkeypatch):
     recommend(cell, hardware)
     assert calls == [recommend_module.usable_cores()]
     assert np.isfinite(step_ms(ranked[0]))
+
+
+def _rows(tflops: float) -> list[dict]:
+    return [
+        {"mask": "causal", "cp": "ring", "world": w, "fwd_tflops": tflops, "bwd_tflops": 1.0}
+        for w in (8, 16)
+    ]
+
+
+def test_the_sweep_plot_drawn_ahead_stands_only_for_the_rows_it_drew(tmp_path):
+    from lcab.plan.plot_ahead import BackgroundPlot
+
+    path = tmp_path / "plan_tflops.png"
+    drawn = BackgroundPlot(_rows(100.0), path, None)
+    assert drawn.pid is not None  # forked: the drawing runs beside the jobs
+    assert drawn.finish(_rows(100.0), path) == path and path.stat().st_size > 10_000
+    other = BackgroundPlot(_rows(100.0), tmp_path / "other.png", None)
+    assert other.finish(_rows(99.0), tmp_path / "other.png") is None  # the jobs wrote others
+    assert other.pid is None  # reaped, killed if it was still drawing
