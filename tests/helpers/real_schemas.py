@@ -64,6 +64,19 @@ SPECS = {
             "interface_torch:flashmask_cuda.bwd",
         ),
     ),
+    "ffa": LibrarySpec(  # MagiAttention: Python custom ops over its pybind extension
+        namespace="flex_flash_attn",
+        imports=("magi_attention", "magi_attention.functional.flex_flash_attn"),
+        callables=(
+            "magi_attention.functional:flex_flash_attn_func",
+            "magi_attention.functional.flex_flash_attn:_flex_flash_attn_backward",
+        ),
+    ),
+    "bsa": LibrarySpec(  # Block-Sparse-Attention: Python custom ops over a pybind extension
+        namespace="flash_attn",  # its custom ops: flash_attn::_block_sparse_attn_forward, ...
+        imports=("block_sparse_attn",),
+        callables=("block_sparse_attn:block_sparse_attn_func",),
+    ),
 }
 
 PROVENANCE = ("wheel", "wheel_sha256", "source", "commit", "submodules", "flags", "toolchain")

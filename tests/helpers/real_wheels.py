@@ -36,6 +36,10 @@ BUILD_COMMAND = {
     "flashmask": "bash launchers/wheelhouse.sh build flashmask --src DIR  (DIR: a "
     "PaddlePaddle/flash-attention checkout at the pinned commit with FlashMask V3's cutlass; "
     "about 20 minutes on 2 cores)",
+    "ffa": "bash launchers/wheelhouse.sh build ffa --src DIR  (DIR: a MagiAttention checkout at "
+    "the pinned commit with its cutlass; about 40 minutes on 2 cores)",
+    "bsa": "bash launchers/wheelhouse.sh build bsa --src DIR  (DIR: a Block-Sparse-Attention "
+    "checkout at the pinned commit with its cutlass; about 23 minutes on 2 cores)",
 }
 
 
@@ -150,3 +154,58 @@ def load_flashmask() -> Any:
     library.impl("bwd", standin_flashmask._bwd, "CPU")
     _LOADED["flashmask"], _LOADED["flashmask-library"] = interface_torch, library
     return interface_torch
+
+
+def load_ffa() -> Any:
+    """MagiAttention's own ``magi_attention.functional`` from the unpacked wheel, on the CPU.
+
+    Its Python defines the ``flex_flash_attn::_flex_flash_attn_forward_compilable`` and
+    ``_backward_compilable`` custom ops with CUDA and Meta kernels over its compiled modules;
+    the emulation (`tests.helpers.emulated_magi_ffa`) is registered as their CPU kernels.
+    ``flex_flash_attn_func``, its autograd function and buffers, the range checks and the
+    pybind extension ``magi_attn_ext`` are the library's. Once per process.
+    """
+    if "ffa" in _LOADED:
+        return _LOADED["ffa"]
+    import importlib
+
+    import torch
+
+    from tests.helpers import emulated_magi_ffa
+
+    sys.path.insert(0, os.environ[SITE_ENV])
+    functional = importlib.import_module("magi_attention.functional")
+    for op, kernel in (("forward", emulated_magi_ffa.fwd), ("backward", emulated_magi_ffa.bwd)):
+        torch.library.register_kernel(
+            f"flex_flash_attn::_flex_flash_attn_{op}_compilable", "cpu", kernel
+        )
+    _LOADED["ffa"] = functional
+    return functional
+
+
+def load_bsa() -> Any:
+    """Block-Sparse-Attention's own ``block_sparse_attn_interface`` from the wheel, on the CPU.
+
+    Its Python defines the ``flash_attn::_block_sparse_attn_forward``/``_backward`` custom ops
+    (CUDA only) over the pybind extension ``block_sparse_attn_cuda``, which it imports (the real
+    one loads here); the extension's emulation (`tests.helpers.emulated_block_sparse_attn_cuda`,
+    from the binding's C++) replaces it in the interface module, and the ops get their own
+    bodies as CPU kernels. ``block_sparse_attn_func``, its autograd function, the head-type
+    renumbering and the block-mask conversions are the library's. Once per process.
+    """
+    if "bsa" in _LOADED:
+        return _LOADED["bsa"]
+    import importlib
+
+    from tests.helpers import emulated_block_sparse_attn_cuda
+
+    sys.path.insert(0, os.environ[SITE_ENV])
+    interface = importlib.import_module("block_sparse_attn.block_sparse_attn_interface")
+    real = interface.block_sparse_attn_cuda
+    assert {"fwd_block", "bwd_block"} <= set(dir(real))  # what is replaced is what exists
+    interface.block_sparse_attn_cuda = emulated_block_sparse_attn_cuda
+    for name in ("_block_sparse_attn_forward", "_block_sparse_attn_backward"):
+        opdef = getattr(interface, name)
+        opdef.register_kernel("cpu")(opdef._init_fn)
+    _LOADED["bsa"] = interface
+    return interface

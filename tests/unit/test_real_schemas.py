@@ -1,7 +1,7 @@
 """lcab's rows and stand-ins held to the real builds' recorded interfaces, in every CI run.
 
-``tests/unit/data/real_schemas/{fa3,flashmask}.json`` were read from FA3 and FlashMask as
-``launchers/kernel_build.sh`` builds them — each extension loaded (torch 2.11.0+cu130 on a CPU)
+``tests/unit/data/real_schemas/{fa3,flashmask,ffa,bsa}.json`` were read from FA3, FlashMask,
+MagiAttention's FFA and Block-Sparse-Attention as ``launchers/kernel_build.sh`` builds them — each extension loaded (torch 2.11.0+cu130 on a CPU)
 and its own Python imported — by ``bash launchers/kernel_build.sh schemas NAME``. Every row lcab
 calls through must say what its file says (parameters, defaults, keyword-only ones, kind of
 object, op name, mutated arguments), each file must be of the build its recipe pins, and the FA3
@@ -21,8 +21,10 @@ import pytest
 import torch
 
 from lcab.kernels import flash_backward
+from lcab.kernels.upstream import block_sparse_attn as bsa_table
 from lcab.kernels.upstream import flash_attn as table
 from lcab.kernels.upstream import flashmask as flashmask_table
+from lcab.kernels.upstream import magi_ffa as ffa_table
 from lcab.kernels.upstream.facts import UpstreamFunction
 from tests.helpers import real_schemas, standin_flash_attn
 
@@ -34,6 +36,12 @@ ROWS = {
     ("flashmask", "interface_torch:flashmask_attention"): flashmask_table.FLASHMASK_ATTENTION,
     ("flashmask", "interface_torch:flashmask_cuda.fwd"): flashmask_table.FLASHMASK_FWD,
     ("flashmask", "interface_torch:flashmask_cuda.bwd"): flashmask_table.FLASHMASK_BWD,
+    ("ffa", "magi_attention.functional:flex_flash_attn_func"): ffa_table.FFA_FUNC,
+    (
+        "ffa",
+        "magi_attention.functional.flex_flash_attn:_flex_flash_attn_backward",
+    ): ffa_table.FFA_BACKWARD,
+    ("bsa", "block_sparse_attn:block_sparse_attn_func"): bsa_table.BLOCK_SPARSE_ATTN_FUNC,
 }
 KERNELS = sorted({kernel for kernel, _ in ROWS})
 FIELDS = ("module", "name", "params", "keyword_only", "kind", "op", "mutates")

@@ -17,6 +17,8 @@ from tests.helpers import real_schemas, real_wheels
 CHECKS = {
     "fa3": "tests/realwheel/check_fa3_cpu.py",
     "flashmask": "tests/realwheel/check_flashmask_cpu.py",
+    "ffa": "tests/realwheel/check_ffa_cpu.py",
+    "bsa": "tests/realwheel/check_bsa_cpu.py",
 }
 
 
