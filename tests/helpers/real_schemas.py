@@ -72,6 +72,16 @@ SPECS = {
             "magi_attention.functional.flex_flash_attn:_flex_flash_attn_backward",
         ),
     ),
+    "fa2": LibrarySpec(  # flash-attn 2.8.3.post2: Python custom ops over its pybind extension
+        namespace="flash_attn",
+        imports=("flash_attn_2_cuda", "flash_attn.flash_attn_interface"),
+        callables=(
+            "flash_attn:flash_attn_func",
+            "flash_attn:flash_attn_varlen_func",
+            "flash_attn.flash_attn_interface:_flash_attn_backward",
+            "flash_attn.flash_attn_interface:_flash_attn_varlen_backward",
+        ),
+    ),
     "bsa": LibrarySpec(  # Block-Sparse-Attention: Python custom ops over a pybind extension
         namespace="flash_attn",  # its custom ops: flash_attn::_block_sparse_attn_forward, ...
         imports=("block_sparse_attn",),

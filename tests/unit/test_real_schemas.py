@@ -1,7 +1,7 @@
 """lcab's rows and stand-ins held to the real builds' recorded interfaces, in every CI run.
 
-``tests/unit/data/real_schemas/{fa3,flashmask,ffa,bsa}.json`` were read from FA3, FlashMask,
-MagiAttention's FFA and Block-Sparse-Attention as ``launchers/kernel_build.sh`` builds them —
+``tests/unit/data/real_schemas/{fa3,flashmask,ffa,bsa,fa2}.json`` were read from FA3,
+FlashMask, MagiAttention's FFA, Block-Sparse-Attention and FA2 as ``launchers/kernel_build.sh`` builds them —
 each extension loaded (torch 2.11.0+cu130 on a CPU) and its own Python imported — by ``bash
 launchers/kernel_build.sh schemas NAME``. Every row lcab
 calls through must say what its file says (parameters, defaults, keyword-only ones, kind of
@@ -43,6 +43,13 @@ ROWS = {
         "magi_attention.functional.flex_flash_attn:_flex_flash_attn_backward",
     ): ffa_table.FFA_BACKWARD,
     ("bsa", "block_sparse_attn:block_sparse_attn_func"): bsa_table.BLOCK_SPARSE_ATTN_FUNC,
+    ("fa2", "flash_attn:flash_attn_func"): table.FA2_FUNC,
+    ("fa2", "flash_attn:flash_attn_varlen_func"): table.FA2_VARLEN_FUNC,
+    ("fa2", "flash_attn.flash_attn_interface:_flash_attn_backward"): table.FA2_BACKWARD,
+    (
+        "fa2",
+        "flash_attn.flash_attn_interface:_flash_attn_varlen_backward",
+    ): table.FA2_VARLEN_BACKWARD,
 }
 KERNELS = sorted({kernel for kernel, _ in ROWS})
 FIELDS = ("module", "name", "params", "keyword_only", "kind", "op", "mutates")
@@ -84,6 +91,9 @@ def recipe(name: str) -> tuple[str, dict[str, str], list[str]]:
     head = next(i for i, line in enumerate(listing) if line.startswith(f"{name}: "))
     source, *submodules = listing[head].split(" -> ")[0].split()[1:]
     flags = listing[head + 1].removeprefix("  flags: ").split()
+    if "==" in source:  # a PyPI sdist (fa2): the build names the archive it unpacked
+        dist, version = source.split("==")
+        return f"sdist {dist.replace('-', '_')}-{version}.tar.gz", {}, flags
     return source.split("@")[1], dict(s.split("=", 1) for s in submodules), flags
 
 
@@ -92,7 +102,10 @@ def test_the_record_is_of_the_build_the_recipe_pins(kernel: str) -> None:
     """A recipe changed without re-recording (``kernel_build.sh schemas NAME``) fails here."""
     provenance = real_schemas.load(kernel)["provenance"]
     commit, submodules, flags = recipe(kernel)
-    assert provenance["commit"] == commit
+    if commit.startswith("sdist "):
+        assert provenance["commit"].startswith(commit + " sha256:")
+    else:
+        assert provenance["commit"] == commit
     assert provenance["submodules"] == submodules
     assert provenance["flags"] == flags
     assert provenance["toolchain"]["torch"] == "2.11.0+cu130"  # the GPU image's torch
