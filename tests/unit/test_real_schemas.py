@@ -1,9 +1,9 @@
 """lcab's rows and stand-ins held to the real builds' recorded interfaces, in every CI run.
 
 ``tests/unit/data/real_schemas/{fa3,flashmask,ffa,bsa,fa2}.json`` were read from FA3,
-FlashMask, MagiAttention's FFA, Block-Sparse-Attention and FA2 as ``launchers/kernel_build.sh`` builds them —
-each extension loaded (torch 2.11.0+cu130 on a CPU) and its own Python imported — by ``bash
-launchers/kernel_build.sh schemas NAME``. Every row lcab
+FlashMask, MagiAttention's FFA, Block-Sparse-Attention and FA2 as
+``launchers/kernel_build.sh`` builds them — each extension loaded (torch 2.11.0+cu130 on a CPU)
+and its own Python imported — by ``bash launchers/kernel_build.sh schemas NAME``. Every row lcab
 calls through must say what its file says (parameters, defaults, keyword-only ones, kind of
 object, op name, mutated arguments), each file must be of the build its recipe pins, and the FA3
 stand-in's functions and backward op and the FlashMask stand-in's ``fwd``/``bwd`` ops are built
