@@ -37,6 +37,10 @@ def __getattr__(name: str) -> dict[str, torch.dtype]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+TELEMETRY_MODES = ("auto", "nvml", "host", "off")
+"""``bench.telemetry``: where clocks, power and energy are read (`BenchConfig.telemetry`)."""
+
+
 @dataclass
 class BenchConfig:
     """The measurement protocol.
@@ -88,6 +92,11 @@ class BenchConfig:
     (length, pass) on extra repetitions after the timed ones, so profiling never skews a time."""
     profile_reps: int = 3
     """Repetitions inside each profiled trace."""
+    telemetry: str = "auto"
+    """Clocks, power and energy over the timed repetitions, read beside them (never inside):
+    auto (NVML on a GPU, the host's files on a CPU), nvml, host or off (`lcab.bench.telemetry`)."""
+    telemetry_interval_ms: float = 10.0
+    """How often the telemetry thread reads the device."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from lcab.bench.memory import MemoryReading
+from lcab.bench.pass_telemetry import PassTelemetry
 from lcab.bench.timing import Timing
 from lcab.cell import Cell
 from lcab.flops import FLOP_CONVENTION, tflops_per_s
@@ -41,6 +42,8 @@ class SampleMeasure:
     """FLOPs of the same pass without a mask."""
     memory: MemoryReading | None = None
     """Peak memory over the timed region (None when ``bench.memory`` is off)."""
+    telemetry: PassTelemetry | None = None
+    """Clocks, power and energy over the repetitions, every rank's (None: telemetry off)."""
 
 
 def is_oom(err: BaseException) -> bool:

@@ -31,6 +31,7 @@ from lcab.bench.inputs import SeededInputs
 from lcab.bench.masking import build_mask_sample
 from lcab.bench.memory import PeakMemory
 from lcab.bench.numerics import tolerance
+from lcab.bench.pass_telemetry import LengthTelemetry, device_source
 from lcab.bench.results import (
     SampleMeasure,
     base_record,
@@ -121,6 +122,13 @@ class _LengthRun:
         self.setup_mask_ms: list[float] = []
         self.setup_prepare_ms: list[float] = []
         self.timing = _timing_config(cell)
+        source = device_source(cell.bench.telemetry, cell.device, self.problem.device.index)
+        self.telemetry = LengthTelemetry(
+            source,
+            cell.bench.telemetry_interval_ms,
+            target.gather if target.world > 1 else None,
+            shared_counter=source is not None and source.kind == "host",
+        )
         self.tolerance = tolerance(self.problem.dtype, cell.bench.tolerance)
         self.check = NumericsCheck(
             target,
@@ -223,6 +231,7 @@ class _LengthRun:
             memory: PeakMemory | nullcontext[None] = nullcontext()
             if self.cell.bench.memory:
                 memory = PeakMemory(problem.device, exclude_bytes=excluded)
+            sampler = self.telemetry.sampler()
             with memory:
                 timing = measure(
                     fn,
@@ -232,8 +241,12 @@ class _LengthRun:
                     barrier=target.barrier if target.world > 1 else None,
                     agree=target.share if target.world > 1 else None,
                     flush_buffer=flush,
+                    watch=sampler,
                 )
             del flush
+            telemetry = None
+            if self.telemetry.source is not None:  # every rank has one, or none has
+                telemetry = self.telemetry.after(sampler, len(timing.times_ms))
             reading = memory.reading if isinstance(memory, PeakMemory) else None
             if reading is not None and target.world > 1:
                 reading = target.largest_reading(reading)
@@ -256,6 +269,7 @@ class _LengthRun:
                         self.seqlen, self.seqlen, problem.heads_q, problem.head_dim, as_pass(pass_)
                     ),
                     memory=reading,
+                    telemetry=telemetry,
                 )
             )
             backend = getattr(prepared, "backend_used", None)
@@ -307,6 +321,7 @@ class _LengthRun:
         for p, samples in self.samples.items():
             result = self.results[p]
             summarise(result, samples, self.target.world)
+            self.telemetry.fill(record, p, [s.telemetry for s in samples if s.telemetry])
             worst_err = result.max_abs_err
             if worst_err is not None and not worst_err <= tol:
                 errors = result.errors or {}

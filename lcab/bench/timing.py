@@ -38,6 +38,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
@@ -147,6 +148,7 @@ def measure(
     reduce: Callable[[list[float]], list[float]] | None = None,
     agree: Callable[[list[float]], list[float]] | None = None,
     flush_buffer: torch.Tensor | None = None,
+    watch: AbstractContextManager[object] | None = None,
 ) -> Timing:
     """Time ``fn`` following the protocol in the module docstring.
 
@@ -156,7 +158,9 @@ def measure(
     MAX over ranks, so a rep costs what its slowest rank took). ``agree`` shares the counts
     budget mode derives from the clock (see the module docstring). ``flush_buffer``: the
     L2-flush buffer (`l2_flush_buffer`), made by the caller outside a memory-measured region;
-    without it, CUDA timing allocates one for this call.
+    without it, CUDA timing allocates one for this call. ``watch`` is entered just before the
+    first timed repetition and left once the last has finished on the device (the telemetry
+    sampler, `lcab.bench.telemetry`): nothing is added inside any repetition's clock.
     """
     share = agree if agree is not None else _alone
     device = torch.device(device)
@@ -169,13 +173,14 @@ def measure(
         reps = config.reps
         if config.rep_ms is not None:
             reps = int(share([_budget_reps(config.rep_ms, per_call_ms, config.max_reps)])[0])
-        if cuda:
-            cache = None
-            if config.flush_l2:
-                cache = flush_buffer if flush_buffer is not None else l2_flush_buffer(device)
-            raw = _timed_reps_cuda(fn, reps, before_each, barrier, cache)
-        else:
-            raw = _timed_reps_host(fn, reps, before_each, barrier)
+        cache = None
+        if cuda and config.flush_l2:
+            cache = flush_buffer if flush_buffer is not None else l2_flush_buffer(device)
+        with watch if watch is not None else contextlib.nullcontext():
+            if cuda:
+                raw = _timed_reps_cuda(fn, reps, before_each, barrier, cache)
+            else:
+                raw = _timed_reps_host(fn, reps, before_each, barrier)
     times = raw if reduce is None else [float(t) for t in reduce(list(raw))]
     if not times:
         raise ValueError("reduce returned no times")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lcab.cell import DTYPE_NAMES, BenchConfig, Cell, JobInfo
+from lcab.cell import DTYPE_NAMES, TELEMETRY_MODES, BenchConfig, Cell, JobInfo
 from lcab.config.errors import ConfigError
 from lcab.config.launcher import LAUNCHER_TARGET
 from lcab.cp import STRATEGIES
@@ -161,6 +161,10 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
             raise ConfigError(f"bench.{key}", value, "must be > 0 (or null)")
     if b.threads is not None:
         _positive("bench.threads", b.threads)
+    if b.telemetry not in TELEMETRY_MODES:
+        raise ConfigError("bench.telemetry", b.telemetry, f"one of {', '.join(TELEMETRY_MODES)}")
+    if not b.telemetry_interval_ms > 0:
+        raise ConfigError("bench.telemetry_interval_ms", b.telemetry_interval_ms, "must be > 0")
 
     # mask: parameters valid at every length
     mask_cfg = _container(cfg.mask)

@@ -8,7 +8,17 @@ from collections.abc import Callable
 
 
 def _topics() -> dict[str, Callable[[], None]]:
-    from lcab.perf import balance, cp, gpu_timer, harness, kernels, masks, predict, startup
+    from lcab.perf import (
+        balance,
+        cp,
+        gpu_timer,
+        harness,
+        kernels,
+        masks,
+        predict,
+        startup,
+        telemetry,
+    )
 
     return {
         "masks": masks.run,
@@ -20,6 +30,7 @@ def _topics() -> dict[str, Callable[[], None]]:
         "predict": predict.run,
         "predict-more": predict.run_more,
         "startup": startup.run,
+        "telemetry": telemetry.run,
     }
 
 

@@ -9,7 +9,10 @@ Target: within 3 % (the harness adds nothing a GPU timer would not see). The bac
 as the bench times it: ``out.backward(dout, retain_graph=True)`` with the gradients set to None
 before each repetition (do_bench's ``grad_to_none``), outside both timers. do_bench gets the
 protocol's counts (its budgets in multiples of lcab's median), and each cell is measured in two
-rounds of opposite order (lcab, do_bench; do_bench, lcab), the figures being their means.
+rounds of opposite order (lcab, do_bench; do_bench, lcab), the figures being their means. The
+SM clock is sampled beside each timer (`lcab.bench.telemetry`, NVML; never inside a timed
+call) and printed per round, lcab's / the reference's median, with any clock-event reasons: a
+ratio off 1 is then read against the clock it ran at.
 
 Cells: `KERNELS` (those not installed are printed with the reason) × ``causal``,
 ``causal_document`` × 8K, 32K tokens, the paper's dense problem (bf16, 64:8 heads × 128).
@@ -27,12 +30,15 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
 
 from lcab.bench.inputs import NAMES, SeededInputs
+from lcab.bench.pass_telemetry import device_source
 from lcab.bench.runner import pass_callable
+from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, l2_flush_buffer, measure
 from lcab.kernels import Problem, get_kernel
 from lcab.masks import make_mask
@@ -63,6 +69,11 @@ class Row:
     note: str = ""
     rounds_ms: list[tuple[float, float]] | None = None
     """(lcab, reference) of each round; the first measures lcab first, the second the reference."""
+    clock_mhz: list[tuple[float | None, float | None]] | None = None
+    """Median SM clock (CPU: core clock) while each timer of each round ran, as `rounds_ms`:
+    a ratio off 1 with clocks apart is the device's, not the harness's."""
+    clock_events: list[str] | None = None
+    """Clock-event (throttle) reasons NVML reported during the cell's timers."""
 
 
 Hook = Callable[[], None] | None
@@ -109,10 +120,33 @@ def _reference_clock(device: torch.device) -> tuple[str, Clock]:
     return "torch.utils.benchmark.Timer", torch_timer_ms
 
 
-def _lcab_p50(fn: Callable[[], object], before_each: Hook, device: torch.device) -> float:
+def _lcab_p50(
+    fn: Callable[[], object], before_each: Hook, device: torch.device, watch: Sampler | None
+) -> float:
     """The median lcab records for ``fn`` under the protocol, measured as the runner does."""
     flush = l2_flush_buffer(device) if device.type == "cuda" else None
-    return measure(fn, PROTOCOL, device=device, before_each=before_each, flush_buffer=flush).p50
+    return measure(
+        fn, PROTOCOL, device=device, before_each=before_each, flush_buffer=flush, watch=watch
+    ).p50
+
+
+class _Clocks:
+    """A sampler per timer (lcab's around its repetitions, the reference's around its call)."""
+
+    def __init__(self, device: torch.device) -> None:
+        index = (device.index or 0) if device.type == "cuda" else None
+        self.source = device_source("auto", device.type, index)
+        self.events: set[str] = set()
+
+    def sampler(self) -> Sampler | None:
+        return None if self.source is None else Sampler(self.source, interval_ms=5.0)
+
+    def median(self, sampler: Sampler | None) -> float | None:
+        if sampler is None:
+            return None
+        self.events.update(sampler.reading.events)
+        clocks = sampler.reading.clocks()
+        return None if clocks is None else clocks[1]
 
 
 def time_cell(
@@ -145,11 +179,19 @@ def time_cell(
         try:
             fn, before_each, leaves = pass_callable(row.pass_, prepared, native)
             # two rounds in opposite orders: a clock or power state that drifts over a cell
-            # then weighs on both timers alike
-            first = _lcab_p50(fn, before_each, device)
-            second = reference(fn, before_each, leaves, first)
-            third = reference(fn, before_each, leaves, first)
-            row.rounds_ms = [(first, second), (_lcab_p50(fn, before_each, device), third)]
+            # then weighs on both timers alike; each timer's clock is sampled beside it
+            clocks = _Clocks(device)
+            watches = [clocks.sampler() for _ in range(4)]
+            first = _lcab_p50(fn, before_each, device, watches[0])
+            with watches[1] or nullcontext():
+                second = reference(fn, before_each, leaves, first)
+            with watches[2] or nullcontext():
+                third = reference(fn, before_each, leaves, first)
+            fourth = _lcab_p50(fn, before_each, device, watches[3])
+            row.rounds_ms = [(first, second), (fourth, third)]
+            mhz = [clocks.median(w) for w in watches]
+            row.clock_mhz = [(mhz[0], mhz[1]), (mhz[3], mhz[2])]
+            row.clock_events = sorted(clocks.events) or None
             row.lcab_ms = statistics.fmean(r[0] for r in row.rounds_ms)
             row.reference_ms = statistics.fmean(r[1] for r in row.rounds_ms)
             row.ratio = row.lcab_ms / row.reference_ms
@@ -198,7 +240,17 @@ def _print(row: Row, spent_s: float) -> None:
     if row.ratio is None:
         print(f"{label} -  {row.note}")
         return
+    clocks = ""
+    if row.clock_mhz:
+        pairs = [f"{_mhz(a)}/{_mhz(b)}" for a, b in row.clock_mhz]
+        clocks = f"  clock lcab/ref {', '.join(pairs)} MHz"
+        if row.clock_events:
+            clocks += f" ({', '.join(row.clock_events)})"
     print(
         f"{label} lcab {row.lcab_ms:9.3f} ms  ref {row.reference_ms:9.3f} ms  "
-        f"ratio {row.ratio:6.3f}  ({spent_s:.0f} s)"
+        f"ratio {row.ratio:6.3f}{clocks}  ({spent_s:.0f} s)"
     )
+
+
+def _mhz(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"

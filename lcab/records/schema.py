@@ -95,6 +95,41 @@ class PassResult:
     """The planner's per-device TFLOP/s for this pass."""
     predicted_ratio: float | None = None
     """Measured / predicted throughput (= predicted_ms / ms_p50; above 1: faster than predicted)."""
+    # telemetry over the timed repetitions (lcab.bench.telemetry), read beside them
+    clock_mhz_min: float | None = None
+    """Compute clock while the repetitions ran: a GPU's SM clock (NVML), a CPU's core clock
+    (cpufreq; /proc/cpuinfo's nominal figure where there is none); lowest over samples, ranks."""
+    clock_mhz_median: float | None = None
+    """... median (of each sample's median; the median over ranks)."""
+    clock_mhz_max: float | None = None
+    """... highest."""
+    mem_clock_mhz: float | None = None
+    """GPU memory clock, median."""
+    power_w: float | None = None
+    """Mean power per device over the repetitions (energy / window where the device has an
+    energy counter; else the mean of the power readings); mean over ranks."""
+    power_w_max: float | None = None
+    """The highest rank's mean power."""
+    energy_j: float | None = None
+    """Energy of one call, all of the job's devices together (one host counter under CP on
+    one CPU host); the window's energy over its repetitions."""
+    energy_j_per_token: float | None = None
+    """`energy_j` / tokens of the sequence."""
+    gflops_per_j: float | None = None
+    """Useful GFLOP per joule: the call's FLOPs over `energy_j`."""
+    temperature_c: float | None = None
+    """Hottest reading of any device."""
+    clock_events: list[str] | None = None
+    """Clock-event (throttle) reasons NVML reported while the repetitions ran (SwPowerCap,
+    HwSlowdown, SwThermalSlowdown, ...; GpuIdle is among them when the device waited)."""
+    peak_tflops: float | None = None
+    """The device's dense peak for the dtype, scaled to the measured median clock
+    (`lcab.peaks`; on a CPU: none, the planner's host figure is not a peak)."""
+    peak_share: float | None = None
+    """`tflops` / `peak_tflops`."""
+    peak_implausible: bool | None = None
+    """True when the pass ran above 100 % of the peak at its clock: a FLOP count or a timer is
+    wrong (the record's reasons say which pass; the console and report flag it)."""
 
 
 @dataclass
@@ -198,6 +233,12 @@ class RunRecord:
     """Share of CPU time a hypervisor gave other guests while the length ran (None: the
     kernel reports no steal time)."""
     python_version: str = ""
+    telemetry_source: str | None = None
+    """Where the passes' clocks, power and energy were read: nvml, host, or None (off)."""
+    telemetry_device: str | None = None
+    """The device's name as the telemetry source reports it (NVML; the peak table's key)."""
+    telemetry_note: str | None = None
+    """What the telemetry could not read here, and why (one line per cause)."""
     slurm_job_id: str | None = None
     slurm_nodelist: str | None = None
     """The job's nodes as SLURM writes them (``n[1-2]``); None outside SLURM."""

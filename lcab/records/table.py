@@ -2,7 +2,9 @@
 
 Used after each cell (`lcab.bench.console`) and once for a whole sweep (`lcab.records.summary`).
 Columns: kernel, cp, mask, seqlen, status; per pass its median time and throughput; "vs plan"
-(measured / predicted throughput, forward/backward); a note number. Three choices keep it
+(measured / predicted throughput, forward/backward); where a device reports power or has a
+known peak, the first pass's clock, power and share of the peak (red with ``!`` above the
+peak); a note number. Three choices keep it
 readable where it is read:
 
 * **units of the machine**: records that all ran on a CPU show GFLOP/s (a CPU's 5 GFLOP/s read
@@ -91,6 +93,28 @@ def vs_plan(r: RunRecord, passes: Sequence[str]) -> str:
     return f"[red]{text}[/]" if text and r.prediction_warning else text or "-"
 
 
+def device_text(r: RunRecord, passes: Sequence[str]) -> str:
+    """``1,830 MHz 688 W 62%``: clock, power and share of the peak of the first timed pass.
+
+    Red with ``!`` when a pass ran above its device's peak (`lcab.bench.pass_telemetry`).
+    """
+    for p in passes:
+        res = r.pass_result(p)
+        if p not in r.passes or res.status not in ("ok", "numerics_mismatch"):
+            continue
+        parts = []
+        if res.clock_mhz_median is not None:
+            parts.append(f"{res.clock_mhz_median:,.0f} MHz")
+        if res.power_w is not None:
+            parts.append(f"{res.power_w:,.0f} W")
+        if res.peak_share is not None:
+            parts.append(f"{res.peak_share * 100:.3g}%")
+        text = " ".join(parts)
+        implausible = any(r.pass_result(q).peak_implausible for q in r.passes)
+        return f"[red]{text}![/]" if implausible else text or "-"
+    return "-"
+
+
 def records_table(
     records: Sequence[RunRecord], title: str = "lcab results"
 ) -> tuple[Table, list[str]]:
@@ -117,6 +141,14 @@ def records_table(
             justify="right",
             no_wrap=True,
         )
+    # clock, power, share of the peak: where a device reports power or has a known peak
+    watched = any(
+        r.pass_result(p).power_w is not None or r.pass_result(p).peak_share is not None
+        for r in records
+        for p in passes
+    )
+    if watched:
+        table.add_column("clock power peak", justify="right", no_wrap=True)
     notes: list[str] = []
     table.add_column("note", justify="right")
     for r in records:
@@ -132,6 +164,8 @@ def records_table(
                 row += [res.status if p in r.passes else "", ""]
         if planned:
             row.append(vs_plan(r, passes))
+        if watched:
+            row.append(device_text(r, passes))
         note = note_of(r)
         if note and note not in notes:
             notes.append(note)

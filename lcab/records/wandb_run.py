@@ -62,6 +62,7 @@ REPORTING_KEYS = (
     "launcher",
     "bench.progress",
     "bench.profile",
+    "bench.telemetry",
 )
 #: Per-length values copied into the summary under ``<name>/<seqlen>``.
 SUMMARY_METRICS = (
@@ -77,6 +78,14 @@ SUMMARY_METRICS = (
     "bwd_predicted_tflops",
     "fwd_predicted_ratio",  # measured / predicted throughput
     "bwd_predicted_ratio",
+    "fwd_clock_mhz_median",  # telemetry over the repetitions (lcab.bench.telemetry)
+    "bwd_clock_mhz_median",
+    "fwd_power_w",
+    "bwd_power_w",
+    "fwd_energy_j_per_token",
+    "bwd_energy_j_per_token",
+    "fwd_peak_share",  # of the device's peak at the measured clock (lcab.peaks)
+    "bwd_peak_share",
 )
 FAILED = ("error", "timeout", "oom", "numerics_mismatch")
 """Statuses that count as a failed length (a capability ``skipped`` does not)."""

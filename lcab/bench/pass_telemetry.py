@@ -1,0 +1,239 @@
+"""A pass's telemetry in its record: per rank, over ranks, over mask samples, against the peak.
+
+Each rank samples its own device (`lcab.bench.telemetry`); the ranks' figures are gathered as
+floats (NaN where a rank read nothing) so every rank makes the same collectives whatever its
+device exposes. Over ranks a clock keeps its lowest and highest reading and the median of the
+ranks' medians; power the mean and the highest rank's mean; energy is the job's: summed over
+ranks when each has its own device, one counter's reading when the ranks share it (a CPU host's
+RAPL counter, or ranks sharing one GPU). Over mask samples: the same, with medians of energy
+and power.
+
+The share of the peak divides the pass's per-device TFLOP/s by the device's dense peak for its
+dtype at the measured median SM clock (`lcab.peaks`). A share above 1 cannot be measured: the
+FLOP count or the timer is wrong. The pass keeps its status and times (they were measured) and
+is flagged (`peak_implausible`, a reason in the record, a mark in the console and the report),
+never silently reported.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from lcab.bench.telemetry import Sampler, TelemetryReading
+from lcab.bench.telemetry_sources import HostSource, NvmlSource, Source
+from lcab.peaks import is_implausible, lookup, peak_tflops, share_of_peak
+from lcab.records.schema import PassResult, RunRecord
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class PassTelemetry:
+    """One pass on one mask sample: every rank's readings combined (None: no rank read it)."""
+
+    clock_mhz: tuple[float, float, float] | None = None
+    """(lowest, median, highest) compute clock."""
+    mem_clock_mhz: float | None = None
+    power_w: float | None = None
+    power_w_max: float | None = None
+    energy_j: float | None = None
+    """One call's energy, the job's devices together."""
+    temperature_c: float | None = None
+    event_bits: int = 0
+
+
+def rank_vector(reading: TelemetryReading | None, calls: int) -> list[float]:
+    """One rank's figures as floats for a gather (NaN: not read)."""
+    if reading is None:
+        return [NAN] * 8
+    clocks = reading.clocks() or (NAN, NAN, NAN)
+    mem = reading.clocks("mem_clock_mhz")
+    power = reading.power_w()
+    temperature = reading.temperature_c()
+    bits = 0
+    for s in reading.samples:
+        bits |= s.events
+    energy = reading.energy_j / calls if reading.energy_j is not None and calls else NAN
+    return [
+        *clocks,
+        mem[1] if mem else NAN,
+        NAN if power is None else power,
+        energy,
+        NAN if temperature is None else temperature,
+        float(bits),
+    ]
+
+
+def over_ranks(vectors: Sequence[Sequence[float]], shared_counter: bool) -> PassTelemetry:
+    """Combine every rank's `rank_vector` (module docstring)."""
+    columns = list(zip(*vectors, strict=True)) if vectors else [()] * 8
+
+    def read(i: int) -> list[float]:
+        return [v for v in columns[i] if not math.isnan(v)]
+
+    lows, medians, highs = read(0), read(1), read(2)
+    clock = (min(lows), statistics.median(medians), max(highs)) if medians else None
+    mem, power, energy, temperature = read(3), read(4), read(5), read(6)
+    if energy:
+        job_energy: float | None = max(energy) if shared_counter else sum(energy)
+        if not shared_counter and len(energy) < len(vectors):
+            job_energy = None  # a rank without a counter: the job's sum is unknown
+    else:
+        job_energy = None
+    bits = 0
+    for b in read(7):
+        bits |= int(b)
+    return PassTelemetry(
+        clock_mhz=clock,
+        mem_clock_mhz=statistics.median(mem) if mem else None,
+        power_w=statistics.fmean(power) if power else None,
+        power_w_max=max(power) if power else None,
+        energy_j=job_energy,
+        temperature_c=max(temperature) if temperature else None,
+        event_bits=bits,
+    )
+
+
+def _median(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def fill_telemetry(
+    result: PassResult,
+    samples: Sequence[PassTelemetry],
+    tokens: int,
+    event_names: Callable[[int], list[str]],
+) -> None:
+    """The pass's telemetry fields from its mask samples (after `summarise` set its FLOPs)."""
+    clocks = [s.clock_mhz for s in samples if s.clock_mhz is not None]
+    if clocks:
+        result.clock_mhz_min = min(c[0] for c in clocks)
+        result.clock_mhz_median = statistics.median(c[1] for c in clocks)
+        result.clock_mhz_max = max(c[2] for c in clocks)
+    result.mem_clock_mhz = _median([s.mem_clock_mhz for s in samples])
+    result.power_w = _median([s.power_w for s in samples])
+    highest = [s.power_w_max for s in samples if s.power_w_max is not None]
+    result.power_w_max = max(highest) if highest else None
+    result.energy_j = _median([s.energy_j for s in samples])
+    if result.energy_j is not None and result.energy_j > 0:
+        result.energy_j_per_token = result.energy_j / tokens if tokens else None
+        if result.flops is not None:
+            result.gflops_per_j = result.flops / result.energy_j / 1e9
+    temperatures = [s.temperature_c for s in samples if s.temperature_c is not None]
+    result.temperature_c = max(temperatures) if temperatures else None
+    bits = 0
+    for s in samples:
+        bits |= s.event_bits
+    result.clock_events = event_names(bits) if bits else None
+
+
+def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> None:
+    """The pass's share of its device's peak at the measured clock; flag one above it."""
+    result = record.pass_result(pass_name)
+    if device_name is None or result.tflops is None or lookup(device_name) is None:
+        return
+    clock = result.clock_mhz_median
+    if clock is not None and not (math.isfinite(clock) and clock > 0):
+        clock = None  # a reading of 0 or NaN: the rated peak, unscaled
+    peak = peak_tflops(device_name, record.dtype, clock)
+    if peak is None:
+        return
+    result.peak_tflops = peak.tflops
+    result.peak_share = share_of_peak(result.tflops, peak)
+    result.peak_implausible = is_implausible(result.peak_share)
+    if result.peak_implausible:
+        at = f"{peak.clock_mhz:,.0f} MHz" if peak.clock_mhz else "its rated clock"
+        record.reasons.append(
+            f"{pass_name}: {result.tflops:,.1f} TFLOP/s is {result.peak_share:.0%} of the "
+            f"{peak.gpu}'s {record.dtype} peak at {at} ({peak.tflops:,.1f}): "
+            "implausible, the FLOP count or the timer is wrong"
+        )
+
+
+_SOURCES: dict[tuple[str, int], Source] = {}
+"""One source per device in a process: NVML is opened once, a CPU host's counters too."""
+
+
+def device_source(mode: str, device_type: str, index: int | None) -> Source | None:
+    """The source ``bench.telemetry`` asks for on this device (None: off).
+
+    ``auto`` reads NVML on a GPU and the host's files on a CPU; ``nvml`` on a CPU cell reads
+    the GPU of the rank's local index (a host whose GPU runs something else, or a test).
+    """
+    if mode == "off":
+        return None
+    kind = ("nvml" if device_type == "cuda" else "host") if mode == "auto" else mode
+    if kind == "host":
+        return _SOURCES.setdefault(("host", 0), HostSource())
+    if index is None:
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+    key = ("nvml", index)
+    if key not in _SOURCES:
+        uuid = None
+        if device_type == "cuda":
+            import torch
+
+            uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "")) or None
+        _SOURCES[key] = NvmlSource(index, uuid)
+    return _SOURCES[key]
+
+
+class LengthTelemetry:
+    """One length's telemetry: a sampler around each pass's repetitions, the ranks gathered."""
+
+    def __init__(
+        self,
+        source: Source | None,
+        interval_ms: float,
+        gather: Callable[[float], list[float]] | None,
+        shared_counter: bool,
+    ) -> None:
+        self.source, self.interval_ms = source, interval_ms
+        self.gather, self.shared_counter = gather, shared_counter
+        self.notes: list[str] = []
+        self.device_name: str | None = None
+
+    def sampler(self) -> Sampler | None:
+        """A sampler for the next pass's repetitions (None when telemetry is off)."""
+        return None if self.source is None else Sampler(self.source, self.interval_ms)
+
+    def after(self, sampler: Sampler | None, calls: int) -> PassTelemetry:
+        """The pass's figures over every rank (every rank calls this: it gathers)."""
+        reading = None if sampler is None else sampler.reading
+        if reading is not None:
+            self.device_name = self.device_name or reading.device_name
+            self.notes += [n for n in reading.notes if n not in self.notes]
+        mine = rank_vector(reading, calls)
+        vectors = [mine]
+        if self.gather is not None:
+            columns = [self.gather(value) for value in mine]
+            vectors = [list(v) for v in zip(*columns, strict=True)]
+        return over_ranks(vectors, self.shared_counter or self.source is None)
+
+    def fill(self, record: RunRecord, pass_name: str, samples: Sequence[PassTelemetry]) -> None:
+        """The pass's record fields; the record's source, device and notes."""
+        if self.source is None:
+            return
+        record.telemetry_source = self.source.kind
+        record.telemetry_device = self.device_name
+        record.telemetry_note = "; ".join(self.notes) or None
+        fill_telemetry(record.pass_result(pass_name), samples, record.seqlen, self._names)
+        fill_peak(record, pass_name, self.device_name or _cuda_name(record))
+
+    def _names(self, bits: int) -> list[str]:
+        if self.source is None:
+            return []
+        try:
+            return self.source.event_names(bits)
+        except Exception:
+            return [f"0x{bits:x}"]
+
+
+def _cuda_name(record: RunRecord) -> str | None:
+    """Torch's name of a CUDA device (the peak table knows it as NVML does)."""
+    return record.device_name if record.device == "cuda" and record.device_name else None

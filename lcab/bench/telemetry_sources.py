@@ -1,0 +1,252 @@
+"""Where a pass's clocks, power and energy are read: NVML on a GPU, the kernel's files on a CPU.
+
+A throughput is comparable across machines only with the clock it ran at, and energy per token
+is what no attention benchmark records. A GPU is read through NVIDIA's own binding, ``pynvml``
+(the ``nvidia-ml-py`` package: pure Python over the driver's ``libnvidia-ml.so``), imported only
+when a GPU pass is sampled. A CPU host offers what its kernel exposes: the package energy
+counter of Intel's RAPL under ``/sys/class/powercap`` (root-only on most kernels since 2020),
+each core's clock under ``cpufreq``, or only the nominal ``cpu MHz`` of ``/proc/cpuinfo`` in a
+virtual machine. What cannot be read is None with one line saying why, never an error: a
+sampler never costs a record.
+
+Units at this interface: MHz, watts, joules, degrees Celsius (NVML reports mW and mJ).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from typing_extensions import override
+
+
+class TelemetryUnavailableError(RuntimeError):
+    """The source cannot be read here (the message says why, in one line)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of the device, ``t_s`` seconds after the sampled window opened."""
+
+    t_s: float
+    clock_mhz: float | None
+    """The compute clock: a GPU's SM clock, a CPU's median core clock."""
+    mem_clock_mhz: float | None
+    power_w: float | None
+    temperature_c: float | None
+    events: int = 0
+    """Clock-event (throttle) reason bits, NVML's ``nvmlClocksEventReason*``; 0 on a CPU."""
+
+
+class Source(Protocol):
+    """One device's readings; every method may raise (the sampler turns that into a note)."""
+
+    kind: str
+    """"nvml" or "host"."""
+
+    def open(self) -> None:
+        """Get ready (load the library, find the device); raise `TelemetryUnavailableError`."""
+
+    def device_name(self) -> str | None:
+        """The name the device reports (NVML's, for the peak table)."""
+
+    def energy_j(self) -> float | None:
+        """A counter of energy spent so far, in joules (None: not exposed, see `energy_note`)."""
+
+    def energy_note(self) -> str | None:
+        """Why `energy_j` is None (None when it is not)."""
+
+    def sample(self, t_s: float) -> Sample:
+        """The device's clocks, power and temperature now."""
+
+    def event_names(self, bits: int) -> list[str]:
+        """The names of the clock-event reasons in ``bits``."""
+
+
+class NvmlSource(Source):
+    """A GPU through ``pynvml``, found by its UUID (as CUDA names it) or else its index."""
+
+    kind = "nvml"
+
+    def __init__(self, index: int, uuid: str | None = None) -> None:
+        self.index, self.uuid = index, uuid
+        self._nvml: Any = None
+        self._handle: Any = None
+        self._energy_note: str | None = None
+        self._reasons: dict[int, str] = {}
+
+    @override
+    def open(self) -> None:
+        if self._nvml is not None:
+            return  # opened by an earlier pass of this process
+        try:
+            import pynvml
+        except ImportError as err:
+            raise TelemetryUnavailableError(f"nvidia-ml-py is not installed ({err})") from err
+        try:
+            pynvml.nvmlInit()
+            handle = None
+            if self.uuid:
+                name = self.uuid if self.uuid.startswith("GPU-") else f"GPU-{self.uuid}"
+                try:
+                    handle = pynvml.nvmlDeviceGetHandleByUUID(name)
+                except pynvml.NVMLError:
+                    handle = None  # a MIG slice or an odd UUID form: fall back on the index
+            self._handle = handle or pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except pynvml.NVMLError as err:
+            raise TelemetryUnavailableError(f"NVML: {err}") from err
+        self._nvml = pynvml
+        # the binding's own constants name the reason bits (the deprecated aliases left out)
+        for attr in dir(pynvml):
+            if attr.startswith("nvmlClocksEventReason") and attr not in (
+                "nvmlClocksEventReasonAll",
+                "nvmlClocksEventReasonNone",
+                "nvmlClocksEventReasonUserDefinedClocks",
+            ):
+                value = getattr(pynvml, attr)
+                if isinstance(value, int) and value:
+                    self._reasons[value] = attr.removeprefix("nvmlClocksEventReason")
+
+    @override
+    def device_name(self) -> str | None:
+        name = self._nvml.nvmlDeviceGetName(self._handle)
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    @override
+    def energy_j(self) -> float | None:
+        if self._energy_note is not None:
+            return None
+        try:
+            return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1e3
+        except self._nvml.NVMLError as err:  # Volta and later only; some boards refuse it
+            self._energy_note = f"NVML energy counter: {err}"
+            return None
+
+    @override
+    def energy_note(self) -> str | None:
+        return self._energy_note
+
+    @override
+    def sample(self, t_s: float) -> Sample:
+        nvml, handle = self._nvml, self._handle
+        return Sample(
+            t_s=t_s,
+            clock_mhz=float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            mem_clock_mhz=float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
+            power_w=float(nvml.nvmlDeviceGetPowerUsage(handle)) / 1e3,
+            temperature_c=float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+            events=int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)),
+        )
+
+    @override
+    def event_names(self, bits: int) -> list[str]:
+        return [name for bit, name in sorted(self._reasons.items()) if bits & bit]
+
+
+class HostSource(Source):
+    """A CPU host through the kernel's files (``root`` is ``/``; tests give another tree)."""
+
+    kind = "host"
+
+    def __init__(self, root: Path = Path("/"), cores: set[int] | None = None) -> None:
+        self.root = root
+        self.cores = cores if cores is not None else _affinity()
+        self._rapl: list[tuple[Path, float]] = []
+        self._last_uj: list[float] = []
+        self._wraps: list[float] = []
+        self._energy_note: str | None = None
+        self._freq_files: list[Path] = []
+        self._opened = False
+        self._last_mhz: float | None = None
+        self._static_mhz: float | None = None
+
+    @override
+    def open(self) -> None:
+        if self._opened:
+            return
+        self._opened = True
+        powercap = self.root / "sys/class/powercap"
+        # package domains only ("intel-rapl:0"), not their sub-zones ("intel-rapl:0:0"): the
+        # package counter already holds the cores' and the uncore's energy
+        zones = sorted(p for p in powercap.glob("intel-rapl:*") if p.name.count(":") == 1)
+        for zone in zones:
+            try:
+                span = float((zone / "max_energy_range_uj").read_text())
+                self._last_uj.append(float((zone / "energy_uj").read_text()))
+                self._rapl.append((zone / "energy_uj", span))
+            except (OSError, ValueError) as err:
+                self._energy_note = f"RAPL {zone.name} is not readable ({type(err).__name__})"
+                self._rapl, self._last_uj = [], []
+                break
+        self._wraps = [0.0] * len(self._rapl)
+        if not zones:
+            self._energy_note = f"no RAPL energy counter ({powercap} has no intel-rapl zone)"
+        cpus = self.root / "sys/devices/system/cpu"
+        self._freq_files = [
+            f
+            for core in sorted(self.cores)
+            if (f := cpus / f"cpu{core}/cpufreq/scaling_cur_freq").exists()
+        ]
+
+    @override
+    def device_name(self) -> str | None:
+        return None
+
+    @override
+    def energy_j(self) -> float | None:
+        if not self._rapl:
+            return None
+        total = 0.0
+        for i, (path, span) in enumerate(self._rapl):
+            now = float(path.read_text())
+            if now < self._last_uj[i]:  # the counter wrapped at max_energy_range_uj
+                self._wraps[i] += span
+            self._last_uj[i] = now
+            total += now + self._wraps[i]
+        return total / 1e6
+
+    @override
+    def energy_note(self) -> str | None:
+        return self._energy_note
+
+    @override
+    def sample(self, t_s: float) -> Sample:
+        return Sample(t_s, self._clock_mhz(), None, None, None)
+
+    def _clock_mhz(self) -> float | None:
+        """The median clock of this process's cores (cpufreq), else /proc/cpuinfo's figure.
+
+        Without cpufreq (a virtual machine) ``cpu MHz`` is the nominal clock and does not
+        move; parsing the whole file cost ~50 us of the GIL a read, so once two reads agree
+        the figure is kept.
+        """
+        if self._freq_files:
+            return statistics.median(float(f.read_text()) / 1e3 for f in self._freq_files)
+        if self._static_mhz is not None:
+            return self._static_mhz
+        try:
+            text = (self.root / "proc/cpuinfo").read_text()
+        except OSError:
+            return None
+        mhz = [
+            float(line.split(":")[1]) for line in text.splitlines() if line.startswith("cpu MHz")
+        ]
+        now = statistics.median(mhz) if mhz else None
+        if now is not None and now == self._last_mhz:
+            self._static_mhz = now
+        self._last_mhz = now
+        return now
+
+    @override
+    def event_names(self, bits: int) -> list[str]:
+        return []
+
+
+def _affinity() -> set[int]:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))

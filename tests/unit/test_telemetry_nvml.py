@@ -1,0 +1,174 @@
+"""lcab's GPU telemetry through NVIDIA's real ``pynvml`` over the emulated ``libnvidia-ml.so.1``.
+
+The emulated device 0 (``tests/helpers/emulated_nvml.c``) runs its SM clock at 1980 MHz for
+40 ms after ``nvmlInit``, then 1755 / 1830 MHz alternating every 20 ms, at 450 W then 690 W,
+with an energy counter that integrates that power and the SwPowerCap reason after 40 ms;
+device 1 refuses the energy counter. Each test runs a subprocess (the loader reads
+``LD_LIBRARY_PATH`` at start) that samples with lcab's own `Sampler` and prints JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import emulated_nvml
+
+emulated_nvml_dir = emulated_nvml.emulated_nvml_dir
+
+SAMPLE = """
+import json, time
+from lcab.bench.telemetry import Sampler
+from lcab.bench.telemetry_sources import NvmlSource
+source = NvmlSource(DEVICE)
+readings = []
+for hold_s in (0.12, 0.12):
+    with Sampler(source, interval_ms=5) as s:
+        time.sleep(hold_s)
+    r = s.reading
+    readings.append({
+        "device": r.device_name, "window_s": r.window_s, "energy_j": r.energy_j,
+        "clocks": r.clocks(), "mem": r.clocks("mem_clock_mhz"), "power_w": r.power_w(),
+        "temperature_c": r.temperature_c(), "events": r.events, "notes": r.notes,
+        "n": len(r.samples),
+    })
+print(json.dumps(readings))
+"""
+
+
+def _sample(
+    directory: Path, device: int, hang_after: int | None = None, init: str | None = None
+) -> list[dict[str, Any]]:
+    done = emulated_nvml.run_with_nvml(
+        directory,
+        SAMPLE.replace("DEVICE", str(device)),
+        hang_after=hang_after,
+        init="driver_not_loaded" if init else None,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_clocks_power_energy_and_reasons_of_a_gpu(emulated_nvml_dir: Path) -> None:
+    first, second = _sample(emulated_nvml_dir, 0)
+    assert first["device"] == "NVIDIA H100 80GB HBM3"
+    low, _, high = first["clocks"]
+    assert (low, high) == (1755.0, 1980.0)  # the emulated pattern's extremes, 120 ms at 5 ms
+    assert first["mem"][1] == 2619.0
+    # the second window starts > 40 ms after init: 690 W throughout, energy = 690 W x window
+    assert second["energy_j"] == pytest.approx(690.0 * second["window_s"], rel=0.01)
+    assert second["power_w"] == pytest.approx(690.0, rel=0.01)
+    assert second["clocks"][2] < 1980.0  # past the 40 ms boost: only 1755 and 1830
+    assert "SwPowerCap" in second["events"]
+    assert 52.0 <= second["temperature_c"] <= 70.0
+    assert not second["notes"]
+
+
+def test_a_gpu_without_an_energy_counter_says_so_and_keeps_its_power(
+    emulated_nvml_dir: Path,
+) -> None:
+    reading = _sample(emulated_nvml_dir, 1)[1]
+    assert reading["device"] == "NVIDIA H200"
+    assert reading["energy_j"] is None
+    assert any("energy counter" in n and "Not Supported" in n for n in reading["notes"])
+    assert reading["power_w"] == pytest.approx(690.0, rel=0.01)  # the samples' mean
+
+
+def test_a_node_without_a_driver_gets_a_note_not_an_error(emulated_nvml_dir: Path) -> None:
+    reading = _sample(emulated_nvml_dir, 0, init="driver_not_loaded")[0]
+    assert reading["clocks"] is None and reading["energy_j"] is None
+    assert reading["notes"] == ["NVML: Driver Not Loaded"]
+
+
+def test_a_hung_driver_call_is_abandoned_and_never_called_again(emulated_nvml_dir: Path) -> None:
+    """Power hangs after 3 reads: the window ends within the sampler's wait, the next one
+    says why it has nothing, and the process still ends."""
+    start = time.monotonic()
+    first, second = _sample(emulated_nvml_dir, 0, hang_after=3)
+    assert time.monotonic() - start < 20
+    assert any("did not return within" in n for n in first["notes"])
+    assert any("earlier in this process" in n for n in second["notes"])
+    assert second["n"] == 0
+
+
+def test_a_cell_records_gpu_telemetry_and_the_share_of_the_peak(
+    emulated_nvml_dir: Path, tmp_path: Path
+) -> None:
+    """A real CPU cell with ``bench.telemetry=nvml``: the record carries device 0's figures."""
+    env = emulated_nvml.nvml_env(emulated_nvml_dir)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lcab.main",
+            "kernel=ranges",
+            "mask=causal",
+            "seqlen.values=[1024]",
+            "bench.telemetry=nvml",
+            "bench.reps=20",
+            "bench.mask_samples=1",
+            "bench.check_numerics=false",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
+    assert record["telemetry_source"] == "nvml"
+    assert record["telemetry_device"] == "NVIDIA H100 80GB HBM3"
+    for name in ("fwd", "bwd"):
+        result = record[name]
+        assert result["status"] == "ok"
+        assert 1755.0 <= result["clock_mhz_min"] <= result["clock_mhz_median"] <= 1980.0
+        assert result["power_w"] == pytest.approx(690.0, rel=0.05) or result["power_w"] > 440
+        assert result["energy_j"] > 0
+        assert result["energy_j_per_token"] == pytest.approx(result["energy_j"] / 1024)
+        assert result["gflops_per_j"] == pytest.approx(result["flops"] / result["energy_j"] / 1e9)
+        assert result["peak_share"] == pytest.approx(result["tflops"] / result["peak_tflops"])
+        assert result["peak_implausible"] is False
+    assert "clock power peak" in done.stdout
+
+
+def test_a_pass_above_the_peak_at_its_clock_is_flagged(
+    emulated_nvml_dir: Path, tmp_path: Path
+) -> None:
+    """Plant a clock of 1 MHz on an 'A100': its fp32 peak there is 19.5 TFLOP/s / 1410, about
+    14 GFLOP/s, which SDPA on a full mask passes on any CPU (~200 GFLOP/s on 2 cores here)."""
+    env = emulated_nvml.nvml_env(emulated_nvml_dir, sm_mhz=1, name0="NVIDIA A100-SXM4-80GB")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lcab.main",
+            "kernel=sdpa",
+            "mask=full",
+            "seqlen.values=[2048]",
+            "bench.passes=[fwd]",
+            "bench.telemetry=nvml",
+            "bench.mask_samples=1",
+            "bench.check_numerics=false",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
+    fwd = record["fwd"]
+    assert fwd["clock_mhz_median"] == 1.0
+    assert fwd["peak_tflops"] == pytest.approx(19.5 / 1410, rel=1e-3)
+    assert fwd["peak_share"] == pytest.approx(fwd["tflops"] / fwd["peak_tflops"])
+    assert fwd["peak_share"] > 1 and fwd["peak_implausible"] is True
+    assert any("implausible" in r and r.startswith("fwd:") for r in record["reasons"])
+    assert "implausible" in done.stdout  # the console's note
