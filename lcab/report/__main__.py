@@ -11,6 +11,9 @@ Commands:
   wandb-workspace SWEEP        the sweep's standard W&B workspace (``--dry-run PATH``: its JSON,
                                offline; without: saved, which needs a W&B login)
   gpu-table FILE               the GPU verification table a ``launchers/gpu_check.sh`` run wrote
+  anchors PATH...              published figures (papers, vendor tables) beside lcab's records
+                               and planner rows with the ratio (``--all``: also those without
+                               a match, and why; ``--markdown``: a Markdown table)
 
 Each command is a subparser with its own ``run`` function (``set_defaults(run=...)``), so a
 new command is one ``_add_<name>`` function and a line in `parser`. Heavy imports (torch for
@@ -115,6 +118,35 @@ def _add_wandb_workspace(commands: argparse._SubParsersAction[argparse.ArgumentP
     command.set_defaults(run=workspace.main)
 
 
+def _anchors(args: argparse.Namespace) -> int:
+    from lcab.report.anchors import command
+
+    return command(args)
+
+
+def _add_anchors(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    anchors = commands.add_parser(
+        "anchors",
+        help="published figures beside lcab's records and planner rows",
+        description="Put published attention figures (the LongCA-bench paper, FlashAttention-3, "
+        "cudnn-frontend, the MagiAttention benchmark: lcab/report/published_anchors.json) "
+        "beside the lcab rows of the same problem, with the ratio lcab / published. Records "
+        "are measured, the planner's plan.jsonl rows predicted.",
+    )
+    anchors.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="records files, sweep or run folders, plan.jsonl files or planner sweep folders",
+    )
+    anchors.add_argument(
+        "--all", action="store_true", help="also list published figures without a match, and why"
+    )
+    anchors.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    anchors.set_defaults(run=_anchors)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per report."""
     top = argparse.ArgumentParser(prog="python -m lcab.report")
@@ -130,6 +162,7 @@ def parser() -> argparse.ArgumentParser:
     )
     table.add_argument("file", type=Path, help="the run's verification.jsonl")
     table.set_defaults(run=_gpu_table)
+    _add_anchors(commands)
     return top
 
 

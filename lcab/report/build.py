@@ -7,6 +7,7 @@ The output folder holds::
     summary.csv/.md      one row per cell and length
     predicted.csv/.md    measured vs the planner's prediction, one row per pass
     reasons.csv/.md      why things did not run, grouped with counts
+    anchors.csv/.md      published figures beside the records of the same problem (when any)
 
 Every input is read before anything is written, so bad input leaves no half-built report.
 PNGs of figures that the records no longer produce are removed from ``png/``, so the folder
@@ -22,6 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from lcab.records.sinks import RECORDS_FILE
+from lcab.report.anchor_rows import rows_from_frame
+from lcab.report.anchors import anchors_frame, side_by_side, source_notes
+from lcab.report.anchors import shown as shown_anchors
 from lcab.report.figures import build_figures
 from lcab.report.frame import SOURCE, load_records, named_input
 from lcab.report.page import (
@@ -101,6 +105,17 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
         predictions_headline(predicted) + "\n\n" + markdown_table(shown_columns(predicted)),
         encoding="utf-8",
     )
+    pairs = side_by_side(rows_from_frame(frame))
+    anchors = anchors_frame(pairs) if pairs else None
+    for stale in (folder / "anchors.csv", folder / "anchors.md"):
+        stale.unlink(missing_ok=True)  # a rebuild whose records match no published figure
+    if anchors is not None:
+        anchors.to_csv(folder / "anchors.csv", index=False)
+        notes = "\n".join(f"- {n}" for n in source_notes(pairs))
+        (folder / "anchors.md").write_text(
+            markdown_table(shown_anchors(anchors)) + "\nSources:\n\n" + notes + "\n",
+            encoding="utf-8",
+        )
     reasons.to_csv(folder / "reasons.csv", index=False)
     (folder / "reasons.md").write_text(
         markdown_table(reasons, max_text=400)
@@ -118,6 +133,8 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
             reasons=reasons,
             divs={f.name: figure_div(f) for f in figures.figures},
             predictions=predicted,
+            anchors=None if anchors is None else shown_anchors(anchors),
+            anchor_sources=source_notes(pairs),
         ),
         plotly_js(),
     )

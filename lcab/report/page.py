@@ -266,9 +266,13 @@ class PageInputs:
     summary: pd.DataFrame
     reasons: pd.DataFrame
     divs: dict[str, str]
+    """Figure name -> its ``<div>`` and drawing script (`lcab.report.interactive`)."""
     predictions: pd.DataFrame | None = None
     """`predictions_table` (None: no section)."""
-    """Figure name -> its ``<div>`` and drawing script (`lcab.report.interactive`)."""
+    anchors: pd.DataFrame | None = None
+    """Published figures beside the records (`lcab.report.anchors`; None: no match, no section)."""
+    anchor_sources: Sequence[str] = ()
+    """The sources the anchors table cites, one line each."""
 
 
 STYLE = """
@@ -303,7 +307,8 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         f'<p class="note">{html.escape(READING_NOTE)}</p><nav>',
         *(f'<a href="#{key}">{title}</a>' for key, title in SECTIONS.items()),
         '<a href="#summary">Summary table</a><a href="#predicted">Measured vs predicted</a>'
-        '<a href="#reasons">Reasons</a></nav>',
+        + ('<a href="#anchors">Published figures</a>' if inputs.anchors is not None else "")
+        + '<a href="#reasons">Reasons</a></nav>',
     ]
     for key, title in SECTIONS.items():
         parts.append(f'<section id="{key}"><h2>{html.escape(title)}</h2>')
@@ -320,6 +325,7 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         "memory MiB.</p>",
         f'<div class="scroll">{html_table(shown_columns(inputs.summary))}</div></section>',
         *_predicted_section(inputs.predictions),
+        *_anchors_section(inputs.anchors, inputs.anchor_sources),
         '<section id="reasons"><h2>Reasons</h2>',
         '<p class="note">Why passes or lengths did not run, or went wrong, grouped with the '
         "number of records (also <code>reasons.csv</code>, <code>reasons.md</code>).</p>",
@@ -345,4 +351,21 @@ def _predicted_section(table: pd.DataFrame | None) -> list[str]:
     return [
         '<section id="predicted"><h2>Measured vs predicted</h2>',
         f'<p class="note">{note}</p>{body}</section>',
+    ]
+
+
+def _anchors_section(table: pd.DataFrame | None, sources: Sequence[str]) -> list[str]:
+    """Published figures side by side with the records of the same problem (when any)."""
+    if table is None:
+        return []
+    items = "".join(f"<li>{html.escape(s)}</li>" for s in sources)
+    return [
+        '<section id="anchors"><h2>Published figures side by side</h2>',
+        '<p class="note">Published numbers (papers, vendor tables, charts read off their '
+        "images) beside the records of the same GPU model, heads, dtype, length, mask, "
+        "strategy, world size and kernel; lcab/published above 1: faster than published "
+        "(also <code>anchors.csv</code>, <code>anchors.md</code>; "
+        "<code>python -m lcab.report anchors --all</code> lists every figure and why it has "
+        "no match).</p>",
+        f'<div class="scroll">{html_table(table)}</div><ul class="note">{items}</ul></section>',
     ]

@@ -1,0 +1,252 @@
+"""Published attention figures as data: `load_published` reads ``published_anchors.json``.
+
+Every anchor lcab is compared with publishes pictures; nobody can check lcab against a bar
+chart without reading it. The data file holds those numbers once, each with where it comes from
+and how it was read, so `lcab.report.anchors` can put lcab's own rows beside them.
+
+**Why JSON, in groups.** JSON reads with the standard library on every Python lcab supports
+(``tomllib`` is 3.11+, lcab runs on 3.10), and a group states what its numbers share once — the
+source, how it was read, the GPU, the shape — with ``columns`` naming what changes from row to
+row and each row on one line. A column ``mask.<name>`` is a mask parameter; an ``error``
+column overrides the group's reading error for one row. ``kernels`` maps each library name the
+sources use to the lcab kernels that run it: cuDNN's fused attention runs under lcab's
+``cudnn`` (TransformerEngine, as the sources ran it) and ``sdpa_cudnn`` (torch SDPA's cuDNN
+backend: the same cuDNN engine); the table names which one a match came from.
+
+**What it holds, in this order** (964 numbers, TFLOP/s; per GPU, slowest rank, under CP):
+
+* ``longca-v1`` — the LongCA-bench paper (arXiv 2510.17896v1): Tables 3-5, the only numbers it
+  prints (block-sparse FlashInfer, FA2 Sparse and FlexAttention on one H100). Its dense-kernel
+  and context-parallel figures (Figs. 3, 5, 7-14, 20-23) are charts whose values survive
+  nowhere as numbers (no source file, no printed labels), so none is taken from them.
+* ``fa3-paper`` — FlashAttention-3 (arXiv 2407.08608) Figs. 5-6, head dim 128, H100 SXM5: the
+  values printed above the bars (16K tokens a batch, 16 heads).
+* ``cudnn-fe-gb200`` — NVIDIA cudnn-frontend's Llama-3.1 CSV on GB200 (cuDNN 9.27 and FA4, bf16,
+  batch 2), a table read as printed.
+* ``magi-cp-h100``, ``magi-cp-b200`` — the MagiAttention CP benchmark (the companion blog of
+  LongCA-bench, same authors, same baselines): per-GPU TFLOP/s of Ulysses, Ring P2P (lcab's
+  ``ring``), Ring AllGather, USP and LoongTrain at 8-64 GPUs, every mask and pass it draws.
+  The 80 H100 cells of `lcab.plan.published` are among them (the tests hold the two to one
+  another); its hybrid and MagiAttention series are left out (no lcab strategy runs them).
+* ``magi-kernel-h100`` — the same blog's one-H100 kernel charts (FA2, FA3, cuDNN, Flex,
+  FlashMask, SDPA, FFA on full, causal, document and sliding-window masks, 1K-32K). Its
+  ``varlen block causal`` charts are left out: the blog gives no block size, so lcab's
+  ``block_causal_document`` cannot be said to be the same mask.
+
+The MagiAttention charts were read from the PNGs' pixels at commit 2c641357: the centre of the
+line marker on each bar top against the gridlines, ±3 TFLOP/s (±5 where a crossing line hid the
+marker and the bar's own line was read). Bars under 5 TFLOP/s and those marked ✗ are left out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from lcab.flops import PASSES
+
+PUBLISHED_FILE = Path(__file__).with_name("published_anchors.json")
+READS = {
+    "table": "table (printed number)",
+    "label": "chart label (number printed on the bar)",
+    "chart": "chart, read off the image ±{error:g} {unit}",
+}
+"""How a number was read; a ``chart`` reading must state its error."""
+UNITS = ("TFLOP/s", "ms")
+
+
+class BadPublishedError(ValueError):
+    """A group or row of the data file is malformed; the message names the group, row, field."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published number: what it measures, where it comes from, how it was read."""
+
+    source_id: str
+    source: str
+    figure: str
+    url: str
+    read: str
+    library: str
+    kernels: tuple[str, ...]
+    """The lcab kernels that run ``library`` (empty: none does)."""
+    gpu: str
+    """GPU model as the source names it (``H100``, ``GB200``)."""
+    dtypes: tuple[str, ...]
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    batch: int
+    seqlen: int
+    """Tokens of one sequence (the mask spans it); ``batch`` sequences a call."""
+    world: int
+    cp: str
+    """lcab's name of the CP strategy (``none`` on one GPU)."""
+    mask: str
+    """lcab's mask name; ``published_mask`` is the source's own."""
+    pass_: str
+    value: float
+    unit: str = "TFLOP/s"
+    error: float | None = None
+    """Reading error, in ``unit`` (charts)."""
+    mask_params: dict[str, Any] = field(default_factory=dict)
+    published_mask: str = ""
+    gpus_per_node: int | None = None
+    docs: str = ""
+    """How the source sampled documents, for document masks."""
+    note: str = ""
+    repo: str = ""
+    commit: str = ""
+    path: str = ""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one call, all sequences."""
+        return self.batch * self.seqlen
+
+    @property
+    def tokens_per_gpu(self) -> int:
+        """Tokens each GPU holds."""
+        return self.tokens // self.world
+
+    @property
+    def how_read(self) -> str:
+        """``table (printed number)``, or a chart reading with its error."""
+        return READS[self.read].format(error=self.error or 0, unit=self.unit)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _dtypes(value: Any) -> bool:
+    items = [value] if isinstance(value, str) else value
+    return isinstance(items, list) and bool(items) and all(_text(v) for v in items)
+
+
+FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "id": (_text, "a short source name"),
+    "source": (_text, "the citation: paper or repository, figure or table"),
+    "figure": (_text, "the figure or table within the source"),
+    "url": (lambda v: isinstance(v, str) and v.startswith("https://"), "an https:// address"),
+    "read": (lambda v: v in READS, f"one of {', '.join(READS)}"),
+    "error": (_number, "a reading error > 0"),
+    "unit": (lambda v: v in UNITS, f"one of {', '.join(UNITS)}"),
+    "library": (_text, "a library named in the file's kernels map"),
+    "gpu": (_text, "a GPU model"),
+    "dtype": (_dtypes, "a dtype name or a list of them"),
+    "heads_q": (_positive, "a positive integer"),
+    "heads_kv": (_positive, "a positive integer"),
+    "head_dim": (_positive, "a positive integer"),
+    "batch": (_positive, "a positive integer"),
+    "seqlen": (_positive, "a positive integer"),
+    "world": (_positive, "a positive integer"),
+    "gpus_per_node": (_positive, "a positive integer"),
+    "cp": (_text, "lcab's CP strategy name, or none"),
+    "mask": (_text, "lcab's mask name"),
+    "mask_params": (lambda v: isinstance(v, dict), "an object of mask parameters"),
+    "published_mask": (_text, "the source's mask name"),
+    "docs": (_text, "how the source sampled documents"),
+    "pass": (lambda v: v in PASSES, f"one of {', '.join(PASSES)}"),
+    "value": (_number, "a number > 0"),
+    "note": (_text, "text"),
+    "repo": (_text, "owner/name"),
+    "commit": (lambda v: isinstance(v, str) and len(v) == 40, "a 40-digit commit"),
+    "path": (_text, "a path in the repository"),
+}
+"""Every field a group or row may set: its check and what it must be."""
+REQUIRED = (
+    *("id", "source", "figure", "url", "read", "library", "gpu", "dtype", "heads_q"),
+    *("heads_kv", "head_dim", "batch", "seqlen", "world", "cp", "mask", "pass", "value"),
+)
+
+
+def _published(where: str, data: dict[str, Any], kernels: dict[str, list[str]]) -> Published:
+    """One row's fields (group defaults and row values merged) as a `Published`."""
+    for name in REQUIRED:
+        if name not in data:
+            raise BadPublishedError(f"{where}: field {name!r} is missing")
+    for name, value in data.items():
+        check, must = FIELDS[name]
+        if not check(value):
+            raise BadPublishedError(f"{where}: {name}={value!r}: must be {must}")
+    if data["read"] == "chart" and "error" not in data:
+        raise BadPublishedError(f"{where}: field 'error' is missing (a chart reading states it)")
+    if data["library"] not in kernels:
+        raise BadPublishedError(f"{where}: library={data['library']!r} is not in 'kernels'")
+    if data["batch"] * data["seqlen"] % data["world"]:
+        raise BadPublishedError(
+            f"{where}: batch x seqlen does not split over world={data['world']}"
+        )
+    dtype = data.pop("dtype")
+    return Published(
+        source_id=data.pop("id"),
+        pass_=data.pop("pass"),
+        value=float(data.pop("value")),
+        dtypes=(dtype,) if isinstance(dtype, str) else tuple(dtype),
+        kernels=tuple(kernels[data["library"]]),
+        **data,
+    )
+
+
+def parse_published(document: Any, name: str = PUBLISHED_FILE.name) -> list[Published]:
+    """The rows of a parsed data file, in file order.
+
+    Raises:
+        BadPublishedError: the first malformed group or row, named with its field.
+
+    """
+    if not isinstance(document, dict) or not isinstance(document.get("groups"), list):
+        raise BadPublishedError(f"{name}: expected an object with a 'groups' list")
+    kernels = document.get("kernels", {})
+    if not isinstance(kernels, dict) or not all(isinstance(v, list) for v in kernels.values()):
+        raise BadPublishedError(f"{name}: 'kernels' must map library names to lists of kernels")
+    out = []
+    for number, group in enumerate(document["groups"], 1):
+        where = f"{name}: group {number} ({group.get('id', '?')})"
+        shared = {k: v for k, v in group.items() if k not in ("columns", "rows")}
+        columns, rows = group.get("columns", []), group.get("rows", [])
+        unknown = [k for k in [*shared, *columns] if k not in FIELDS and not k.startswith("mask.")]
+        if unknown:
+            raise BadPublishedError(f"{where}: unknown field {unknown[0]!r}")
+        if not rows:
+            raise BadPublishedError(f"{where}: no rows")
+        for index, row in enumerate(rows, 1):
+            if not isinstance(row, list) or len(row) != len(columns):
+                raise BadPublishedError(f"{where} row {index}: expected {len(columns)} values")
+            data = dict(shared, mask_params=dict(shared.get("mask_params", {})))
+            for column, value in zip(columns, row, strict=True):
+                if column.startswith("mask."):
+                    data["mask_params"][column.removeprefix("mask.")] = value
+                else:
+                    data[column] = value
+            out.append(_published(f"{where} row {index}", data, kernels))
+    return out
+
+
+@cache
+def load_published(path: Path = PUBLISHED_FILE) -> tuple[Published, ...]:
+    """Every published number of ``path`` (default: the file beside this module), validated.
+
+    Raises:
+        BadPublishedError: a malformed group or row, named with its field; or bad JSON.
+
+    """
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise BadPublishedError(f"{path.name}: not JSON: {err}") from err
+    return tuple(parse_published(document, path.name))
