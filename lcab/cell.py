@@ -97,6 +97,10 @@ class BenchConfig:
     auto (NVML on a GPU, the host's files on a CPU), nvml, host or off (`lcab.bench.telemetry`)."""
     telemetry_interval_ms: float = 10.0
     """How often the telemetry thread reads the device."""
+    memory_budget_gib: float | None = None
+    """Memory each rank may use, to reach a frontier (`seqlen=frontier`) below the device's
+    size: CUDA ``torch.cuda.set_per_process_memory_fraction``; CPU ``RLIMIT_DATA`` set to what
+    the rank holds when it starts plus the budget. An allocation above it fails as ``oom``."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,19 @@ class JobInfo:
     override_dirname: str = ""
     overrides: tuple[str, ...] = ()
     """The job's own command-line overrides (``hydra.overrides.task``)."""
+
+
+@dataclass(frozen=True)
+class FrontierSearch:
+    """``seqlen=frontier``: search the longest length that fits instead of timing a list.
+
+    The cell's one length is the first probe; it doubles until a probe runs out of memory (or
+    reaches ``max_tokens``), then the bracket is halved until it is within ``1/resolution`` of
+    the length that fits (never finer than `TILE_TOKENS` tokens per rank) (`lcab.bench.frontier`).
+    """
+
+    max_tokens: int
+    resolution: int
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,8 @@ class Cell:
     seed: int
     config: dict[str, Any] = field(default_factory=dict)
     job: JobInfo = field(default_factory=lambda: JobInfo(output_dir="."))
+    frontier: FrontierSearch | None = None
+    """Set by ``seqlen=frontier``: the cell searches its memory frontier."""
 
     @property
     def world_size(self) -> int:
@@ -160,6 +179,11 @@ class Cell:
             by_total = dict(zip(self.seqlens, per_device, strict=True))
             per_device = tuple(by_total[s] for s in seqlens)
         return dataclasses.replace(self, seqlens=tuple(seqlens), seqlen_per_device=per_device)
+
+    def at_length(self, seqlen: int) -> Cell:
+        """The same cell at one total length of any size (a frontier probe)."""
+        per_device = None if self.seqlen_per_device is None else (seqlen // self.world_size,)
+        return dataclasses.replace(self, seqlens=(seqlen,), seqlen_per_device=per_device)
 
 
 TILE_TOKENS = 128

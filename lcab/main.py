@@ -61,6 +61,11 @@ def _run(cell: Cell, write: Callable[[RunRecord], None], rank: tuple[int, int] |
         from lcab.bench.scheduled import run_as_rank
 
         run_as_rank(cell, write, *rank)
+    elif cell.frontier is not None:  # each probe a fresh world an OOM cannot take down
+        from lcab.bench.frontier import run_frontier
+        from lcab.bench.supervisor import run_supervised
+
+        run_frontier(cell, write, lambda probe: run_supervised(probe, lambda record: None))
     elif cell.bench.isolate:
         from lcab.bench.supervisor import run_supervised
 
@@ -88,6 +93,13 @@ def app(cfg: DictConfig) -> None:
         sys.exit(2)
     sink = JsonlSink(Path(job.output_dir) / RECORDS_FILE)
     rank = scheduled_rank()
+    if rank is not None and cell.world_size > 1 and cell.frontier is not None:
+        print(
+            "lcab: seqlen=frontier: a frontier search starts a fresh world per probe, which a "
+            "multi-task SLURM job cannot; valid: the local launcher, or a one-task job",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     if rank is not None and rank[0] == 0:
         write_job_environment(cell)  # for the records the launcher may have to write
     if rank is not None and rank[0] != 0 and cell.world_size > 1:

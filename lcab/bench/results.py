@@ -24,6 +24,16 @@ from lcab.masks import AttnMask
 from lcab.records.resume import NOT_RUN
 from lcab.records.schema import PassResult, RunRecord
 
+OOM_WORDS = (
+    "out of memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "memoryerror",
+    "can't start new thread",
+)
+"""How a failed allocation reads: CUDA's and the host allocator's messages, Python's
+MemoryError (in a rank's last words), a thread whose stack could not be mapped."""
+
 MAX_LISTED_DOCS = 512
 """Documents listed in a record before only their digest is kept."""
 
@@ -51,7 +61,9 @@ def is_oom(err: BaseException) -> bool:
     if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
         return True
     text = str(err).lower()
-    return "out of memory" in text or "can't allocate memory" in text
+    # "can't start new thread": a thread's stack could not be mapped (a rank at its memory
+    # budget: the allocator's and the samplers' threads need memory too)
+    return any(words in text for words in OOM_WORDS)
 
 
 def short_error(err: BaseException, limit: int = 500) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lcab.bench.environment import environment
-from lcab.bench.results import unfinished_records
+from lcab.bench.results import OOM_WORDS, unfinished_records
 from lcab.bench.scheduled import scheduled_rank, stopped_by_scheduler
 from lcab.cell import Cell
 from lcab.distributed.launch import LaunchResult, launch
@@ -30,7 +30,8 @@ def _status(result: LaunchResult) -> str:
         return "timeout"
     if "SIGKILL" in result.reason:
         return "oom"
-    return "error"
+    said = f"{result.reason}\n{result.detail}".lower()
+    return "oom" if any(words in said for words in OOM_WORDS) else "error"
 
 
 def _scheduler_stopped_it() -> bool:

@@ -16,6 +16,9 @@ from lcab.bench.runner import run_cell
 from lcab.bench.targets import make_target
 from lcab.cell import Cell
 
+THREAD_STACK_BYTES = 1 << 20
+"""Stack of each Python thread a rank under a CPU memory budget starts (`apply_memory_budget`)."""
+
 PRELOAD = ("torch", __name__)
 """Modules the local forkserver imports once for every rank it starts (`lcab.distributed.launch`).
 
@@ -29,11 +32,62 @@ def _threads(cell: Cell) -> int | None:
     return threads
 
 
+def apply_memory_budget(cell: Cell) -> None:
+    """Hold this rank to ``bench.memory_budget_gib`` (a frontier below the device's memory).
+
+    CUDA: the caching allocator's fraction of the device. CPU: ``RLIMIT_DATA`` (heap and private
+    mappings, where tensors live) at what the rank holds now plus the budget, so the budget
+    counts from a rank with torch loaded; an allocation past it fails with "can't allocate
+    memory", recorded as ``oom``.
+    """
+    budget = cell.bench.memory_budget_gib
+    if budget is None:
+        return
+    if cell.device == "cuda":
+        device = torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 2**30 / total), device)
+        return
+    import resource
+    import threading
+
+    # a thread's stack is a private mapping the limit counts (8 MiB each by default): the
+    # samplers' and the result queue's threads must still start in a rank near its budget
+    threading.stack_size(THREAD_STACK_BYTES)
+    held = 0
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                held = int(line.split()[1]) * 1024
+    limit = held + int(budget * 2**30)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+
+
+def _first_to_go() -> None:
+    """Offer this rank to the kernel's out-of-memory killer before the supervisor.
+
+    A host (or cgroup) out of memory kills the process with the highest badness; a rank and
+    its parent both hold torch, so either could go. Raising one's own ``oom_score_adj`` needs
+    no privilege: the rank dies, the supervisor records ``oom`` and the sweep goes on.
+    """
+    try:
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
+    except OSError:
+        pass  # not Linux, or a sandbox without /proc: the kernel's own choice stands
+
+
 def worker_main(rank: int, world: int, rendezvous: str, messages: Any, cell: Cell) -> None:
     """Run ``cell`` as ``rank``, sending ("record", dict) messages (`lcab.distributed.launch`)."""
     threads = _threads(cell)
     if threads is not None:
         torch.set_num_threads(threads)
+    if cell.bench.memory_budget_gib is not None:
+        # the result queue starts its feeder thread on the first message: start it while
+        # there is room, so a rank at its budget can still say how it ended
+        messages.put(("budget", rank))
+    apply_memory_budget(cell)
+    _first_to_go()
     target = make_target(cell, rank, rendezvous)
     steps = len(cell.seqlens) * cell.mask_samples * len(cell.bench.passes)
     show = cell.bench.progress and rank == 0

@@ -14,7 +14,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lcab.cell import DTYPE_NAMES, TELEMETRY_MODES, BenchConfig, Cell, JobInfo
+from lcab.cell import (
+    DTYPE_NAMES,
+    TELEMETRY_MODES,
+    BenchConfig,
+    Cell,
+    FrontierSearch,
+    JobInfo,
+)
 from lcab.config.errors import ConfigError
 from lcab.config.launcher import LAUNCHER_TARGET
 from lcab.cp import STRATEGIES
@@ -138,6 +145,7 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
     for value in values:
         _positive("seqlen.values", value)
     per_device = tuple(values) if cfg.seqlen.per_device else None
+    frontier = _frontier(cfg.seqlen, values, world if cfg.seqlen.per_device else 1)
     totals = tuple(v * world for v in values) if per_device else tuple(values)
 
     # bench
@@ -165,6 +173,8 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
         raise ConfigError("bench.telemetry", b.telemetry, f"one of {', '.join(TELEMETRY_MODES)}")
     if not b.telemetry_interval_ms > 0:
         raise ConfigError("bench.telemetry_interval_ms", b.telemetry_interval_ms, "must be > 0")
+    if b.memory_budget_gib is not None and not b.memory_budget_gib > 0:
+        raise ConfigError("bench.memory_budget_gib", b.memory_budget_gib, "must be > 0 (or null)")
 
     # mask: parameters valid at every length
     mask_cfg = _container(cfg.mask)
@@ -213,6 +223,7 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
             if k != "hydra"  # Hydra's own node is not part of the cell (and not resolvable here)
         },
         job=job or JobInfo(output_dir="."),
+        frontier=frontier,
     )
 
 
@@ -229,3 +240,18 @@ def _mask_error(mask: str, seqlen: int, given: dict[str, Any], message: str) -> 
             f"mask.{key}", given[key], f"{match.group(3)} (mask {mask} at seqlen {seqlen})"
         )
     return ConfigError(f"mask (seqlen {seqlen})", given, message)
+
+
+def _frontier(seqlen: DictConfig, values: list[int], world: int) -> FrontierSearch | None:
+    """The frontier search of ``seqlen=frontier`` (None for a list of lengths)."""
+    if not seqlen.get("frontier", False):
+        return None
+    if len(values) != 1:
+        raise ConfigError("seqlen.values", values, "one starting length with seqlen.frontier=true")
+    if seqlen.frontier_max < values[0]:
+        raise ConfigError(
+            "seqlen.frontier_max", seqlen.frontier_max, f"must be >= seqlen.values ({values[0]})"
+        )
+    if seqlen.frontier_resolution < 2:
+        raise ConfigError("seqlen.frontier_resolution", seqlen.frontier_resolution, "must be >= 2")
+    return FrontierSearch(int(seqlen.frontier_max) * world, int(seqlen.frontier_resolution))

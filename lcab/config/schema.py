@@ -73,6 +73,14 @@ class SeqlenConfig:
     """Total packed tokens per cell (or per device with per_device=true)."""
     per_device: bool = False
     """Weak scaling: each value is tokens per device; total = value x world size."""
+    frontier: bool = False
+    """Search each cell's longest length that fits in memory, starting from the one value
+    (`lcab.bench.frontier`; the record carries the frontier, its bracket and the probes)."""
+    frontier_max: int = 1 << 20
+    """Longest length a frontier search probes (per device with per_device=true)."""
+    frontier_resolution: int = 16
+    """The search stops when the bracket is within 1/frontier_resolution of the length that
+    fits (and never finer than 128 tokens per rank)."""
 
 
 @dataclass

@@ -206,6 +206,24 @@ class RunRecord:
     shared_device: bool = False
     """Under CP over gloo: ranks shared a GPU (a numerics-only check). Numerics and bytes hold;
     the times are not a measurement, and no throughput figure uses them (`timings_measured`)."""
+    # the memory frontier (seqlen=frontier, lcab.bench.frontier)
+    frontier_tokens: int | None = None
+    """The longest total length that ran without running out of memory (the record's seqlen,
+    whose measurements these are); None when not even the first probe did."""
+    frontier_tokens_per_device: int | None = None
+    frontier_bracket: list[int | None] | None = None
+    """[longest that ran, shortest that ran out of memory]; the second None when the search
+    reached ``seqlen.frontier_max``, the first None when nothing ran."""
+    frontier_probes: list[dict[str, Any]] | None = None
+    """Every probe in order: ``seqlen``, ``status``, ``mem_peak_mib``, ``mem_delta_mib``,
+    ``reason``."""
+    frontier_peak_mib: float | None = None
+    """Peak memory at the frontier (the largest over passes and ranks)."""
+    frontier_bytes_per_token: float | None = None
+    """Memory the frontier length added (largest ``mem_delta_mib`` over passes) per token a
+    device holds."""
+    frontier_budget_gib: float | None = None
+    """``bench.memory_budget_gib`` the search ran under (None: the device's own memory)."""
     # the planner's prediction (lcab.plan.record_prediction)
     predicted_hardware: str | None = None
     """The hardware profile the per-pass ``predicted_*`` fields were computed on."""

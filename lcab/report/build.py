@@ -3,8 +3,10 @@
 The output folder holds::
 
     index.html           one self-contained page (plotly.js inlined, works offline)
-    png/<figure>.png     one PNG per figure (per mask where a figure is faceted)
-    summary.csv/.md      one row per cell and length
+    png/<figure>.png     one PNG per figure (per mask where a figure is faceted; the clocks
+                         figure per sweep)
+    summary.csv/.md      one row per cell and length (a TFLOP/s above the device's peak is
+                         marked ``!`` in the .md, its passes named in ``above_peak``)
     predicted.csv/.md    measured vs the planner's prediction, one row per pass
     reasons.csv/.md      why things did not run, grouped with counts
     anchors.csv/.md      published figures beside the records of the same problem (when any)
@@ -36,6 +38,7 @@ from lcab.report.page import (
     reasons_table,
     render_page,
     shown_columns,
+    summary_markdown,
     summary_table,
 )
 
@@ -97,8 +100,7 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
 
     summary, reasons = summary_table(frame), reasons_table(frame)
     summary.to_csv(folder / "summary.csv", index=False)
-    summary_md = markdown_table(shown_columns(summary, keep=("variant", "reason")))
-    (folder / "summary.md").write_text(summary_md, encoding="utf-8")
+    (folder / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
     predicted = predictions_table(frame)
     predicted.to_csv(folder / "predicted.csv", index=False)
     (folder / "predicted.md").write_text(

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
 
+from lcab.report.clocks import clock_figures
 from lcab.report.frame import SERIES, VARIANT
 from lcab.report.plot_data import (
     Axis,
@@ -29,6 +29,7 @@ from lcab.report.plot_data import (
     Omitted,
     Panel,
     RefLine,
+    name_stem,
 )
 from lcab.report.plot_style import (
     LineStyle,
@@ -247,7 +248,7 @@ def per_length_figure(
     panels = [metric_panel(frame, styler, p, metric, refs=refs) for p in _passes_of(frame)]
     if not any(panel.has_values for panel in panels):
         return None
-    name, title = f"{metric.section}_{_stem(mask)}", metric.title.format(mask=mask)
+    name, title = f"{metric.section}_{name_stem(mask)}", metric.title.format(mask=mask)
     title = " · ".join(t for t in (title, hardware_label(frame)) if t)
     return LineFigure(name, metric.section, title, _seqlen_axis(frame), tuple(panels))
 
@@ -382,10 +383,6 @@ def _pass_notes(ok_rows: pd.DataFrame) -> list[str]:
     return [f"({note}: {n})" for note, n in sorted(notes.items())]
 
 
-def _stem(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
-
-
 def build_figures(frame: pd.DataFrame) -> Figures:
     """Every figure the records allow, in page order, and what was left out and why."""
     styler = Styler(frame)
@@ -415,9 +412,12 @@ def build_figures(frame: pd.DataFrame) -> Figures:
         out.omitted += [Omitted(s, "no CP records (cp != none)") for s in ("scaling", "cp")]
     for mask in sorted(cp["mask"].unique()):
         rows = cp[cp["mask"] == mask]
-        figure = scaling_figure(rows, styler, mask, f"scaling_{_stem(mask)}", "scaling")
+        figure = scaling_figure(rows, styler, mask, f"scaling_{name_stem(mask)}", "scaling")
         add(figure, "scaling", f"{mask}: no CP length ran ok")
         title = f"CP load balance and communication vs sequence length: {mask}"
-        figure = cp_figure(rows, styler, f"cp_{_stem(mask)}", "cp", title)
+        figure = cp_figure(rows, styler, f"cp_{name_stem(mask)}", "cp", title)
         add(figure, "cp", f"{mask}: no imbalance or communication recorded")
+    clocks, left_out = clock_figures(frame, styler)
+    out.figures += clocks
+    out.omitted += left_out
     return out

@@ -11,8 +11,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from lcab.report.plot_data import FigureData, Heatmap, Line, LineFigure, Panel
-from lcab.report.plot_style import STATUS_SEVERITY, severity, status_style
+from lcab.report.plot_data import FigureData, Heatmap, Line, LineFigure, Panel, TimeFigure
+from lcab.report.plot_style import (
+    EVENT_COLOUR,
+    EVENT_MARKERS,
+    PASS_MARKERS,
+    STATUS_SEVERITY,
+    severity,
+    status_style,
+)
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -21,6 +28,8 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 FAILED_NUDGE = 0.07
 """Octaves between failed points of different lines at one x (as in the PNGs)."""
 PANEL_HEIGHT = 470
+TIME_PANEL_HEIGHT = 330
+"""Pixels per stacked panel of a time figure."""
 MAX_RIMS = 4
 """At most this many steps wider for a line covered by later ones (`Line.under`)."""
 
@@ -50,7 +59,11 @@ def figure_div(figure: FigureData) -> str:
 
 def to_plotly(figure: FigureData) -> go.Figure:
     """The plotly figure of ``figure``."""
-    return _heatmap(figure) if isinstance(figure, Heatmap) else _line_figure(figure)
+    if isinstance(figure, Heatmap):
+        return _heatmap(figure)
+    if isinstance(figure, TimeFigure):
+        return _time_figure(figure)
+    return _line_figure(figure)
 
 
 def _rgba(colour: str, alpha: float) -> str:
@@ -277,5 +290,99 @@ def _heatmap(figure: Heatmap) -> go.Figure:
         yaxis={"title": {"text": figure.row_label}, "autorange": "reversed"},
         legend={"orientation": "h", "y": -0.15 if len(figure.rows) > 2 else -0.3},
         margin={"l": 60, "r": 20, "t": 60, "b": 60},
+    )
+    return fig
+
+
+def _time_figure(figure: TimeFigure) -> go.Figure:
+    """A `TimeFigure`: stacked panels over one time axis.
+
+    A trace per (series, pass), a ring trace per set of clock-event reasons (named in the
+    legend; each point's own readings in its hover).
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=len(figure.panels),
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=[p.title for p in figure.panels],
+        vertical_spacing=0.12,
+    )
+    shown: set[str] = set()
+    rings = {e: EVENT_MARKERS[i % len(EVENT_MARKERS)] for i, e in enumerate(figure.event_sets)}
+    for row, panel in enumerate(figure.panels, 1):
+        groups: dict[tuple[str, str], list[Any]] = {}
+        for point in panel.points:
+            groups.setdefault((point.label, point.pass_name), []).append(point)
+        for (label, pass_), group in sorted(groups.items()):
+            name = f"{label} · {pass_}"
+            barred = any(p.low is not None and p.high is not None for p in group)
+            error_y = (
+                {
+                    "type": "data",
+                    "symmetric": False,
+                    "array": [0.0 if p.high is None else p.high - p.y for p in group],
+                    "arrayminus": [0.0 if p.low is None else p.y - p.low for p in group],
+                    "color": group[0].colour,
+                    "thickness": 1,
+                    "width": 3,
+                }
+                if barred
+                else None
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=[p.x for p in group],
+                    y=[p.y for p in group],
+                    mode="markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=name not in shown,
+                    marker={"symbol": PASS_MARKERS[pass_][1], "color": group[0].colour, "size": 8},
+                    error_y=error_y,
+                    hovertext=[_html(p.hover) for p in group],
+                    hovertemplate="%{hovertext}<extra>" + _html(label) + "</extra>",
+                ),
+                row=row,
+                col=1,
+            )
+            shown.add(name)
+        for events, (_, symbol) in rings.items():
+            flagged = [p for p in panel.points if p.events == events]
+            if not flagged:
+                continue
+            name = f"clock events: {', '.join(events)}"
+            fig.add_trace(
+                go.Scatter(
+                    x=[p.x for p in flagged],
+                    y=[p.y for p in flagged],
+                    mode="markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=name not in shown,
+                    marker={
+                        "symbol": symbol,
+                        "size": 17,
+                        "color": EVENT_COLOUR,
+                        "line": {"width": 1.5},
+                    },
+                    hovertext=[_html(f"{p.label}: {p.hover}") for p in flagged],
+                    hovertemplate="%{hovertext}<extra>" + _html(name) + "</extra>",
+                ),
+                row=row,
+                col=1,
+            )
+            shown.add(name)
+        fig.update_yaxes(title_text=panel.y_label, row=row, col=1)
+    fig.update_xaxes(title_text=figure.x_label, row=len(figure.panels), col=1)
+    fig.update_layout(
+        title={"text": figure.title, "x": 0.01},
+        height=TIME_PANEL_HEIGHT * len(figure.panels) + 120,
+        template="plotly_white",
+        hovermode="closest",
+        legend={"orientation": "v", "x": 1.02, "y": 1, "font": {"size": 11}},
+        margin={"l": 60, "r": 20, "t": 80, "b": 60},
     )
     return fig

@@ -1,9 +1,10 @@
 """The report's tables and its one-file HTML page.
 
 Two tables come from the records: the summary (one row per cell and length: status, times,
-TFLOP/s, memory, numerical error, why it did not run) and the reasons (why lengths were
-skipped or failed, grouped with counts and where they happened). They are written as CSV and
-Markdown by `lcab.report.build` and shown on the page below the plots.
+TFLOP/s, memory, numerical error, why it did not run; with telemetry, the share of the device's
+peak and the energy per token, and a ``!`` on a TFLOP/s above that peak) and the reasons (why
+lengths were skipped or failed, grouped with counts and where they happened). They are written
+as CSV and Markdown by `lcab.report.build` and shown on the page below the plots.
 
 The page is a single self-contained file: plotly.js is inlined once in its head and every plot
 is a ``<div>`` drawn by a short script, so it opens offline, from a laptop or a cluster's
@@ -21,8 +22,9 @@ from typing import Any
 import pandas as pd
 
 from lcab.flops import PASSES
+from lcab.report.clocks import implausible
 from lcab.report.frame import speedups
-from lcab.report.plot_data import SECTIONS, Figures
+from lcab.report.plot_data import OPTIONAL_SECTIONS, SECTIONS, Figures
 from lcab.report.plot_style import severity
 
 SUMMARY_COLUMNS = (
@@ -47,6 +49,22 @@ SUMMARY_COLUMNS = (
     "run_id",
 )
 """Record columns of the summary table, in order; a ``reason`` column follows."""
+SUMMARY_PASSES = ("fwd", "bwd")
+"""Passes whose TFLOP/s the summary shows."""
+TELEMETRY_COLUMNS = (
+    ("peak_pct", "peak_share", 100.0),
+    ("energy_j_per_token", "energy_j_per_token", 1.0),
+)
+"""(summary column after ``<pass>_``, record field after ``<pass>_``, factor): the share of the
+device's peak at the measured clock (in %) and the energy per token (J), after the TFLOP/s
+columns, for each pass that has a value in some record (none: no column)."""
+ABOVE_PEAK = "above_peak"
+"""Summary column naming the passes that ran above their device's peak (only when one did)."""
+IMPLAUSIBLE_MARK = "!"
+IMPLAUSIBLE_NOTE = (
+    f"{IMPLAUSIBLE_MARK} after a TFLOP/s: above the device's peak at its clock: FLOP count or "
+    "timer error (the reasons give the numbers)"
+)
 REASON_COLUMNS = ("status", "reason", "passes", "records", "where")
 PREDICTION_COLUMNS = (
     "mask",
@@ -88,15 +106,64 @@ SECTION_NOTES = {
     "tolerance a pass must meet.",
     "cp": "Load imbalance of the CP plan (max / mean attended area over ranks) and bytes each "
     "rank sends in one forward+backward: measured (line) and analytic (crosses).",
+    "telemetry": "The compute clock (SM clock on a GPU) of each pass against when its length "
+    "began, one figure per sweep: marker the median over the timed repetitions, bar its lowest "
+    "to highest, colour the series, shape the pass; below, the mean power per device. A ring "
+    "marks a pass the driver held back (power cap, thermal or hardware slowdown; idle waits are "
+    "not marked), with its reasons in the legend and every reading in the hover.",
 }
 
 
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per record: cell, length, status, p50 times, TFLOP/s, memory, errors, reason."""
+    """One row per record: cell, length, status, p50 times, TFLOP/s, memory, errors, reason.
+
+    With telemetry, ``<pass>_peak_pct`` and ``<pass>_energy_j_per_token`` follow the TFLOP/s
+    columns (`TELEMETRY_COLUMNS`), and ``above_peak`` names the passes that ran above their
+    device's peak; records without telemetry add none of them.
+    """
     table = frame[list(SUMMARY_COLUMNS)].copy()
+    at = list(table.columns).index("bwd_tflops") + 1
+    for column, field, factor in TELEMETRY_COLUMNS:
+        for pass_ in SUMMARY_PASSES:
+            values = pd.to_numeric(frame[f"{pass_}_{field}"], errors="coerce") * factor
+            if field == "peak_share":  # no throughput shown (ranks shared a GPU): no share
+                values = values.where(pd.to_numeric(frame[f"{pass_}_tflops"]).notna())
+            if values.notna().any():
+                table.insert(at, f"{pass_}_{column}", values)
+                at += 1
+    above = [
+        ", ".join(p for p in PASSES if implausible(row.get(f"{p}_peak_implausible")))
+        for _, row in frame.iterrows()
+    ]
+    if any(above):
+        table.insert(at, ABOVE_PEAK, above)
     table = pd.concat([table, speedups(frame)], axis=1)  # named runs compared, if any
     table["reason"] = [_first_reason(row) for _, row in frame.iterrows()]
     return table.reset_index(drop=True)
+
+
+def marked_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The summary to read (Markdown, the page): TFLOP/s above the peak end in ``!``.
+
+    The CSV keeps the numbers, with the passes in ``above_peak``.
+    """
+    if ABOVE_PEAK not in table.columns:
+        return table
+    out = table.copy()
+    flagged = out[ABOVE_PEAK].map(lambda text: set(str(text).split(", ")))
+    for pass_ in SUMMARY_PASSES:
+        column = f"{pass_}_tflops"
+        out[column] = [
+            format_value(v) + (IMPLAUSIBLE_MARK if pass_ in passes else "")
+            for v, passes in zip(out[column], flagged, strict=True)
+        ]
+    return out
+
+
+def summary_markdown(table: pd.DataFrame) -> str:
+    """``summary.md``: the table (`marked_summary`), and the note when a pass is marked."""
+    text = markdown_table(shown_columns(marked_summary(table), keep=("variant", "reason")))
+    return text + (f"\n{IMPLAUSIBLE_NOTE}.\n" if ABOVE_PEAK in table.columns else "")
 
 
 def _first_reason(row: pd.Series) -> str:
@@ -287,11 +354,19 @@ th, td { border: 1px solid #ddd; padding: 0.2rem 0.45rem; text-align: left;
          vertical-align: top; }
 th { background: #f3f3f3; position: sticky; top: 0; } tr:nth-child(even) { background: #fafafa; }
 .plot { margin: 1rem 0 2rem; } .scroll { overflow-x: auto; }
+.implausible { color: #b00020; }
 """
 
 
 def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
     """The whole HTML page: sources, plots by section (and what was left out), tables."""
+    shown = [
+        key
+        for key in SECTIONS
+        if key not in OPTIONAL_SECTIONS
+        or figures.by_section(key)
+        or any(o.section == key for o in figures.omitted)
+    ]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -305,12 +380,14 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         *(f"<li><code>{html.escape(p)}</code> ({n} records)</li>" for p, n in inputs.sources),
         "</ul>",
         f'<p class="note">{html.escape(READING_NOTE)}</p><nav>',
-        *(f'<a href="#{key}">{title}</a>' for key, title in SECTIONS.items()),
+        *(f'<a href="#{key}">{title}</a>' for key, title in SECTIONS.items() if key in shown),
         '<a href="#summary">Summary table</a><a href="#predicted">Measured vs predicted</a>'
         + ('<a href="#anchors">Published figures</a>' if inputs.anchors is not None else "")
         + '<a href="#reasons">Reasons</a></nav>',
     ]
     for key, title in SECTIONS.items():
+        if key not in shown:
+            continue
         parts.append(f'<section id="{key}"><h2>{html.escape(title)}</h2>')
         parts.append(f'<p class="note">{html.escape(SECTION_NOTES[key])}</p>')
         for figure in figures.by_section(key):
@@ -322,8 +399,14 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         '<section id="summary"><h2>Summary table</h2>',
         '<p class="note">One row per cell and length (also <code>summary.csv</code>, '
         "<code>summary.md</code>). Times are p50 milliseconds, throughput TFLOP/s per device, "
-        "memory MiB.</p>",
-        f'<div class="scroll">{html_table(shown_columns(inputs.summary))}</div></section>',
+        f"memory MiB.{_telemetry_note(inputs.summary)}</p>",
+        f'<div class="scroll">{html_table(shown_columns(marked_summary(inputs.summary)))}</div>',
+        *(
+            [f'<p class="note implausible">{html.escape(IMPLAUSIBLE_NOTE)}.</p>']
+            if ABOVE_PEAK in inputs.summary.columns
+            else []
+        ),
+        "</section>",
         *_predicted_section(inputs.predictions),
         *_anchors_section(inputs.anchors, inputs.anchor_sources),
         '<section id="reasons"><h2>Reasons</h2>',
@@ -335,6 +418,19 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         "</section></body></html>",
     ]
     return "\n".join(parts)
+
+
+def _telemetry_note(summary: pd.DataFrame) -> str:
+    """What the summary's telemetry columns mean (empty: it has none)."""
+    notes = []
+    if any(c.endswith("_peak_pct") for c in summary.columns):
+        notes.append(
+            "peak_pct is the share (%) of the device's dense peak for the dtype at the measured "
+            "clock"
+        )
+    if any(c.endswith("_energy_j_per_token") for c in summary.columns):
+        notes.append("energy_j_per_token the energy of one call per token (joules)")
+    return (" " + "; ".join(notes) + ".") if notes else ""
 
 
 def _predicted_section(table: pd.DataFrame | None) -> list[str]:

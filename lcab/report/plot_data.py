@@ -1,13 +1,15 @@
 """The report's figures as plain data: what `lcab.report.figures` decides, renderers draw.
 
-A figure is either panels of lines against a log2 x axis (`LineFigure`) or a status grid
-(`Heatmap`). Everything a reader sees — titles, axis labels with units, legend text, colours,
-the p20–p80 band, failed lengths and why they failed — is fixed here, so the PNG and the
-interactive page show the same thing and tests can check numbers without parsing images.
+A figure is panels of lines against a log2 x axis (`LineFigure`), a status grid (`Heatmap`)
+or readings against the time of a sweep (`TimeFigure`, `lcab.report.clocks`). Everything a
+reader sees — titles, axis labels with units, legend text, colours, the p20–p80 band, failed
+lengths and why they failed — is fixed here, so the PNG and the interactive page show the same
+thing and tests can check numbers without parsing images.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from lcab.report.plot_style import log_ticks
@@ -132,7 +134,56 @@ class Heatmap:
     text: tuple[tuple[str, ...], ...]
 
 
-FigureData = LineFigure | Heatmap
+@dataclass(frozen=True)
+class TimePoint:
+    """One pass of one record at the time its length began, with the spread of its reading."""
+
+    x: float
+    """Minutes after the sweep's first record."""
+    y: float
+    low: float | None
+    """Lower end of the bar (a clock's lowest reading); None: no bar."""
+    high: float | None
+    series: str
+    """The ``series`` (`lcab.report.frame`): the key of its colour."""
+    label: str
+    """The legend label of its series (`lcab.report.plot_style.Styler.line`)."""
+    colour: str
+    pass_name: str
+    """fwd, bwd or fwd_bwd: the marker (`lcab.report.plot_style.PASS_MARKERS`)."""
+    events: tuple[str, ...] = ()
+    """Clock-event (throttle) reasons that flag the point; empty: not flagged."""
+    hover: str = ""
+    """Its numbers, lines separated by ``\\n``."""
+
+
+@dataclass(frozen=True)
+class TimePanel:
+    """One panel of a `TimeFigure`: a y axis (linear, not from 0) and its points."""
+
+    title: str
+    y_label: str
+    points: tuple[TimePoint, ...]
+
+
+@dataclass(frozen=True)
+class TimeFigure:
+    """Panels stacked top to bottom, sharing a linear time axis in minutes."""
+
+    name: str
+    section: str
+    title: str
+    x_label: str
+    panels: tuple[TimePanel, ...]
+
+    @property
+    def event_sets(self) -> tuple[tuple[str, ...], ...]:
+        """The distinct sets of flagging reasons, in a fixed order (one marker each)."""
+        found = {p.events for panel in self.panels for p in panel.points if p.events}
+        return tuple(sorted(found, key=lambda e: (len(e), e)))
+
+
+FigureData = LineFigure | Heatmap | TimeFigure
 
 
 @dataclass(frozen=True)
@@ -164,5 +215,14 @@ SECTIONS = {
     "memory": "Peak memory",
     "numerics": "Numerical error",
     "cp": "CP load balance and communication",
+    "telemetry": "Clocks and power",
 }
 """Page sections in order: key (`LineFigure.section`) -> heading."""
+OPTIONAL_SECTIONS = frozenset({"telemetry"})
+"""Sections the page shows only when they have a figure or a reason it was not drawn (records
+without telemetry have nothing to say about clocks)."""
+
+
+def name_stem(text: str) -> str:
+    """``text`` as part of a figure name (a file stem and a page id): ``causal_document``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"

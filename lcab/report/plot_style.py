@@ -81,6 +81,19 @@ STATUS_STYLES = {
 }
 _UNKNOWN_STATUS = StatusStyle("#000000", "P", "cross")
 
+PASS_MARKERS = {"fwd": ("o", "circle"), "bwd": ("s", "square"), "fwd_bwd": ("D", "diamond")}
+"""Pass -> (matplotlib marker, plotly symbol) of the points of a time figure (its colour is
+its series')."""
+EVENT_MARKERS = (
+    ("o", "circle-open"),
+    ("D", "diamond-open"),
+    ("h", "hexagon-open"),
+    ("p", "pentagon-open"),
+    ("*", "star-open"),
+)
+"""Hollow rings drawn around points a clock event flags, one per set of reasons (cycling)."""
+EVENT_COLOUR = "#000000"
+
 
 def status_style(status: str) -> StatusStyle:
     """The style of ``status`` (a black cross for a status this lcab does not know)."""

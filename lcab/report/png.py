@@ -11,8 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lcab.report.plot_data import FigureData, Heatmap, LineFigure, Panel
-from lcab.report.plot_style import MPL_DASHES, severity, status_style
+from lcab.report.plot_data import FigureData, Heatmap, LineFigure, Panel, TimeFigure
+from lcab.report.plot_style import (
+    EVENT_COLOUR,
+    EVENT_MARKERS,
+    MPL_DASHES,
+    PASS_MARKERS,
+    severity,
+    status_style,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -25,6 +32,8 @@ MAX_RIMS = 4
 """At most this many steps wider for a line covered by later ones (`Line.under`)."""
 PANEL_SIZE = (5.6, 4.2)
 """Inches per panel (width, height) before the legend below."""
+TIME_PANEL_SIZE = (9.0, 3.0)
+"""Inches per panel of a time figure (panels stacked)."""
 
 
 def render_png(figure: FigureData, path: Path, dpi: int = DPI) -> Path:
@@ -35,7 +44,11 @@ def render_png(figure: FigureData, path: Path, dpi: int = DPI) -> Path:
 
 def draw(figure: FigureData) -> Figure:
     """The matplotlib figure of ``figure`` (Agg canvas; save it or inspect its artists)."""
-    return _heatmap(figure) if isinstance(figure, Heatmap) else _line_figure(figure)
+    if isinstance(figure, Heatmap):
+        return _heatmap(figure)
+    if isinstance(figure, TimeFigure):
+        return _time_figure(figure)
+    return _line_figure(figure)
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -223,3 +236,91 @@ def _ink(status: str | None) -> str:
         return "#777777"
     r, g, b = to_rgb(status_style(status).colour)
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+
+
+def _time_figure(figure: TimeFigure) -> Figure:
+    """A `TimeFigure`: panels stacked over one time axis.
+
+    A marker per pass in its series' colour, the reading's spread as a bar, a ring around the
+    points a clock event flags.
+    """
+    from matplotlib.lines import Line2D
+
+    points = [p for panel in figure.panels for p in panel.points]
+    series = dict(sorted({p.label: p.colour for p in points}.items()))
+    passes = [p for p in PASS_MARKERS if any(q.pass_name == p for q in points)]
+    rings = {
+        events: EVENT_MARKERS[i % len(EVENT_MARKERS)] for i, events in enumerate(figure.event_sets)
+    }
+    handles = [Line2D([], [], color=c, lw=3, label=label) for label, c in series.items()]
+    handles += [
+        Line2D([], [], color="#555555", marker=PASS_MARKERS[p][0], ls="none", label=p)
+        for p in passes
+    ]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color=EVENT_COLOUR,
+            marker=marker,
+            ms=10,
+            mfc="none",
+            ls="none",
+            label=f"clock events: {', '.join(events)}",
+        )
+        for events, (marker, _) in rings.items()
+    ]
+    columns = 3
+    width, height = TIME_PANEL_SIZE
+    legend_rows = -(-len(handles) // columns)
+    fig = _new_figure(width, height * len(figure.panels) + 0.6 + 0.22 * legend_rows)
+    axes = fig.subplots(len(figure.panels), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, panel in zip(axes, figure.panels, strict=True):
+        groups: dict[tuple[str, str], list[Any]] = {}
+        for point in panel.points:
+            groups.setdefault((point.label, point.pass_name), []).append(point)
+        for (_, pass_), group in groups.items():
+            ys = [p.y for p in group]
+            bars = None
+            if any(p.low is not None and p.high is not None for p in group):
+                below = [max(0.0, p.y - p.low) if p.low is not None else 0.0 for p in group]
+                above = [max(0.0, p.high - p.y) if p.high is not None else 0.0 for p in group]
+                bars = [below, above]
+            ax.errorbar(
+                [p.x for p in group],
+                ys,
+                yerr=bars,
+                fmt=PASS_MARKERS[pass_][0],
+                color=group[0].colour,
+                ms=5,
+                elinewidth=1,
+                capsize=2,
+                alpha=0.9,
+            )
+        for events, (marker, _) in rings.items():
+            flagged = [p for p in panel.points if p.events == events]
+            if flagged:
+                ax.scatter(
+                    [p.x for p in flagged],
+                    [p.y for p in flagged],
+                    marker=marker,
+                    s=150,
+                    facecolors="none",
+                    edgecolors=EVENT_COLOUR,
+                    linewidths=1.1,
+                    zorder=5,
+                )
+        ax.margins(y=0.15)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_ylabel(panel.y_label)
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel(figure.x_label)
+    fig.suptitle(figure.title, fontsize=11)
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=columns,
+        fontsize=8,
+        frameon=False,
+    )
+    return fig

@@ -1,0 +1,174 @@
+"""The memory frontier of a cell: the longest sequence that runs without running out of memory.
+
+What practitioners meet first at a million tokens is memory, not speed, and no anchor measures
+it (LongCA-bench writes -1000 for an out-of-memory cell; MagiAttention turns memory
+measurement off). ``seqlen=frontier`` searches it per cell:
+
+1. **Doubling** from the cell's one length until a probe runs out of memory or the next would
+   pass ``seqlen.frontier_max`` (a first probe that fails halves instead, down to one block).
+2. **Bisection** of the bracket [longest that ran, shortest that failed] until its width is
+   within ``1/seqlen.frontier_resolution`` of the length that ran, and never finer than one
+   128-token block per rank: every probe is a whole number of blocks on every rank.
+
+**Each probe is a fresh world of worker processes** (`lcab.bench.supervisor.run_supervised`):
+an allocation that fails (CUDA's ``OutOfMemoryError``, the host allocator's "can't allocate
+memory") ends that probe as ``oom``, and so does a worker the kernel's out-of-memory killer
+SIGKILLs (a host over its cgroup's limit) — the search and the sweep go on. A probe that ends
+any other way (``error``, ``timeout``, ``skipped``) stops the search: the frontier is then not
+a memory figure, and the record says which probe and why. Probes run without the fp64
+numerics check (its reference is lcab's memory, not the kernel's); the record says so.
+
+The cell's one record is the longest probe that ran, with the search's fields added
+(`lcab.records.schema`): the frontier in total and per-device tokens, the bracket, every
+probe's status and memory, the peak at the frontier and the memory it added per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lcab.cell import TILE_TOKENS, Cell
+from lcab.records.schema import RunRecord
+
+FITS, NO_ROOM, STOP = "fits", "no room", "stop"
+"""A probe's verdict: it ran; it ran out of memory; it ended otherwise (the search stops)."""
+
+
+@dataclass
+class Search:
+    """The state of one search: what ran, what did not, and every probe in order."""
+
+    fits: int | None = None
+    fails: int | None = None
+    probes: list[tuple[int, str]] = field(default_factory=list)
+    stopped_at: int | None = None
+
+
+def search(
+    verdict: Callable[[int], str], start: int, limit: int, step: int, resolution: int
+) -> Search:
+    """Find the longest multiple of ``step`` in [step, limit] for which ``verdict`` is FITS.
+
+    Memory grows with length, so a length that fits implies every shorter one does: doubling
+    finds a bracket, bisection narrows it to ``max(step, fits // resolution)``.
+    """
+    state = Search()
+
+    def probe(length: int) -> str:
+        outcome = verdict(length)
+        state.probes.append((length, outcome))
+        if outcome == FITS:
+            state.fits = length
+        elif outcome == NO_ROOM:
+            state.fails = length
+        else:
+            state.stopped_at = length
+        return outcome
+
+    top = _blocks(limit, step)
+    length = min(_blocks(start, step), top)
+    for _ in range(2 * top.bit_length() + 2):  # doubling (halving while the first probes fail)
+        outcome = probe(length)
+        if outcome == STOP:
+            return state
+        if outcome == FITS:
+            if state.fails is not None or length >= top:
+                break
+            length = min(length * 2, top)
+        else:
+            if state.fits is not None or length <= step:
+                break
+            length = _blocks(length // 2, step)
+    if state.fits is None or state.fails is None:
+        return state
+    for _ in range(top.bit_length() + 1):  # bisection halves the bracket each time
+        if state.fails - state.fits <= max(step, state.fits // resolution):
+            break
+        middle = _blocks((state.fits + state.fails) // 2, step)
+        if middle in (state.fits, state.fails):
+            break
+        if probe(middle) == STOP:
+            break
+    return state
+
+
+def _blocks(length: int, step: int) -> int:
+    """``length`` rounded down to whole steps (at least one)."""
+    return max(step, length // step * step)
+
+
+def run_frontier(
+    cell: Cell, write: Callable[[RunRecord], None], run: Callable[[Cell], list[RunRecord]]
+) -> RunRecord:
+    """Search ``cell``'s frontier with ``run`` (one probe's records) and write its one record."""
+    assert cell.frontier is not None
+    probes: dict[int, RunRecord] = {}
+
+    # the fp64 reference check is lcab's memory, not the kernel's: probes run without it
+    bench = dataclasses.replace(cell.bench, check_numerics=False)
+    unchecked = dataclasses.replace(cell, bench=bench)
+
+    def verdict(length: int) -> str:
+        records = run(unchecked.at_length(length))
+        record = records[-1] if records else None
+        if record is None:
+            return STOP
+        probes[length] = record
+        if record.status == "ok" or record.status == "numerics_mismatch":
+            return FITS
+        return NO_ROOM if record.status == "oom" else STOP
+
+    step = TILE_TOKENS * cell.world_size
+    state = search(
+        verdict, cell.seqlens[0], cell.frontier.max_tokens, step, cell.frontier.resolution
+    )
+    record = _frontier_record(cell, state, probes)
+    write(record)
+    return record
+
+
+def _frontier_record(cell: Cell, state: Search, probes: dict[int, RunRecord]) -> RunRecord:
+    """The longest probe that ran (else the last one), with the search's fields."""
+    chosen = state.fits if state.fits is not None else state.probes[-1][0]
+    record = probes[chosen]
+    if state.stopped_at is not None:
+        stop = probes.get(state.stopped_at)
+        why = stop.reasons[0] if stop is not None and stop.reasons else "no record"
+        record.reasons.append(
+            f"frontier search stopped at seqlen {state.stopped_at:,} "
+            f"({stop.status if stop else 'lost'}: {why})"
+        )
+    record.frontier_tokens = state.fits
+    record.frontier_tokens_per_device = (
+        None if state.fits is None else state.fits // cell.world_size
+    )
+    record.frontier_bracket = [state.fits, state.fails]
+    record.frontier_probes = [_probe_row(probes.get(length), length) for length, _ in state.probes]
+    record.frontier_budget_gib = cell.bench.memory_budget_gib
+    if state.fits is not None:
+        passes = [record.pass_result(p) for p in record.passes]
+        peaks = [r.mem_peak_mib for r in passes if r.mem_peak_mib is not None]
+        deltas = [r.mem_delta_mib for r in passes if r.mem_delta_mib is not None]
+        record.frontier_peak_mib = max(peaks) if peaks else None
+        if deltas:
+            per_device = state.fits // cell.world_size
+            record.frontier_bytes_per_token = max(deltas) * 2**20 / per_device
+    return record
+
+
+def _probe_row(record: RunRecord | None, length: int) -> dict[str, object]:
+    """One probe as the record lists it."""
+    if record is None:
+        return {"seqlen": length, "status": "lost"}
+    passes = [record.pass_result(p) for p in record.passes]
+    peaks = [r.mem_peak_mib for r in passes if r.mem_peak_mib is not None]
+    deltas = [r.mem_delta_mib for r in passes if r.mem_delta_mib is not None]
+    return {
+        "seqlen": length,
+        "status": record.status,
+        "mem_peak_mib": max(peaks) if peaks else None,
+        "mem_delta_mib": max(deltas) if deltas else None,
+        "reason": (record.reasons[0][:200] if record.reasons else None),
+    }

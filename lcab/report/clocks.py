@@ -1,0 +1,219 @@
+"""The clock-and-power figure: a sweep's telemetry against the time its lengths ran.
+
+A throughput figure cannot say whether a slow length met a slow clock. Each pass of a record
+carries the compute clock read beside its timed repetitions (lowest, median, highest), the mean
+power, and the clock-event (throttle) reasons the driver gave (`lcab.bench.pass_telemetry`).
+Drawn against the time each length began (``created_at``, in minutes after the sweep's first
+record), a GPU that heats up and reaches its power cap shows as a clock sinking over the sweep,
+and the passes the driver held back are ringed, with their reasons in the legend and the hover.
+
+One figure per sweep (``sweep_id``) with clock readings; none at all when no record has one (no
+page section either). A sweep of CPU records whose every reading is one number (a nominal clock
+from ``/proc/cpuinfo``) is left out and named: a flat line would say nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lcab.flops import PASSES
+from lcab.report.frame import SERIES, VARIANT
+from lcab.report.plot_data import Omitted, TimeFigure, TimePanel, TimePoint, name_stem
+from lcab.report.plot_style import Styler, seqlen_label
+
+SECTION = "telemetry"
+NOT_FLAGGED = frozenset({"GpuIdle"})
+"""Clock events that flag no point: the device waited between calls, nothing held it back (the
+hover still lists them)."""
+PASS_NAMES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
+X_LABEL = "minutes after the sweep's first record (when each length began)"
+
+
+def clock_figures(frame: pd.DataFrame, styler: Styler) -> tuple[list[TimeFigure], list[Omitted]]:
+    """One `TimeFigure` per sweep with clock readings, and the sweeps left out with why.
+
+    Both lists are empty when no record has a clock reading (telemetry off, or records from
+    before lcab read it): the page then has no clocks section.
+    """
+    if not any(_readings(row) for _, row in frame.iterrows()):
+        return [], []
+    figures: list[TimeFigure] = []
+    omitted: list[Omitted] = []
+    for sweep, rows in frame.groupby("sweep_id", sort=True, dropna=False):
+        name = f"sweep {sweep}" if sweep else "records without a sweep id"
+        figure, why = sweep_figure(rows, styler, str(sweep or ""))
+        if figure is not None:
+            figures.append(figure)
+        else:
+            omitted.append(Omitted(SECTION, f"{name}: {why}"))
+    return figures, omitted
+
+
+def sweep_figure(rows: pd.DataFrame, styler: Styler, sweep: str) -> tuple[TimeFigure | None, str]:
+    """The figure of one sweep's rows, or None and why it is not drawn."""
+    clocked = [row for _, row in rows.iterrows() if _readings(row)]
+    if not clocked:
+        return None, "no clock readings (bench.telemetry off)"
+    starts = [t for t in (_time(row) for _, row in rows.iterrows()) if t is not None]
+    if not starts or all(_time(row) is None for row in clocked):
+        return None, "no record says when it ran (created_at)"
+    gpu = [_on_gpu(row) for row in clocked]
+    values = {v for row in clocked for reading in _readings(row).values() for v in reading}
+    if not any(gpu) and len(values) == 1:
+        return None, f"every record ran on a CPU at one steady clock ({values.pop():,.0f} MHz)"
+    kind = "SM clock" if all(gpu) else "core clock" if not any(gpu) else "compute clock"
+    first = min(starts)
+    clock_points: list[TimePoint] = []
+    power_points: list[TimePoint] = []
+    for row in sorted(clocked, key=lambda r: (_time(r) or first, int(r["seqlen"]))):
+        when = _time(row)
+        if when is None:
+            continue
+        minutes = (when - first).total_seconds() / 60
+        cp = str(row["cp"]) != "none"
+        style = styler.line(str(row[SERIES]), int(row["world_size"]), str(row[VARIANT]), cp)
+        for pass_, (low, median, high) in _readings(row).items():
+            events = clock_events(row, pass_)
+            common: dict[str, Any] = {
+                "x": minutes,
+                "series": style.series,
+                "label": style.label,
+                "colour": style.colour,
+                "pass_name": pass_,
+                "events": tuple(e for e in events if e not in NOT_FLAGGED),
+                "hover": _hover(row, pass_, minutes, kind),
+            }
+            clock_points.append(TimePoint(y=median, low=low, high=high, **common))
+            power = _value(row, f"{pass_}_power_w")
+            if power is not None:
+                power_points.append(TimePoint(y=power, low=None, high=None, **common))
+    panels = [
+        TimePanel(
+            f"{kind} per pass (marker: median over the repetitions, bar: lowest–highest)",
+            f"{kind} (MHz)",
+            tuple(clock_points),
+        )
+    ]
+    if power_points:
+        panels.append(
+            TimePanel(
+                "mean power per device over the repetitions",
+                "power (W)",
+                tuple(power_points),
+            )
+        )
+    what = f"{kind} and power" if power_points else kind
+    title = f"{what[0].upper()}{what[1:]} over the sweep: {sweep or 'records'}"
+    title = " · ".join(t for t in (title, device_label(pd.DataFrame(clocked))) if t)
+    name = f"clocks_{name_stem(sweep)}" if sweep else "clocks"
+    return TimeFigure(name, SECTION, title, X_LABEL, tuple(panels)), ""
+
+
+def device_label(rows: pd.DataFrame) -> str:
+    """The device the readings came from: the telemetry's name for it, else torch's.
+
+    ``NVIDIA H200 (nvml)``; several are counted, as `lcab.report.plot_style.hardware_label`.
+    """
+    names = set()
+    for _, row in rows.iterrows():
+        name = row.get("telemetry_device") or row.get("device_name") or row.get("device")
+        source = row.get("telemetry_source") or row.get("device")
+        if name:
+            names.add(f"{name} ({source})" if source else str(name))
+    if len(names) > 1:
+        return f"{len(names)} devices"
+    return names.pop() if names else ""
+
+
+def _readings(row: pd.Series) -> dict[str, tuple[float, float, float]]:
+    """Pass -> (lowest, median, highest) clock, for the passes asked of the record that have one.
+
+    A pass with only a median gets it as both ends (no bar).
+    """
+    out: dict[str, tuple[float, float, float]] = {}
+    for pass_ in PASSES:
+        if pass_ not in (row.get("passes") or ()):
+            continue
+        median = _value(row, f"{pass_}_clock_mhz_median")
+        if median is None:
+            continue
+        low = _value(row, f"{pass_}_clock_mhz_min")
+        high = _value(row, f"{pass_}_clock_mhz_max")
+        out[pass_] = (median if low is None else low, median, median if high is None else high)
+    return out
+
+
+def clock_events(row: pd.Series, pass_: str) -> tuple[str, ...]:
+    """The pass's clock-event reasons, as the record lists them (none: empty)."""
+    value = row.get(f"{pass_}_clock_events")
+    return tuple(str(e) for e in value if e) if isinstance(value, list | tuple) else ()
+
+
+def implausible(value: Any) -> bool:
+    """Whether a ``peak_implausible`` cell is True (a numpy bool in an all-bool column)."""
+    return isinstance(value, bool | np.bool_) and bool(value)
+
+
+def _on_gpu(row: pd.Series) -> bool:
+    return row.get("telemetry_source") == "nvml" or row.get("device") == "cuda"
+
+
+def _time(row: pd.Series) -> datetime | None:
+    """When the record's length began (``created_at``); None when missing or unreadable."""
+    text = row.get("created_at")
+    if not text or not isinstance(text, str):
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    # lcab writes UTC; a time without a zone is read as UTC so it sorts beside the others
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def _value(row: pd.Series, column: str) -> float | None:
+    """A finite number in ``column`` (NaN, None, booleans and text: None)."""
+    value = row.get(column)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _hover(row: pd.Series, pass_: str, minutes: float, kind: str) -> str:
+    """Every reading of the pass, for the hover (the same text in both panels)."""
+    lines = [f"{PASS_NAMES[pass_]}, S = {seqlen_label(row['seqlen'])} ({int(row['seqlen']):,})"]
+    if int(row["world_size"]) > 1:
+        lines[0] += f", world size {int(row['world_size'])}"
+    lines.append(f"+{minutes:.1f} min ({row['created_at']})")
+
+    def get(field: str) -> float | None:
+        return _value(row, f"{pass_}_{field}")
+
+    low, median, high = get("clock_mhz_min"), get("clock_mhz_median"), get("clock_mhz_max")
+    text = f"{kind}: {median:,.0f} MHz median"
+    if low is not None and high is not None:
+        text += f" ({low:,.0f}–{high:,.0f})"
+    lines.append(text)
+    if (mem := get("mem_clock_mhz")) is not None:
+        lines.append(f"memory clock: {mem:,.0f} MHz")
+    if (power := get("power_w")) is not None:
+        most = get("power_w_max")
+        spread = f", highest rank {most:,.0f} W" if most is not None and most != power else ""
+        lines.append(f"power: {power:,.0f} W mean{spread}")
+    if (temperature := get("temperature_c")) is not None:
+        lines.append(f"temperature: {temperature:.0f} °C")
+    if (per_token := get("energy_j_per_token")) is not None:
+        lines.append(f"energy: {per_token:.3g} J/token")
+    if (share := get("peak_share")) is not None:
+        lines.append(f"{share:.0%} of the device's peak at this clock")
+        if implausible(row.get(f"{pass_}_peak_implausible")):
+            lines[-1] += ": above the peak, a FLOP count or timer error"
+    if events := clock_events(row, pass_):
+        lines.append(f"clock events: {', '.join(events)}")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""The frontier search against a known limit: whatever the limit, the bracket holds it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lcab.bench.frontier import FITS, NO_ROOM, STOP, search
+
+STEP = 128
+
+
+def _memory_limit(limit: int) -> tuple[list[int], object]:
+    asked: list[int] = []
+
+    def verdict(length: int) -> str:
+        asked.append(length)
+        return FITS if length <= limit else NO_ROOM
+
+    return asked, verdict
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    limit=st.integers(min_value=STEP, max_value=1 << 22),
+    start=st.sampled_from([128, 1024, 4096, 65536]),
+    resolution=st.sampled_from([2, 8, 16, 64]),
+)
+def test_the_bracket_holds_the_limit_to_the_resolution(
+    limit: int, start: int, resolution: int
+) -> None:
+    asked, verdict = _memory_limit(limit)
+    state = search(verdict, start, 1 << 23, STEP, resolution)
+    assert state.fits is not None and state.fails is not None
+    assert state.fits <= limit < state.fails
+    assert state.fails - state.fits <= max(STEP, state.fits // resolution)
+    assert all(length % STEP == 0 for length in asked)
+    assert len(asked) == len(set(asked))  # no length probed twice
+    assert len(asked) <= 2 * 23 + 2  # doubling then bisection: logarithmic
+
+
+def test_a_first_probe_that_fails_halves_down_to_what_fits() -> None:
+    asked, verdict = _memory_limit(700)
+    state = search(verdict, 4096, 1 << 20, STEP, 16)
+    assert asked[:4] == [4096, 2048, 1024, 512]
+    assert state.fits == 640 and state.fails == 768  # one block apart
+
+
+def test_nothing_fits_leaves_no_frontier() -> None:
+    _, verdict = _memory_limit(100)  # under one block
+    state = search(verdict, 1024, 1 << 20, STEP, 16)
+    assert state.fits is None and state.fails == STEP
+
+
+def test_the_search_stops_at_its_maximum() -> None:
+    asked, verdict = _memory_limit(1 << 30)
+    state = search(verdict, 1000, 100_000, STEP, 16)
+    assert state.fits == 99_968 and state.fails is None  # 100,000 rounded down to blocks
+    assert asked == [896, 1792, 3584, 7168, 14336, 28672, 57344, 99968]
+
+
+def test_a_probe_that_ends_otherwise_stops_the_search() -> None:
+    def verdict(length: int) -> str:
+        return STOP if length >= 4096 else FITS
+
+    state = search(verdict, 1024, 1 << 20, STEP, 16)
+    assert state.fits == 2048 and state.stopped_at == 4096 and state.fails is None
