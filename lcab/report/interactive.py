@@ -230,6 +230,12 @@ def _marker(line: Line, extra: float = 0) -> dict[str, Any]:
     return {"color": line.colour, "size": 6 + extra}
 
 
+def _label_then_pass(item: tuple[tuple[str, str], Any]) -> tuple[str, int]:
+    """Legend order of a time figure's traces: by series label, then fwd, bwd, fwd_bwd."""
+    (label, pass_), _ = item
+    return label, list(PASS_MARKERS).index(pass_)
+
+
 def _wrap(text: str, width: int = 80) -> str:
     """Hover text broken into lines of about ``width`` characters."""
     words, lines, current = text.split(), [], ""
@@ -316,7 +322,7 @@ def _time_figure(figure: TimeFigure) -> go.Figure:
         groups: dict[tuple[str, str], list[Any]] = {}
         for point in panel.points:
             groups.setdefault((point.label, point.pass_name), []).append(point)
-        for (label, pass_), group in sorted(groups.items()):
+        for (label, pass_), group in sorted(groups.items(), key=_label_then_pass):
             name = f"{label} · {pass_}"
             barred = any(p.low is not None and p.high is not None for p in group)
             error_y = (
@@ -334,7 +340,7 @@ def _time_figure(figure: TimeFigure) -> go.Figure:
             )
             fig.add_trace(
                 go.Scatter(
-                    x=[p.x for p in group],
+                    x=[figure.drawn_x(p) for p in group],
                     y=[p.y for p in group],
                     mode="markers",
                     name=name,
@@ -356,7 +362,7 @@ def _time_figure(figure: TimeFigure) -> go.Figure:
             name = f"clock events: {', '.join(events)}"
             fig.add_trace(
                 go.Scatter(
-                    x=[p.x for p in flagged],
+                    x=[figure.drawn_x(p) for p in flagged],
                     y=[p.y for p in flagged],
                     mode="markers",
                     name=name,

@@ -134,6 +134,10 @@ class Heatmap:
     text: tuple[tuple[str, ...], ...]
 
 
+PASS_NUDGE = {"fwd": -0.006, "bwd": 0.006, "fwd_bwd": 0.0}
+"""Offset of each pass's points in a `TimeFigure`, as a share of its time span."""
+
+
 @dataclass(frozen=True)
 class TimePoint:
     """One pass of one record at the time its length began, with the spread of its reading."""
@@ -175,6 +179,16 @@ class TimeFigure:
     title: str
     x_label: str
     panels: tuple[TimePanel, ...]
+
+    def drawn_x(self, point: TimePoint) -> float:
+        """Where a point is drawn: its time, nudged by its pass (`PASS_NUDGE`).
+
+        The passes of one record sit side by side (fwd left of bwd), so neither hides the
+        other's bar; the hover gives the time itself.
+        """
+        xs = [p.x for panel in self.panels for p in panel.points]
+        span = (max(xs) - min(xs)) if xs else 0.0
+        return point.x + PASS_NUDGE.get(point.pass_name, 0.0) * (span or 1.0)
 
     @property
     def event_sets(self) -> tuple[tuple[str, ...], ...]:

@@ -287,7 +287,7 @@ def _time_figure(figure: TimeFigure) -> Figure:
                 above = [max(0.0, p.high - p.y) if p.high is not None else 0.0 for p in group]
                 bars = [below, above]
             ax.errorbar(
-                [p.x for p in group],
+                [figure.drawn_x(p) for p in group],
                 ys,
                 yerr=bars,
                 fmt=PASS_MARKERS[pass_][0],
@@ -301,7 +301,7 @@ def _time_figure(figure: TimeFigure) -> Figure:
             flagged = [p for p in panel.points if p.events == events]
             if flagged:
                 ax.scatter(
-                    [p.x for p in flagged],
+                    [figure.drawn_x(p) for p in flagged],
                     [p.y for p in flagged],
                     marker=marker,
                     s=150,
