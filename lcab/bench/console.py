@@ -14,7 +14,7 @@ from rich.table import Table
 
 from lcab.cell import few_tokens_warning
 from lcab.records.schema import RunRecord
-from lcab.records.table import console, print_table
+from lcab.records.table import console, frontier_line, print_table
 from lcab.records.table import records_table as table_of
 
 
@@ -74,5 +74,9 @@ def print_records(records: Sequence[RunRecord], title: str = "lcab results") -> 
     """
     out = console()
     print_table(records, title, out)
+    for record in records:
+        line = frontier_line(record)
+        if line is not None:
+            out.print(line, markup=False, highlight=False)
     for line in token_warnings(records):
         out.print(line, style="yellow", markup=False, highlight=False)

@@ -207,6 +207,9 @@ def app(cfg: DictConfig) -> None:
             file=sys.stderr,
         )
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cell.frontier is not None:
+        _frontier_job(cell, hardware, out_dir)
+        return
     rows = []
     for seqlen in cell.seqlens:
         target = PlanCell.of_cell(cell, seqlen)
@@ -232,6 +235,50 @@ def app(cfg: DictConfig) -> None:
         if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep ends with one table of all
             _console().print(predictions_table(rows, "plan"))
             print(f"[lcab] rows -> {out_dir / PLAN_FILE}")
+
+
+def _frontier_job(cell: Cell, hardware: Hardware, out_dir: Path) -> None:
+    """``seqlen=frontier``: the model's longest length within the budget (`lcab.plan.frontier`)."""
+    from lcab.plan.frontier import predict_frontier
+
+    assert cell.frontier is not None
+    budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
+    backward = any(p != "fwd" for p in cell.bench.passes)
+    try:
+        found = predict_frontier(
+            PlanCell.of_cell(cell, cell.seqlens[0]),
+            budget_gib * 1024,
+            backward,
+            cell.frontier.max_tokens,
+            cell.frontier.resolution,
+        )
+    except ValueError as err:
+        print(f"lcab plan: skipped: {err}", file=sys.stderr)
+        return
+    row = found.row() | {"hardware": hardware.name, "passes": "+".join(cell.bench.passes)}
+    (out_dir / PLAN_FILE).write_text(json.dumps(row) + "\n")
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        _console().print(frontier_table([row], "memory frontier"))
+
+
+def frontier_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """The predicted frontiers: per cell, tokens per device and in all, memory, budget."""
+    said = [f"{k} {v}" for k in ("mask", "hardware", "passes") if (v := _shared(rows, k))]
+    table = Table(title=", ".join([title, *said]), title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("cp", "kernel", "layout", "tokens/GPU", "tokens", "mem MiB/GPU", "budget GiB"):
+        table.add_column(name, justify="left" if name in ("cp", "kernel") else "right")
+    for r in sorted(rows, key=lambda r: (r["cp"], r["world"])):
+        per_device = r["frontier_tokens_per_device"]
+        table.add_row(
+            r["cp"],
+            r["kernel"],
+            r["layout"],
+            "-" if per_device is None else f"{per_device:,}",
+            "-" if r["frontier_tokens"] is None else f"{r['frontier_tokens']:,}",
+            "-" if r["frontier_memory_mib"] is None else f"{r['frontier_memory_mib']:,.0f}",
+            f"{r['budget_gib']:g}",
+        )
+    return table
 
 
 def read_plan_rows(root: Path, since: float | None = None) -> list[dict[str, Any]]:
@@ -269,6 +316,10 @@ class PlanSummary(Callback):
         drawn = self.drawing.finish(rows, root / PLOT_FILE) if self.drawing else None
         if not rows:
             return
+        if all("frontier_tokens" in r for r in rows):
+            _console().print(frontier_table(rows, f"memory frontier of {len(rows)} cells"))
+            print(f"[lcab] each cell's row: {root}/*/{PLAN_FILE}")
+            return
         rows.sort(key=lambda r: (r["mask"], r["cp"], r["world"]))
         _console().print(predictions_table(rows, f"plan of {len(rows)} cells"))
         print(f"[lcab] each cell's rows: {root}/*/{PLAN_FILE}")
@@ -300,7 +351,7 @@ class PredictAhead:
 
     def prepare(self, cfg: DictConfig, cell: Cell) -> dict[str, CellPrediction] | None:
         """Every length's prediction of the job (None for recommendations and bad profiles)."""
-        if cfg.get("recommend"):
+        if cfg.get("recommend") or cell.frontier is not None:
             return None
         try:
             hardware, harness = hardware_of(cfg), harness_of(cfg)

@@ -74,7 +74,11 @@ def record_predictor(cfg: Any, cell: Cell) -> Annotate:
         note = f"no prediction: {type(err).__name__}: {err}"
         return lambda record: _note(record, note[:300])
 
+    frontier = _frontier_of(cell, hardware) if cell.frontier is not None else None
+
     def annotate(record: RunRecord) -> None:
+        if frontier is not None:
+            _attach_frontier(record, frontier)
         expected = lengths.get(record.seqlen)
         record.predicted_hardware = hardware.name
         if expected is None or expected.prediction is None:
@@ -91,6 +95,36 @@ def record_predictor(cfg: Any, cell: Cell) -> Annotate:
 
 def _note(record: RunRecord, note: str) -> None:
     record.prediction_note = note
+
+
+def _frontier_of(cell: Cell, hardware: Any) -> int | str | None:
+    """The planner's frontier for a ``seqlen=frontier`` cell (its tokens, or why none)."""
+    from lcab.plan.frontier import predict_frontier
+    from lcab.plan.predict import PlanCell
+
+    assert cell.frontier is not None
+    budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
+    try:
+        found = predict_frontier(
+            PlanCell.of_cell(cell, cell.seqlens[0]),
+            budget_gib * 1024,
+            any(p != "fwd" for p in cell.bench.passes),
+            cell.frontier.max_tokens,
+            cell.frontier.resolution,
+        )
+    except Exception as err:  # never cost the search
+        return f"no predicted frontier: {type(err).__name__}: {err}"[:300]
+    return found.tokens
+
+
+def _attach_frontier(record: RunRecord, frontier: int | str | None) -> None:
+    """The planner's frontier beside the measured one, and their ratio."""
+    if isinstance(frontier, str):
+        record.prediction_note = frontier
+        return
+    record.frontier_predicted_tokens = frontier
+    if frontier and record.frontier_tokens:
+        record.frontier_predicted_ratio = record.frontier_tokens / frontier
 
 
 def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND) -> None:

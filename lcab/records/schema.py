@@ -224,6 +224,11 @@ class RunRecord:
     device holds."""
     frontier_budget_gib: float | None = None
     """``bench.memory_budget_gib`` the search ran under (None: the device's own memory)."""
+    frontier_predicted_tokens: int | None = None
+    """The planner's frontier for the cell (its memory model in the same budget,
+    `lcab.plan.frontier`); None where it has none (the note says why)."""
+    frontier_predicted_ratio: float | None = None
+    """Measured / predicted frontier (below 1: the model leaves out memory the run used)."""
     # the planner's prediction (lcab.plan.record_prediction)
     predicted_hardware: str | None = None
     """The hardware profile the per-pass ``predicted_*`` fields were computed on."""

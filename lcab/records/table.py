@@ -198,3 +198,23 @@ def record_line(r: RunRecord) -> str:
             parts.append(f"{p} {res.status}")
     note = note_of(r)
     return ", ".join(parts) + (f" ({note})" if note else "")
+
+
+def frontier_line(r: RunRecord) -> str | None:
+    """A ``seqlen=frontier`` record in one line: what fits, what did not, what was predicted."""
+    if r.frontier_bracket is None:
+        return None
+    fits, fails = r.frontier_bracket
+    what = f"{r.kernel}/{r.cp}/{r.mask}"
+    if fits is None:
+        return f"frontier {what}: nothing fits (the first probe, {fails:,} tokens, did not)"
+    per_device = f" ({fits // r.world_size:,}/device)" if r.world_size > 1 else ""
+    above = f", {fails:,} did not" if fails is not None else " (the search's maximum)"
+    text = f"frontier {what}: {fits:,} tokens{per_device} fit{above}"
+    budget = r.frontier_budget_gib
+    if budget is not None:
+        text += f" in {budget:g} GiB per rank"
+    if r.frontier_predicted_tokens:
+        ratio = r.frontier_predicted_ratio
+        text += f"; planner {r.frontier_predicted_tokens:,} ({ratio:.2f}x)" if ratio else ""
+    return text

@@ -29,8 +29,15 @@ FAST = [
 
 def _frontier(tmp_path: Path, *overrides: str, prefix: list[str] | None = None) -> dict[str, Any]:
     done = subprocess.run(
-        [*(prefix or []), sys.executable, "-m", "lcab.main", *FAST, *overrides]
-        + [f"hydra.run.dir={tmp_path}"],
+        [
+            *(prefix or []),
+            sys.executable,
+            "-m",
+            "lcab.main",
+            *FAST,
+            *overrides,
+            f"hydra.run.dir={tmp_path}",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -50,9 +57,7 @@ def _bracket_holds(record: dict[str, Any], world: int) -> tuple[int, int]:
     for probe in record["frontier_probes"]:  # memory grows with length: the bracket splits them
         assert probe["seqlen"] % (128 * world) == 0
         assert probe["status"] == ("ok" if probe["seqlen"] <= fits else "oom"), probe
-    assert record["frontier_peak_mib"] == max(
-        record[p]["mem_peak_mib"] for p in record["passes"]
-    )
+    assert record["frontier_peak_mib"] == max(record[p]["mem_peak_mib"] for p in record["passes"])
     return fits, fails
 
 
