@@ -137,6 +137,8 @@ def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> Non
     result = record.pass_result(pass_name)
     if device_name is None or result.tflops is None or lookup(device_name) is None:
         return
+    if record.shared_device:  # ranks shared a GPU: the times, so the rate, measure nothing
+        return
     clock = result.clock_mhz_median
     if clock is not None and not (math.isfinite(clock) and clock > 0):
         clock = None  # a reading of 0 or NaN: the rated peak, unscaled

@@ -34,8 +34,14 @@ TIMING_FIELDS = (
     "tflops_mean_rank",
     "rank_ms_p50",
     "predicted_ratio",
+    "energy_j",
+    "energy_j_per_token",
+    "gflops_per_j",
+    "peak_share",
+    "peak_implausible",
 )
-"""`PassResult` fields read off the clock: not a measurement when ranks shared a GPU."""
+"""`PassResult` fields read off the clock (or divided by its times): not a measurement when
+ranks shared a GPU."""
 SETUP_COLUMNS = ("setup_mask_ms", "setup_prepare_ms", "setup_first_call_ms")
 """`RunRecord`'s set-up times: read off the same clock as the passes'."""
 TIMING_COLUMNS = (

@@ -94,3 +94,15 @@ def test_an_unknown_gpu_or_a_clock_of_zero_costs_nothing() -> None:
     zero = _record("NVIDIA H100 80GB HBM3", 500.0, 0.0)  # a bad reading: the rated peak
     fill_peak(zero, "fwd", zero.device_name)
     assert zero.fwd.peak_tflops == pytest.approx(989.4, rel=1e-3)
+
+
+def test_ranks_that_shared_a_gpu_get_no_share_and_show_no_energy_rate() -> None:
+    """Their times measure nothing: no share of the peak, no flag, no per-call energy shown."""
+    record = _record("NVIDIA H100 80GB HBM3", 5000.0, 1830.0)  # a rate no H100 reaches
+    record.shared_device = True
+    fill_peak(record, "fwd", record.device_name)
+    assert record.fwd.peak_share is None and record.fwd.peak_implausible is None
+    assert not record.reasons
+    record.fwd.energy_j, record.fwd.power_w = 2.0, 600.0
+    shown = record.measured_flat()
+    assert shown["fwd_energy_j"] is None and shown["fwd_power_w"] == 600.0
