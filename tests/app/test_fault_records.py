@@ -127,9 +127,10 @@ def footprint(tmp_path: Path, *args: str) -> dict[str, int]:
     }
 
 
-BIG_RECORDS = "study=" + "x" * 2000
-"""A longer study name (kept in every record, not in the folder name): a record then takes two
-pages with room to spare either side, whatever its timings print as."""
+BIG_RECORDS = "study=" + "x" * 100
+"""A longer study name (kept in every record, not in the folder name): a record (6.5 KB with its
+telemetry and frontier fields, 6.6 KB with this name) then takes two pages with room to spare
+either side, whatever its timings print as."""
 
 
 def test_a_disk_with_no_room_for_one_record_ends_in_one_line_and_exit_1(tmp_path):

@@ -158,7 +158,7 @@ def test_invalid_values_name_the_key(compose, overrides, key):
     [
         (["kernel=nosuch"], "kernel=nosuch: no kernel named 'nosuch'; valid: cudnn, fa2"),
         (["mask=nosuch"], "mask=nosuch: no mask named 'nosuch'; valid: block_causal_document"),
-        (["seqlen=nosuch"], "seqlen=nosuch: no seqlen named 'nosuch'; valid: long, million"),
+        (["seqlen=nosuch"], "seqlen=nosuch: no seqlen named 'nosuch'; valid: frontier, long"),
         (
             ["mask=sliding_window", "mask.windw=3"],
             "did you mean mask.window? valid keys of mask: name, seed, window",
