@@ -16,9 +16,11 @@ from typing import Any
 
 from tests.helpers.memory_cgroup import memory_cgroup
 
+RESOLUTION = 4
 FAST = [
     "mask=causal",
     "seqlen=frontier",
+    f"seqlen.frontier_resolution={RESOLUTION}",  # a coarser bracket: fewer probes in CI
     "bench.passes=[fwd]",
     "bench.reps=1",
     "bench.warmup=0",
@@ -53,7 +55,7 @@ def _bracket_holds(record: dict[str, Any], world: int) -> tuple[int, int]:
     assert record["status"] == "ok"
     assert record["seqlen"] == record["frontier_tokens"] == fits
     assert record["frontier_tokens_per_device"] == fits // world
-    assert fails is not None and fails - fits <= max(128 * world, fits // 16)
+    assert fails is not None and fails - fits <= max(128 * world, fits // RESOLUTION)
     for probe in record["frontier_probes"]:  # memory grows with length: the bracket splits them
         assert probe["seqlen"] % (128 * world) == 0
         assert probe["status"] == ("ok" if probe["seqlen"] <= fits else "oom"), probe
