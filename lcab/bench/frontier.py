@@ -148,27 +148,30 @@ def _frontier_record(cell: Cell, state: Search, probes: dict[int, RunRecord]) ->
     record.frontier_probes = [_probe_row(probes.get(length), length) for length, _ in state.probes]
     record.frontier_budget_gib = cell.bench.memory_budget_gib
     if state.fits is not None:
-        passes = [record.pass_result(p) for p in record.passes]
-        peaks = [r.mem_peak_mib for r in passes if r.mem_peak_mib is not None]
-        deltas = [r.mem_delta_mib for r in passes if r.mem_delta_mib is not None]
-        record.frontier_peak_mib = max(peaks) if peaks else None
-        if deltas:
+        record.frontier_peak_mib, delta = _largest_memory(record)
+        if delta is not None:
             per_device = state.fits // cell.world_size
-            record.frontier_bytes_per_token = max(deltas) * 2**20 / per_device
+            record.frontier_bytes_per_token = delta * 2**20 / per_device
     return record
+
+
+def _largest_memory(record: RunRecord) -> tuple[float | None, float | None]:
+    """(peak, rise) in MiB: the largest over the record's passes (None: not measured)."""
+    passes = [record.pass_result(p) for p in record.passes]
+    peaks = [r.mem_peak_mib for r in passes if r.mem_peak_mib is not None]
+    deltas = [r.mem_delta_mib for r in passes if r.mem_delta_mib is not None]
+    return (max(peaks) if peaks else None), (max(deltas) if deltas else None)
 
 
 def _probe_row(record: RunRecord | None, length: int) -> dict[str, object]:
     """One probe as the record lists it."""
     if record is None:
         return {"seqlen": length, "status": "lost"}
-    passes = [record.pass_result(p) for p in record.passes]
-    peaks = [r.mem_peak_mib for r in passes if r.mem_peak_mib is not None]
-    deltas = [r.mem_delta_mib for r in passes if r.mem_delta_mib is not None]
+    peak, delta = _largest_memory(record)
     return {
         "seqlen": length,
         "status": record.status,
-        "mem_peak_mib": max(peaks) if peaks else None,
-        "mem_delta_mib": max(deltas) if deltas else None,
+        "mem_peak_mib": peak,
+        "mem_delta_mib": delta,
         "reason": (record.reasons[0][:200] if record.reasons else None),
     }

@@ -55,6 +55,24 @@ def _sample(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _cell(
+    env: dict[str, str], tmp_path: Path, *overrides: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """A real CPU cell with ``bench.telemetry=nvml`` over the emulated library; its record."""
+    done = subprocess.run(
+        [sys.executable, "-m", "lcab.main", *overrides, *NVML_CELL, f"hydra.run.dir={tmp_path}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done, json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
+
+
+NVML_CELL = ("bench.telemetry=nvml", "bench.mask_samples=1", "bench.check_numerics=false")
+
+
 def test_clocks_power_energy_and_reasons_of_a_gpu(emulated_nvml_dir: Path) -> None:
     first, second = _sample(emulated_nvml_dir, 0)
     assert first["device"] == "NVIDIA H100 80GB HBM3"
@@ -102,27 +120,9 @@ def test_a_cell_records_gpu_telemetry_and_the_share_of_the_peak(
 ) -> None:
     """A real CPU cell with ``bench.telemetry=nvml``: the record carries device 0's figures."""
     env = emulated_nvml.nvml_env(emulated_nvml_dir)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lcab.main",
-            "kernel=ranges",
-            "mask=causal",
-            "seqlen.values=[1024]",
-            "bench.telemetry=nvml",
-            "bench.reps=20",
-            "bench.mask_samples=1",
-            "bench.check_numerics=false",
-            f"hydra.run.dir={tmp_path}",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done, record = _cell(
+        env, tmp_path, "kernel=ranges", "mask=causal", "seqlen.values=[1024]", "bench.reps=20"
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
     assert record["telemetry_source"] == "nvml"
     assert record["telemetry_device"] == "NVIDIA H100 80GB HBM3"
     for name in ("fwd", "bwd"):
@@ -144,27 +144,9 @@ def test_a_pass_above_the_peak_at_its_clock_is_flagged(
     """Plant a clock of 1 MHz on an 'A100': its fp32 peak there is 19.5 TFLOP/s / 1410, about
     14 GFLOP/s, which SDPA on a full mask passes on any CPU (~200 GFLOP/s on 2 cores here)."""
     env = emulated_nvml.nvml_env(emulated_nvml_dir, sm_mhz=1, name0="NVIDIA A100-SXM4-80GB")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lcab.main",
-            "kernel=sdpa",
-            "mask=full",
-            "seqlen.values=[2048]",
-            "bench.passes=[fwd]",
-            "bench.telemetry=nvml",
-            "bench.mask_samples=1",
-            "bench.check_numerics=false",
-            f"hydra.run.dir={tmp_path}",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done, record = _cell(
+        env, tmp_path, "kernel=sdpa", "mask=full", "seqlen.values=[2048]", "bench.passes=[fwd]"
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
     fwd = record["fwd"]
     assert fwd["clock_mhz_median"] == 1.0
     assert fwd["peak_tflops"] == pytest.approx(19.5 / 1410, rel=1e-3)
