@@ -30,6 +30,20 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+"""Bytes per element of each of `DTYPE_NAMES` (torch's ``itemsize``, known without importing it)."""
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """The name of a torch dtype (``torch.bfloat16`` -> ``bfloat16``); a name is returned as is."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+def dtype_bytes(dtype: torch.dtype | str) -> int:
+    """Bytes per element of a torch dtype or a dtype name (the planner's problems are named)."""
+    return DTYPE_BYTES[dtype] if isinstance(dtype, str) else int(dtype.itemsize)
+
+
 def __getattr__(name: str) -> dict[str, torch.dtype]:
     """``DTYPES`` (name -> torch dtype), built on first use so that torch loads only then."""
     if name == "DTYPES":

@@ -20,14 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from lcab.cell import Cell
 from lcab.cp.comm import traced_phases
+from lcab.lazy import lazy_module
 from lcab.masks import AttnMask
 from lcab.records.artifacts import MASK_PICTURE, TRACES_DIR
 from lcab.records.schema import RunRecord
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def trace_path(job_dir: str | Path, seqlen: int, pass_: str, rank: int) -> Path:

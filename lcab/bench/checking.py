@@ -8,7 +8,7 @@ whose failure is a recorded reason, never the loss of the pass's timings.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from lcab.bench.inputs import SeededInputs
 from lcab.bench.numerics import Reference, compare, memory_budget, reference_bytes, run_check
@@ -16,8 +16,14 @@ from lcab.bench.results import is_oom, short_error
 from lcab.bench.targets import Target
 from lcab.kernels import PreparedAttention, Problem
 from lcab.kernels.reference import sample_rows
+from lcab.lazy import lazy_module
 from lcab.masks import AttnMask
 from lcab.records.schema import RunRecord
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 class NumericsCheck:
@@ -38,7 +44,7 @@ class NumericsCheck:
         p = self.problem
         rows = None if self.rows is None else len(self.rows)
         need = reference_bytes(p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, rows)
-        budget = memory_budget(p.device) if self.target.rank == 0 else 0
+        budget = memory_budget(p.torch_device) if self.target.rank == 0 else 0
         allowed = self.target.share([float(need <= budget)])[0] > 0
         if not allowed:
             self.skipped = (

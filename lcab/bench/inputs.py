@@ -11,10 +11,15 @@ as it streams over them, and the values never depend on who draws them or in wha
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from lcab.kernels import Problem
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 BLOCK_TOKENS = 128
 """Tokens per independently seeded block: small enough that a scattered shard draws little it
@@ -45,7 +50,7 @@ class SeededInputs:
         return torch.randn((tokens, self.heads(name), self.problem.head_dim), generator=gen)
 
     def _place(self, host: torch.Tensor) -> torch.Tensor:
-        return host.to(dtype=self.problem.dtype, device=self.problem.device)
+        return host.to(dtype=self.problem.torch_dtype, device=self.problem.device)
 
     def rows(self, name: str, index: torch.Tensor) -> torch.Tensor:
         """Tokens ``index`` (global positions, any order) of ``name``, as the problem's dtype.
@@ -75,7 +80,7 @@ class SeededInputs:
         real = layout >= 0
         out = torch.zeros(
             (len(layout), self.heads(name), self.problem.head_dim),
-            dtype=self.problem.dtype,
+            dtype=self.problem.torch_dtype,
             device=self.problem.device,
         )
         out[real.to(out.device)] = self.rows(name, layout[real])

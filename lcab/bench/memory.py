@@ -44,8 +44,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
-import torch
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 
 SAMPLER_THREAD_NAME = "lcab-peak-memory"
 _STATM = "/proc/self/statm"

@@ -16,27 +16,32 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from lcab.bench.inputs import BLOCK_TOKENS, SeededInputs
+from lcab.cell import dtype_name
 from lcab.kernels import PreparedAttention, get_kernel
 from lcab.kernels.reference import STREAM_CHUNK_BYTES, streamed_rows
+from lcab.lazy import lazy_module
 from lcab.masks import AttnMask
 
-#: Normalised max-error tolerance per dtype.
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
+#: Normalised max-error tolerance per dtype, by name (`lcab.cell.DTYPE_NAMES`).
 TOLERANCE = {
-    torch.float64: 1e-8,
-    torch.float32: 1e-3,
-    torch.float16: 1e-2,
-    torch.bfloat16: 5e-2,
+    "float64": 1e-8,
+    "float32": 1e-3,
+    "float16": 1e-2,
+    "bfloat16": 5e-2,
 }
 
 
-def tolerance(dtype: torch.dtype, override: float | None = None) -> float:
-    """The tolerance for ``dtype`` (or ``override``)."""
-    return float(override) if override is not None else TOLERANCE.get(dtype, 5e-2)
+def tolerance(dtype: torch.dtype | str, override: float | None = None) -> float:
+    """The tolerance for ``dtype`` or its name (or ``override``)."""
+    return float(override) if override is not None else TOLERANCE.get(dtype_name(dtype), 5e-2)
 
 
 def normalised_error(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -184,7 +189,7 @@ class LocalCollector:
         return whole if rows is None else whole[:, rows.to(whole.device)]
 
 
-Results = dict[str, torch.Tensor | None]
+Results: TypeAlias = "dict[str, torch.Tensor | None]"
 
 
 def run_check(

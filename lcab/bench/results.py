@@ -11,18 +11,22 @@ import hashlib
 import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lcab.bench.memory import MemoryReading
 from lcab.bench.pass_telemetry import PassTelemetry
 from lcab.bench.timing import Timing
 from lcab.cell import Cell
 from lcab.flops import FLOP_CONVENTION, tflops_per_s
+from lcab.lazy import lazy_module
 from lcab.masks import AttnMask
 from lcab.records.resume import NOT_RUN
 from lcab.records.schema import PassResult, RunRecord
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 OOM_WORDS = (
     "out of memory",

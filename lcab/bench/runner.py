@@ -19,9 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from lcab.bench import host_load
 from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
@@ -45,10 +43,16 @@ from lcab.bench.timing import Timing, TimingConfig, l2_flush_buffer, measure, qu
 from lcab.cell import Cell
 from lcab.flops import as_pass, attention_flops, dense_flops
 from lcab.kernels import PreparedAttention, Problem
+from lcab.lazy import lazy_module
 from lcab.masks import AttnMask
 from lcab.records.schema import RunRecord
 
-Tensors = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
+Tensors: TypeAlias = "dict[str, torch.Tensor]"
 
 
 class PassCall(NamedTuple):
@@ -122,7 +126,7 @@ class _LengthRun:
         self.setup_mask_ms: list[float] = []
         self.setup_prepare_ms: list[float] = []
         self.timing = _timing_config(cell)
-        source = device_source(cell.bench.telemetry, cell.device, self.problem.device.index)
+        source = device_source(cell.bench.telemetry, cell.device, self.problem.torch_device.index)
         self.telemetry = LengthTelemetry(
             source,
             cell.bench.telemetry_interval_ms,
@@ -194,7 +198,7 @@ class _LengthRun:
                 start = time.perf_counter()
                 with torch.no_grad():
                     prepared.run(native["q"], native["k"], native["v"])
-                if self.problem.device.type == "cuda":
+                if self.problem.device_type == "cuda":
                     torch.cuda.synchronize()
                 self.record.setup_first_call_ms = (time.perf_counter() - start) * 1e3
         except Exception as err:
@@ -225,18 +229,18 @@ class _LengthRun:
             fn, before_each, _ = pass_callable(pass_, prepared, native)
             # lcab's own L2-flush buffer is made before the measured region and left out of it
             flush = None
-            if problem.device.type == "cuda" and self.timing.flush_l2:
-                flush = l2_flush_buffer(problem.device)
+            if problem.device_type == "cuda" and self.timing.flush_l2:
+                flush = l2_flush_buffer(problem.torch_device)
             excluded = 0 if flush is None else flush.numel() * flush.element_size()
             memory: PeakMemory | nullcontext[None] = nullcontext()
             if self.cell.bench.memory:
-                memory = PeakMemory(problem.device, exclude_bytes=excluded)
+                memory = PeakMemory(problem.torch_device, exclude_bytes=excluded)
             sampler = self.telemetry.sampler()
             with memory:
                 timing = measure(
                     fn,
                     self.timing,
-                    device=problem.device,
+                    device=problem.torch_device,
                     before_each=before_each,
                     barrier=target.barrier if target.world > 1 else None,
                     agree=target.share if target.world > 1 else None,
@@ -351,7 +355,7 @@ class _LengthRun:
                 fn,
                 label=f"lcab.{pass_}",
                 reps=self.cell.bench.profile_reps,
-                device=self.problem.device,
+                device=self.problem.torch_device,
                 path=path,
                 before_each=before_each,
                 barrier=target.barrier if target.world > 1 else None,

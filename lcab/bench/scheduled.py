@@ -33,8 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-
-import torch
+from typing import TYPE_CHECKING
 
 from lcab.bench.environment import environment
 from lcab.bench.results import is_oom, short_error
@@ -42,7 +41,13 @@ from lcab.bench.runner import run_cell
 from lcab.bench.targets import make_target
 from lcab.cell import Cell
 from lcab.distributed.context import node_name
+from lcab.lazy import lazy_module
 from lcab.records.schema import RunRecord
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 SCHEDULED_RANKS = "LCAB_RANKS_FROM_SCHEDULER"
 """Set (to the scheduler's name) in every task of a job whose tasks are the cell's ranks."""

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
 from typing_extensions import override
 
 from lcab.bench.inputs import NAMES, SeededInputs
@@ -35,8 +34,14 @@ from lcab.cp.comm import (
 from lcab.cp.prepared import CPPrepared
 from lcab.distributed.context import DistContext, node_name
 from lcab.kernels import Kernel, PreparedAttention, Problem, get_kernel
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.records.schema import RunRecord
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 class Target(Protocol):

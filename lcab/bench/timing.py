@@ -40,8 +40,15 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 """Size of the buffer zeroed before every CUDA rep; larger than any current GPU's L2."""

@@ -9,9 +9,8 @@ collects those errors for every job of a sweep before launching any.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lcab.cell import (
@@ -27,8 +26,14 @@ from lcab.config.launcher import LAUNCHER_TARGET
 from lcab.cp import STRATEGIES
 from lcab.flops import PASSES
 from lcab.kernels import KERNELS
+from lcab.lazy import lazy_module
 from lcab.masks import get_pattern, make_params
 from lcab.registry import UnknownNameError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 CPU_PROBLEM = {"heads_q": 8, "heads_kv": 2, "head_dim": 64, "dtype": "float32"}
 GPU_PROBLEM = {"heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16"}

@@ -8,10 +8,10 @@ own queries attend nothing.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from typing_extensions import override
 
 from lcab.cp.base import Plan, Strategy, element_bytes, register_strategy, step_mask
@@ -20,50 +20,65 @@ from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
-class _AllGatherAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        prepared: PreparedAttention | None,
-        group: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        k_all = all_gather_raw(k, group, "allgather_kv")
-        v_all = all_gather_raw(v, group, "allgather_kv")
-        leaves = detached_leaves(q, k_all, v_all)
-        with torch.enable_grad(), phase("compute"):
-            if prepared is None:
-                out = leaves[0] * 0
-                lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
-            else:
-                native = [prepared.to_native(t) for t in leaves]
-                out_n, lse_n = prepared.run(*native)
-                out = prepared.from_native(out_n)
-                lse = (
-                    lse_n
-                    if lse_n is not None
-                    else torch.full((q.shape[1], q.shape[0]), float("nan"), device=q.device)
-                )
-        ctx.graph = (leaves, out)
-        ctx.group = group
-        ctx.mark_non_differentiable(lse)
-        return out.detach(), lse.detach()
 
-    @staticmethod
-    def backward(
-        ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
-        leaves, out = ctx.graph
-        with phase("compute"):
-            grads = leaf_grads(out, leaves, dout)
-        dk = reduce_scatter_raw(grads[1], ctx.group, "allgather_kv_grad")
-        dv = reduce_scatter_raw(grads[2], ctx.group, "allgather_kv_grad")
-        return grads[0], dk, dv, None, None
+@functools.cache
+def _all_gather_attention() -> type[torch.autograd.Function]:
+    """The autograd Function of Ring All-Gather, made on first use.
+
+    Defining it needs torch, which the planner and the dry run never load (`lcab.lazy`).
+    """
+
+    class AllGatherAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(
+            ctx: Any,
+            q: torch.Tensor,
+            k: torch.Tensor,
+            v: torch.Tensor,
+            prepared: PreparedAttention | None,
+            group: Any,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            k_all = all_gather_raw(k, group, "allgather_kv")
+            v_all = all_gather_raw(v, group, "allgather_kv")
+            leaves = detached_leaves(q, k_all, v_all)
+            with torch.enable_grad(), phase("compute"):
+                if prepared is None:
+                    out = leaves[0] * 0
+                    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
+                else:
+                    native = [prepared.to_native(t) for t in leaves]
+                    out_n, lse_n = prepared.run(*native)
+                    out = prepared.from_native(out_n)
+                    lse = (
+                        lse_n
+                        if lse_n is not None
+                        else torch.full((q.shape[1], q.shape[0]), float("nan"), device=q.device)
+                    )
+            ctx.graph = (leaves, out)
+            ctx.group = group
+            ctx.mark_non_differentiable(lse)
+            return out.detach(), lse.detach()
+
+        @staticmethod
+        def backward(
+            ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+            leaves, out = ctx.graph
+            with phase("compute"):
+                grads = leaf_grads(out, leaves, dout)
+            dk = reduce_scatter_raw(grads[1], ctx.group, "allgather_kv_grad")
+            dv = reduce_scatter_raw(grads[2], ctx.group, "allgather_kv_grad")
+            return grads[0], dk, dv, None, None
+
+    return AllGatherAttention
 
 
 @register_strategy
@@ -109,6 +124,6 @@ class RingAllGather(Strategy):
         group = dist.group(list(range(plan.world)))
 
         def run(q: Any, k: Any, v: Any) -> Any:
-            return _AllGatherAttention.apply(q, k, v, prepared, group)
+            return _all_gather_attention().apply(q, k, v, prepared, group)
 
         return CPPrepared(plan, dist.rank, run, mask)

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from lcab.cell import dtype_bytes
 from lcab.cp.balance import Placement, place
 from lcab.cp.plan import HeadSplit, Plan, head_split
 from lcab.cp.prepared import CPPrepared
@@ -102,10 +103,10 @@ class Strategy(ABC):
         """What the strategy needs from the kernel beyond running the local problem."""
         reasons = []
         if self.merges_partials:
-            if not kernel.returns_lse(problem.device.type):
+            if not kernel.returns_lse(problem.device_type):
                 reasons.append(
                     f"{self.name} merges partial results by log-sum-exp, and kernel "
-                    f"{kernel.name!r} returns none on {problem.device.type}"
+                    f"{kernel.name!r} returns none on {problem.device_type}"
                 )
             missing = kernel.stats_backward_reasons(problem) if pass_ != "fwd" else []
             if missing:
@@ -279,7 +280,7 @@ def element_bytes(problem: Problem) -> int:
     The dtype's own figure: no tensor is made, as the planner asks this for every step of
     every rank.
     """
-    return int(problem.dtype.itemsize)
+    return dtype_bytes(problem.dtype)
 
 
 def accumulator_bytes(problem: Problem) -> int:

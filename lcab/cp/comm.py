@@ -20,19 +20,25 @@ transfer when forced, which is how tests run the staging path on CPU). Counts ar
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from lcab.cp.phase_clock import phase_clock as phase_clock  # re-exported for the runner
 from lcab.cp.phase_clock import timed_phase
 from lcab.cp.phase_clock import traced_phases as traced_phases  # re-exported
 from lcab.distributed import staging
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+else:
+    torch = lazy_module("torch", globals())
+    dist = lazy_module("torch.distributed", globals(), "dist")
 
 
 @dataclass
@@ -180,35 +186,46 @@ def all_to_all_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
     return out
 
 
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
-        ctx.group, ctx.op = group, op
-        return all_to_all_raw(x, group, op)
+@functools.cache
+def _all_to_all_function() -> type[torch.autograd.Function]:
+    """The autograd Function of `all_to_all`, made on first use (it needs torch: `lcab.lazy`)."""
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return all_to_all_raw(grad, ctx.group, ctx.op + "_grad"), None, None
+    class AllToAll(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
+            ctx.group, ctx.op = group, op
+            return all_to_all_raw(x, group, op)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+            return all_to_all_raw(grad, ctx.group, ctx.op + "_grad"), None, None
+
+    return AllToAll
 
 
 def all_to_all(x: torch.Tensor, group: Any, op: str = "all_to_all") -> torch.Tensor:
     """Differentiable all-to-all over dim 0: chunk i of ``x`` goes to the i-th rank of ``group``."""
-    return _AllToAll.apply(x, group, op)
+    return _all_to_all_function().apply(x, group, op)
 
 
-# torch >= 2.10 renamed the flat collectives (the old names warn); older releases have only those
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+def _flat_all_gather() -> Callable[..., Any]:
+    """The flat all-gather: torch >= 2.10 renamed it (the old name warns); older has only that."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _flat_reduce_scatter() -> Callable[..., Any]:
+    """The flat reduce-scatter, under its name in this release (see `_flat_all_gather`)."""
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def all_gather_flat(out: torch.Tensor, x: torch.Tensor, group: Any = None) -> None:
     """The flat all-gather of ``x`` into ``out`` (rank order along dim 0); not counted."""
     if staging.stages_collectives():
         host = staging.host_like(out)
-        _ALL_GATHER(host, staging.to_host(x), group=group)
+        _flat_all_gather()(host, staging.to_host(x), group=group)
         out.copy_(host)
     else:
-        _ALL_GATHER(out, x, group=group)
+        _flat_all_gather()(out, x, group=group)
 
 
 def all_gather_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
@@ -228,10 +245,10 @@ def reduce_scatter_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
     with phase("comm"):
         if staging.stages_collectives():
             host = staging.host_like(out)
-            _REDUCE_SCATTER(host, staging.to_host(x), op=dist.ReduceOp.SUM, group=group)
+            _flat_reduce_scatter()(host, staging.to_host(x), op=dist.ReduceOp.SUM, group=group)
             out.copy_(host)
         else:
-            _REDUCE_SCATTER(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
+            _flat_reduce_scatter()(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
     _count(op, nbytes(out) * (size - 1))
     return out
 

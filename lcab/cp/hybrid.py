@@ -11,19 +11,25 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 from typing_extensions import override
 
 from lcab.cp.base import Plan, Strategy, StrategyOptions, element_bytes
 from lcab.cp.prepared import CPPrepared
 from lcab.cp.ring import ring_steps
-from lcab.cp.ring_attention import RingAttention, RingSpec, Step
+from lcab.cp.ring_attention import RingSpec, Step, ring_attention_function
 from lcab.cp.ulysses import a2a_bytes, heads_to_seq, replicate_kv, seq_to_heads
 from lcab.distributed.context import DistContext
 from lcab.distributed.groups import RingChannels, ring_channels
 from lcab.kernels import Kernel, Problem
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass
@@ -87,7 +93,7 @@ class UlyssesRing(Strategy):
             k, v = replicate_kv(k, heads), replicate_kv(v, heads)
             if u > 1:
                 q, k, v = (seq_to_heads(t, a2a_group, u) for t in (q, k, v))
-            out, _ = RingAttention.apply(q, k, v, spec)
+            out, _ = ring_attention_function().apply(q, k, v, spec)
             return (heads_to_seq(out, a2a_group, u) if u > 1 else out), None
 
         return CPPrepared(plan, dist.rank, run, mask)

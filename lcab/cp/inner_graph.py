@@ -10,7 +10,14 @@ between repetitions.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def detached_leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:

@@ -7,7 +7,14 @@ carry l = -inf and weight 0, so empty steps and padding rows never produce NaN.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def merge_into(

@@ -16,9 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 class PhaseClock(Protocol):

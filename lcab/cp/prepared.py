@@ -10,18 +10,24 @@ context-parallel lengths never puts a global tensor on any rank.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
-import torch
 
 from lcab.cp.comm import all_gather_flat, broadcast_from
 from lcab.cp.plan import Plan
 from lcab.kernels import PreparedAttention
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 
-RunFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]
-]
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
+RunFn: TypeAlias = (
+    "Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]"
+)
 
 
 class CPPrepared(PreparedAttention):

@@ -22,7 +22,7 @@ from lcab.cp.base import (
     step_mask,
 )
 from lcab.cp.prepared import CPPrepared
-from lcab.cp.ring_attention import RingAttention, RingSpec, Step
+from lcab.cp.ring_attention import RingSpec, Step, ring_attention_function
 from lcab.distributed.context import DistContext
 from lcab.distributed.groups import ring_channels
 from lcab.kernels import Kernel, Problem
@@ -99,6 +99,6 @@ class RingP2P(Strategy):
         )
 
         def run(q: Any, k: Any, v: Any) -> Any:
-            return RingAttention.apply(q, k, v, spec)
+            return ring_attention_function().apply(q, k, v, spec)
 
         return CPPrepared(plan, dist.rank, run, mask)

@@ -20,15 +20,20 @@ behind another on one NCCL stream.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lcab.cp.comm import PendingExchange, exchange, phase
 from lcab.cp.merge import accumulator_dtype, merge_into
 from lcab.distributed.groups import RingChannels
 from lcab.kernels import PreparedAttention
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass
@@ -148,87 +153,95 @@ def _zeros_like(x: torch.Tensor) -> torch.Tensor:
     return torch.zeros(x.shape, dtype=accumulator_dtype(x.dtype), device=x.device)
 
 
-class RingAttention(torch.autograd.Function):
-    """Ring attention of local q against every rank's k/v (see module docstring)."""
+@functools.cache
+def ring_attention_function() -> type[torch.autograd.Function]:
+    """`RingAttention`, made on first use (it needs torch, unused by the planner: `lcab.lazy`)."""
 
-    @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingSpec
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out, lse) of the local queries against every block of the ring."""
-        out = _zeros_like(q)
-        lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=out.dtype, device=q.device)
-        window_kv = [k, v]
-        s, w = ring.window_size, ring.windows
-        for o in range(w):
-            # the next window's block, fetched while the inner ring works
-            prefetch = ring.pass_outer(window_kv, "kv") if o < w - 1 else None
-            kv = window_kv
-            for t in range(s):
-                pending = ring.pass_inner(kv, "kv") if t < s - 1 else None
-                step = ring.steps[ring.source(o, t)]
-                if step.prepared is not None:
-                    part, part_lse = attend(step, q, kv[0], kv[1])
-                    with phase("compute"):
-                        merge_into(out, lse, part, part_lse)
-                if pending is not None:
-                    kv = pending.wait()
-            if prefetch is not None:
-                window_kv = prefetch.wait()
-        result = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, result, lse)
-        ctx.ring = ring
-        ctx.mark_non_differentiable(lse)
-        return result, lse
+    class RingAttention(torch.autograd.Function):
+        """Ring attention of local q against every rank's k/v (see module docstring)."""
 
-    @staticmethod
-    def backward(
-        ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-        """(dq, dk, dv): blocks travel again, each dK/dV accumulator following its block.
+        @staticmethod
+        def forward(
+            ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingSpec
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            """(out, lse) of the local queries against every block of the ring."""
+            out = _zeros_like(q)
+            lse = torch.full(
+                (q.shape[1], q.shape[0]), float("-inf"), dtype=out.dtype, device=q.device
+            )
+            window_kv = [k, v]
+            s, w = ring.window_size, ring.windows
+            for o in range(w):
+                # the next window's block, fetched while the inner ring works
+                prefetch = ring.pass_outer(window_kv, "kv") if o < w - 1 else None
+                kv = window_kv
+                for t in range(s):
+                    pending = ring.pass_inner(kv, "kv") if t < s - 1 else None
+                    step = ring.steps[ring.source(o, t)]
+                    if step.prepared is not None:
+                        part, part_lse = attend(step, q, kv[0], kv[1])
+                        with phase("compute"):
+                            merge_into(out, lse, part, part_lse)
+                    if pending is not None:
+                        kv = pending.wait()
+                if prefetch is not None:
+                    window_kv = prefetch.wait()
+            result = out.to(q.dtype)
+            ctx.save_for_backward(q, k, v, result, lse)
+            ctx.ring = ring
+            ctx.mark_non_differentiable(lse)
+            return result, lse
 
-        The accumulator of the block in hand arrives while this step's kernel runs: it is
-        waited for after the kernel, this step's dK/dV added into it, and it is posted on to
-        the next position without waiting. Only the hop that ends a window (the accumulator
-        of the window's own block, which must be home before it can go on to the next window,
-        or is the result) is waited for at once.
-        """
-        q, k, v, out, lse = ctx.saved_tensors
-        ring: RingSpec = ctx.ring
-        s, w = ring.window_size, ring.windows
-        dq = _zeros_like(q)
-        window_kv = [k, v]
-        # dK/dV of the block in hand, travelling with it (fresh buffers: updated in place)
-        acc = [_zeros_like(k), _zeros_like(v)]
-        incoming: PendingExchange | None = None  # the next block's accumulator, posted
-        for o in range(w):
-            prefetch = ring.pass_outer(window_kv, "kv_bwd") if o < w - 1 else None
-            kv = window_kv
-            for t in range(s):
-                pending = ring.pass_inner(kv, "kv_bwd") if t < s - 1 else None
-                step = ring.steps[ring.source(o, t)]
-                grads = None
-                if step.prepared is not None:
-                    grads = attend_backward(step, dout, q, kv[0], kv[1], out, lse)
-                    dq += grads[0]
-                if incoming is not None:  # waited only now: the kernel ran meanwhile
-                    acc = incoming.wait()
-                    incoming = None
-                if grads is not None:
-                    acc[0] += grads[1]
-                    acc[1] += grads[2]
-                if s > 1:  # the accumulator follows its block one inner hop behind
-                    incoming = ring.pass_inner(acc, "dkv")
-                if pending is not None:
-                    kv = pending.wait()
-            if w > 1:
-                # the window's own block's accumulator is home: it goes on to the next window
-                # with its block (the gradient synchronisation at each outer step)
-                if incoming is not None:
-                    acc = incoming.wait()
-                incoming = ring.pass_outer(acc, "dkv")
-            if prefetch is not None:
-                window_kv = prefetch.wait()
-        if incoming is not None:
-            acc = incoming.wait()
-        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None
+        @staticmethod
+        def backward(
+            ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+            """(dq, dk, dv): blocks travel again, each dK/dV accumulator following its block.
+
+            The accumulator of the block in hand arrives while this step's kernel runs: it is
+            waited for after the kernel, this step's dK/dV added into it, and it is posted on to
+            the next position without waiting. Only the hop that ends a window (the accumulator
+            of the window's own block, which must be home before it can go on to the next window,
+            or is the result) is waited for at once.
+            """
+            q, k, v, out, lse = ctx.saved_tensors
+            ring: RingSpec = ctx.ring
+            s, w = ring.window_size, ring.windows
+            dq = _zeros_like(q)
+            window_kv = [k, v]
+            # dK/dV of the block in hand, travelling with it (fresh buffers: updated in place)
+            acc = [_zeros_like(k), _zeros_like(v)]
+            incoming: PendingExchange | None = None  # the next block's accumulator, posted
+            for o in range(w):
+                prefetch = ring.pass_outer(window_kv, "kv_bwd") if o < w - 1 else None
+                kv = window_kv
+                for t in range(s):
+                    pending = ring.pass_inner(kv, "kv_bwd") if t < s - 1 else None
+                    step = ring.steps[ring.source(o, t)]
+                    grads = None
+                    if step.prepared is not None:
+                        grads = attend_backward(step, dout, q, kv[0], kv[1], out, lse)
+                        dq += grads[0]
+                    if incoming is not None:  # waited only now: the kernel ran meanwhile
+                        acc = incoming.wait()
+                        incoming = None
+                    if grads is not None:
+                        acc[0] += grads[1]
+                        acc[1] += grads[2]
+                    if s > 1:  # the accumulator follows its block one inner hop behind
+                        incoming = ring.pass_inner(acc, "dkv")
+                    if pending is not None:
+                        kv = pending.wait()
+                if w > 1:
+                    # the window's own block's accumulator is home: it goes on to the next window
+                    # with its block (the gradient synchronisation at each outer step)
+                    if incoming is not None:
+                        acc = incoming.wait()
+                    incoming = ring.pass_outer(acc, "dkv")
+                if prefetch is not None:
+                    window_kv = prefetch.wait()
+            if incoming is not None:
+                acc = incoming.wait()
+            return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None
+
+    return RingAttention

@@ -10,11 +10,11 @@ all-to-alls, so any kernel with a backward works; no LSE merging is needed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from typing_extensions import override
 
 from lcab.cp.base import (
@@ -30,7 +30,13 @@ from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def seq_to_heads(x: torch.Tensor, group: Any, degree: int, op: str = "a2a") -> torch.Tensor:
@@ -53,30 +59,36 @@ def replicate_kv(x: torch.Tensor, heads: HeadSplit) -> torch.Tensor:
     return x.repeat_interleave(heads.kv_replication, dim=1) if heads.kv_replication > 1 else x
 
 
-class _TimedLocalCall(torch.autograd.Function):
-    """The local kernel call, with its backward timed as ``compute`` too.
+@functools.cache
+def _timed_local_call() -> type[torch.autograd.Function]:
+    """The autograd Function of the local call, made on first use (it needs torch: `lcab.lazy`)."""
 
-    Without this, autograd would run the kernel's backward between the all-to-all gradients
-    outside any phase, and the time split would show it as unexplained time.
-    """
+    class TimedLocalCall(torch.autograd.Function):
+        """The local kernel call, with its backward timed as ``compute`` too.
 
-    @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedAttention
-    ) -> torch.Tensor:
-        leaves = detached_leaves(q, k, v)
-        with torch.enable_grad(), phase("compute"):
-            out, _ = prepared.run(*(prepared.to_native(t) for t in leaves))
-            out = prepared.from_native(out)
-        ctx.graph = (leaves, out)
-        return out.detach()
+        Without this, autograd would run the kernel's backward between the all-to-all gradients
+        outside any phase, and the time split would show it as unexplained time.
+        """
 
-    @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        leaves, out = ctx.graph
-        with phase("compute"):
-            grads = leaf_grads(out, leaves, dout)
-        return grads[0], grads[1], grads[2], None
+        @staticmethod
+        def forward(
+            ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedAttention
+        ) -> torch.Tensor:
+            leaves = detached_leaves(q, k, v)
+            with torch.enable_grad(), phase("compute"):
+                out, _ = prepared.run(*(prepared.to_native(t) for t in leaves))
+                out = prepared.from_native(out)
+            ctx.graph = (leaves, out)
+            return out.detach()
+
+        @staticmethod
+        def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            leaves, out = ctx.graph
+            with phase("compute"):
+                grads = leaf_grads(out, leaves, dout)
+            return grads[0], grads[1], grads[2], None
+
+    return TimedLocalCall
 
 
 def local_call(
@@ -86,7 +98,7 @@ def local_call(
     if prepared is None:
         return q * 0, None  # keeps the autograd path (and so the collectives) of every rank
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return _TimedLocalCall.apply(q, k, v, prepared), None
+        return _timed_local_call().apply(q, k, v, prepared), None
     with phase("compute"):
         out, lse = prepared.run(prepared.to_native(q), prepared.to_native(k), prepared.to_native(v))
         return prepared.from_native(out), lse

@@ -29,12 +29,17 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from lcab.distributed import staging
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+else:
+    torch = lazy_module("torch", globals())
+    dist = lazy_module("torch.distributed", globals(), "dist")
 
 
 @dataclass

@@ -22,15 +22,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import torch
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 
 MODES = ("off", "p2p", "all")
 STAGING_ENV = "LCAB_CP_HOST_STAGING"
 """Environment variable that forces a staging mode (off, p2p, all); unset or ``auto``: chosen."""
 
 _MODE = ["off"]
-_HOST = torch.device("cpu")
+_HOST = "cpu"
+"""Where staged copies live (a device name: torch accepts it, and it needs no torch to define)."""
 _COPIES = [0]
 
 

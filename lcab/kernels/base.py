@@ -23,12 +23,17 @@ import dataclasses
 import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
-
+from lcab.cell import dtype_name, torch_dtype
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import lowering_reason
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 Layout = Literal["shd", "bhsd"]
 
@@ -42,13 +47,36 @@ class Problem:
     heads_q: int
     heads_kv: int
     head_dim: int
-    dtype: torch.dtype = torch.float32
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype | str = field(default_factory=lambda: torch.float32)
+    """A torch dtype, or its name (`lcab.cell.DTYPE_NAMES`) where no tensor is ever made: the
+    planner asks strategies and kernels about named problems, so that it never imports torch."""
+    device: torch.device | str = field(default_factory=lambda: torch.device("cpu"))
+    """A torch device, or its type (``cpu``, ``cuda``) for a named problem."""
 
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor) -> Problem:
         """The problem of packed tensors q (Sq, Hq, D) and k (Sk, Hkv, D)."""
         return cls(q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype as torch's (imports torch for a named problem)."""
+        return torch_dtype(self.dtype) if isinstance(self.dtype, str) else self.dtype
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The device as torch's (imports torch for a named problem)."""
+        return torch.device(self.device) if isinstance(self.device, str) else self.device
+
+    @property
+    def device_type(self) -> str:
+        """``cpu`` or ``cuda``, for a named problem too."""
+        return self.device if isinstance(self.device, str) else self.device.type
+
+    @property
+    def dtype_name(self) -> str:
+        """``float32``, ``bfloat16``, ...: the name configs and records use."""
+        return dtype_name(self.dtype)
 
     @property
     def gqa_group(self) -> int:
@@ -62,8 +90,8 @@ class KernelCaps:
 
     devices: frozenset[str]
     """Device types it runs on ("cpu", "cuda")."""
-    dtypes: frozenset[torch.dtype]
-    """Input dtypes it accepts."""
+    dtypes: frozenset[str]
+    """Input dtypes it accepts, by name (`lcab.cell.DTYPE_NAMES`): known without importing torch."""
     lowering: str
     """Mask form it consumes (a name of `lcab.masks.lowering.LOWERING_REASONS`)."""
     backward_devices: frozenset[str] = frozenset()
@@ -95,7 +123,7 @@ class KernelCaps:
     softmax statistics (out, lse) of the whole row, which ring-style CP merges need."""
 
 
-HALF_PRECISION = frozenset({torch.float16, torch.bfloat16})
+HALF_PRECISION = frozenset({"float16", "bfloat16"})
 """The dtypes of the CUDA attention libraries."""
 
 
@@ -217,17 +245,21 @@ class Kernel(ABC):
         self.options: dict[str, Any] = resolved
 
     # ---------------------------------------------------------------- capability checks
-    def environment_reasons(self, device: torch.device) -> list[str]:
-        """Reasons tied to this machine: package missing, no CUDA, compute capability."""
+    def environment_reasons(self, device: torch.device | str) -> list[str]:
+        """Reasons tied to this machine: package missing, no CUDA, compute capability.
+
+        ``device`` may be a type (``cuda``): torch is asked only about a CUDA device.
+        """
         reasons = []
-        if device.type == "cuda" and not torch.cuda.is_available():
+        cuda = (device if isinstance(device, str) else device.type) == "cuda"
+        if cuda and not torch.cuda.is_available():
             reasons.append("needs CUDA, and no CUDA device is visible on this machine")
         if self.caps.package and importlib.util.find_spec(self.caps.package) is None:
             how = f" (pip install {self.caps.pip_name})" if self.caps.pip_name else ""
             reasons.append(f"needs package '{self.caps.package}', not installed{how}")
         if (
             self.caps.min_compute_capability
-            and device.type == "cuda"
+            and cuda
             and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device) < self.caps.min_compute_capability
         ):
@@ -242,7 +274,7 @@ class Kernel(ABC):
     ) -> list[str]:
         """Why this kernel cannot run ``pass_`` of ``problem`` (and ``mask``); empty if it can."""
         caps, reasons = self.caps, []
-        device = problem.device.type
+        device = problem.device_type
         if device not in caps.devices:
             if caps.devices == {"cuda"}:
                 where = (
@@ -253,11 +285,9 @@ class Kernel(ABC):
                 reasons.append(f"needs a CUDA GPU ({where})")
             else:
                 reasons.append(f"runs on {'/'.join(sorted(caps.devices))}, not {device}")
-        if problem.dtype not in caps.dtypes:
-            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in caps.dtypes))
-            reasons.append(
-                f"dtype {str(problem.dtype).removeprefix('torch.')} unsupported ({names})"
-            )
+        if problem.dtype_name not in caps.dtypes:
+            names = ", ".join(sorted(caps.dtypes))
+            reasons.append(f"dtype {problem.dtype_name} unsupported ({names})")
         if caps.max_head_dim is not None and problem.head_dim > caps.max_head_dim:
             reasons.append(f"head_dim {problem.head_dim} > {caps.max_head_dim}")
         if caps.head_dims is not None and problem.head_dim not in caps.head_dims:

@@ -38,10 +38,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 from typing_extensions import override
 
 from lcab.kernels import probe as probe_module
@@ -58,10 +57,16 @@ from lcab.kernels.probe import ApiNeed, PackageProbe, distribution_version, prob
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import block_sparse_attn as upstream
 from lcab.kernels.upstream.facts import UpstreamFunction
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import SliceKind
 from lcab.masks.lowering import lowering_reason
 from lcab.masks.lowering.blocks import block_table
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 BLOCK = 128
 """The library's block size (``128, 128`` hard-coded in ``block_sparse_attn_func``)."""
@@ -220,7 +225,7 @@ class BlockSparseAttnKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
+        reasons = probe_reasons(self.probe, problem.torch_device)
         if reasons or distribution_version(self.probe.distributions) is not None:
             return reasons
         return self._module_version_reasons(problem)
@@ -231,7 +236,7 @@ class BlockSparseAttnKernel(Kernel):
         Read only when the cell would run (CUDA problem, CUDA present, module importable), as
         the probe's own import-time checks are.
         """
-        if problem.device.type != "cuda" or not probe_module.cuda_present():
+        if problem.device_type != "cuda" or not probe_module.cuda_present():
             return []
         try:
             version = getattr(importlib.import_module(self.probe.module), "__version__", None)

@@ -41,9 +41,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from packaging.version import InvalidVersion, Version
 from typing_extensions import override
 
@@ -53,7 +52,13 @@ from lcab.kernels.flash_attn import VARLEN_KWARGS, PreparedFlash
 from lcab.kernels.probe import ApiNeed, PackageProbe, release
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import fa4 as upstream
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 MODULE = upstream.MODULE
 PIP_NAME = '--pre "flash-attn-4[cu13]"'
@@ -151,22 +156,19 @@ class FA4Kernel(Kernel):
         )
 
     @override
-    def environment_reasons(self, device: torch.device) -> list[str]:
+    def environment_reasons(self, device: torch.device | str) -> list[str]:
         """The base checks, with the package looked up without importing FA2's ``flash_attn``.
 
         The base class's ``find_spec("flash_attn.cute")`` imports the parent package, which
         raises when FA2 is absent (ModuleNotFoundError) or broken; here that is a reason.
         """
         reasons = []
-        if device.type == "cuda" and not torch.cuda.is_available():
+        cuda = (device if isinstance(device, str) else device.type) == "cuda"
+        if cuda and not torch.cuda.is_available():
             reasons.append("needs CUDA, and no CUDA device is visible on this machine")
         if not self.installed():
             reasons.append(f"needs package '{MODULE}', not installed (pip install {PIP_NAME})")
-        if (
-            device.type == "cuda"
-            and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device) < (8, 0)
-        ):
+        if cuda and torch.cuda.is_available() and torch.cuda.get_device_capability(device) < (8, 0):
             reasons.append("needs compute capability >= 8.0")
         return reasons
 
@@ -176,7 +178,7 @@ class FA4Kernel(Kernel):
         d = problem.head_dim
         if d < 8 or d % 8:
             reasons.append(f"FA4 takes head dims 8..256 in multiples of 8, not {d}")
-        if problem.device.type == "cuda" and probe.cuda_present():
+        if problem.device_type == "cuda" and probe.cuda_present():
             reasons += self._device_reasons(problem, pass_)
             if self.installed():
                 api = self._api_reasons()

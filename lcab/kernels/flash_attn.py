@@ -47,9 +47,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
-import torch
 from typing_extensions import override
 
 from lcab.kernels import flash_backward
@@ -66,12 +65,18 @@ from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flash_attn as fa_table
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import VarlenArgs, to_varlen
 
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
 #: A library's backward from merged statistics bound to a lowered call: (prepared, dout, q, k,
 #: v, out, lse) → (dq, dk, dv), packed tensors.
-StatsBackward = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+StatsBackward: TypeAlias = "Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]"
 
 #: Keywords the adapter passes to both calls (FA2 and FA3 spell them the same).
 CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_attn_probs")
@@ -117,8 +122,8 @@ class PreparedFlash(PreparedAttention):
         self.fn = varlen_fn if self.varlen else dense_fn
         if self.varlen:
             self.kwargs.update(
-                cu_seqlens_q=self._cu(args.cu_seqlens_q, problem.device),
-                cu_seqlens_k=self._cu(args.cu_seqlens_k, problem.device),
+                cu_seqlens_q=self._cu(args.cu_seqlens_q, problem.torch_device),
+                cu_seqlens_k=self._cu(args.cu_seqlens_k, problem.torch_device),
                 max_seqlen_q=int(args.max_seqlen_q),
                 max_seqlen_k=int(args.max_seqlen_k),
             )
@@ -241,7 +246,7 @@ class _FlashAttnKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.device)
+        return probe_reasons(self.probe, problem.torch_device)
 
     def library_backward(self) -> StatsBackward | None:
         """The installed library's backward from merged statistics (None: not found)."""
@@ -254,7 +259,7 @@ class _FlashAttnKernel(Kernel):
     @override
     def stats_backward_reasons(self, problem: Problem) -> list[str]:
         reasons = super().stats_backward_reasons(problem)
-        would_run = problem.device.type == "cuda" and cuda_present()
+        would_run = problem.device_type == "cuda" and cuda_present()
         if reasons or not would_run or self.environment_reasons(problem.device):
             return reasons
         return self.library_backward_reasons()
@@ -357,7 +362,7 @@ class FA3Kernel(_FlashAttnKernel):
         reasons = super().extra_reasons(problem, pass_)
         if problem.head_dim % 8:  # hopper flash_api.cpp L854-855: checked, never padded
             reasons.append(f"FA3 takes head dims in multiples of 8, not {problem.head_dim}")
-        if problem.device.type == "cuda" and cuda_present():
+        if problem.device_type == "cuda" and cuda_present():
             major, minor = torch.cuda.get_device_capability(problem.device)
             if major != 9:  # sm_90a code runs on Hopper only, not on later architectures
                 reasons.append(

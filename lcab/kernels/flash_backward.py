@@ -26,10 +26,7 @@ follow:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from lcab.kernels.callables import (  # callable_kind: re-exported, adapters ask here
     callable_kind,
@@ -39,8 +36,16 @@ from lcab.kernels.callables import (  # callable_kind: re-exported, adapters ask
 from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.kernels.upstream import magi_ffa as ffa_table
 from lcab.kernels.upstream.facts import LseLayout, UpstreamFunction
+from lcab.lazy import lazy_module
 
-Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals(), "F")
+
+Grads: TypeAlias = "tuple[torch.Tensor, torch.Tensor, torch.Tensor]"
 
 
 def library_lse(lse: torch.Tensor, layout: LseLayout, dtype: torch.dtype) -> torch.Tensor:

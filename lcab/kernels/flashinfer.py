@@ -37,9 +37,8 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import (
@@ -62,8 +61,14 @@ from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flashinfer as upstream
 from lcab.kernels.upstream.facts import UpstreamFunction
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.blocks import BlockTable, block_table
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 LN2 = math.log(2.0)
 
@@ -310,7 +315,7 @@ class FlashInferSparseKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.device)
+        return probe_reasons(self.probe, problem.torch_device)
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, slice_areas
 from lcab.masks.lowering.blocks import BlockTable, block_table
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 # ----------------------------------------------------------------------------- BSR (shared)
 BsrMode = Literal["plain", "causal", "element"]

@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import (
@@ -64,8 +63,14 @@ from lcab.kernels.upstream.flashmask import (
     MODULE,
     VERSION,
 )
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import to_flashmask
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 #: Keywords the adapter passes to ``flashmask_attention`` (after q, k, v by position).
 FLASHMASK_KWARGS = ("startend_row_indices", "causal", "return_softmax_lse", "softmax_scale")
@@ -188,7 +193,7 @@ class FlashMaskKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
+        reasons = probe_reasons(self.probe, problem.torch_device)
         if problem.head_dim % 8:
             reasons.append(
                 f"FlashMask needs head_dim % 8 == 0 and does not pad (head_dim {problem.head_dim})"

@@ -20,15 +20,20 @@ from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, lse_dtype
 from lcab.kernels.registry import register_kernel
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.flex import FLEX_BLOCK, flex_block_mask
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @cache
@@ -60,7 +65,7 @@ class PreparedFlex(PreparedAttention):
         from torch.nn.attention.flex_attention import AuxRequest
 
         self.aux = AuxRequest(lse=True)
-        self.with_lse = not (compiled and problem.device.type == "cpu")
+        self.with_lse = not (compiled and problem.device_type == "cpu")
 
     @override
     def run(
@@ -87,7 +92,7 @@ class FlexOptions:
 
 FLEX_CAPS = KernelCaps(
     devices=frozenset({"cpu", "cuda"}),
-    dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64}),
+    dtypes=frozenset({"float32", "bfloat16", "float16", "float64"}),
     lowering="flex",
     backward_devices=frozenset({"cuda"}),
     per_head_masks=True,
@@ -104,7 +109,7 @@ class FlexFamily(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        if pass_ != "fwd" and problem.device.type == "cpu":
+        if pass_ != "fwd" and problem.device_type == "cpu":
             return ["PyTorch's FlexAttention has no backward on CPU"]
         return []
 

@@ -9,11 +9,15 @@ convention.
 
 from __future__ import annotations
 
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from lcab.kernels.base import lse_dtype
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 LseLayout = Literal["bhs", "ht", "th"]
 """``bhs`` (B, H, S) with B = 1, ``ht`` (H, total_q), ``th`` (total_q, H)."""

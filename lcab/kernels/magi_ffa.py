@@ -34,9 +34,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import (
@@ -52,8 +51,14 @@ from lcab.kernels.library_results import to_lcab_convention
 from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.magi_ffa import FFA_BACKWARD
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import to_ffa
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 #: Keywords the adapter passes to ``flex_flash_attn_func`` (after q, k, v by position).
 FFA_KWARGS = ("q_ranges", "k_ranges", "attn_type_map", "softmax_scale", "sm_margin")
@@ -183,8 +188,8 @@ class FFAKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
-        if problem.device.type == "cuda" and cuda_present():
+        reasons = probe_reasons(self.probe, problem.torch_device)
+        if problem.device_type == "cuda" and cuda_present():
             major, minor = torch.cuda.get_device_capability(problem.device)
             if major != 9:  # native FFA asserts sm90; other GPUs need its FA4 backend (not wired)
                 reasons.append(
@@ -211,7 +216,7 @@ class FFAKernel(Kernel):
 
     @override
     def stats_backward_reasons(self, problem: Problem) -> list[str]:
-        would_run = problem.device.type == "cuda" and cuda_present()
+        would_run = problem.device_type == "cuda" and cuda_present()
         if not would_run or self.environment_reasons(problem.device):
             return []
         try:

@@ -6,13 +6,19 @@ The paper's baseline: materialises the full score matrix, any mask via the dense
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
 from lcab.kernels.registry import register_kernel
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 class _PreparedNaive(PreparedAttention):
@@ -23,7 +29,7 @@ class _PreparedNaive(PreparedAttention):
         dense = mask.to_dense(max_elements=1 << 40).to(problem.device)
         if dense.dim() == 3:  # per KV head: expand to query heads
             dense = dense.repeat_interleave(problem.heads_q // mask.num_heads, dim=0)
-        self.bias = torch.zeros(dense.shape, dtype=problem.dtype, device=problem.device)
+        self.bias = torch.zeros(dense.shape, dtype=problem.torch_dtype, device=problem.device)
         self.bias.masked_fill_(~dense, float("-inf"))
         self.empty = (
             (~dense.any(-1))
@@ -62,7 +68,7 @@ class NaiveKernel(Kernel):
     summary = "explicit softmax(QK^T)V with the dense mask, O(S^2) memory"
     caps = KernelCaps(
         devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16}),
+        dtypes=frozenset({"float32", "float64", "bfloat16", "float16"}),
         lowering="dense",
         backward_devices=frozenset({"cpu", "cuda"}),
         per_head_masks=True,

@@ -28,11 +28,17 @@ import inspect
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 from packaging.version import InvalidVersion, Version
 
 from lcab.kernels.callables import missing_default_overload, parameters_of, takes_any_keyword
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
 from lcab.kernels.registry import register_kernel
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 #: Bytes of float64 scores per query chunk.
 CHUNK_BYTES = 256 << 20
@@ -130,7 +136,7 @@ class ReferenceKernel(Kernel):
     summary = "fp64 dense oracle for numerics checks"
     caps = KernelCaps(
         devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({torch.float64, torch.float32, torch.bfloat16, torch.float16}),
+        dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
         lowering="dense",
         backward_devices=frozenset({"cpu", "cuda"}),
         per_head_masks=True,
@@ -142,7 +148,7 @@ class ReferenceKernel(Kernel):
         return _PreparedReference(mask, problem)
 
 
-KeyChunks = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+KeyChunks: TypeAlias = "Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]"
 """``(start, stop) -> (k, v)`` of keys ``start:stop``: how the streamed reference sees K/V."""
 
 

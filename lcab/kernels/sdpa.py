@@ -29,11 +29,8 @@ the output's gradient there is then 0 and no NaN reaches q, k or v.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from typing_extensions import override
 
 from lcab.kernels.base import (
@@ -45,10 +42,18 @@ from lcab.kernels.base import (
     lse_dtype,
 )
 from lcab.kernels.registry import register_kernel
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import SliceKind
 
-_FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64})
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals(), "F")
+
+_FLOATS = frozenset({"float32", "bfloat16", "float16", "float64"})
 
 
 def _whole_mask_kind(mask: AttnMask) -> str | None:
@@ -66,6 +71,11 @@ def calls_cpu_flash_op(backend: str | None, device: torch.device) -> bool:
     return backend is None and device.type == "cpu"
 
 
+def sdpa_kernel(backend: torch.nn.attention.SDPBackend) -> Any:
+    """Torch's ``sdpa_kernel`` pin of one backend (a seam: tests record the pins through it)."""
+    return torch.nn.attention.sdpa_kernel(backend)
+
+
 class _PreparedSDPA(PreparedAttention):
     layout = "bhsd"
 
@@ -81,7 +91,7 @@ class _PreparedSDPA(PreparedAttention):
             dense = dense | ~dense.any(-1, keepdim=True)  # empty rows: a finite bias, out 0 later
             if dense.dim() == 3:
                 dense = dense.repeat_interleave(problem.heads_q // mask.num_heads, dim=0)
-            bias = torch.zeros(dense.shape, dtype=problem.dtype, device=problem.device)
+            bias = torch.zeros(dense.shape, dtype=problem.torch_dtype, device=problem.device)
             self.bias = bias.masked_fill_(~dense, float("-inf"))
             if self.bias.dim() == 2:
                 self.bias = self.bias.reshape(1, 1, *self.bias.shape)
@@ -91,7 +101,7 @@ class _PreparedSDPA(PreparedAttention):
         self.has_empty = bool(rows.any())  # on the host
         self.empty = rows.to(problem.device)
         """(Hq, Sq): rows attending no key, whose out lcab sets to 0 (and lse to -inf)."""
-        self.cpu_lse = calls_cpu_flash_op(backend, problem.device)
+        self.cpu_lse = calls_cpu_flash_op(backend, problem.torch_device)
         self.backend_used: str | None = "FLASH_ATTENTION" if self.cpu_lse else backend
         """The SDPA backend of the latest call (for the default kernel: PyTorch's choice)."""
         self.choices: dict[bool, str] = {}
@@ -106,7 +116,7 @@ class _PreparedSDPA(PreparedAttention):
         choice = torch._fused_sdp_choice(
             q, k, v, bias, 0.0, self.is_causal, scale=self.scale, enable_gqa=self.group > 1
         )
-        return SDPBackend(choice).name
+        return torch.nn.attention.SDPBackend(choice).name
 
     def _pin_default(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
         """The default kernel's backend for this call's grad mode (chosen now if still open)."""
@@ -132,7 +142,7 @@ class _PreparedSDPA(PreparedAttention):
             return self._zero_empty(out), lse
         name = self.backend or self._pin_default(q, k, v)
         self.backend_used = name
-        with sdpa_kernel(getattr(SDPBackend, name)):
+        with sdpa_kernel(getattr(torch.nn.attention.SDPBackend, name)):
             return self._zero_empty(self._call(q, k, v, self.bias)), None
 
     def _zero_empty(self, out: torch.Tensor) -> torch.Tensor:

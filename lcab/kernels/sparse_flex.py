@@ -24,18 +24,23 @@ selects the same tiles (`full_tile_block_mask`); the compiled kernel never evalu
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import Problem
 from lcab.kernels.block_grid import partial_tile_reason_of
 from lcab.kernels.flex import FLEX_CAPS, FlexFamily
 from lcab.kernels.registry import register_kernel
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.blocks import BlockTable, block_table
 from lcab.masks.lowering.flex import MaskMod
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def selected_tiles(table: BlockTable, heads_q: int) -> torch.Tensor:
@@ -130,5 +135,5 @@ class SparseFlexKernel(FlexFamily):
         table = block_table(mask, block, block)
         eager = not self.options["compile"]
         return full_tile_block_mask(
-            mask, table, problem.heads_q, block, problem.device, eager=eager
+            mask, table, problem.heads_q, block, problem.torch_device, eager=eager
         )

@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import (
@@ -51,8 +50,14 @@ from lcab.kernels.base import (
 from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import cudnn as upstream
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import VarlenArgs, lowering_reason, to_varlen
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 #: Constructor keywords of ``DotProductAttention`` the adapter passes.
 INIT_KWARGS = (
@@ -190,7 +195,7 @@ class CudnnKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
+        reasons = probe_reasons(self.probe, problem.torch_device)
         if problem.head_dim % 8:
             reasons.append(f"head_dim {problem.head_dim} is not a multiple of 8 (cuDNN)")
         for name, value in BACKEND_ENV.items():

@@ -32,10 +32,9 @@ the numbers. Neither is a GPU run.
 from __future__ import annotations
 
 import inspect
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 from typing_extensions import override
 
 from lcab.kernels.base import (
@@ -48,8 +47,14 @@ from lcab.kernels.base import (
 from lcab.kernels.library_results import LseLayout, to_lcab_convention
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.torch_attention import VARLEN_ATTN, VARLEN_BACKWARD_OP
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import lowering_reason, to_varlen
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 MODULE = VARLEN_ATTN.module
 #: Keywords lcab passes to ``varlen_attn`` (after the seven positional arguments).

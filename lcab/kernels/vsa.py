@@ -41,11 +41,9 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from typing_extensions import override
 
 from lcab.kernels.base import (
@@ -62,8 +60,16 @@ from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reason
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import vsa as upstream
 from lcab.kernels.upstream.facts import UpstreamFunction
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.blocks import BlockTable, block_table, uniform_bounds
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_module("torch", globals())
+    F = lazy_module("torch.nn.functional", globals(), "F")
 
 #: VSA's tile: 64 queries x 64 keys (a 4x4x4 video cube).
 VSA_BLOCK = 64
@@ -173,7 +179,7 @@ class _PreparedVSA(PreparedAttention):
 def _vsa_caps(min_cc: tuple[int, int]) -> KernelCaps:
     return cuda_adapter_caps(
         "block_table",
-        dtypes=frozenset({torch.bfloat16}),
+        dtypes=frozenset({"bfloat16"}),
         head_dims=frozenset({64, 128}),
         gqa=False,
         per_head_masks=True,
@@ -202,7 +208,7 @@ class _VSAKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.device)
+        return probe_reasons(self.probe, problem.torch_device)
 
     @override
     def not_supported_reasons(
@@ -251,7 +257,7 @@ class VSAThunderKittensKernel(_VSAKernel):
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
         reasons = super().extra_reasons(problem, pass_)
-        if reasons or problem.device.type != "cuda" or not cuda_present():
+        if reasons or problem.device_type != "cuda" or not cuda_present():
             return reasons
         major, minor = torch.cuda.get_device_capability(problem.device)
         if (major, minor) != (9, 0):

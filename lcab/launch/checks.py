@@ -12,8 +12,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 from functools import cache
+from typing import TYPE_CHECKING
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lcab.cell import Cell
@@ -21,6 +21,12 @@ from lcab.config.launcher import LAUNCHER_TARGET
 from lcab.distributed.context import binding_problem
 from lcab.launch.refusals import layout_problems
 from lcab.launch.slurm_launcher import composed_settings
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def uses_slurm(cfg: DictConfig) -> bool:

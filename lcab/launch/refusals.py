@@ -11,8 +11,6 @@ runs elsewhere).
 
 from __future__ import annotations
 
-import torch
-
 from lcab.cell import Cell
 from lcab.cp import STRATEGIES
 from lcab.cp.hybrid import UlyssesRing
@@ -28,15 +26,14 @@ def job_refusal(cell: Cell) -> list[str]:
     """
     seqlen = cell.seqlens[0]
     kernel = get_kernel(cell.kernel, **cell.kernel_options)
-    device = torch.device(cell.device)
-    problem = Problem(
-        seqlen, seqlen, cell.heads_q, cell.heads_kv, cell.head_dim, cell.torch_dtype, device
+    problem = Problem(  # named: the dry run asks its questions without loading torch
+        seqlen, seqlen, cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype, cell.device
     )
     try:
         mask = make_mask(cell.mask, seqlen, seed=cell.mask_seed, **cell.mask_params)
     except ValueError as err:  # the runner records this length skipped with the same words
         return [f"mask {cell.mask} at seqlen {seqlen}: {err}"]
-    machine = set(kernel.environment_reasons(device))
+    machine = set(kernel.environment_reasons(cell.device))
     strategy = (
         None
         if cell.cp == "none"
@@ -68,7 +65,7 @@ def layout_problems(cell: Cell, topology: str) -> list[str]:
         return []
     problems = []
     strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
-    problem = Problem(1, 1, cell.heads_q, cell.heads_kv, cell.head_dim, torch.float32)
+    problem = Problem(1, 1, cell.heads_q, cell.heads_kv, cell.head_dim, "float32", "cpu")
     for why in strategy.reasons(problem, cell.world_size):
         problems.append(f"cp={cell.cp} on topology={topology}: {why}")
     ulysses = strategy.ulysses_degree(cell.world_size)

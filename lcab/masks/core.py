@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
+from lcab.lazy import lazy_module
 from lcab.masks.checks import validate_slices
 from lcab.masks.geometry import (
     IntArray,
@@ -26,6 +26,11 @@ from lcab.masks.geometry import (
     slice_areas,
     transpose_slices,
 )
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 #: Largest dense mask `to_dense` builds by default (elements): 2**28 bools = 256 MiB.
 DENSE_LIMIT = 1 << 28

@@ -11,8 +11,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from lcab.cell import Cell
 from lcab.cp import STRATEGIES
 from lcab.kernels import Problem
@@ -50,9 +48,13 @@ class PlanCell:
         return self.nodes * self.devices_per_node
 
     def problem(self) -> Problem:
-        """The global attention problem (placement only matters for its dtype)."""
-        dtype = getattr(torch, self.dtype)
-        return Problem(self.seqlen, self.seqlen, self.heads_q, self.heads_kv, self.head_dim, dtype)
+        """The global attention problem, named: no tensor is made, so torch is never loaded.
+
+        Its placement (``cpu``) only matters for its dtype's size.
+        """
+        return Problem(
+            self.seqlen, self.seqlen, self.heads_q, self.heads_kv, self.head_dim, self.dtype, "cpu"
+        )
 
     def label(self) -> str:
         """Short name for tables."""

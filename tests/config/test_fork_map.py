@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import pytest
 from hydra import initialize_config_dir
@@ -20,13 +21,44 @@ def _square(x: int) -> tuple[int, int]:
     return x * x, os.getpid()
 
 
+def in_one_thread(test: Callable[[int], None]) -> None:
+    """Run ``test(its process id)`` in a forked child of this test process.
+
+    `fork_map` maps in its caller when the caller has other threads (a fork would copy a lock
+    one of them holds), and an xdist worker may still hold a thread an earlier test left on
+    purpose (a telemetry source that hangs is abandoned, never joined). A forked child has only
+    the thread that forked, so the forking path is what runs here, whatever ran before.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, never return into pytest
+        os.close(read_fd)
+        code, message = 0, b""
+        try:
+            test(os.getpid())
+        except BaseException as exc:
+            code, message = 1, repr(exc).encode()[:8000]
+        os.write(write_fd, message)
+        os._exit(code)
+    os.close(write_fd)
+    chunks = []
+    while chunk := os.read(read_fd, 4096):
+        chunks.append(chunk)
+    os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, b"".join(chunks).decode()
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_the_results_are_the_map_in_order_and_the_work_is_shared(workers):
-    items = list(range(11))
-    out = fork_map.fork_map(_square, items, workers)
-    assert [value for value, _ in out] == [x * x for x in items]
-    pids = {pid for _, pid in out}
-    assert len(pids) == workers and PARENT in pids
+    def shared(parent: int) -> None:
+        items = list(range(11))
+        out = fork_map.fork_map(_square, items, workers)
+        assert [value for value, _ in out] == [x * x for x in items]
+        pids = {pid for _, pid in out}
+        assert len(pids) == workers and parent in pids, pids
+
+    in_one_thread(shared)
 
 
 def test_a_worker_that_dies_or_raises_has_its_share_done_by_the_parent():
@@ -138,7 +170,13 @@ def _inner_pids(x: int) -> tuple[int, set[int]]:
 
 def test_a_map_inside_a_map_runs_in_its_own_process():
     """The cores are the outer map's: an inner one (a job's lengths) forks no more workers."""
-    for outer, inner in fork_map.fork_map(_inner_pids, [0, 10], 2):
-        assert inner == {outer}
-    assert not fork_map._MAPPING  # and a later map forks again
-    assert len({pid for _, pid in fork_map.fork_map(_square, [1, 2, 3], 2)}) == 2
+
+    def nested(parent: int) -> None:
+        outcomes = fork_map.fork_map(_inner_pids, [0, 10], 2)
+        assert len({outer for outer, _ in outcomes}) == 2, outcomes  # the outer map forked
+        for outer, inner in outcomes:
+            assert inner == {outer}
+        assert not fork_map._MAPPING  # and a later map forks again
+        assert len({pid for _, pid in fork_map.fork_map(_square, [1, 2, 3], 2)}) == 2
+
+    in_one_thread(nested)

@@ -112,15 +112,14 @@ def classify(cell: CPCell, assumed: tuple[str, ...] = ASSUMED_PACKAGES) -> str:
     """
     import torch
 
+    from lcab.cell import torch_dtype
     from lcab.cp import STRATEGIES
     from lcab.kernels import Problem, get_kernel
     from lcab.masks import make_mask
 
     kernel = get_kernel(cell.kernel)
     strategy = STRATEGIES.get(cell.strategy)(dict(cell.options), cell.world)
-    dtype = (
-        torch.bfloat16 if torch.bfloat16 in kernel.caps.dtypes else min(kernel.caps.dtypes, key=str)
-    )
+    dtype = torch_dtype("bfloat16" if "bfloat16" in kernel.caps.dtypes else min(kernel.caps.dtypes))
     problem = Problem(S, S, HQ, HKV, D, dtype, torch.device("cuda"))
     mask = make_mask(cell.mask, S, seed=11, **PARAMS.get(cell.mask, {}))
     package = kernel.caps.package
@@ -161,6 +160,7 @@ def _verdicts(cell: CPCell, ctx: Any, device: str, messages: Any) -> None:
     """Run ``cell`` on this rank; rank 0 puts one row per pass on ``messages``."""
     import torch
 
+    from lcab.cell import torch_dtype
     from lcab.cp import STRATEGIES
     from lcab.cp.comm import STATS, is_backward_op
     from lcab.kernels import Problem, get_kernel
@@ -169,9 +169,7 @@ def _verdicts(cell: CPCell, ctx: Any, device: str, messages: Any) -> None:
 
     kernel = get_kernel(cell.kernel)
     strategy = STRATEGIES.get(cell.strategy)(dict(cell.options), cell.world)
-    dtype = (
-        torch.bfloat16 if torch.bfloat16 in kernel.caps.dtypes else min(kernel.caps.dtypes, key=str)
-    )
+    dtype = torch_dtype("bfloat16" if "bfloat16" in kernel.caps.dtypes else min(kernel.caps.dtypes))
     mask = make_mask(cell.mask, S, seed=11, **PARAMS.get(cell.mask, {}))
     problem = Problem(S, S, HQ, HKV, D, dtype, torch.device(device))
     why = {

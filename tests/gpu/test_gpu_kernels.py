@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcab.cell import torch_dtype
 from lcab.kernels import KERNELS, Problem, get_kernel
 from lcab.masks import get_pattern, list_masks, make_mask
 from tests.helpers.cli import read_jsonl, run_lcab
@@ -128,7 +129,7 @@ def _version(package: str | None, probe=None) -> str | None:
 def test_kernel_on_cuda_is_as_accurate_as_its_precision_allows(kernel_name, mask_name, pass_):
     kernel = get_kernel(kernel_name)
     caps = kernel.caps
-    dtype = torch.bfloat16 if torch.bfloat16 in caps.dtypes else min(caps.dtypes, key=str)
+    dtype = torch_dtype("bfloat16" if "bfloat16" in caps.dtypes else min(caps.dtypes))
     hkv = 2 if caps.gqa else HQ
     gen = torch.Generator(device="cuda").manual_seed(5)
     q, k, v, dout = (

@@ -47,7 +47,7 @@ def sleeping_kernel(fwd_s: float, bwd_s: float) -> Kernel:
         name = "sleeping"
         caps = KernelCaps(
             devices=frozenset({"cpu"}),
-            dtypes=frozenset({torch.float32}),
+            dtypes=frozenset({"float32"}),
             lowering="dense",
             backward_devices=frozenset({"cpu"}),
         )

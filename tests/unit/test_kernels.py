@@ -76,7 +76,7 @@ def test_kernel_matches_reference(kernel_name, mask_name, heads):
     hq, hkv = heads
     kernel = get_kernel(kernel_name, **OPTIONS.get(kernel_name, {}))
     mask = mask_for(mask_name, hkv)
-    dtype = torch.float64 if torch.float64 in kernel.caps.dtypes else torch.float32
+    dtype = torch.float64 if "float64" in kernel.caps.dtypes else torch.float32
     tol = 1e-9 if dtype == torch.float64 else 1e-4
     q, k, v, dout = inputs(hq, hkv, dtype)
     problem = Problem.of(q, k)
@@ -108,7 +108,7 @@ def test_reasons_are_consistent_with_caps(kernel_name):
     kernel = get_kernel(kernel_name)
     cpu = Problem(256, 256, 8, 2, 64, torch.float32)
     reasons = kernel.not_supported_reasons(cpu)
-    runs_here = "cpu" in kernel.caps.devices and torch.float32 in kernel.caps.dtypes
+    runs_here = "cpu" in kernel.caps.devices and "float32" in kernel.caps.dtypes
     assert (not reasons) == (
         runs_here and kernel.caps.adapter_ready and not any("package" in r for r in reasons)
     )

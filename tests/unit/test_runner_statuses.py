@@ -52,7 +52,7 @@ def fake_kernel(behaviour: str, devices=frozenset({"cpu"})) -> Kernel:
         name = f"fake_{behaviour}"
         caps = KernelCaps(
             devices=devices,
-            dtypes=frozenset({torch.float32}),
+            dtypes=frozenset({"float32"}),
             lowering="dense",
             backward_devices=devices,
         )

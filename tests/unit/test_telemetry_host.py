@@ -3,6 +3,7 @@ host without them says; the sampler around a real busy loop on this host."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -73,7 +74,10 @@ def test_sampler_reads_the_rapl_counter_a_writer_advances(tmp_path: Path) -> Non
     def writer() -> None:  # 100 W: 100 uJ per microsecond, written every 2 ms
         t0 = time.perf_counter()
         while not stop.is_set():
-            counter.write_text(f"{5_000_000 + int((time.perf_counter() - t0) * 100e6)}\n")
+            # whole values only, as the kernel's sysfs file gives: write aside, then rename
+            staged = counter.with_name("energy_uj.next")
+            staged.write_text(f"{5_000_000 + int((time.perf_counter() - t0) * 100e6)}\n")
+            os.replace(staged, counter)
             time.sleep(0.002)
 
     thread = threading.Thread(target=writer, daemon=True)

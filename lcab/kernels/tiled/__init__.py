@@ -5,17 +5,17 @@ time, `engine` runs a plan forward and backward on single-threaded `workers` ove
 `buffers`, and `prepared.PreparedTiled` is what a kernel's ``prepare`` returns.
 """
 
-from lcab.kernels.tiled.engine import TiledAttention, tiled_attention
+from lcab.kernels.tiled.engine import tiled_attention, tiled_attention_function
 from lcab.kernels.tiled.items import WorkItems
 from lcab.kernels.tiled.plan import TiledPlan
 from lcab.kernels.tiled.prepared import PreparedTiled, plan_for, tiled_caps
 
 __all__ = [
     "PreparedTiled",
-    "TiledAttention",
     "TiledPlan",
     "WorkItems",
     "plan_for",
     "tiled_attention",
+    "tiled_attention_function",
     "tiled_caps",
 ]

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from lcab.kernels.tiled.plan import Batch, TiledPlan
 from lcab.kernels.tiled.workers import scratch
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def gather_rows(slot: str, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -23,10 +23,9 @@ module executes a plan forward and backward:
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lcab.kernels.tiled.buffers import (
     Buffers,
@@ -37,6 +36,12 @@ from lcab.kernels.tiled.buffers import (
 )
 from lcab.kernels.tiled.plan import EMPTY_LSE, MASKED, Batch, TiledPlan
 from lcab.kernels.tiled.workers import run_queue, scratch, worker_count
+from lcab.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 # -------------------------------------------------------------------- per-batch math
@@ -218,27 +223,33 @@ def plan_backward(
     )
 
 
-class TiledAttention(torch.autograd.Function):
-    """Forward and backward of a `TiledPlan` (returns out and the lse, float32 or float64)."""
+@functools.cache
+def tiled_attention_function() -> type[torch.autograd.Function]:
+    """`TiledAttention`, made on first use (defining it needs torch: `lcab.lazy`)."""
 
-    @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: TiledPlan
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out, lse) of the plan; keeps the packed tensors for the backward."""
-        out, lse, buf = plan_forward(plan, q, k, v)
-        ctx.plan = plan
-        # Saved the autograd way: in-place changes before backward raise instead of corrupting.
-        ctx.save_for_backward(q, k, v, out, buf.lse)
-        return out, lse
+    class TiledAttention(torch.autograd.Function):
+        """Forward and backward of a `TiledPlan` (returns out and the lse, float32 or float64)."""
 
-    @staticmethod
-    def backward(
-        ctx: Any, dout: torch.Tensor | None, dlse: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-        """(dq, dk, dv) from dout and dlse (P recomputed per batch from the saved lse)."""
-        dq, dk, dv = plan_backward(ctx.plan, ctx.saved_tensors, dout, dlse)
-        return dq, dk, dv, None
+        @staticmethod
+        def forward(
+            ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: TiledPlan
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            """(out, lse) of the plan; keeps the packed tensors for the backward."""
+            out, lse, buf = plan_forward(plan, q, k, v)
+            ctx.plan = plan
+            # Saved the autograd way: in-place changes before backward raise instead of corrupting.
+            ctx.save_for_backward(q, k, v, out, buf.lse)
+            return out, lse
+
+        @staticmethod
+        def backward(
+            ctx: Any, dout: torch.Tensor | None, dlse: torch.Tensor | None
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+            """(dq, dk, dv) from dout and dlse (P recomputed per batch from the saved lse)."""
+            dq, dk, dv = plan_backward(ctx.plan, ctx.saved_tensors, dout, dlse)
+            return dq, dk, dv, None
+
+    return TiledAttention
 
 
 def tiled_attention(
@@ -246,7 +257,7 @@ def tiled_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``plan`` on packed q (Sq, Hq, D), k/v (Sk, Hkv, D); differentiable when needed."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        out, lse = TiledAttention.apply(q, k, v, plan)
+        out, lse = tiled_attention_function().apply(q, k, v, plan)
         return out, lse
     out, lse, _ = plan_forward(plan, q, k, v)
     return out, lse

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from lcab.kernels.tiled.items import (
     WorkItems,
@@ -28,7 +28,13 @@ from lcab.kernels.tiled.items import (
     piece_columns,
     pieces_in_order,
 )
+from lcab.lazy import lazy_module
 from lcab.masks.geometry import IntArray
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 #: Largest score matrix of one batch, in float32 bytes. Each worker holds about three such
 #: matrices in the backward (P, dP/dS and a cast copy), so two workers stay near 100 MiB —

@@ -7,14 +7,19 @@ backward, and ``backward`` runs that backward under merged statistics (ring CP).
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from lcab.kernels.base import KernelCaps, PreparedAttention, Problem, lse_dtype
 from lcab.kernels.tiled.engine import plan_backward, tiled_attention
 from lcab.kernels.tiled.items import WorkItems
 from lcab.kernels.tiled.plan import TiledPlan
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 class PreparedTiled(PreparedAttention):
@@ -63,7 +68,7 @@ def plan_for(mask: AttnMask, problem: Problem, items: WorkItems) -> TiledPlan:
         heads_q=problem.heads_q,
         heads_kv=problem.heads_kv,
         shared=mask.num_heads == 1,
-        device=problem.device,
+        device=problem.torch_device,
     )
 
 
@@ -75,7 +80,7 @@ def tiled_caps(lowering: str) -> KernelCaps:
     """
     return KernelCaps(
         devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16}),
+        dtypes=frozenset({"float32", "float64", "bfloat16", "float16"}),
         lowering=lowering,
         backward_devices=frozenset({"cpu", "cuda"}),
         per_head_masks=True,

@@ -12,12 +12,18 @@ in closed form. A tile is full when the areas of the slices touching it add up t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, band_area, kind_bands
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
 
 
 def uniform_bounds(length: int, block: int) -> IntArray:

@@ -23,16 +23,24 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import reduce
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
-import torch
 
+from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import IntArray, SliceKind
 from lcab.masks.lowering.blocks import BlockTable, TileRuns, grid_bounds, tile_runs
 from lcab.masks.lowering.rows import row_intervals, single_row_bounds
 
-MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch", globals())
+
+MaskMod: TypeAlias = (
+    "Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]"
+)
 
 #: Flex's default tile size.
 FLEX_BLOCK = 128
