@@ -87,6 +87,16 @@ SUMMARY_METRICS = (
     "fwd_peak_share",  # of the device's peak at the measured clock (lcab.peaks)
     "bwd_peak_share",
 )
+#: A frontier cell's result (``seqlen=frontier``, `lcab.bench.frontier`), under ``frontier/<name>``.
+FRONTIER_METRICS = (
+    "frontier_tokens",
+    "frontier_tokens_per_device",
+    "frontier_peak_mib",
+    "frontier_bytes_per_token",
+    "frontier_budget_gib",
+    "frontier_predicted_tokens",  # the planner's, in the same budget (lcab.plan.frontier)
+    "frontier_predicted_ratio",
+)
 FAILED = ("error", "timeout", "oom", "numerics_mismatch")
 """Statuses that count as a failed length (a capability ``skipped`` does not)."""
 #: Every records-table column, in record order (the same for every run).
@@ -292,6 +302,12 @@ class WandbLogger(RecordLogger):
                 if flat.get(name) is not None:
                     summary[f"{name}/{r.seqlen}"] = flat[name]
         summary["n_prediction_warnings"] = sum(bool(r.prediction_warning) for r in self.records)
+        searched = [r for r in self.records if r.frontier_tokens is not None]
+        if searched:  # one search per cell: its record holds the frontier and the bracket
+            frontier = searched[-1].flat()
+            for name in FRONTIER_METRICS:
+                if frontier.get(name) is not None:
+                    summary[f"frontier/{name.removeprefix('frontier_')}"] = frontier[name]
         ok = [r for r in self.records if r.status == "ok"]
         if ok:
             head = max(ok, key=lambda r: r.seqlen).measured_flat()

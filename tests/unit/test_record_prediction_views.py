@@ -98,3 +98,27 @@ def test_wandb_summary_has_the_predictions_and_the_warnings(records) -> None:
     assert summary["prediction_warning/2048"].startswith("off the plan: fwd 0.2x")
     assert "prediction_warning/1024" not in summary
     assert summary["headline/fwd_predicted_ratio"] == pytest.approx(0.2)  # largest ok length
+
+
+def test_wandb_summary_has_a_frontier_cells_search() -> None:
+    """A ``seqlen=frontier`` cell's run summary names its frontier, its peak and the plan's."""
+    from lcab.records.wandb_run import WandbLogger
+
+    record = measured("ranges", "causal", 6144)
+    record.frontier_tokens, record.frontier_tokens_per_device = 6144, 1536
+    record.frontier_peak_mib, record.frontier_bytes_per_token = 180.5, 30_000.0
+    record.frontier_predicted_tokens = 8192
+    record.frontier_predicted_ratio = 6144 / 8192
+    logger = object.__new__(WandbLogger)
+    logger.records = [measured("ranges", "causal", 1024), record]
+    summary = logger._summary()
+    assert summary["frontier/tokens"] == 6144 and summary["frontier/tokens_per_device"] == 1536
+    assert summary["frontier/peak_mib"] == 180.5
+    assert summary["frontier/predicted_tokens"] == 8192
+    assert summary["frontier/predicted_ratio"] == pytest.approx(0.75)
+    assert "frontier/budget_gib" not in summary  # unset fields are left out, not logged as None
+
+    logger.records = [
+        measured("ranges", "causal", 1024)
+    ]  # an ordinary cell has no frontier keys at all
+    assert not any(key.startswith("frontier/") for key in logger._summary())
