@@ -10,6 +10,7 @@ The output folder holds::
     predicted.csv/.md    measured vs the planner's prediction, one row per pass
     reasons.csv/.md      why things did not run, grouped with counts
     anchors.csv/.md      published figures beside the records of the same problem (when any)
+    frontier.csv/.md     each memory-frontier search: bracket, probes, peak, the planner's
 
 Every input is read before anything is written, so bad input leaves no half-built report.
 PNGs of figures that the records no longer produce are removed from ``png/``, so the folder
@@ -30,6 +31,7 @@ from lcab.report.anchors import anchors_frame, side_by_side, source_notes
 from lcab.report.anchors import shown as shown_anchors
 from lcab.report.figures import build_figures
 from lcab.report.frame import SOURCE, load_records, named_input
+from lcab.report.frontier import frontier_table
 from lcab.report.page import (
     PageInputs,
     markdown_table,
@@ -118,6 +120,12 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
             markdown_table(shown_anchors(anchors)) + "\nSources:\n\n" + notes + "\n",
             encoding="utf-8",
         )
+    frontier = frontier_table(frame)
+    for stale in (folder / "frontier.csv", folder / "frontier.md"):
+        stale.unlink(missing_ok=True)
+    if frontier is not None:
+        frontier.to_csv(folder / "frontier.csv", index=False)
+        (folder / "frontier.md").write_text(markdown_table(frontier), encoding="utf-8")
     reasons.to_csv(folder / "reasons.csv", index=False)
     (folder / "reasons.md").write_text(
         markdown_table(reasons, max_text=400)
@@ -137,6 +145,7 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
             predictions=predicted,
             anchors=None if anchors is None else shown_anchors(anchors),
             anchor_sources=source_notes(pairs),
+            section_tables={} if frontier is None else {"frontier": frontier},
         ),
         plotly_js(),
     )

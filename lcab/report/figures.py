@@ -19,6 +19,7 @@ import pandas as pd
 
 from lcab.report.clocks import clock_figures
 from lcab.report.frame import SERIES, VARIANT
+from lcab.report.frontier import frontier_figures
 from lcab.report.plot_data import (
     Axis,
     FailedPoint,
@@ -417,7 +418,10 @@ def build_figures(frame: pd.DataFrame) -> Figures:
         title = f"CP load balance and communication vs sequence length: {mask}"
         figure = cp_figure(rows, styler, f"cp_{name_stem(mask)}", "cp", title)
         add(figure, "cp", f"{mask}: no imbalance or communication recorded")
-    clocks, left_out = clock_figures(frame, styler)
-    out.figures += clocks
-    out.omitted += left_out
+    for section_figures, left_out in (
+        clock_figures(frame, styler),
+        frontier_figures(frame, styler),
+    ):
+        out.figures += section_figures
+        out.omitted += left_out
     return out

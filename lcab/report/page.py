@@ -13,6 +13,7 @@ shared disk, without a server or a CDN.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from collections.abc import Sequence
@@ -106,6 +107,11 @@ SECTION_NOTES = {
     "tolerance a pass must meet.",
     "cp": "Load imbalance of the CP plan (max / mean attended area over ranks) and bytes each "
     "rank sends in one forward+backward: measured (line) and analytic (crosses).",
+    "frontier": "The longest sequence each cell ran without running out of memory "
+    "(seqlen=frontier: doubling, then bisection), per device against the number of ranks: "
+    "solid the measured frontier, dashed the planner's from its memory model in the same budget. "
+    "The table gives every search: its bracket (longest that ran, shortest that ran out), "
+    "probes, peak memory and the measured / planner ratio (also frontier.csv, frontier.md).",
     "telemetry": "The compute clock (SM clock on a GPU) of each pass against when its length "
     "began, one figure per sweep: marker the median over the timed repetitions, bar its lowest "
     "to highest, colour the series, shape the pass; below, the mean power per device. A ring "
@@ -340,6 +346,8 @@ class PageInputs:
     """Published figures beside the records (`lcab.report.anchors`; None: no match, no section)."""
     anchor_sources: Sequence[str] = ()
     """The sources the anchors table cites, one line each."""
+    section_tables: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict)
+    """A table shown under a figure section's figures, by section key (the frontier's)."""
 
 
 STYLE = """
@@ -394,6 +402,8 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
             parts.append(f'<div class="plot">{inputs.divs[figure.name]}</div>')
         for omitted in (o for o in figures.omitted if o.section == key):
             parts.append(f'<p class="omitted">Not drawn: {html.escape(omitted.why)}.</p>')
+        if key in inputs.section_tables:
+            parts.append(f'<div class="scroll">{html_table(inputs.section_tables[key])}</div>')
         parts.append("</section>")
     parts += [
         '<section id="summary"><h2>Summary table</h2>',

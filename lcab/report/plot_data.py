@@ -230,11 +230,13 @@ SECTIONS = {
     "numerics": "Numerical error",
     "cp": "CP load balance and communication",
     "telemetry": "Clocks and power",
+    "frontier": "Memory frontier",
 }
 """Page sections in order: key (`LineFigure.section`) -> heading."""
-OPTIONAL_SECTIONS = frozenset({"telemetry"})
+OPTIONAL_SECTIONS = frozenset({"telemetry", "frontier"})
 """Sections the page shows only when they have a figure or a reason it was not drawn (records
-without telemetry have nothing to say about clocks)."""
+without telemetry have nothing to say about clocks, records of ordinary sweeps nothing about a
+memory frontier)."""
 
 
 def name_stem(text: str) -> str:
