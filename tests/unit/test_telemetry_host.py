@@ -3,6 +3,7 @@ host without them says; the sampler around a real busy loop on this host."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -71,6 +72,8 @@ def test_sampler_reads_the_rapl_counter_a_writer_advances(tmp_path: Path) -> Non
     counter = _rapl_tree(tmp_path, 5_000_000)
     stop = threading.Event()
 
+    written: list[float] = []  # when each value landed: a busy host delays the writer
+
     def writer() -> None:  # 100 W: 100 uJ per microsecond, written every 2 ms
         t0 = time.perf_counter()
         while not stop.is_set():
@@ -78,6 +81,7 @@ def test_sampler_reads_the_rapl_counter_a_writer_advances(tmp_path: Path) -> Non
             staged = counter.with_name("energy_uj.next")
             staged.write_text(f"{5_000_000 + int((time.perf_counter() - t0) * 100e6)}\n")
             os.replace(staged, counter)
+            written.append(time.perf_counter())
             time.sleep(0.002)
 
     thread = threading.Thread(target=writer, daemon=True)
@@ -92,10 +96,13 @@ def test_sampler_reads_the_rapl_counter_a_writer_advances(tmp_path: Path) -> Non
     reading = sampler.reading
     assert reading.window_s is not None and reading.window_s >= 0.2
     assert reading.energy_j is not None
-    # the writer lags by at most one write period at each end
-    assert reading.energy_j == pytest.approx(100 * reading.window_s, abs=100 * 0.005)
+    # each end reads the last value written, at most one gap between writes old: the largest
+    # gap the writer really left (2 ms idle, far more when the suite loads every core) bounds it
+    lag = max(b - a for a, b in itertools.pairwise(written)) + 0.001
+    assert reading.energy_j == pytest.approx(100 * reading.window_s, abs=100 * lag)
     power = reading.power_w()
-    assert power is not None and 90 < power < 110
+    assert power is not None and 100 * (1 - lag / reading.window_s) < power
+    assert power < 100 * (1 + lag / reading.window_s)
     assert len(reading.samples) >= 10  # 200 ms at 5 ms
 
 
