@@ -20,6 +20,7 @@ second, and the support matrix in the README is generated from the same calls.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -143,6 +144,34 @@ def cuda_adapter_caps(lowering: str, *, backward: bool = True, **fields: Any) ->
     return KernelCaps(lowering=lowering, **(defaults | fields))
 
 
+@functools.cache
+def no_nvidia_driver() -> bool:
+    """Whether this machine certainly has no CUDA device: no NVIDIA driver library loads.
+
+    NVML (``nvidia-ml-py``) comes with every driver install and costs 30 ms to fail where none
+    is; ``torch.cuda.is_available()`` costs loading torch, 2 s of a dry run on a login node
+    that checks its CUDA cells. False only says "ask torch". Cached: a driver does not appear
+    in a running process.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return False
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return True
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return False
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without loading torch on a machine with no NVIDIA driver."""
+    return not no_nvidia_driver() and torch.cuda.is_available()
+
+
 class PreparedAttention(ABC):
     """A kernel bound to one mask and problem: everything but the timed call is done."""
 
@@ -252,7 +281,7 @@ class Kernel(ABC):
         """
         reasons = []
         cuda = (device if isinstance(device, str) else device.type) == "cuda"
-        if cuda and not torch.cuda.is_available():
+        if cuda and not cuda_available():
             reasons.append("needs CUDA, and no CUDA device is visible on this machine")
         if self.caps.package and importlib.util.find_spec(self.caps.package) is None:
             how = f" (pip install {self.caps.pip_name})" if self.caps.pip_name else ""
@@ -260,7 +289,7 @@ class Kernel(ABC):
         if (
             self.caps.min_compute_capability
             and cuda
-            and torch.cuda.is_available()
+            and cuda_available()
             and torch.cuda.get_device_capability(device) < self.caps.min_compute_capability
         ):
             major, minor = self.caps.min_compute_capability
@@ -279,7 +308,7 @@ class Kernel(ABC):
             if caps.devices == {"cuda"}:
                 where = (
                     "none is visible on this machine"
-                    if not torch.cuda.is_available()
+                    if not cuda_available()
                     else f"this problem is on {device}"
                 )
                 reasons.append(f"needs a CUDA GPU ({where})")

@@ -225,7 +225,7 @@ class BlockSparseAttnKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.torch_device)
+        reasons = probe_reasons(self.probe, problem.device)
         if reasons or distribution_version(self.probe.distributions) is not None:
             return reasons
         return self._module_version_reasons(problem)

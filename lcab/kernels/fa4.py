@@ -47,7 +47,13 @@ from packaging.version import InvalidVersion, Version
 from typing_extensions import override
 
 from lcab.kernels import probe
-from lcab.kernels.base import Kernel, PreparedAttention, Problem, cuda_adapter_caps
+from lcab.kernels.base import (
+    Kernel,
+    PreparedAttention,
+    Problem,
+    cuda_adapter_caps,
+    cuda_available,
+)
 from lcab.kernels.flash_attn import VARLEN_KWARGS, PreparedFlash
 from lcab.kernels.probe import ApiNeed, PackageProbe, release
 from lcab.kernels.registry import register_kernel
@@ -164,11 +170,11 @@ class FA4Kernel(Kernel):
         """
         reasons = []
         cuda = (device if isinstance(device, str) else device.type) == "cuda"
-        if cuda and not torch.cuda.is_available():
+        if cuda and not cuda_available():
             reasons.append("needs CUDA, and no CUDA device is visible on this machine")
         if not self.installed():
             reasons.append(f"needs package '{MODULE}', not installed (pip install {PIP_NAME})")
-        if cuda and torch.cuda.is_available() and torch.cuda.get_device_capability(device) < (8, 0):
+        if cuda and cuda_available() and torch.cuda.get_device_capability(device) < (8, 0):
             reasons.append("needs compute capability >= 8.0")
         return reasons
 

@@ -246,7 +246,7 @@ class _FlashAttnKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.torch_device)
+        return probe_reasons(self.probe, problem.device)
 
     def library_backward(self) -> StatsBackward | None:
         """The installed library's backward from merged statistics (None: not found)."""

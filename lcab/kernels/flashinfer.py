@@ -315,7 +315,7 @@ class FlashInferSparseKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.torch_device)
+        return probe_reasons(self.probe, problem.device)
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

@@ -193,7 +193,7 @@ class FlashMaskKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.torch_device)
+        reasons = probe_reasons(self.probe, problem.device)
         if problem.head_dim % 8:
             reasons.append(
                 f"FlashMask needs head_dim % 8 == 0 and does not pad (head_dim {problem.head_dim})"

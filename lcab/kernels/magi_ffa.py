@@ -188,7 +188,7 @@ class FFAKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.torch_device)
+        reasons = probe_reasons(self.probe, problem.device)
         if problem.device_type == "cuda" and cuda_present():
             major, minor = torch.cuda.get_device_capability(problem.device)
             if major != 9:  # native FFA asserts sm90; other GPUs need its FA4 backend (not wired)

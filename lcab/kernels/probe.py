@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
+from lcab.kernels.base import cuda_available
 from lcab.kernels.callables import missing_default_overload, parameters_of, takes_any_keyword
 from lcab.lazy import lazy_module
 
@@ -95,7 +96,7 @@ def distribution_version(names: tuple[str, ...]) -> str | None:
 
 def cuda_present() -> bool:
     """Whether a CUDA device is visible (a seam for tests of the import-time checks)."""
-    return torch.cuda.is_available()
+    return cuda_available()
 
 
 def _importable(module: str) -> bool:
@@ -166,7 +167,7 @@ def _required_unpassed(params: Mapping[str, inspect.Parameter], need: ApiNeed) -
     ]
 
 
-def probe_reasons(probe: PackageProbe, device: torch.device) -> list[str]:
+def probe_reasons(probe: PackageProbe, device: torch.device | str) -> list[str]:
     """Why the installed ``probe.module`` does not fit the adapter (empty: it fits or is absent).
 
     The API check runs only when ``device`` is CUDA, CUDA is present and the module is
@@ -174,7 +175,8 @@ def probe_reasons(probe: PackageProbe, device: torch.device) -> list[str]:
     (they say what is missing); the version check needs no import and runs everywhere.
     """
     version = distribution_version(probe.distributions)
-    would_run = device.type == "cuda" and cuda_present() and _importable(probe.module)
+    device_type = device if isinstance(device, str) else device.type
+    would_run = device_type == "cuda" and cuda_present() and _importable(probe.module)
     if would_run:
         mismatches = api_reasons(probe, version)
         if mismatches:  # the precise reason: what is missing, in which version

@@ -195,7 +195,7 @@ class CudnnKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.torch_device)
+        reasons = probe_reasons(self.probe, problem.device)
         if problem.head_dim % 8:
             reasons.append(f"head_dim {problem.head_dim} is not a multiple of 8 (cuDNN)")
         for name, value in BACKEND_ENV.items():

@@ -208,7 +208,7 @@ class _VSAKernel(Kernel):
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.torch_device)
+        return probe_reasons(self.probe, problem.device)
 
     @override
     def not_supported_reasons(

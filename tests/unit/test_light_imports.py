@@ -72,6 +72,22 @@ def test_the_planner_predicts_a_sweep_without_torch(tmp_path: Path) -> None:
     assert "ring" in done.stdout and "usp" in done.stdout and "TFLOP/s" in done.stdout
 
 
+def test_the_dry_run_of_a_96_gpu_cell_runs_without_torch(tmp_path: Path) -> None:
+    """A CUDA cell's kernel and machine checks on a host with no NVIDIA driver load no torch."""
+    done = run_without_torch(
+        """
+        import runpy
+        sys.argv = ["lcab.main", "launcher=slurm_h100_example", "cp=ring", "kernel=fa3",
+                    "mask=causal_document", "topology=12x8", "problem.device=cuda", "dry_run=true"]
+        runpy.run_module("lcab.main", run_name="__main__", alter_sys=True)
+        """,
+        cwd=tmp_path,
+    )
+    assert "REFUSED" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "96" in done.stdout and "ring" in done.stdout
+
+
 def test_a_kernel_still_runs_with_torch_loaded_on_first_use() -> None:
     """The lazy names resolve when code runs: the tiled kernel under Ring All-Gather's module."""
     done = subprocess.run(
