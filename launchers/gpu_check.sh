@@ -10,7 +10,8 @@
 #             memory tests) and, at the same time, the one-GPU CP step (every strategy x kernel x
 #             mask, ranks sharing the GPU over gloo) — numerics only, so they may share the GPU
 #   choice    SDPA's backend choice: PyTorch's, lcab's and the profiler's kernels (tests.gpu.sdpa_choice)
-#   timer     lcab's per-pass time vs triton.testing.do_bench, same call (python -m lcab.perf gpu-timer)
+#   timer     lcab's per-pass time vs triton.testing.do_bench, same call (python -m lcab.perf gpu-timer),
+#             and the NVML sampler's cost on a ~1 ms pass (python -m lcab.perf telemetry)
 #   sweep     a small sweep through the whole app, with its report
 #   probes    the planner's GPU measurements (launchers/plan_gpu_probes.sh)
 # The timing steps run after the numerics, with the GPU to themselves.
@@ -25,8 +26,9 @@
 #
 # OUT_DIR receives: env.txt (GPU, driver, versions), install.log, pytest.log, junit.xml,
 # verification.jsonl (one line per kernel x mask x pass, then the CP rows), cp_shared*.log,
-# verification.md (the tables), sdpa_choice.{txt,jsonl}, gpu_timer.{txt,jsonl}, the sweep with
-# its report, and the planner's probes (probe.txt, empty_blocks.txt, ring_step.txt). Each extra
+# verification.md (the tables), sdpa_choice.{txt,jsonl}, gpu_timer.{txt,jsonl},
+# telemetry_cost.txt, the sweep with its report, and the planner's probes (probe.txt,
+# empty_blocks.txt, ring_step.txt). Each extra
 # that fails to install only removes its kernels' cells; each step that fails is named at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -161,6 +163,10 @@ if has timer; then
   LCAB_GPU_TIMER_OUT="$out/gpu_timer.jsonl" bounded "$(limit timer 300)" "$python" -m lcab.perf \
     gpu-timer >"$out/gpu_timer.txt" 2>&1 || failed+=("timer (gpu_timer.txt)")
   cat "$out/gpu_timer.txt"
+  # the NVML sampler's cost on a ~1 ms GPU pass (issue 51's target: < 1 %); ~1 minute
+  LCAB_PERF_ROUNDS=${LCAB_PERF_ROUNDS:-120} bounded "$(limit telemetry 150)" "$python" -m \
+    lcab.perf telemetry >"$out/telemetry_cost.txt" 2>&1 || failed+=("telemetry (telemetry_cost.txt)")
+  cat "$out/telemetry_cost.txt"
 fi
 
 if has sweep; then

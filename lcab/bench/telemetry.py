@@ -9,13 +9,21 @@ L2-flush memset before every rep; under CP: the barrier). Energy per pass is the
 over its repetitions, so the memsets are charged to the pass: a few microseconds of a 3 TB/s
 device per rep, which this module states rather than hides.
 
-**A sampler never costs a record, nor hangs a run.** Every read happens on the thread, also
-the library's loading and the first and last energy readings; the caller waits for them with a
-timeout (`WAIT_S`). A source that raises gives a reading with a note; one that does not answer
-(a hung driver call) is abandoned for the rest of the process (the thread is a daemon) and
-every later pass says so. CPython runs the thread's ctypes calls without the GIL, so NVML time
-is not taken from the timed loop; on a CPU host the thread takes a core's time slices from the
-ranks, measured by ``python -m lcab.perf telemetry``.
+**A sampler never costs a record, nor hangs a run.** A source whose reads can block (NVML:
+a driver call) is read only on the thread, also the library's loading and the first and last
+energy readings; the caller waits for them with a timeout (`WAIT_S`). A source that raises
+gives a reading with a note; one that does not answer (a hung driver call) is abandoned for the
+rest of the process (the thread is a daemon) and every later pass says so.
+
+**A host is read in place, at the window's two ends.** A second Python thread costs a CPU pass
+even while it only waits: each torch call releases and takes back the GIL, and with another
+thread alive that handoff is slower — an idle thread made a 1.2 ms single-threaded matmul
+1.4-1.7 % slower on a 2-core VM, the sampler at 10 ms 3.6 % (``python -m lcab.perf
+telemetry``). A host's readings are the kernel's files (RAPL's energy counter, cpufreq or
+``/proc/cpuinfo`` clocks), which cannot hang and need no sampling between the ends: the energy
+is the counter's difference (one wrap is recognised), the clock its two readings. So
+`HostSource` (``reads_block`` False) is read on the calling thread just before the first
+repetition and just after the last, and a CPU pass runs with no thread beside it.
 """
 
 from __future__ import annotations
@@ -83,12 +91,20 @@ class Sampler:
         self._energy: list[float | None] = [None, None]
         self._t: list[float] = [0.0, 0.0]
         self._thread = threading.Thread(target=self._run, name="lcab-telemetry", daemon=True)
+        self.threaded = bool(getattr(source, "reads_block", True))
+        """Read on a thread (a source whose reads can block); else at the window's two ends."""
 
     def __enter__(self) -> Sampler:
         abandoned = _ABANDONED.get(id(self.source))
         if abandoned is not None:
             self.reading.notes.append(abandoned)
             self._done.set()
+            return self
+        if not self.threaded:
+            if self._begin():
+                self._read_sample()
+            else:
+                self._done.set()
             return self
         self._thread.start()
         if not self._ready.wait(WAIT_S):
@@ -102,6 +118,13 @@ class Sampler:
         trace: TracebackType | None,
     ) -> None:
         self._stop.set()
+        if not self.threaded and not self._done.is_set():
+            try:
+                self._read_sample()
+                self._end()
+            except Exception as err:
+                self.reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
+            self._done.set()
         if not self._done.is_set() and not self._done.wait(WAIT_S):
             self._abandon(
                 f"telemetry off: a {self.source.kind} read did not return within {WAIT_S:g} s"
@@ -126,7 +149,8 @@ class Sampler:
         self.reading.notes.append(note)
         self._done.set()  # the thread, if it ever returns, writes into a reading no one reads
 
-    def _run(self) -> None:
+    def _begin(self) -> bool:
+        """Open the source and take the window's first readings (False: a note says why not)."""
         reading = self.reading
         try:
             self.source.open()
@@ -135,27 +159,38 @@ class Sampler:
             self._t[0] = time.perf_counter()
         except TelemetryUnavailableError as err:
             reading.notes.append(str(err))
-            self._ready.set()
-            self._done.set()
-            return
+            return False
         except Exception as err:
             reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
+            return False
+        return True
+
+    def _read_sample(self) -> None:
+        self.reading.samples.append(self.source.sample(time.perf_counter() - self._t[0]))
+
+    def _end(self) -> None:
+        """The window's last readings: the energy counter, the time, the source's note."""
+        self._energy[1] = self.source.energy_j()
+        self._t[1] = time.perf_counter()
+        note = self.source.energy_note()
+        if note is not None:
+            self.reading.notes.append(note)
+
+    def _run(self) -> None:
+        """The thread: first readings, a sample every interval until stopped, last readings."""
+        if not self._begin():
             self._ready.set()
             self._done.set()
             return
         self._ready.set()
         try:
             while True:
-                reading.samples.append(self.source.sample(time.perf_counter() - self._t[0]))
+                self._read_sample()
                 if self._stop.wait(self.interval_s):
                     break
-            self._energy[1] = self.source.energy_j()
-            self._t[1] = time.perf_counter()
-            note = self.source.energy_note()
-            if note is not None:
-                reading.notes.append(note)
+            self._end()
         except Exception as err:
-            reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
+            self.reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
         finally:
             self._done.set()
 

@@ -46,6 +46,10 @@ class Source(Protocol):
 
     kind: str
     """"nvml" or "host"."""
+    reads_block: bool
+    """Whether a read can block (a driver call that may hang): such a source is read on the
+    sampler's thread; one that cannot is read in place at the window's two ends
+    (`lcab.bench.telemetry`)."""
 
     def open(self) -> None:
         """Get ready (load the library, find the device); raise `TelemetryUnavailableError`."""
@@ -70,6 +74,7 @@ class NvmlSource(Source):
     """A GPU through ``pynvml``, found by its UUID (as CUDA names it) or else its index."""
 
     kind = "nvml"
+    reads_block = True
 
     def __init__(self, index: int, uuid: str | None = None) -> None:
         self.index, self.uuid = index, uuid
@@ -150,6 +155,7 @@ class HostSource(Source):
     """A CPU host through the kernel's files (``root`` is ``/``; tests give another tree)."""
 
     kind = "host"
+    reads_block = False
 
     def __init__(self, root: Path = Path("/"), cores: set[int] | None = None) -> None:
         self.root = root

@@ -3,17 +3,19 @@
 The sampler adds no call inside the timed region (`lcab.bench.telemetry`: it is entered before
 the first repetition and left after the last); what it can still cost is the time its thread
 takes from the one that runs the pass: the GIL between ctypes calls, a core's time slice on a
-CPU host. This measures that on a pass of about 1 ms (the issue's target: under 1 % of it):
-a float32 matmul sized here to ~1 ms on the device (one thread on a CPU), timed by lcab's
+CPU host. This measures that on a pass of about 1 ms (the issue's target: under 1 % of it): a
+float32 matmul sized here to ~1 ms on the device (one thread on a CPU), timed by lcab's
 ``measure`` in rounds without and with a sampler reading every 10 ms (the default
-``bench.telemetry_interval_ms``) and every 1 ms (ten times the default's reads), each round in
-a shuffled order; the figure is the median over rounds of each round's with / without ratio, so
-a host whose speed drifts between rounds (a shared VM) weighs on both sides of every pair. With
-it comes a 95 % confidence interval of that median (order statistics of the rounds' ratios, no
-assumption on their spread): the target is met when the whole interval lies under 1 %, missed
-when the whole interval lies above, and not shown when it straddles (more rounds, or a quieter
-host, narrow it: ``LCAB_PERF_ROUNDS``, default 60). It also times one ``sample()`` of the source
-alone.
+``bench.telemetry_interval_ms``) and every 1 ms (ten times the default's reads; only for a
+source read on a thread — a host is read at the window's two ends, `lcab.bench.telemetry`),
+each round in a shuffled order; the figure is the median over rounds of each round's with /
+without ratio, so a host whose speed drifts between rounds (a shared VM) weighs on both sides
+of every pair. With it comes a 95 % confidence interval of that median (order statistics of the
+rounds' ratios, no assumption on their spread): the target is met when the whole interval lies
+under 1 %, missed when the whole interval lies above, and not shown when it straddles (more
+rounds, or a quieter host, narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions).
+It also times one
+``sample()`` of the source alone.
 
 ``LCAB_PERF_TELEMETRY=nvml`` samples NVML (on a CPU host: whatever ``libnvidia-ml.so.1`` the
 loader finds, e.g. the tests' emulated one); the default is the device's own (``auto``).
@@ -32,9 +34,9 @@ from lcab.bench.pass_telemetry import device_source
 from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, measure
 
-ROUNDS = int(os.environ.get("LCAB_PERF_ROUNDS", "60"))
+ROUNDS = int(os.environ.get("LCAB_PERF_ROUNDS", "240"))
 TARGET = 0.01
-PROTOCOL = TimingConfig(warmup=20, reps=200, flush_l2=False)
+PROTOCOL = TimingConfig(warmup=10, reps=50, flush_l2=False)
 
 
 def _one_ms_matmul(device: torch.device) -> torch.Tensor:
@@ -82,18 +84,22 @@ def run() -> None:
         source.sample(float(i))
     per_sample_us = (time.perf_counter() - t0) / 200 * 1e6
     print(f"one sample() call: {per_sample_us:.1f} us")
-    rounds: dict[str, list[float]] = {"off": [], "10 ms": [], "1 ms": []}
+    threaded = Sampler(source).threaded
+    labels = ["off", "10 ms", "1 ms"] if threaded else ["off", "10 ms"]
+    if not threaded:  # read at the window's ends, no thread: an interval changes nothing
+        print("read in place before the first repetition and after the last (no thread)")
+    rounds: dict[str, list[float]] = {label: [] for label in labels}
     order = random.Random(0)
     for _ in range(ROUNDS):  # each round times the three in a fresh order: drift weighs alike
-        labels = list(rounds)
-        order.shuffle(labels)
-        for label in labels:
+        shuffled = list(rounds)
+        order.shuffle(shuffled)
+        for label in shuffled:
             watch = None if label == "off" else Sampler(source, float(label.split()[0]))
             timing = measure(call, PROTOCOL, device=device, watch=watch)
             rounds[label].append(timing.p50)
     base = statistics.median(rounds["off"])
     print(f"pass of {base:.3f} ms (median of {ROUNDS} rounds x {PROTOCOL.reps} reps)")
-    for label in ("10 ms", "1 ms"):
+    for label in labels[1:]:
         ratios = [w / o for w, o in zip(rounds[label], rounds["off"], strict=True)]
         cost = statistics.median(ratios) - 1  # the round's own pair: drift between rounds cancels
         low, high = (bound - 1 for bound in median_interval(ratios))
