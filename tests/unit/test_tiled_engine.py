@@ -17,6 +17,7 @@ from lcab.kernels import Problem, get_kernel
 from lcab.kernels.ranges import range_items
 from lcab.kernels.sparse import block_items
 from lcab.kernels.tiled import PreparedTiled, TiledPlan, tiled_attention
+from lcab.kernels.tiled import plan as tiled_plan
 from lcab.masks import AttnMask, list_masks, make_mask
 
 KERNELS = [("ranges", {"tile": 32}), ("sparse", {"block_size": 16})]
@@ -269,3 +270,28 @@ def test_inplace_change_before_backward_is_caught() -> None:
     out.mul_(2.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.backward(dout)
+
+
+def test_view_batches_of_later_waves_merge_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long causal row cut into key parts, each a strided view batch (as at 32K tokens with
+    GQA 2:1, where copying the merged rows back onto themselves failed): the reference's."""
+    monkeypatch.setattr(tiled_plan, "VIEW_MIN_SCORES", 0)  # views at a test's size
+    mask = make_mask("causal", 512)
+    plan = TiledPlan(
+        range_items(mask, 128),
+        seqlen_q=512,
+        seqlen_k=512,
+        heads_q=2,
+        heads_kv=1,
+        shared=True,
+        budget_bytes=1 << 16,
+    )
+    assert any(b.view is not None and b.wave > 0 for b in plan.batches)
+    q, k, v, dout = inputs(512, 512, 2, 1)
+    out, lse = tiled_attention(plan, q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_out, ref_lse, ref_grads = run_with_grads("reference", {}, mask, q, k, v, dout)
+    torch.testing.assert_close(out, ref_out, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-9, rtol=1e-9)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)

@@ -28,6 +28,18 @@ def gather_rows(slot: str, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor
     return torch.index_select(x, 0, index, out=out.view(index.numel(), x.shape[1]))
 
 
+def _same_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views of one shape are the same elements (strides of size-1 dims aside).
+
+    A later wave's view batch merges into the accumulator's own rows in place
+    (`lcab.kernels.tiled.engine`), so what it puts back is those rows: copying a view onto a
+    differently strided view of itself is refused by torch as a partial overlap.
+    """
+    if a.data_ptr() != b.data_ptr():
+        return False
+    return all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape, strict=True) if n > 1)
+
+
 @dataclass
 class Buffers:
     """One call's tensors in the packed layout: row ``s·Hkv + h`` holds KV head h's G heads.
@@ -121,7 +133,9 @@ class Buffers:
         """x[rows of batch] = values (N, rows·G, width / G)."""
         if batch.view is not None:
             rows = self._rows(batch, x)
-            rows.copy_(values.view(rows.shape))
+            values = values.view(rows.shape)
+            if not _same_elements(rows, values):  # a merge in place has written them already
+                rows.copy_(values)
         else:
             assert batch.row_write is not None
             x.index_copy_(0, batch.row_write, values.reshape(-1, x.shape[1]))
