@@ -37,6 +37,9 @@ OOM_WORDS = (
 )
 """How a failed allocation reads: CUDA's and the host allocator's messages, Python's
 MemoryError (in a rank's last words), a thread whose stack could not be mapped."""
+NULL_WITHOUT_ERROR = "error return without exception set"
+"""CPython's SystemError for a C function that failed with no exception: under a host memory
+budget, a malloc that returned NULL (`is_oom`)."""
 
 MAX_LISTED_DOCS = 512
 """Documents listed in a record before only their digest is kept."""
@@ -65,9 +68,23 @@ def is_oom(err: BaseException) -> bool:
     if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
         return True
     text = str(err).lower()
+    if isinstance(err, SystemError) and NULL_WITHOUT_ERROR in text:
+        # a C function that got NULL from malloc and returned it as an error without a
+        # MemoryError (met in torch's backward at a CPU memory budget): memory, where the
+        # process has a data limit; a bug anywhere else
+        return _data_limited()
     # "can't start new thread": a thread's stack could not be mapped (a rank at its memory
     # budget: the allocator's and the samplers' threads need memory too)
     return any(words in text for words in OOM_WORDS)
+
+
+def _data_limited() -> bool:
+    """Whether this process runs under ``RLIMIT_DATA`` (a rank held to a CPU memory budget)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return False
+    return resource.getrlimit(resource.RLIMIT_DATA)[0] != resource.RLIM_INFINITY
 
 
 def short_error(err: BaseException, limit: int = 500) -> str:

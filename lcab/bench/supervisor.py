@@ -18,19 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from lcab.bench.environment import environment
-from lcab.bench.results import OOM_WORDS, unfinished_records
+from lcab.bench.results import NULL_WITHOUT_ERROR, OOM_WORDS, unfinished_records
 from lcab.bench.scheduled import scheduled_rank, stopped_by_scheduler
 from lcab.cell import Cell
 from lcab.distributed.launch import LaunchResult, launch
 from lcab.records.schema import RunRecord
 
 
-def _status(result: LaunchResult) -> str:
+def _status(result: LaunchResult, host_budget: bool) -> str:
+    """How a world that did not finish ended; ``host_budget``: its ranks ran under RLIMIT_DATA."""
     if result.status == "timeout":
         return "timeout"
     if "SIGKILL" in result.reason:
         return "oom"
     said = f"{result.reason}\n{result.detail}".lower()
+    if host_budget and NULL_WITHOUT_ERROR in said:
+        return "oom"  # a failed malloc said as a SystemError (`lcab.bench.results.is_oom`)
     return "oom" if any(words in said for words in OOM_WORDS) else "error"
 
 
@@ -81,7 +84,7 @@ def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[R
         )
         return records
     if result.status != "done" and pending:
-        status = _status(result)
+        status = _status(result, cell.device == "cpu" and cell.bench.memory_budget_gib is not None)
         reason = result.reason
         if status == "oom":
             reason += " (on Linux, SIGKILL is the out-of-memory killer)"
