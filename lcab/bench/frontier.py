@@ -133,6 +133,8 @@ def _frontier_record(cell: Cell, state: Search, probes: dict[int, RunRecord]) ->
     """The longest probe that ran (else the last one), with the search's fields."""
     chosen = state.fits if state.fits is not None else state.probes[-1][0]
     record = probes[chosen]
+    # the probes' own reasons, before the search's is added to the record of one of them
+    record.frontier_probes = [_probe_row(probes.get(length), length) for length, _ in state.probes]
     if state.stopped_at is not None:
         stop = probes.get(state.stopped_at)
         why = stop.reasons[0] if stop is not None and stop.reasons else "no record"
@@ -145,7 +147,6 @@ def _frontier_record(cell: Cell, state: Search, probes: dict[int, RunRecord]) ->
         None if state.fits is None else state.fits // cell.world_size
     )
     record.frontier_bracket = [state.fits, state.fails]
-    record.frontier_probes = [_probe_row(probes.get(length), length) for length, _ in state.probes]
     record.frontier_budget_gib = cell.bench.memory_budget_gib
     if state.fits is not None:
         record.frontier_peak_mib, delta = _largest_memory(record)

@@ -201,15 +201,26 @@ def record_line(r: RunRecord) -> str:
 
 
 def frontier_line(r: RunRecord) -> str | None:
-    """A ``seqlen=frontier`` record in one line: what fits, what did not, what was predicted."""
+    """A ``seqlen=frontier`` record in one line: what fits, what did not, what was predicted.
+
+    A search a probe ended otherwise than ``ok`` or ``oom`` says where and how it stopped: its
+    longest fitting length is then no memory limit.
+    """
     if r.frontier_bracket is None:
         return None
     fits, fails = r.frontier_bracket
     what = f"{r.kernel}/{r.cp}/{r.mask}"
+    stop = next(
+        (p for p in r.frontier_probes or [] if p.get("status") not in ("ok", "oom", None)), None
+    )
+    stopped = f"; search stopped at {stop['seqlen']:,} ({stop['status']})" if stop else ""
     if fits is None:
+        if fails is None:
+            return f"frontier {what}: no length ran{stopped}"
         return f"frontier {what}: nothing fits (the first probe, {fails:,} tokens, did not)"
     per_device = f" ({fits // r.world_size:,}/device)" if r.world_size > 1 else ""
-    above = f", {fails:,} did not" if fails is not None else " (the search's maximum)"
+    above = (f", {fails:,} did not" if fails is not None else "") + stopped
+    above = above or " (the search's maximum)"
     text = f"frontier {what}: {fits:,} tokens{per_device} fit{above}"
     budget = r.frontier_budget_gib
     if budget is not None:

@@ -6,6 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lcab.bench.frontier import FITS, NO_ROOM, STOP, search
+from lcab.records.schema import RunRecord
+from lcab.records.table import frontier_line
 
 STEP = 128
 
@@ -65,3 +67,36 @@ def test_a_probe_that_ends_otherwise_stops_the_search() -> None:
 
     state = search(verdict, 1024, 1 << 20, STEP, 16)
     assert state.fits == 2048 and state.stopped_at == 4096 and state.fails is None
+
+
+def _searched(probes: list[tuple[int, str]], bracket: list[int | None]) -> RunRecord:
+    """The record of a search that made ``probes`` (with the search's own bracket)."""
+    return RunRecord(
+        kernel="ranges",
+        cp="ring",
+        mask="causal",
+        world_size=4,
+        frontier_bracket=bracket,
+        frontier_probes=[{"seqlen": n, "status": s} for n, s in probes],
+    )
+
+
+def test_the_console_line_says_where_a_search_stopped_and_never_calls_it_the_maximum() -> None:
+    stopped = _searched([(4096, "ok"), (8192, "ok"), (16384, "error")], [8192, None])
+    assert frontier_line(stopped) == (
+        "frontier ranges/ring/causal: 8,192 tokens (2,048/device) fit; search stopped at "
+        "16,384 (error)"
+    )
+    both = _searched([(4096, "ok"), (16384, "oom"), (8192, "timeout")], [4096, 16384])
+    assert frontier_line(both) == (
+        "frontier ranges/ring/causal: 4,096 tokens (1,024/device) fit, 16,384 did not; "
+        "search stopped at 8,192 (timeout)"
+    )
+    top = _searched([(4096, "ok"), (8192, "ok")], [8192, None])
+    assert frontier_line(top) == (
+        "frontier ranges/ring/causal: 8,192 tokens (2,048/device) fit (the search's maximum)"
+    )
+    first = _searched([(4096, "error")], [None, None])
+    assert frontier_line(first) == (
+        "frontier ranges/ring/causal: no length ran; search stopped at 4,096 (error)"
+    )
