@@ -94,11 +94,9 @@ def app(cfg: DictConfig) -> None:
     sink = JsonlSink(Path(job.output_dir) / RECORDS_FILE)
     rank = scheduled_rank()
     if rank is not None and cell.world_size > 1 and cell.frontier is not None:
-        print(
-            "lcab: seqlen=frontier: a frontier search starts a fresh world per probe, which a "
-            "multi-task SLURM job cannot; valid: the local launcher, or a one-task job",
-            file=sys.stderr,
-        )
+        from lcab.launch.refusals import FRONTIER_ON_SLURM  # the launcher submits none such
+
+        print(f"lcab: {FRONTIER_ON_SLURM}", file=sys.stderr)
         sys.exit(2)
     if rank is not None and rank[0] == 0:
         write_job_environment(cell)  # for the records the launcher may have to write

@@ -24,7 +24,7 @@ from lcab.config import resolve_cell
 from lcab.config.fork_map import fork_map, usable_cores
 from lcab.config.preflight import composed_jobs
 from lcab.launch.checks import uses_slurm
-from lcab.launch.refusals import job_refusal
+from lcab.launch.refusals import frontier_problems, job_refusal
 from lcab.launch.shape import JobShape, SlurmSettings, job_shape
 from lcab.launch.slurm_launcher import composed_settings
 from lcab.records.table import console
@@ -114,7 +114,8 @@ def _task(kind: str, index: int) -> Any:
     expect, jobs = _JOBS
     cfg, cell = jobs[index]
     if kind == "refuse":
-        return tuple(job_refusal(cell))
+        slurm = frontier_problems(cell) if uses_slurm(cfg) else []
+        return tuple(slurm + job_refusal(cell))
     return expect(cfg, cell) if expect is not None else None
 
 

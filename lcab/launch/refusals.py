@@ -54,16 +54,31 @@ def job_refusal(cell: Cell) -> list[str]:
     return found
 
 
+FRONTIER_ON_SLURM = (
+    "seqlen=frontier: a frontier search starts a fresh world per probe, which a multi-task "
+    "SLURM job cannot; valid: the local launcher (launcher=local), or cp=none (a one-task job)"
+)
+
+
+def frontier_problems(cell: Cell) -> list[str]:
+    """Why a SLURM job cannot search the cell's frontier (empty: it can, or is no search).
+
+    Each probe of a search is a fresh world an out-of-memory failure cannot take down
+    (`lcab.bench.frontier`); the tasks of a SLURM job are that world's ranks, started once.
+    """
+    return [FRONTIER_ON_SLURM] if cell.frontier is not None and cell.world_size > 1 else []
+
+
 def layout_problems(cell: Cell, topology: str) -> list[str]:
-    """Why the cell's strategy cannot be laid out on a SLURM ``topology`` (empty: it can).
+    """Why the cell cannot be laid out on a SLURM ``topology`` (empty: it can).
 
     The strategy's own rules (heads that the Ulysses degree must divide, ranks a degree must
-    divide) and one of the cluster's: a Ulysses group stays inside a node (all-to-all over
-    NVLink).
+    divide), one of the cluster's: a Ulysses group stays inside a node (all-to-all over
+    NVLink), and a frontier search's (`frontier_problems`).
     """
     if cell.cp == "none":
         return []
-    problems = []
+    problems = frontier_problems(cell)
     strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
     problem = Problem(1, 1, cell.heads_q, cell.heads_kv, cell.head_dim, "float32", "cpu")
     for why in strategy.reasons(problem, cell.world_size):

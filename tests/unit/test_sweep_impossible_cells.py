@@ -13,8 +13,9 @@ import pytest
 
 from lcab.cell import JobInfo
 from lcab.config import resolve_cell
+from lcab.launch.dry_run import plan_rows
 from lcab.launch.outcome import NOT_BUILDABLE, JobEnd, settle
-from lcab.launch.refusals import layout_problems
+from lcab.launch.refusals import FRONTIER_ON_SLURM, layout_problems
 from tests.helpers.cli import run_lcab
 
 SWEEP = ["launcher=slurm_h100_example", "cp=ulysses", "seqlen=per_device_8k", "dry_run=true"]
@@ -45,3 +46,20 @@ def test_the_launcher_settles_such_a_cell_as_skipped_records(compose, tmp_path):
     assert f"not submitted: {why[0]}" in " ".join(records[0].reasons)  # the others point to it
     fits = compose(["cp=ulysses", "topology=8x8", "problem.device=cuda"])
     assert layout_problems(resolve_cell(fits), "8x8") == []
+
+
+def test_a_frontier_search_is_never_a_multi_task_slurm_job(compose, tmp_path):
+    """Each probe is a fresh world; a job's tasks are one world: not submitted, skipped."""
+    cfg = compose(["cp=ring", "topology=2x8", "problem.device=cuda", "seqlen=frontier"])
+    cell = resolve_cell(cfg, JobInfo(output_dir=str(tmp_path), run_id="f-1", sweep_id="f"))
+    why = layout_problems(cell, "2x8")
+    assert why == [FRONTIER_ON_SLURM]
+    (record,) = settle(cell, JobEnd("-", NOT_BUILDABLE, "; ".join(why)))
+    assert record.status == "skipped" and FRONTIER_ON_SLURM in " ".join(record.reasons)
+    alone = compose(["cp=none", "problem.device=cuda", "seqlen=frontier"])
+    assert layout_problems(resolve_cell(alone), "auto") == []  # one task: its own probes
+    slurm = ["launcher=slurm_h100_example", "problem.device=cuda", "seqlen=frontier"]
+    (ring,) = plan_rows([*slurm, "cp=ring", "topology=2x8"], True)
+    assert ring.refused == (FRONTIER_ON_SLURM,) and ring.gpu_hours == 0
+    (one,) = plan_rows([*slurm, "cp=none"], True)
+    assert one.refused == ()
