@@ -48,6 +48,25 @@ def settled(record: RunRecord) -> bool:
     return not (record.status == "skipped" and any(r.startswith(NOT_RUN) for r in record.reasons))
 
 
+SEARCH_RAN = frozenset({"ok", "numerics_mismatch", "oom"})
+"""Probe statuses of a frontier search that ran to its end (`lcab.bench.frontier`)."""
+
+
+def settled_length(record: RunRecord) -> int | None:
+    """The length of the job ``record`` settles (None: it settles none).
+
+    A frontier search's one record is the longest probe that ran, filed under that length, but
+    it answers for the search, whose job asked for its first probe's length: it settles that
+    length when every probe ran to its end (``ok`` or ``oom``; even a search where nothing fits),
+    and none when a probe's error or timeout stopped the search.
+    """
+    if record.frontier_probes:
+        if all(p.get("status") in SEARCH_RAN for p in record.frontier_probes):
+            return int(record.frontier_probes[0]["seqlen"])
+        return None
+    return record.seqlen if settled(record) else None
+
+
 def split_done(
     path: Path, seqlens: Sequence[int], config: dict[str, Any]
 ) -> tuple[list[RunRecord], list[int]]:
@@ -61,7 +80,8 @@ def split_done(
     wanted = result_config(config)
     kept: dict[int, RunRecord] = {}
     for record in read_records(path):
-        if settled(record) and result_config(record.config) == wanted:
-            kept[record.seqlen] = record
+        length = settled_length(record)
+        if length is not None and result_config(record.config) == wanted:
+            kept[length] = record
     todo = [s for s in seqlens if s not in kept]
-    return sorted(kept.values(), key=lambda r: r.seqlen), todo
+    return [kept[length] for length in sorted(kept)], todo

@@ -112,3 +112,29 @@ def test_a_torn_last_record_leaves_its_length_to_run_again(tmp_path):
         fh.write(cut[: len(cut) // 3])  # the job was killed while writing seqlen 2048
     kept, todo = split_done(path, LENGTHS, CONFIG)
     assert [r.seqlen for r in kept] == [1024] and todo == [2048, 4096]
+
+
+def _frontier(statuses: list[tuple[int, str]], status: str = "ok") -> RunRecord:
+    """A frontier search's record: the longest probe that ran, every probe listed."""
+    fits = max((n for n, s in statuses if s == "ok"), default=statuses[-1][0])
+    found = record(fits, status)
+    found.frontier_probes = [{"seqlen": n, "status": s} for n, s in statuses]
+    found.frontier_bracket = [fits, None]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("probes", "status", "is_kept"),
+    [
+        ([(1024, "ok"), (2048, "ok"), (4096, "oom"), (3072, "ok")], "ok", True),
+        ([(1024, "oom"), (512, "oom")], "oom", True),  # nothing fits: a finished search too
+        ([(1024, "ok"), (2048, "error")], "ok", False),  # stopped by an error: search again
+    ],
+)
+def test_a_finished_frontier_search_settles_its_first_length(tmp_path, probes, status, is_kept):
+    path = tmp_path / "records.jsonl"
+    found = _frontier(probes, status)
+    write(path, [found])
+    kept, todo = split_done(path, [1024], CONFIG)
+    assert todo == ([] if is_kept else [1024])
+    assert [r.seqlen for r in kept] == ([found.seqlen] if is_kept else [])
