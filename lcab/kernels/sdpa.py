@@ -56,7 +56,7 @@ else:
 _FLOATS = frozenset({"float32", "bfloat16", "float16", "float64"})
 
 
-def _whole_mask_kind(mask: AttnMask) -> str | None:
+def whole_mask_kind(mask: AttnMask) -> str | None:
     """'full' or 'causal' when the mask is one such slice over a square, else None."""
     if mask.num_heads != 1 or mask.num_slices != 1 or mask.seqlen_q != mask.seqlen_k:
         return None
@@ -83,7 +83,7 @@ class _PreparedSDPA(PreparedAttention):
         self.backend = backend
         self.scale = 1.0 / math.sqrt(problem.head_dim)
         self.group = problem.gqa_group
-        whole = _whole_mask_kind(mask)
+        whole = whole_mask_kind(mask)
         self.is_causal = whole == "causal"
         self.bias: torch.Tensor | None = None
         if whole is None:
@@ -234,7 +234,7 @@ class _MaskFreeSDPA(SDPAKernel):
         self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
     ) -> list[str]:
         reasons = super().not_supported_reasons(problem, mask, pass_)
-        if mask is not None and _whole_mask_kind(mask) is None:
+        if mask is not None and whole_mask_kind(mask) is None:
             reasons.append(
                 f"SDPA's {self.backend} backend takes no attn_mask: only the full or causal "
                 f"mask (is_causal) over the whole sequence, not {mask.name!r}"

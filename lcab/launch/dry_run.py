@@ -212,6 +212,10 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
             if rate_note not in notes:
                 notes.append(rate_note)
             cells[1] += f" [{notes.index(rate_note) + 1}]"
+        search_note = getattr(expectation, "search_note", None)
+        if search_note and not row.refused:
+            notes.append(f"job {i}: {search_note}")
+            cells[1] += f" [{len(notes)}]"
         if row.refused:
             notes.append(f"job {i} would end skipped: {'; '.join(row.refused)}")
             if expect is not None:

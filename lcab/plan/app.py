@@ -251,6 +251,8 @@ def _frontier_job(cell: Cell, hardware: Hardware, out_dir: Path) -> None:
             backward,
             cell.frontier.max_tokens,
             cell.frontier.resolution,
+            hardware,
+            cell.device == "cuda" and cell.bench.flush_l2,
         )
     except ValueError as err:
         print(f"lcab plan: skipped: {err}", file=sys.stderr)

@@ -4,7 +4,11 @@
   profile's free parameters to the measured passes and writes the fitted profile (YAML);
 * ``--check RECORDS [--hardware NAME|FILE] [--where ...]`` prints predicted vs measured per
   record pass, and the error;
-* ``--published [--hardware NAME|FILE]`` compares with the published H100 figures.
+* ``--published [--hardware NAME|FILE]`` compares with the published H100 figures;
+* ``--calibrate-memory RECORDS [--where ...] [--out FILE]`` fits the kernels' memory terms to
+  measured frontiers (``seqlen=frontier`` records) and prints each frontier beside the fitted
+  model's; ``--check-memory RECORDS`` prints them beside the profile's as it is
+  (`lcab.plan.calibrate_memory`).
 
 ``--set KEY=NUMBER`` (repeatable) changes one parameter of the profile first: a what-if.
 
@@ -28,7 +32,7 @@ from lcab.records.schema import RunRecord
 from lcab.records.sinks import read_records
 from lcab.records.table import console
 
-RECORD_COMMANDS = ("--calibrate", "--check", "--published")
+RECORD_COMMANDS = ("--calibrate", "--check", "--published", "--calibrate-memory", "--check-memory")
 
 #: The opening of ``python -m lcab.plan --help``; the config groups and the composed config
 #: follow, as in ``python -m lcab.main --help`` (`lcab.config.help`).
@@ -43,6 +47,7 @@ Same groups as the benchmark; `hardware` picks the profile.
   python -m lcab.plan --calibrate RECORDS.jsonl [--hardware NAME] [--kernels-only] [--out FILE]
   python -m lcab.plan --check RECORDS.jsonl [--hardware FILE.yaml]
   python -m lcab.plan --published           # against the published H100 figures
+  python -m lcab.plan --calibrate-memory FRONTIER_RECORDS.jsonl [--out FILE]
   python -m lcab.plan --calibrate x --help  # the flags of the record commands
 """
 
@@ -53,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     action.add_argument("--calibrate", metavar="RECORDS", help="fit the profile to these records")
     action.add_argument("--check", metavar="RECORDS", help="predicted vs measured per record")
     action.add_argument("--published", action="store_true", help="compare with the H100 table")
+    action.add_argument(
+        "--calibrate-memory", metavar="RECORDS", help="fit the memory terms to frontier records"
+    )
+    action.add_argument(
+        "--check-memory", metavar="RECORDS", help="measured vs predicted frontier per record"
+    )
     parser.add_argument("--hardware", help="profile name (conf/hardware) or YAML file")
     parser.add_argument(
         "--where",
@@ -146,11 +157,15 @@ def run(argv: list[str]) -> int:
         if args.published:
             hardware = with_settings(load_profile(args.hardware or "h100_nvlink_ib"), args.set)
             return _published(hardware)
-        path = Path(args.calibrate or args.check)
+        path = Path(args.calibrate or args.check or args.calibrate_memory or args.check_memory)
         if not path.exists():
             raise ValueError(f"records file {str(path)!r} does not exist")
         records = _filter(read_records(path), args.where)
         hardware = with_settings(_hardware(args.hardware, records), args.set)
+        if args.calibrate_memory or args.check_memory:
+            from lcab.plan.memory_cli import memory_command
+
+            return memory_command(records, hardware, bool(args.calibrate_memory), args.out)
         from lcab.plan.calibrate import points_of
 
         points = points_of(records)

@@ -75,6 +75,8 @@ class JobExpectation:
     lengths: tuple[LengthExpectation, ...]
     rate_note: str | None = None
     """Whose rate the job's kernel is costed at, where not its own (`Hardware.rate_origin`)."""
+    search_note: str | None = None
+    """A frontier search: which probes it is priced at (`search_lengths`)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -130,13 +132,47 @@ def expect_length(
     return LengthExpectation(seqlen, prediction, wall_s=samples * wall_ms / 1000)
 
 
+def search_lengths(cell: Cell, hardware: Hardware) -> tuple[list[int], str | None]:
+    """The lengths a job runs, and for a frontier search what they are.
+
+    A search runs probes until its bracket is narrow, not its one starting length: it is priced
+    at the probes the same search makes in the planner's memory model
+    (`lcab.plan.frontier.predict_frontier`), which a measured search meets where the model holds.
+    """
+    if cell.frontier is None:
+        return list(cell.seqlens), None
+    from lcab.plan.frontier import predict_frontier
+
+    budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
+    try:
+        found = predict_frontier(
+            PlanCell.of_cell(cell, cell.seqlens[0]),
+            budget_gib * 1024,
+            any(p != "fwd" for p in cell.bench.passes),
+            cell.frontier.max_tokens,
+            cell.frontier.resolution,
+            hardware,
+            cell.device == "cuda" and cell.bench.flush_l2,
+        )
+    except ValueError as err:
+        return list(cell.seqlens), f"a frontier search priced at its first probe only ({err})"
+    tokens = "nothing" if found.tokens is None else f"{found.tokens:,} tokens"
+    note = (
+        f"a frontier search, priced at the {len(found.probes)} probes of the same search in "
+        f"the planner's memory model ({tokens} fit in {budget_gib:g} GiB per rank there)"
+    )
+    return list(found.probes) or list(cell.seqlens), note
+
+
 def expect_job(cell: Cell, hardware: Hardware, harness: Harness = LCAB) -> JobExpectation:
     """What the planner expects of every length of a job on ``hardware``."""
+    seqlens, search_note = search_lengths(cell, hardware)
     # lengths side by side on every core when the job is alone (a 96-rank dry run of one cell)
     one_length = functools.partial(expect_length, cell, hardware=hardware, harness=harness)
-    lengths = tuple(fork_map(one_length, list(cell.seqlens), usable_cores()))
+    lengths = tuple(fork_map(one_length, seqlens, usable_cores()))
     gpus = cell.nodes * cell.devices_per_node
-    return JobExpectation(hardware.name, gpus, lengths, hardware.rate_origin(cell.kernel))
+    origin = hardware.rate_origin(cell.kernel)
+    return JobExpectation(hardware.name, gpus, lengths, origin, search_note)
 
 
 DEFAULT_PROFILES = {"cuda": "h100_nvlink_ib", "cpu": "cpu_gloo_local"}

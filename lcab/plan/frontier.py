@@ -3,14 +3,16 @@
 The same search as the measured one (`lcab.bench.frontier.search`: doubling from the cell's
 length, bisection to ``1/seqlen.frontier_resolution``, whole 128-token blocks per rank), with a
 probe that asks the memory model (`lcab.plan.memory`) instead of running: a length fits when
-the attention memory of the fullest rank is within the budget — ``bench.memory_budget_gib``
-when set, else the profile's ``memory_gib``. One device (``cp=none``) holds q, k, v and out
-(and dout, dq, dk, dv with a backward pass); under CP the strategy's own plan gives each rank's
-shard, head split and buffers.
+the memory of the fullest rank is within the budget — ``bench.memory_budget_gib`` when set,
+else the profile's ``memory_gib``. One device (``cp=none``) holds q, k, v and out (and dout,
+dq, dk, dv with a backward pass); under CP the strategy's own plan gives each rank's shard,
+head split and buffers; the profile's kernel memory terms (`lcab.plan.hardware.KernelMemory`,
+fitted to measured frontiers by `lcab.plan.calibrate_memory`) add what the kernel and lcab's
+harness hold besides, and the dense masks a rank's prepared calls keep, counted on the
+strategy's own sub-masks (`lcab.plan.memory.dense_positions`).
 
-What the model leaves out (the module docstring of `lcab.plan.memory`: the rest of a model,
-kernel workspaces, the allocator's slack, a CPU process's own heap) is why a measured frontier
-can fall short of this one; the record and the table print both, with their ratio.
+A profile without those terms (the GPU profile, until a GPU frontier is measured) gives the
+tensors' frontier alone, an upper bound; the record and the table print both, with their ratio.
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ from typing import Any
 
 from lcab.bench.frontier import FITS, NO_ROOM, search
 from lcab.cell import TILE_TOKENS
-from lcab.cp.base import element_bytes
-from lcab.plan.memory import MIB, memory_mib
+from lcab.plan.hardware import Hardware, KernelMemory
+from lcab.plan.memory import (
+    RankExtras,
+    dense_positions,
+    memory_terms,
+    single_device_terms,
+    takes_dense_mask,
+    whole_dense_positions,
+)
 from lcab.plan.predict import PlanCell, cell_reasons, mask_for, strategy_for
 
 
@@ -36,7 +45,10 @@ class FrontierPrediction:
     """Longest total length within the budget (None: not even one block per rank)."""
     bracket: tuple[int | None, int | None]
     memory_mib: float | None
-    """Attention memory of the fullest rank at ``tokens``."""
+    """Memory of the fullest rank at ``tokens``."""
+    probes: tuple[int, ...] = ()
+    """The lengths the search tried, in order (what a measured search would run, if the model
+    is right)."""
 
     def row(self) -> dict[str, Any]:
         """One JSON row of the planner's output (``plan.jsonl``)."""
@@ -55,19 +67,34 @@ class FrontierPrediction:
         }
 
 
-def rank_memory_mib(cell: PlanCell, backward: bool) -> float:
-    """Attention memory of the fullest rank of ``cell`` (`lcab.plan.memory`'s terms)."""
+def rank_memory_mib(
+    cell: PlanCell, backward: bool, hardware: Hardware | None = None, flush_l2: bool = False
+) -> float:
+    """Memory of the fullest rank of ``cell`` (`lcab.plan.memory`'s terms, summed)."""
+    return float(sum(rank_memory_terms(cell, backward, hardware, flush_l2).values()))
+
+
+def rank_memory_terms(
+    cell: PlanCell, backward: bool, hardware: Hardware | None = None, flush_l2: bool = False
+) -> dict[str, float]:
+    """MiB of each term of the fullest rank: tensors, buffers, and ``hardware``'s own terms.
+
+    ``hardware=None``: the tensors and buffers alone. ``flush_l2``: a CUDA cell's L2 flush.
+    """
     problem = cell.problem()
+    kernel = hardware.memory(cell.kernel) if hardware is not None else KernelMemory()
+    cp_rank = hardware.cp_rank_mib if hardware is not None else 0.0
+    mask = mask_for(cell) if kernel.dense_bytes and takes_dense_mask(cell.kernel) else None
     if cell.cp == "none":
-        elem = element_bytes(problem)
-        tokens = cell.seqlen * problem.head_dim * elem
-        held = 2 * tokens * (problem.heads_q + problem.heads_kv)  # q, out, k, v
-        return held * (2 if backward else 1) / MIB  # dout, dq, dk, dv
+        dense = 0.0 if mask is None else whole_dense_positions(mask, problem)
+        return single_device_terms(problem, backward, RankExtras(kernel, dense, 0.0, flush_l2))
     reasons = cell_reasons(cell)
     if reasons:
         raise ValueError(f"{cell.label()}: " + "; ".join(reasons))
-    plan = strategy_for(cell).plan(mask_for(cell), problem, cell.world)
-    return memory_mib(plan, problem, backward)
+    strategy = strategy_for(cell)
+    plan = strategy.plan(mask if mask is not None else mask_for(cell), problem, cell.world)
+    dense = 0.0 if mask is None else dense_positions(plan, mask)
+    return memory_terms(plan, problem, backward, RankExtras(kernel, dense, cp_rank, flush_l2))
 
 
 def predict_frontier(
@@ -76,12 +103,18 @@ def predict_frontier(
     backward: bool,
     limit: int,
     resolution: int,
+    hardware: Hardware | None = None,
+    flush_l2: bool = False,
 ) -> FrontierPrediction:
-    """Search ``cell``'s frontier in the model, from ``cell.seqlen`` up to ``limit`` tokens."""
+    """Search ``cell``'s frontier in the model, from ``cell.seqlen`` up to ``limit`` tokens.
+
+    ``hardware``: whose kernel memory terms count (None: the tensors and buffers alone).
+    """
     memory: dict[int, float] = {}
 
     def verdict(length: int) -> str:
-        memory[length] = rank_memory_mib(dataclasses.replace(cell, seqlen=length), backward)
+        at = dataclasses.replace(cell, seqlen=length)
+        memory[length] = rank_memory_mib(at, backward, hardware, flush_l2)
         return FITS if memory[length] <= budget_mib else NO_ROOM
 
     step = TILE_TOKENS * cell.world
@@ -92,4 +125,5 @@ def predict_frontier(
         tokens=state.fits,
         bracket=(state.fits, state.fails),
         memory_mib=None if state.fits is None else memory[state.fits],
+        probes=tuple(length for length, _ in state.probes),
     )

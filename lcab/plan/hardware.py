@@ -112,6 +112,29 @@ class KernelRate:
 
 
 @dataclass(frozen=True)
+class KernelMemory:
+    """What a rank running one kernel holds beyond the attention tensors `lcab.plan.memory` counts.
+
+    Fitted per profile from measured frontiers (``python -m lcab.plan --calibrate-memory``,
+    `lcab.plan.calibrate_memory`), as the rates are from timed records; all 0 where none were
+    measured (the tensors alone). Each term is what the search's probes meet, so it includes
+    lcab's harness around the kernel, not the kernel alone.
+    """
+
+    fixed_mib: float = 0.0
+    """MiB a rank of a world of one adds whatever the length: its first call's thread pools,
+    library scratch and stacks, the harness's buffers."""
+    q_bytes: float = 0.0
+    """Bytes per element of the query-sized tensor of the rank's largest call (tokens x local
+    query heads x head dim): float32 accumulators, saved activations, the harness's layout
+    copies — per element, so it carries across head counts and dims."""
+    dense_bytes: float = 0.0
+    """Bytes per position of every dense mask the rank's prepared calls hold (`Work.dense_rows`
+    x `Work.dense_keys` summed over a pass's calls: PyTorch SDPA's additive bias), at the
+    largest when it is built; 0: the kernel takes no dense mask."""
+
+
+@dataclass(frozen=True)
 class Link:
     """Bandwidth and latency one rank sees on a link class."""
 
@@ -163,6 +186,12 @@ class Hardware:
     (PyTorch's ``sdpa_flash`` and ``torch_varlen`` call its FlashAttention-2 kernels: ``fa2``)."""
     default_from: str | None = None
     """The entry whose rate ``default`` copies, named when a kernel falls back to it."""
+    kernel_memory: dict[str, KernelMemory] = field(default_factory=dict)
+    """Per kernel (or ``default``), what a rank holds besides the attention tensors (the
+    memory frontier's model, `lcab.plan.frontier`); none: the tensors alone."""
+    cp_rank_mib: float = 0.0
+    """MiB a rank of a context-parallel world holds besides a world of one's (its process
+    group, communication staging; less where its kernel runs on fewer threads)."""
 
     def rate(self, kernel: str) -> KernelRate:
         """The kernel's rate, the entry it borrows, or the profile's ``default`` entry.
@@ -181,6 +210,13 @@ class Hardware:
             f"hardware profile {self.name!r} has no rate for kernel {kernel!r}; "
             f"valid: {', '.join(self.kernels)}"
         )
+
+    def memory(self, kernel: str) -> KernelMemory:
+        """The kernel's memory terms, the borrowed entry's, ``default``'s, or none (all 0)."""
+        for name in (kernel, self.borrow.get(kernel), "default"):
+            if name in self.kernel_memory:
+                return self.kernel_memory[name]
+        return KernelMemory()
 
     def rate_origin(self, kernel: str) -> str | None:
         """Whose rate ``kernel`` is costed at, said in words; None when it has its own.
@@ -258,6 +294,8 @@ def from_dict(data: dict[str, Any]) -> Hardware:
     if is_auto(data):
         return auto_profile(data.get("device"))
     data["kernels"] = {k: KernelRate(**v) for k, v in data["kernels"].items()}
+    memory = data.get("kernel_memory") or {}
+    data["kernel_memory"] = {k: KernelMemory(**v) for k, v in memory.items()}
     data["intra"] = Link(**data["intra"])
     data["inter"] = Link(**data["inter"])
     known = {f.name for f in dataclasses.fields(Hardware)}

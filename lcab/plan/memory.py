@@ -1,21 +1,51 @@
-"""Attention memory per rank under a plan: activations and the strategy's buffers.
+"""Memory per rank under a plan: the attention tensors, the strategy's buffers, the kernel's own.
 
-Counted: the rank's sequence shard of q, k, v, out and dout; the head-sharded copies a Ulysses
-group holds; the K/V blocks a ring keeps in flight (the block in hand, the one arriving, and
-LoongTrain's prefetched window block); the float32 accumulators of merged outputs and travelling
-dK/dV; the full K/V an all-gather materialises and its gradients. Not counted: the rest of the
-model and kernel workspaces (a few MiB), so this is the attention layer's own share.
+Counted from the plan: the rank's sequence shard of q, k, v, out and dout; the head-sharded
+copies a Ulysses group holds; the K/V blocks a ring keeps in flight (the block in hand, the one
+arriving, and LoongTrain's prefetched window block); the float32 accumulators of merged outputs
+and travelling dK/dV; the full K/V an all-gather materialises and its gradients.
+
+Counted from the hardware profile (`lcab.plan.hardware.KernelMemory`, fitted to measured
+frontiers; all 0 where none were measured): what a rank running the kernel holds besides —
+a fixed part (thread pools, library scratch, the harness's buffers), a part per element of its
+largest call's query-sized tensor (accumulators, saved activations, layout copies), a part per
+position of the dense masks its prepared calls keep (PyTorch SDPA's bias), and what a rank of
+a context-parallel world adds (`Hardware.cp_rank_mib`). On CUDA, lcab's own 256 MiB L2-flush
+buffer. Not counted: the rest of a model, and the allocator's slack beyond what the fit saw.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
+
 from lcab.cp.base import Plan, accumulator_bytes, element_bytes
 from lcab.kernels import Problem
+from lcab.masks.core import AttnMask
+from lcab.plan.hardware import KernelMemory
 
 MIB = 1 << 20
+L2_FLUSH_MIB = 256.0
+"""lcab's L2-flush buffer on a CUDA device (`lcab.bench.timing.L2_FLUSH_BYTES`), alive while a
+pass is timed and so inside a memory budget."""
 
 
-def memory_terms(plan: Plan, problem: Problem, backward: bool) -> dict[str, float]:
+@dataclass(frozen=True)
+class RankExtras:
+    """What the profile says a rank holds besides the tensors, and how much dense mask it keeps."""
+
+    kernel: KernelMemory = field(default_factory=KernelMemory)
+    dense_positions: float = 0.0
+    """Positions of the dense masks the rank's prepared calls hold (`dense_positions`)."""
+    cp_rank_mib: float = 0.0
+    flush_l2: bool = False
+    """A CUDA cell timed with lcab's L2 flush (``bench.flush_l2``)."""
+
+
+def memory_terms(
+    plan: Plan, problem: Problem, backward: bool, extras: RankExtras | None = None
+) -> dict[str, float]:
     """MiB per rank of each term (see module docstring)."""
     elem, acc = element_bytes(problem), accumulator_bytes(problem)
     n, d, h = plan.shard_len, problem.head_dim, plan.heads
@@ -43,9 +73,94 @@ def memory_terms(plan: Plan, problem: Problem, backward: bool) -> dict[str, floa
             if backward:
                 terms["travelling dk, dv (fp32)"] = 2 * block * acc
                 terms["dq accumulator (fp32)"] = group_tokens * h.local_q * d * acc
-    return {k: v / MIB for k, v in terms.items()}
+    mib = {k: v / MIB for k, v in terms.items()}
+    extras = extras or RankExtras()
+    call_q = group_tokens * h.local_q * d
+    return mib | _extra_terms(extras, call_q, cp=True)
 
 
-def memory_mib(plan: Plan, problem: Problem, backward: bool = True) -> float:
+def single_device_terms(
+    problem: Problem, backward: bool, extras: RankExtras | None = None
+) -> dict[str, float]:
+    """MiB of each term of one device holding the whole problem (``cp=none``)."""
+    elem = element_bytes(problem)
+    q = problem.seqlen_q * problem.heads_q * problem.head_dim
+    kv = problem.seqlen_k * problem.heads_kv * problem.head_dim
+    terms = {"q, out": 2 * q * elem / MIB, "k, v": 2 * kv * elem / MIB}
+    if backward:
+        terms["dout, dq, dk, dv"] = (2 * q + 2 * kv) * elem / MIB
+    return terms | _extra_terms(extras or RankExtras(), q, cp=False)
+
+
+def _extra_terms(extras: RankExtras, call_q_elements: float, cp: bool) -> dict[str, float]:
+    """The profile's terms of a rank whose largest call has ``call_q_elements`` query elements."""
+    kernel, terms = extras.kernel, {}
+    if kernel.fixed_mib:
+        terms["kernel and harness, fixed"] = kernel.fixed_mib
+    if kernel.q_bytes:
+        terms["kernel and harness, per token"] = kernel.q_bytes * call_q_elements / MIB
+    if kernel.dense_bytes and extras.dense_positions:
+        terms["dense masks"] = kernel.dense_bytes * extras.dense_positions / MIB
+    if cp and extras.cp_rank_mib:
+        terms["context-parallel rank"] = extras.cp_rank_mib
+    if extras.flush_l2:
+        terms["lcab's L2 flush buffer"] = L2_FLUSH_MIB
+    return terms
+
+
+def whole_dense_positions(mask: AttnMask, problem: Problem) -> float:
+    """Bias positions a dense-mask kernel holds for ``mask`` on one device (0: it needs none)."""
+    from lcab.kernels.sdpa import whole_mask_kind
+
+    if whole_mask_kind(mask) is not None:
+        return 0.0
+    return float(mask.seqlen_q * mask.seqlen_k * (problem.heads_q if mask.num_heads > 1 else 1))
+
+
+def dense_positions(plan: Plan, mask: AttnMask) -> float:
+    """Largest, over ranks, of the dense-bias positions a rank's prepared calls hold.
+
+    A strategy prepares each call of its schedule once — a ring one per step, Ulysses one over
+    its group's tokens, the all-gather one over every key — and a call whose sub-mask is not
+    one full or causal slice over a square (`lcab.kernels.sdpa.whole_mask_kind`) keeps a dense
+    bias of its rectangle while the cell runs, so a rank holds their sum. The sub-masks are the
+    strategies' own (`lcab.cp.base.step_mask` on the plan's layouts): a zigzag diagonal step is
+    two causal chunks and a full one, several slices, so it holds a bias too.
+    """
+    from lcab.cp.base import step_mask
+    from lcab.kernels.sdpa import whole_mask_kind
+
+    layouts = list(plan.placement.layouts)
+
+    def held(rows: np.ndarray, cols: np.ndarray) -> int:
+        sub = step_mask(mask, rows, cols, None)
+        if not sub.num_slices or whole_mask_kind(sub) is not None:
+            return 0
+        return len(rows) * len(cols)
+
+    if plan.strategy == "ring_allgather":
+        keys = np.concatenate(layouts)
+        return float(max(held(rows, keys) for rows in layouts))
+    ring = len(layouts)
+    return float(
+        max(
+            sum(held(layouts[p], layouts[(p - i) % ring]) for i in range(ring)) for p in range(ring)
+        )
+    )
+
+
+def takes_dense_mask(kernel: str) -> bool:
+    """Whether kernel ``kernel`` gets its mask as a dense bias (its caps' ``dense`` lowering)."""
+    from lcab.kernels.registry import KERNELS
+
+    try:
+        return KERNELS.get(kernel).caps.lowering == "dense"
+    except ValueError:  # not registered: no dense mask is counted
+        return False
+
+
+def memory_mib(
+    plan: Plan, problem: Problem, backward: bool = True, extras: RankExtras | None = None
+) -> float:
     """Total MiB per rank (`memory_terms` summed)."""
-    return float(sum(memory_terms(plan, problem, backward).values()))
+    return float(sum(memory_terms(plan, problem, backward, extras).values()))

@@ -111,6 +111,8 @@ def _frontier_of(cell: Cell, hardware: Any) -> int | str | None:
             any(p != "fwd" for p in cell.bench.passes),
             cell.frontier.max_tokens,
             cell.frontier.resolution,
+            hardware,
+            cell.device == "cuda" and cell.bench.flush_l2,
         )
     except Exception as err:  # never cost the search
         return f"no predicted frontier: {type(err).__name__}: {err}"[:300]

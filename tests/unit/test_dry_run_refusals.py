@@ -13,6 +13,9 @@ import pytest
 
 from lcab.launch.dry_run import plan_rows, print_plan
 from lcab.plan.expected import expect_configured_job
+from lcab.plan.frontier import predict_frontier
+from lcab.plan.hardware import load_profile
+from lcab.plan.predict import PlanCell
 
 GPU = ["launcher=slurm_h100_example", "problem.device=cuda", "seqlen.values=[8192]"]
 
@@ -52,3 +55,17 @@ def test_a_cpu_dry_run_speaks_in_cpu_units(capsys):
     assert "predicted fwd / bwd GFLOP/s (time)" in out and "GPU" not in out
     assert "h of wall time" in out and "CPU core-hours" in out
     assert "e+0" not in out  # times as people read them
+
+
+def test_a_frontier_search_is_priced_at_the_probes_the_planner_predicts(capsys):
+    cpu = ["kernel=ranges", "mask=causal", "seqlen=frontier", "bench.memory_budget_gib=0.25"]
+    (row,) = plan_rows(cpu, False, expect_configured_job)
+    assert row.expectation is not None
+    cell = PlanCell("none", "ranges", "causal", 1024, 1, 1, 8, 2, 64, "float32")
+    hardware = load_profile("cpu_gloo_local")
+    search = predict_frontier(cell, 0.25 * 1024, True, 1 << 20, 16, hardware)
+    assert [length.seqlen for length in row.expectation.lengths] == list(search.probes)
+    assert len(search.probes) > 3  # doubling, then bisection
+    assert print_plan(cpu, False, expect_configured_job) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"priced at the {len(search.probes)} probes of the same search" in out

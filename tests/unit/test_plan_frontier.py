@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from lcab.cp.ring import ring_steps
+from lcab.kernels import get_kernel
 from lcab.plan.frontier import predict_frontier, rank_memory_mib
-from lcab.plan.memory import MIB
-from lcab.plan.predict import PlanCell
+from lcab.plan.hardware import Hardware, KernelMemory, load_profile
+from lcab.plan.memory import MIB, dense_positions, whole_dense_positions
+from lcab.plan.predict import PlanCell, mask_for, predict, strategy_for
 
 
 def _cell(cp: str, nodes: int = 1, per_node: int = 1, seqlen: int = 1024) -> PlanCell:
@@ -39,3 +44,97 @@ def test_a_ring_rank_holds_a_shard_so_its_frontier_grows_with_the_world() -> Non
 def test_a_strategy_that_cannot_run_the_cell_says_why() -> None:
     with pytest.raises(ValueError, match="Ulysses"):
         predict_frontier(_cell("ulysses", 12, 8, 96 * 1024), 8192.0, True, 1 << 26, 16)
+
+
+# ------------------------------------------------------- the profile's kernel memory terms
+def _profile(**terms: float) -> Hardware:
+    base = load_profile("cpu_gloo_local")
+    memory = {"sdpa": KernelMemory(**terms), "ranges": KernelMemory(**terms)}
+    return dataclasses.replace(base, kernel_memory=memory, cp_rank_mib=0.0)
+
+
+def _cpu_cell(cp: str, kernel: str, mask: str, seqlen: int, world: int = 1) -> PlanCell:
+    return PlanCell(cp, kernel, mask, seqlen, 1, world, 8, 2, 64, "float32")
+
+
+def test_the_kernel_terms_add_fixed_per_token_and_dense_mask_memory_by_hand() -> None:
+    hardware = _profile(fixed_mib=100.0, q_bytes=12.0, dense_bytes=4.0)
+    seqlen = 2048
+    tensors = rank_memory_mib(_cpu_cell("none", "sdpa", "causal", seqlen), True)
+    q_elements = seqlen * 8 * 64
+    # causal runs as is_causal: no dense mask
+    causal = rank_memory_mib(_cpu_cell("none", "sdpa", "causal", seqlen), True, hardware)
+    assert causal == pytest.approx(tensors + 100.0 + 12.0 * q_elements / MIB)
+    # a document mask is a dense (1, 1, S, S) bias for sdpa, nothing for lcab's ranges
+    document = rank_memory_mib(_cpu_cell("none", "sdpa", "causal_document", seqlen), True, hardware)
+    assert document == pytest.approx(causal + 4.0 * seqlen * seqlen / MIB)
+    ranges = rank_memory_mib(_cpu_cell("none", "ranges", "causal_document", seqlen), True, hardware)
+    assert ranges == pytest.approx(causal)
+
+
+def _biases_the_ring_holds(cell: PlanCell) -> float:
+    """Elements of the dense biases lcab's sdpa kernel builds for the ring's own prepared steps
+    (lcab.cp.ring.ring_steps with the real kernel), summed per rank, largest rank."""
+    strategy, mask, problem = strategy_for(cell), mask_for(cell), cell.problem()
+    plan = strategy.plan(mask, problem, cell.world)
+    kernel = get_kernel("sdpa")
+    layouts = list(plan.placement.layouts)
+    held = []
+    for position in range(plan.ring):
+        steps = ring_steps(plan, mask, problem, kernel, position, 0, layouts)
+        biases = [getattr(s.prepared, "bias", None) for s in steps if s.prepared is not None]
+        held.append(sum(b.numel() for b in biases if b is not None))
+    return float(max(held))
+
+
+@pytest.mark.parametrize("mask", ["causal", "causal_document", "full"])
+def test_dense_positions_are_the_biases_the_rings_own_steps_build(mask: str) -> None:
+    cell = _cpu_cell("ring", "sdpa", mask, 2048, world=4)
+    built, problem = mask_for(cell), cell.problem()
+    plan = strategy_for(cell).plan(built, problem, 4)
+    expected = _biases_the_ring_holds(cell)
+    assert expected > 0  # zigzag chunks: every step's sub-mask has several slices
+    assert dense_positions(plan, built) == pytest.approx(expected)
+
+
+def test_one_device_holds_a_bias_only_where_the_mask_is_not_one_full_or_causal_slice() -> None:
+    problem = _cpu_cell("none", "sdpa", "causal", 1024).problem()
+    for mask, held in (("causal", 0), ("full", 0), ("causal_document", 1024 * 1024)):
+        built = mask_for(_cpu_cell("none", "sdpa", mask, 1024))
+        bias = getattr(get_kernel("sdpa").prepare(built, problem), "bias", None)
+        assert (0 if bias is None else bias.numel()) == held
+        assert whole_dense_positions(built, problem) == held
+
+
+def test_a_rank_of_a_world_adds_the_profiles_cp_term() -> None:
+    hardware = dataclasses.replace(_profile(fixed_mib=50.0), cp_rank_mib=-20.0)
+    cell = _cpu_cell("ulysses", "ranges", "causal", 4096, world=4)
+    assert rank_memory_mib(cell, True, hardware) == pytest.approx(
+        rank_memory_mib(cell, True) + 50.0 - 20.0
+    )
+
+
+def test_the_terms_shrink_the_predicted_frontier_as_the_budget_says() -> None:
+    hardware = _profile(fixed_mib=100.0, q_bytes=24.0)
+    budget = 300.0
+    bare = predict_frontier(_cpu_cell("none", "ranges", "causal", 1024), budget, True, 1 << 20, 16)
+    held = predict_frontier(
+        _cpu_cell("none", "ranges", "causal", 1024), budget, True, 1 << 20, 16, hardware
+    )
+    assert bare.tokens is not None and held.tokens is not None
+    # per token: the 8 tensors (fp32: 2 x 4 x (2 x 8 + 2 x 2) x 64 bytes) plus 24 B per q element
+    per_token = 2 * 4 * 64 * (2 * 8 + 2 * 2) + 24 * 8 * 64
+    limit = (budget - 100.0) * MIB / per_token
+    assert held.tokens <= limit < held.bracket[1]  # type: ignore[operator]
+    assert held.tokens < bare.tokens
+
+
+def test_a_prediction_and_the_recommendation_count_memory_as_the_frontier_does() -> None:
+    hardware = dataclasses.replace(
+        _profile(fixed_mib=40.0, q_bytes=10.0, dense_bytes=6.0), cp_rank_mib=-10.0
+    )
+    cell = _cpu_cell("ring", "sdpa", "causal_document", 8192, world=4)
+    predicted = predict(cell, hardware)
+    assert predicted.memory_mib == pytest.approx(rank_memory_mib(cell, True, hardware))
+    assert predicted.memory_terms["dense masks"] > 0
+    assert predicted.memory_mib > predict(cell, load_profile("cpu_gloo_local")).memory_mib

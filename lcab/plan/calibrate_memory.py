@@ -1,0 +1,220 @@
+"""Fit a profile's kernel memory terms to measured frontiers, and check a profile against them.
+
+A frontier record (``seqlen=frontier``) says that at its budget the cell ran at
+``frontier_bracket[0]`` tokens and ran out of memory at ``frontier_bracket[1]``: the budget is
+what the fullest rank holds somewhere in between. The fit takes the middle of the bracket and
+solves, per kernel, for the terms of `lcab.plan.hardware.KernelMemory` that make the model's
+memory there equal the budget (least squares over the kernel's single-device records, no term
+negative), then for `Hardware.cp_rank_mib` as the mean of what the context-parallel records
+leave over. The check searches each record's frontier in the model, as the planner does
+(`lcab.plan.frontier.predict_frontier`), and prints it beside the measured one.
+
+Fitting and checking on the same records shows how well the terms can fit, nothing more: fit at
+one budget and check at another (``--where frontier_budget_gib=0.3,0.4``, then the 0.2 records).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lcab.plan.frontier import predict_frontier, rank_memory_terms
+from lcab.plan.hardware import Hardware, KernelMemory, Link
+from lcab.plan.predict import PlanCell
+from lcab.records.schema import RunRecord
+
+_UNIT = KernelMemory(fixed_mib=1.0, q_bytes=1.0, dense_bytes=1.0)
+"""Unit terms: the model's memory with them is each term's column of the fit."""
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One measured frontier: the cell, its budget and the bracket around its limit."""
+
+    cell: PlanCell
+    """The cell at the first probe's length (where a search starts)."""
+    budget_mib: float
+    fits: int
+    fails: int
+    backward: bool
+    limit: int
+    resolution: int
+
+    @property
+    def middle(self) -> PlanCell:
+        """The cell at the middle of the bracket, where its memory is taken to be the budget."""
+        return dataclasses.replace(self.cell, seqlen=(self.fits + self.fails) // 2)
+
+    def label(self) -> str:
+        """Kernel, strategy, mask and budget, for tables."""
+        return (
+            f"{self.cell.kernel}/{self.cell.cp}/{self.cell.mask} @ {self.budget_mib / 1024:g} GiB"
+        )
+
+
+SEARCHED = ("ok", "numerics_mismatch", "oom")
+"""Probe statuses of a search that ran to its end (`lcab.bench.frontier`)."""
+
+
+def frontier_points(records: list[RunRecord]) -> list[FrontierPoint]:
+    """The records that found a limit under a stated budget.
+
+    Both ends of the bracket known, every probe ``ok`` or ``oom``.
+    """
+    points = []
+    for r in records:
+        bracket = r.frontier_bracket or [None, None]
+        if r.frontier_budget_gib is None or None in bracket or not r.frontier_probes:
+            continue
+        if any(p.get("status") not in SEARCHED for p in r.frontier_probes):
+            continue  # the search stopped (a probe's error): its bracket is not the limit's
+        seqlen = dict(r.config.get("seqlen") or {})
+        start = int(r.frontier_probes[0]["seqlen"])
+        points.append(
+            FrontierPoint(
+                cell=PlanCell.of_record(r).with_(seqlen=start),
+                budget_mib=float(r.frontier_budget_gib) * 1024,
+                fits=int(bracket[0]),  # type: ignore[arg-type]
+                fails=int(bracket[1]),  # type: ignore[arg-type]
+                backward=any(p != "fwd" for p in r.passes),
+                limit=int(seqlen.get("frontier_max") or 1 << 24),
+                resolution=int(seqlen.get("frontier_resolution") or 16),
+            )
+        )
+    return points
+
+
+def _columns(point: FrontierPoint) -> tuple[float, np.ndarray]:
+    """(tensors and buffers MiB, [fixed, per-token, dense] MiB per unit term) at the middle."""
+    unit = dataclasses.replace(_HOLDER, kernel_memory={"default": _UNIT})
+    terms = rank_memory_terms(point.middle, point.backward, unit)
+    columns = np.array(
+        [
+            terms.get("kernel and harness, fixed", 0.0),
+            terms.get("kernel and harness, per token", 0.0),
+            terms.get("dense masks", 0.0),
+        ]
+    )
+    named = {"kernel and harness, fixed", "kernel and harness, per token", "dense masks"}
+    base = sum(v for k, v in terms.items() if k not in named)
+    return base, columns
+
+
+_HOLDER = Hardware(
+    name="unit terms",
+    device="cpu",
+    kernels={},
+    intra=Link(1.0, 0.0),  # the memory model reads no link
+    inter=Link(1.0, 0.0),
+    efficiency={},
+    memory_gib=0.0,
+    memory_gbps=0.0,
+)
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares ``x @ c ≈ y`` with every ``c >= 0`` (a term dropped while it fits below 0)."""
+    keep = [j for j in range(x.shape[1]) if np.any(x[:, j])]
+    coef = np.zeros(x.shape[1])
+    for _ in range(x.shape[1]):
+        if not keep:
+            break
+        solved, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if (solved >= 0).all():
+            coef[keep] = solved
+            break
+        keep = [j for j, c in zip(keep, solved, strict=True) if c >= 0]
+    return coef
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Fitted terms per kernel, the context-parallel rank's term, and the records used."""
+
+    kernels: dict[str, KernelMemory]
+    cp_rank_mib: float
+    single: int
+    """Single-device records the kernels' terms were fitted on."""
+    parallel: int
+    """Context-parallel records ``cp_rank_mib`` was fitted on."""
+
+    def apply(self, hardware: Hardware) -> Hardware:
+        """``hardware`` with these terms (other kernels' terms kept)."""
+        memory = {**hardware.kernel_memory, **self.kernels}
+        return dataclasses.replace(hardware, kernel_memory=memory, cp_rank_mib=self.cp_rank_mib)
+
+
+def fit_memory(points: list[FrontierPoint]) -> MemoryFit:
+    """Terms per kernel from its ``cp=none`` points, then the CP rank's term from the rest.
+
+    Raises:
+        ValueError: no single-device point (the kernels' terms need one).
+
+    """
+    single = [p for p in points if p.cell.cp == "none"]
+    if not single:
+        raise ValueError("no cp=none frontier record: the kernels' memory terms are fitted on one")
+    kernels: dict[str, KernelMemory] = {}
+    for kernel in sorted({p.cell.kernel for p in single}):
+        mine = [p for p in single if p.cell.kernel == kernel]
+        bases, cols = zip(*(_columns(p) for p in mine), strict=True)
+        y = np.array([p.budget_mib for p in mine]) - np.array(bases)
+        fixed, per_token, dense = _nonnegative_fit(np.vstack(cols), y)
+        kernels[kernel] = KernelMemory(
+            fixed_mib=round(float(fixed), 1),
+            q_bytes=round(float(per_token), 2),
+            dense_bytes=round(float(dense), 2),
+        )
+    fitted = dataclasses.replace(_HOLDER, kernel_memory=kernels)
+    left = []
+    for p in points:
+        if p.cell.cp == "none" or p.cell.kernel not in kernels:
+            continue
+        terms = rank_memory_terms(p.middle, p.backward, fitted)
+        left.append(p.budget_mib - sum(terms.values()))
+    cp_rank = round(float(np.mean(left)), 1) if left else 0.0
+    return MemoryFit(kernels, cp_rank, len(single), len(left))
+
+
+@dataclass(frozen=True)
+class FrontierCheck:
+    """A measured frontier beside the one ``hardware``'s model finds for the same search."""
+
+    point: FrontierPoint
+    predicted: int | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured / predicted tokens."""
+        return self.point.fits / self.predicted if self.predicted else None
+
+    def row(self) -> dict[str, Any]:
+        """Plain data for tables and JSON."""
+        return {
+            "cell": self.point.label(),
+            "measured": self.point.fits,
+            "bracket": [self.point.fits, self.point.fails],
+            "predicted": self.predicted,
+            "ratio": None if self.ratio is None else round(self.ratio, 3),
+        }
+
+
+def check_memory(points: list[FrontierPoint], hardware: Hardware) -> list[FrontierCheck]:
+    """Each point's frontier searched in ``hardware``'s model from the same start."""
+    return [
+        FrontierCheck(
+            p,
+            predict_frontier(
+                p.cell, p.budget_mib, p.backward, p.limit, p.resolution, hardware
+            ).tokens,
+        )
+        for p in points
+    ]
+
+
+def within(checks: list[FrontierCheck], band: float = 0.25) -> int:
+    """How many checks have their predicted frontier within ``band`` of the measured one."""
+    return sum(1 for c in checks if c.ratio is not None and abs(c.ratio - 1) <= band)

@@ -1,0 +1,119 @@
+"""Fitting the kernels' memory terms: planted terms come back from the frontiers they make.
+
+The frontier records are made by the model itself with planted terms (each bracket the
+model's own search at that budget), written as JSONL and read through
+``python -m lcab.plan --calibrate-memory``: the fit must find the planted terms again, and the
+fitted model the planted frontiers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from lcab.plan.calibrate_memory import check_memory, fit_memory, frontier_points, within
+from lcab.plan.cli import run
+from lcab.plan.frontier import predict_frontier
+from lcab.plan.hardware import Hardware, KernelMemory, load_profile
+from lcab.plan.predict import PlanCell
+from lcab.records.schema import RunRecord
+
+PLANTED = {
+    "ranges": KernelMemory(fixed_mib=110.0, q_bytes=36.0),
+    "sdpa": KernelMemory(fixed_mib=90.0, q_bytes=8.0, dense_bytes=7.0),
+}
+CP_RANK_MIB = -25.0
+
+
+def _planted() -> Hardware:
+    base = load_profile("cpu_gloo_local")
+    return dataclasses.replace(base, kernel_memory=PLANTED, cp_rank_mib=CP_RANK_MIB)
+
+
+def _record(kernel: str, cp: str, mask: str, budget_gib: float, world: int) -> RunRecord:
+    """The record a frontier search of the planted model would write."""
+    start = 1024 * world
+    cell = PlanCell(cp, kernel, mask, start, 1, world, 8, 2, 64, "float32")
+    found = predict_frontier(cell, budget_gib * 1024, True, 1 << 20, 16, _planted())
+    assert found.tokens is not None and found.bracket[1] is not None
+    return RunRecord(
+        kernel=kernel,
+        cp=cp,
+        mask=mask,
+        seqlen=found.tokens,
+        world_size=world,
+        nodes=1,
+        devices_per_node=world,
+        heads_q=8,
+        heads_kv=2,
+        head_dim=64,
+        dtype="float32",
+        device="cpu",
+        status="ok",
+        passes=["fwd", "bwd"],
+        config={"seqlen": {"frontier_max": 1 << 20, "frontier_resolution": 16}},
+        frontier_tokens=found.tokens,
+        frontier_bracket=list(found.bracket),
+        frontier_budget_gib=budget_gib,
+        frontier_probes=[{"seqlen": start, "status": "ok"}],
+    )
+
+
+def _records() -> list[RunRecord]:
+    single = [
+        _record(kernel, "none", mask, budget, 1)
+        for kernel in PLANTED
+        for mask in ("causal", "causal_document")
+        for budget in (0.3, 0.4, 0.6)
+    ]
+    parallel = [
+        _record(kernel, cp, "causal", 0.3, 4) for kernel in PLANTED for cp in ("ulysses", "ring")
+    ]
+    return single + parallel
+
+
+def test_the_fit_finds_the_planted_terms_again() -> None:
+    fit = fit_memory(frontier_points(_records()))
+    assert (fit.single, fit.parallel) == (12, 4)
+    for kernel, planted in PLANTED.items():
+        found = fit.kernels[kernel]
+        # the brackets are 1/16 wide: the middle is off by up to 1/32 of a length
+        assert found.fixed_mib == pytest.approx(planted.fixed_mib, abs=15.0)
+        assert found.q_bytes == pytest.approx(planted.q_bytes, rel=0.2, abs=2.0)
+        assert found.dense_bytes == pytest.approx(planted.dense_bytes, rel=0.2, abs=0.5)
+    assert fit.kernels["ranges"].dense_bytes == 0.0  # ranges takes no dense mask
+    assert fit.cp_rank_mib == pytest.approx(CP_RANK_MIB, abs=15.0)
+
+
+def test_the_fitted_model_finds_the_measured_frontiers_and_the_bare_one_does_not() -> None:
+    points = frontier_points(_records())
+    fitted = fit_memory(points).apply(load_profile("cpu_gloo_local"))
+    checks = check_memory(points, fitted)
+    assert within(checks, 0.1) == len(points)
+    bare = check_memory(points, load_profile("cpu_gloo_local"))  # tensors alone: far above
+    assert all(c.ratio is not None and c.ratio < 0.75 for c in bare)
+
+
+def test_the_command_prints_the_terms_and_the_table(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "frontiers.jsonl"
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in _records()))
+    out = tmp_path / "fitted.yaml"
+    assert run(["--calibrate-memory", str(path), "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "kernel_memory:" in said and "cp_rank_mib:" in said
+    assert "16 of 16 predicted within ±25 %" in said
+    fitted = load_profile(out)
+    assert fitted.memory("sdpa").dense_bytes > 0 and fitted.memory("ranges").fixed_mib > 0
+    assert run(["--check-memory", str(path)]) == 0
+    assert "predicted within ±25 %" in capsys.readouterr().out
+
+
+def test_records_without_a_frontier_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "plain.jsonl"
+    plain = RunRecord(kernel="ranges", cp="none", mask="causal", seqlen=1024, status="ok")
+    path.write_text(json.dumps(plain.to_dict()) + "\n")
+    assert run(["--calibrate-memory", str(path)]) == 2
+    assert "no frontier record" in capsys.readouterr().err
