@@ -239,21 +239,10 @@ def app(cfg: DictConfig) -> None:
 
 def _frontier_job(cell: Cell, hardware: Hardware, out_dir: Path) -> None:
     """``seqlen=frontier``: the model's longest length within the budget (`lcab.plan.frontier`)."""
-    from lcab.plan.frontier import predict_frontier
+    from lcab.plan.frontier import predict_cell_frontier
 
-    assert cell.frontier is not None
-    budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
-    backward = any(p != "fwd" for p in cell.bench.passes)
     try:
-        found = predict_frontier(
-            PlanCell.of_cell(cell, cell.seqlens[0]),
-            budget_gib * 1024,
-            backward,
-            cell.frontier.max_tokens,
-            cell.frontier.resolution,
-            hardware,
-            cell.device == "cuda" and cell.bench.flush_l2,
-        )
+        found = predict_cell_frontier(cell, hardware)
     except ValueError as err:
         print(f"lcab plan: skipped: {err}", file=sys.stderr)
         return

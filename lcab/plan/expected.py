@@ -141,19 +141,11 @@ def search_lengths(cell: Cell, hardware: Hardware) -> tuple[list[int], str | Non
     """
     if cell.frontier is None:
         return list(cell.seqlens), None
-    from lcab.plan.frontier import predict_frontier
+    from lcab.plan.frontier import predict_cell_frontier
 
     budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
     try:
-        found = predict_frontier(
-            PlanCell.of_cell(cell, cell.seqlens[0]),
-            budget_gib * 1024,
-            any(p != "fwd" for p in cell.bench.passes),
-            cell.frontier.max_tokens,
-            cell.frontier.resolution,
-            hardware,
-            cell.device == "cuda" and cell.bench.flush_l2,
-        )
+        found = predict_cell_frontier(cell, hardware)
     except ValueError as err:
         return list(cell.seqlens), f"a frontier search priced at its first probe only ({err})"
     tokens = "nothing" if found.tokens is None else f"{found.tokens:,} tokens"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lcab.bench.frontier import FITS, NO_ROOM, search
-from lcab.cell import TILE_TOKENS
+from lcab.cell import TILE_TOKENS, Cell
 from lcab.plan.hardware import Hardware, KernelMemory
 from lcab.plan.memory import (
     RankExtras,
@@ -126,4 +126,24 @@ def predict_frontier(
         bracket=(state.fits, state.fails),
         memory_mib=None if state.fits is None else memory[state.fits],
         probes=tuple(length for length, _ in state.probes),
+    )
+
+
+def predict_cell_frontier(cell: Cell, hardware: Hardware) -> FrontierPrediction:
+    """The search of a ``seqlen=frontier`` cell, as its own config asks, in ``hardware``'s model.
+
+    The budget is ``bench.memory_budget_gib``, else the profile's ``memory_gib``; a backward
+    pass counts when the cell times one; a CUDA cell timed with lcab's L2 flush holds its
+    buffer. Raises ValueError where the strategy cannot run the cell.
+    """
+    assert cell.frontier is not None
+    budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
+    return predict_frontier(
+        PlanCell.of_cell(cell, cell.seqlens[0]),
+        budget_gib * 1024,
+        any(p != "fwd" for p in cell.bench.passes),
+        cell.frontier.max_tokens,
+        cell.frontier.resolution,
+        hardware,
+        cell.device == "cuda" and cell.bench.flush_l2,
     )

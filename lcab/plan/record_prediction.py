@@ -99,24 +99,12 @@ def _note(record: RunRecord, note: str) -> None:
 
 def _frontier_of(cell: Cell, hardware: Any) -> int | str | None:
     """The planner's frontier for a ``seqlen=frontier`` cell (its tokens, or why none)."""
-    from lcab.plan.frontier import predict_frontier
-    from lcab.plan.predict import PlanCell
+    from lcab.plan.frontier import predict_cell_frontier
 
-    assert cell.frontier is not None
-    budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
     try:
-        found = predict_frontier(
-            PlanCell.of_cell(cell, cell.seqlens[0]),
-            budget_gib * 1024,
-            any(p != "fwd" for p in cell.bench.passes),
-            cell.frontier.max_tokens,
-            cell.frontier.resolution,
-            hardware,
-            cell.device == "cuda" and cell.bench.flush_l2,
-        )
+        return predict_cell_frontier(cell, hardware).tokens
     except Exception as err:  # never cost the search
         return f"no predicted frontier: {type(err).__name__}: {err}"[:300]
-    return found.tokens
 
 
 def _attach_frontier(record: RunRecord, frontier: int | str | None) -> None:
