@@ -5,9 +5,10 @@ A frontier record (``seqlen=frontier``) says that at its budget the cell ran at
 what the fullest rank holds somewhere in between. The fit takes the middle of the bracket and
 solves, per kernel, for the terms of `lcab.plan.hardware.KernelMemory` that make the model's
 memory there equal the budget (least squares over the kernel's single-device records, no term
-negative), then for `Hardware.cp_rank_mib` as the mean of what the context-parallel records
-leave over. The check searches each record's frontier in the model, as the planner does
-(`lcab.plan.frontier.predict_frontier`), and prints it beside the measured one.
+negative), then for each kernel's `KernelMemory.cp_fixed_mib` as the mean of what its
+context-parallel records leave over. The check searches each record's frontier in the model,
+as the planner does (`lcab.plan.frontier.predict_frontier`), and prints it beside the
+measured one.
 
 Fitting and checking on the same records shows how well the terms can fit, nothing more: fit at
 one budget and check at another (``--where frontier_budget_gib=0.3,0.4``, then the 0.2 records).
@@ -95,10 +96,10 @@ def _columns(point: FrontierPoint) -> tuple[float, np.ndarray]:
         [
             terms.get("kernel and harness, fixed", 0.0),
             terms.get("kernel and harness, per token", 0.0),
-            terms.get("dense masks", 0.0),
+            terms.get("largest dense call", 0.0),
         ]
     )
-    named = {"kernel and harness, fixed", "kernel and harness, per token", "dense masks"}
+    named = {"kernel and harness, fixed", "kernel and harness, per token", "largest dense call"}
     base = sum(v for k, v in terms.items() if k not in named)
     return base, columns
 
@@ -132,23 +133,23 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MemoryFit:
-    """Fitted terms per kernel, the context-parallel rank's term, and the records used."""
+    """Fitted terms per kernel, and the records used."""
 
     kernels: dict[str, KernelMemory]
-    cp_rank_mib: float
     single: int
     """Single-device records the kernels' terms were fitted on."""
     parallel: int
-    """Context-parallel records ``cp_rank_mib`` was fitted on."""
+    """Context-parallel records the kernels' ``cp_fixed_mib`` were fitted on."""
 
     def apply(self, hardware: Hardware) -> Hardware:
         """``hardware`` with these terms (other kernels' terms kept)."""
-        memory = {**hardware.kernel_memory, **self.kernels}
-        return dataclasses.replace(hardware, kernel_memory=memory, cp_rank_mib=self.cp_rank_mib)
+        return dataclasses.replace(
+            hardware, kernel_memory={**hardware.kernel_memory, **self.kernels}
+        )
 
 
 def fit_memory(points: list[FrontierPoint]) -> MemoryFit:
-    """Terms per kernel from its ``cp=none`` points, then the CP rank's term from the rest.
+    """Terms per kernel from its ``cp=none`` points, then its CP rank's fixed part from the rest.
 
     Raises:
         ValueError: no single-device point (the kernels' terms need one).
@@ -158,25 +159,30 @@ def fit_memory(points: list[FrontierPoint]) -> MemoryFit:
     if not single:
         raise ValueError("no cp=none frontier record: the kernels' memory terms are fitted on one")
     kernels: dict[str, KernelMemory] = {}
+    parallel = 0
     for kernel in sorted({p.cell.kernel for p in single}):
         mine = [p for p in single if p.cell.kernel == kernel]
         bases, cols = zip(*(_columns(p) for p in mine), strict=True)
         y = np.array([p.budget_mib for p in mine]) - np.array(bases)
         fixed, per_token, dense = _nonnegative_fit(np.vstack(cols), y)
-        kernels[kernel] = KernelMemory(
+        terms = KernelMemory(
             fixed_mib=round(float(fixed), 1),
             q_bytes=round(float(per_token), 2),
             dense_bytes=round(float(dense), 2),
         )
-    fitted = dataclasses.replace(_HOLDER, kernel_memory=kernels)
-    left = []
-    for p in points:
-        if p.cell.cp == "none" or p.cell.kernel not in kernels:
-            continue
-        terms = rank_memory_terms(p.middle, p.backward, fitted)
-        left.append(p.budget_mib - sum(terms.values()))
-    cp_rank = round(float(np.mean(left)), 1) if left else 0.0
-    return MemoryFit(kernels, cp_rank, len(single), len(left))
+        # a CP rank's fixed part: what its records leave over with every other term counted
+        unfixed = dataclasses.replace(terms, cp_fixed_mib=0.0)
+        held = dataclasses.replace(_HOLDER, kernel_memory={kernel: unfixed})
+        left = [
+            p.budget_mib - sum(rank_memory_terms(p.middle, p.backward, held).values())
+            for p in points
+            if p.cell.cp != "none" and p.cell.kernel == kernel
+        ]
+        if left:
+            terms = dataclasses.replace(terms, cp_fixed_mib=round(float(np.mean(left)), 1))
+            parallel += len(left)
+        kernels[kernel] = terms
+    return MemoryFit(kernels, len(single), parallel)
 
 
 @dataclass(frozen=True)

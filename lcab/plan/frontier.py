@@ -83,18 +83,17 @@ def rank_memory_terms(
     """
     problem = cell.problem()
     kernel = hardware.memory(cell.kernel) if hardware is not None else KernelMemory()
-    cp_rank = hardware.cp_rank_mib if hardware is not None else 0.0
     mask = mask_for(cell) if kernel.dense_bytes and takes_dense_mask(cell.kernel) else None
     if cell.cp == "none":
-        dense = 0.0 if mask is None else whole_dense_positions(mask, problem)
-        return single_device_terms(problem, backward, RankExtras(kernel, dense, 0.0, flush_l2))
+        dense = (0.0, 0.0) if mask is None else whole_dense_positions(mask, problem)
+        return single_device_terms(problem, backward, RankExtras(kernel, dense, flush_l2))
     reasons = cell_reasons(cell)
     if reasons:
         raise ValueError(f"{cell.label()}: " + "; ".join(reasons))
     strategy = strategy_for(cell)
     plan = strategy.plan(mask if mask is not None else mask_for(cell), problem, cell.world)
-    dense = 0.0 if mask is None else dense_positions(plan, mask)
-    return memory_terms(plan, problem, backward, RankExtras(kernel, dense, cp_rank, flush_l2))
+    dense = (0.0, 0.0) if mask is None else dense_positions(plan, mask)
+    return memory_terms(plan, problem, backward, RankExtras(kernel, dense, flush_l2))
 
 
 def predict_frontier(

@@ -124,14 +124,18 @@ class KernelMemory:
     fixed_mib: float = 0.0
     """MiB a rank of a world of one adds whatever the length: its first call's thread pools,
     library scratch and stacks, the harness's buffers."""
+    cp_fixed_mib: float | None = None
+    """The same for a rank of a context-parallel world, whose kernel may run on fewer threads
+    (one per rank on a CPU host) beside its process group; None: ``fixed_mib``."""
     q_bytes: float = 0.0
     """Bytes per element of the query-sized tensor of the rank's largest call (tokens x local
     query heads x head dim): float32 accumulators, saved activations, the harness's layout
     copies — per element, so it carries across head counts and dims."""
     dense_bytes: float = 0.0
-    """Bytes per position of every dense mask the rank's prepared calls hold (`Work.dense_rows`
-    x `Work.dense_keys` summed over a pass's calls: PyTorch SDPA's additive bias), at the
-    largest when it is built; 0: the kernel takes no dense mask."""
+    """Bytes per position of the rank's largest dense-mask call at the peak, beside the biases
+    its prepared calls keep (those are counted at the problem's element size: PyTorch SDPA's
+    additive bias, `lcab.kernels.sdpa`): the boolean masks a bias is built from, and what the
+    kernel holds per position; 0: the kernel takes no dense mask."""
 
 
 @dataclass(frozen=True)
@@ -189,9 +193,6 @@ class Hardware:
     kernel_memory: dict[str, KernelMemory] = field(default_factory=dict)
     """Per kernel (or ``default``), what a rank holds besides the attention tensors (the
     memory frontier's model, `lcab.plan.frontier`); none: the tensors alone."""
-    cp_rank_mib: float = 0.0
-    """MiB a rank of a context-parallel world holds besides a world of one's (its process
-    group, communication staging; less where its kernel runs on fewer threads)."""
 
     def rate(self, kernel: str) -> KernelRate:
         """The kernel's rate, the entry it borrows, or the profile's ``default`` entry.

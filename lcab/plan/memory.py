@@ -7,11 +7,12 @@ and travelling dK/dV; the full K/V an all-gather materialises and its gradients.
 
 Counted from the hardware profile (`lcab.plan.hardware.KernelMemory`, fitted to measured
 frontiers; all 0 where none were measured): what a rank running the kernel holds besides —
-a fixed part (thread pools, library scratch, the harness's buffers), a part per element of its
-largest call's query-sized tensor (accumulators, saved activations, layout copies), a part per
-position of the dense masks its prepared calls keep (PyTorch SDPA's bias), and what a rank of
-a context-parallel world adds (`Hardware.cp_rank_mib`). On CUDA, lcab's own 256 MiB L2-flush
-buffer. Not counted: the rest of a model, and the allocator's slack beyond what the fit saw.
+a fixed part (thread pools, library scratch, the harness's buffers; a rank of a context-parallel
+world its own, `KernelMemory.cp_fixed_mib`), a part per element of its largest call's
+query-sized tensor (accumulators, saved activations, layout copies), and for a kernel that takes
+a dense mask the biases its prepared calls keep (PyTorch SDPA's, in the problem's dtype) plus a
+part per position of its largest such call. On CUDA, lcab's own 256 MiB L2-flush buffer. Not
+counted: the rest of a model, and the allocator's slack beyond what the fit saw.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ class RankExtras:
     """What the profile says a rank holds besides the tensors, and how much dense mask it keeps."""
 
     kernel: KernelMemory = field(default_factory=KernelMemory)
-    dense_positions: float = 0.0
-    """Positions of the dense masks the rank's prepared calls hold (`dense_positions`)."""
-    cp_rank_mib: float = 0.0
+    dense_positions: tuple[float, float] = (0.0, 0.0)
+    """Positions of the dense masks the rank's prepared calls keep, all and the largest call's
+    (`dense_positions`)."""
     flush_l2: bool = False
     """A CUDA cell timed with lcab's L2 flush (``bench.flush_l2``)."""
 
@@ -55,6 +56,7 @@ def memory_terms(
     if backward:
         terms["dout, dq, dk, dv"] = (2 * q_shard + 2 * kv_shard) * elem
     group_tokens = n * plan.ulysses
+    head_sharded = group_tokens * (2 * h.local_q + 2 * h.local_kv) * d * elem
     if plan.strategy == "ring_allgather":
         gathered = 2 * plan.ring * kv_shard * elem
         terms["gathered k, v"] = gathered
@@ -62,9 +64,9 @@ def memory_terms(
             terms["gathered dk, dv"] = gathered
     else:
         if plan.ulysses > 1:
-            terms["head-sharded q, k, v, out"] = (
-                group_tokens * (2 * h.local_q + 2 * h.local_kv) * d * elem
-            )
+            terms["head-sharded q, k, v, out"] = head_sharded
+            if backward:  # the local backward's dout in, dq, dk, dv out, before the a2a back
+                terms["head-sharded dout, dq, dk, dv"] = head_sharded
         if plan.strategy != "ulysses":
             block = 2 * group_tokens * h.local_kv * d
             in_flight = 2 + (1 if plan.windows > 1 else 0)
@@ -76,7 +78,7 @@ def memory_terms(
     mib = {k: v / MIB for k, v in terms.items()}
     extras = extras or RankExtras()
     call_q = group_tokens * h.local_q * d
-    return mib | _extra_terms(extras, call_q, cp=True)
+    return mib | _extra_terms(extras, call_q, elem, cp=True)
 
 
 def single_device_terms(
@@ -89,36 +91,45 @@ def single_device_terms(
     terms = {"q, out": 2 * q * elem / MIB, "k, v": 2 * kv * elem / MIB}
     if backward:
         terms["dout, dq, dk, dv"] = (2 * q + 2 * kv) * elem / MIB
-    return terms | _extra_terms(extras or RankExtras(), q, cp=False)
+    return terms | _extra_terms(extras or RankExtras(), q, elem, cp=False)
 
 
-def _extra_terms(extras: RankExtras, call_q_elements: float, cp: bool) -> dict[str, float]:
+def _extra_terms(
+    extras: RankExtras, call_q_elements: float, elem: int, cp: bool
+) -> dict[str, float]:
     """The profile's terms of a rank whose largest call has ``call_q_elements`` query elements."""
     kernel, terms = extras.kernel, {}
-    if kernel.fixed_mib:
-        terms["kernel and harness, fixed"] = kernel.fixed_mib
+    fixed = kernel.fixed_mib
+    if cp and kernel.cp_fixed_mib is not None:
+        fixed = kernel.cp_fixed_mib
+    if fixed:
+        terms["kernel and harness, fixed"] = fixed
     if kernel.q_bytes:
         terms["kernel and harness, per token"] = kernel.q_bytes * call_q_elements / MIB
-    if kernel.dense_bytes and extras.dense_positions:
-        terms["dense masks"] = kernel.dense_bytes * extras.dense_positions / MIB
-    if cp and extras.cp_rank_mib:
-        terms["context-parallel rank"] = extras.cp_rank_mib
+    held, largest = extras.dense_positions
+    if kernel.dense_bytes and held:
+        terms["dense mask biases"] = held * elem / MIB
+        terms["largest dense call"] = kernel.dense_bytes * largest / MIB
     if extras.flush_l2:
         terms["lcab's L2 flush buffer"] = L2_FLUSH_MIB
     return terms
 
 
-def whole_dense_positions(mask: AttnMask, problem: Problem) -> float:
-    """Bias positions a dense-mask kernel holds for ``mask`` on one device (0: it needs none)."""
+def whole_dense_positions(mask: AttnMask, problem: Problem) -> tuple[float, float]:
+    """Bias positions a dense-mask kernel keeps for ``mask`` on one device: all, the largest.
+
+    One call, so both the same; 0 where it needs none.
+    """
     from lcab.kernels.sdpa import whole_mask_kind
 
     if whole_mask_kind(mask) is not None:
-        return 0.0
-    return float(mask.seqlen_q * mask.seqlen_k * (problem.heads_q if mask.num_heads > 1 else 1))
+        return 0.0, 0.0
+    held = float(mask.seqlen_q * mask.seqlen_k * (problem.heads_q if mask.num_heads > 1 else 1))
+    return held, held
 
 
-def dense_positions(plan: Plan, mask: AttnMask) -> float:
-    """Largest, over ranks, of the dense-bias positions a rank's prepared calls hold.
+def dense_positions(plan: Plan, mask: AttnMask) -> tuple[float, float]:
+    """The dense-bias positions of the fullest rank's prepared calls: all, and its largest.
 
     A strategy prepares each call of its schedule once — a ring one per step, Ulysses one over
     its group's tokens, the all-gather one over every key — and a call whose sub-mask is not
@@ -140,13 +151,14 @@ def dense_positions(plan: Plan, mask: AttnMask) -> float:
 
     if plan.strategy == "ring_allgather":
         keys = np.concatenate(layouts)
-        return float(max(held(rows, keys) for rows in layouts))
-    ring = len(layouts)
-    return float(
-        max(
-            sum(held(layouts[p], layouts[(p - i) % ring]) for i in range(ring)) for p in range(ring)
-        )
-    )
+        calls = [[held(rows, keys)] for rows in layouts]
+    else:
+        ring = len(layouts)
+        calls = [
+            [held(layouts[p], layouts[(p - i) % ring]) for i in range(ring)] for p in range(ring)
+        ]
+    fullest = max(calls, key=sum)
+    return float(sum(fullest)), float(max(fullest))
 
 
 def takes_dense_mask(kernel: str) -> bool:

@@ -36,10 +36,7 @@ def memory_command(records: list[RunRecord], hardware: Hardware, fit: bool, out:
     if fit:
         found = fit_memory(points)
         hardware = found.apply(hardware)
-        terms = {
-            "kernel_memory": {k: vars(v) for k, v in found.kernels.items()},
-            "cp_rank_mib": found.cp_rank_mib,
-        }
+        terms = {"kernel_memory": {k: vars(v) for k, v in found.kernels.items()}}
         screen.print(
             f"fitted on {found.single} single-device and {found.parallel} context-parallel "
             "frontiers (the middle of each bracket taken as the budget):"

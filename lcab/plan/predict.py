@@ -193,10 +193,10 @@ def predict(
     diagonal = hardware.rate(cell.kernel).diagonal_rows > 0  # else nothing costs the edges
     replayed = replay(strategy, mask, problem, cell.world, plan, harness, diagonal)
     kernel_memory = hardware.memory(cell.kernel)
-    dense = 0.0
+    dense = (0.0, 0.0)
     if kernel_memory.dense_bytes and takes_dense_mask(cell.kernel):
         dense = dense_positions(plan, mask)
-    extras = RankExtras(kernel_memory, dense, hardware.cp_rank_mib)
+    extras = RankExtras(kernel_memory, dense)
     terms = memory_terms(plan, problem, backward=True, extras=extras)
     return CellPrediction(
         cell=cell,

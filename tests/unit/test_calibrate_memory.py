@@ -22,15 +22,13 @@ from lcab.plan.predict import PlanCell
 from lcab.records.schema import RunRecord
 
 PLANTED = {
-    "ranges": KernelMemory(fixed_mib=110.0, q_bytes=36.0),
-    "sdpa": KernelMemory(fixed_mib=90.0, q_bytes=8.0, dense_bytes=7.0),
+    "ranges": KernelMemory(fixed_mib=110.0, q_bytes=36.0, cp_fixed_mib=60.0),
+    "sdpa": KernelMemory(fixed_mib=90.0, q_bytes=8.0, dense_bytes=9.0, cp_fixed_mib=120.0),
 }
-CP_RANK_MIB = -25.0
 
 
 def _planted() -> Hardware:
-    base = load_profile("cpu_gloo_local")
-    return dataclasses.replace(base, kernel_memory=PLANTED, cp_rank_mib=CP_RANK_MIB)
+    return dataclasses.replace(load_profile("cpu_gloo_local"), kernel_memory=PLANTED)
 
 
 def _record(kernel: str, cp: str, mask: str, budget_gib: float, world: int) -> RunRecord:
@@ -84,8 +82,8 @@ def test_the_fit_finds_the_planted_terms_again() -> None:
         assert found.fixed_mib == pytest.approx(planted.fixed_mib, abs=15.0)
         assert found.q_bytes == pytest.approx(planted.q_bytes, rel=0.2, abs=2.0)
         assert found.dense_bytes == pytest.approx(planted.dense_bytes, rel=0.2, abs=0.5)
+        assert found.cp_fixed_mib == pytest.approx(planted.cp_fixed_mib, abs=15.0)
     assert fit.kernels["ranges"].dense_bytes == 0.0  # ranges takes no dense mask
-    assert fit.cp_rank_mib == pytest.approx(CP_RANK_MIB, abs=15.0)
 
 
 def test_the_fitted_model_finds_the_measured_frontiers_and_the_bare_one_does_not() -> None:
@@ -103,7 +101,7 @@ def test_the_command_prints_the_terms_and_the_table(tmp_path: Path, capsys) -> N
     out = tmp_path / "fitted.yaml"
     assert run(["--calibrate-memory", str(path), "--out", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "kernel_memory:" in said and "cp_rank_mib:" in said
+    assert "kernel_memory:" in said and "cp_fixed_mib:" in said
     assert "16 of 16 predicted within ±25 %" in said
     fitted = load_profile(out)
     assert fitted.memory("sdpa").dense_bytes > 0 and fitted.memory("ranges").fixed_mib > 0

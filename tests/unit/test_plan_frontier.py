@@ -50,7 +50,7 @@ def test_a_strategy_that_cannot_run_the_cell_says_why() -> None:
 def _profile(**terms: float) -> Hardware:
     base = load_profile("cpu_gloo_local")
     memory = {"sdpa": KernelMemory(**terms), "ranges": KernelMemory(**terms)}
-    return dataclasses.replace(base, kernel_memory=memory, cp_rank_mib=0.0)
+    return dataclasses.replace(base, kernel_memory=memory)
 
 
 def _cpu_cell(cp: str, kernel: str, mask: str, seqlen: int, world: int = 1) -> PlanCell:
@@ -65,16 +65,17 @@ def test_the_kernel_terms_add_fixed_per_token_and_dense_mask_memory_by_hand() ->
     # causal runs as is_causal: no dense mask
     causal = rank_memory_mib(_cpu_cell("none", "sdpa", "causal", seqlen), True, hardware)
     assert causal == pytest.approx(tensors + 100.0 + 12.0 * q_elements / MIB)
-    # a document mask is a dense (1, 1, S, S) bias for sdpa, nothing for lcab's ranges
+    # a document mask is a dense (1, 1, S, S) float32 bias for sdpa (4 bytes a position) and
+    # the profile's 4 more at its peak; nothing for lcab's ranges
     document = rank_memory_mib(_cpu_cell("none", "sdpa", "causal_document", seqlen), True, hardware)
-    assert document == pytest.approx(causal + 4.0 * seqlen * seqlen / MIB)
+    assert document == pytest.approx(causal + (4 + 4.0) * seqlen * seqlen / MIB)
     ranges = rank_memory_mib(_cpu_cell("none", "ranges", "causal_document", seqlen), True, hardware)
     assert ranges == pytest.approx(causal)
 
 
-def _biases_the_ring_holds(cell: PlanCell) -> float:
+def _biases_the_ring_holds(cell: PlanCell) -> tuple[float, float]:
     """Elements of the dense biases lcab's sdpa kernel builds for the ring's own prepared steps
-    (lcab.cp.ring.ring_steps with the real kernel), summed per rank, largest rank."""
+    (lcab.cp.ring.ring_steps with the real kernel): the fullest rank's sum, and its largest."""
     strategy, mask, problem = strategy_for(cell), mask_for(cell), cell.problem()
     plan = strategy.plan(mask, problem, cell.world)
     kernel = get_kernel("sdpa")
@@ -83,8 +84,9 @@ def _biases_the_ring_holds(cell: PlanCell) -> float:
     for position in range(plan.ring):
         steps = ring_steps(plan, mask, problem, kernel, position, 0, layouts)
         biases = [getattr(s.prepared, "bias", None) for s in steps if s.prepared is not None]
-        held.append(sum(b.numel() for b in biases if b is not None))
-    return float(max(held))
+        held.append([b.numel() for b in biases if b is not None])
+    fullest = max(held, key=sum)
+    return float(sum(fullest)), float(max(fullest))
 
 
 @pytest.mark.parametrize("mask", ["causal", "causal_document", "full"])
@@ -93,7 +95,7 @@ def test_dense_positions_are_the_biases_the_rings_own_steps_build(mask: str) -> 
     built, problem = mask_for(cell), cell.problem()
     plan = strategy_for(cell).plan(built, problem, 4)
     expected = _biases_the_ring_holds(cell)
-    assert expected > 0  # zigzag chunks: every step's sub-mask has several slices
+    assert expected[0] > 0  # zigzag chunks: every step's sub-mask has several slices
     assert dense_positions(plan, built) == pytest.approx(expected)
 
 
@@ -103,15 +105,17 @@ def test_one_device_holds_a_bias_only_where_the_mask_is_not_one_full_or_causal_s
         built = mask_for(_cpu_cell("none", "sdpa", mask, 1024))
         bias = getattr(get_kernel("sdpa").prepare(built, problem), "bias", None)
         assert (0 if bias is None else bias.numel()) == held
-        assert whole_dense_positions(built, problem) == held
+        assert whole_dense_positions(built, problem) == (held, held)
 
 
-def test_a_rank_of_a_world_adds_the_profiles_cp_term() -> None:
-    hardware = dataclasses.replace(_profile(fixed_mib=50.0), cp_rank_mib=-20.0)
+def test_a_rank_of_a_world_holds_its_own_fixed_part() -> None:
     cell = _cpu_cell("ulysses", "ranges", "causal", 4096, world=4)
-    assert rank_memory_mib(cell, True, hardware) == pytest.approx(
-        rank_memory_mib(cell, True) + 50.0 - 20.0
-    )
+    alike = _profile(fixed_mib=50.0)  # no part of its own: a world of one's
+    assert rank_memory_mib(cell, True, alike) == pytest.approx(rank_memory_mib(cell, True) + 50.0)
+    own = _profile(fixed_mib=50.0, cp_fixed_mib=30.0)
+    assert rank_memory_mib(cell, True, own) == pytest.approx(rank_memory_mib(cell, True) + 30.0)
+    alone = _cpu_cell("none", "ranges", "causal", 4096)
+    assert rank_memory_mib(alone, True, own) == pytest.approx(rank_memory_mib(alone, True) + 50.0)
 
 
 def test_the_terms_shrink_the_predicted_frontier_as_the_budget_says() -> None:
@@ -130,11 +134,9 @@ def test_the_terms_shrink_the_predicted_frontier_as_the_budget_says() -> None:
 
 
 def test_a_prediction_and_the_recommendation_count_memory_as_the_frontier_does() -> None:
-    hardware = dataclasses.replace(
-        _profile(fixed_mib=40.0, q_bytes=10.0, dense_bytes=6.0), cp_rank_mib=-10.0
-    )
+    hardware = _profile(fixed_mib=40.0, q_bytes=10.0, dense_bytes=6.0, cp_fixed_mib=30.0)
     cell = _cpu_cell("ring", "sdpa", "causal_document", 8192, world=4)
     predicted = predict(cell, hardware)
     assert predicted.memory_mib == pytest.approx(rank_memory_mib(cell, True, hardware))
-    assert predicted.memory_terms["dense masks"] > 0
+    assert predicted.memory_terms["dense mask biases"] > 0
     assert predicted.memory_mib > predict(cell, load_profile("cpu_gloo_local")).memory_mib
