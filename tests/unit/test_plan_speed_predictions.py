@@ -10,6 +10,10 @@ the planner's own figures (`CellPrediction.row`, what ``python -m lcab.plan`` pr
 to the printed digit, besides the raw TFLOP/s and times to 1e-9.
 
 Regenerate only on purpose (a model change), with the command in the fixture.
+
+Memory (``memory_mib``) is not held to the fixture: issue 52 changed the memory model on
+purpose (a profile's kernel terms, Ulysses' head-sharded gradients in the backward), and the
+model is checked by hand in ``tests/unit/test_plan_frontier.py``; every time and throughput is.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ FIXTURE = Path(__file__).parent / "data" / "plan_speed_predictions.json"
 
 STRATEGIES = ("ring", "usp", "loongtrain", "ulysses", "ring_allgather")
 MASKS = ("causal", "causal_document", "full")
+NOT_PINNED = frozenset({"memory_mib"})
+"""Row fields a model change moved on purpose since the fixture (see the module docstring)."""
 GPU_TOPOLOGIES = ("1x8", "4x8", "12x8")
 CPU_TOPOLOGIES = ("local4", "2x4")
 
@@ -138,7 +144,8 @@ def test_predictions_match_those_of_the_planner_before_it_was_made_fast(key: str
         assert ("row" in g) == ("row" in w)
         if "row" in w:
             assert g["row"].keys() == w["row"].keys()
-            bad = {k: (g["row"][k], v) for k, v in w["row"].items() if not _close(g["row"][k], v)}
+            pinned = {k: v for k, v in w["row"].items() if k not in NOT_PINNED}
+            bad = {k: (g["row"][k], v) for k, v in pinned.items() if not _close(g["row"][k], v)}
             assert not bad, (key, g["seqlen"], bad)
             bad = {k: (g["raw"][k], v) for k, v in w["raw"].items() if not _close(g["raw"][k], v)}
             assert not bad, (key, g["seqlen"], bad)
