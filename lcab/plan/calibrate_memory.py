@@ -5,8 +5,9 @@ A frontier record (``seqlen=frontier``) says that at its budget the cell ran at
 what the fullest rank holds somewhere in between. The fit takes the middle of the bracket and
 solves, per kernel, for the terms of `lcab.plan.hardware.KernelMemory` that make the model's
 memory there equal the budget (least squares over the kernel's single-device records, no term
-negative), then for each kernel's `KernelMemory.cp_fixed_mib` as the mean of what its
-context-parallel records leave over. The check searches each record's frontier in the model,
+negative), then for each kernel's `KernelMemory.cp_fixed_mib` and ``cp_q_bytes`` by least
+squares on what its context-parallel records leave over (only the fixed part where they were
+all measured at one budget). The check searches each record's frontier in the model,
 as the planner does (`lcab.plan.frontier.predict_frontier`), and prints it beside the
 measured one.
 
@@ -148,8 +149,37 @@ class MemoryFit:
         )
 
 
+def _fit_parallel(kernel: str, terms: KernelMemory, points: list[FrontierPoint]) -> KernelMemory:
+    """``terms`` with ``cp_fixed_mib`` and ``cp_q_bytes`` fitted on the kernel's CP ``points``.
+
+    One budget cannot tell a fixed part from a per-token one: with a single length (or all
+    points at one), only ``cp_fixed_mib`` is fitted and the per-token part stays the world of
+    one's.
+    """
+    unit = dataclasses.replace(terms, cp_fixed_mib=1.0, cp_q_bytes=1.0)
+    held = dataclasses.replace(_HOLDER, kernel_memory={kernel: unit})
+    rows, left = [], []
+    for p in points:
+        found = rank_memory_terms(p.middle, p.backward, held)
+        fixed = found.get("kernel and harness, fixed", 0.0)
+        per_token = found.get("kernel and harness, per token", 0.0)
+        rows.append([fixed, per_token])
+        left.append(p.budget_mib - (sum(found.values()) - fixed - per_token))
+    x, y = np.array(rows), np.array(left)
+    if len({p.budget_mib for p in points}) > 1:
+        fixed_mib, per_element = np.linalg.lstsq(x, y, rcond=None)[0]
+        if per_element >= 0:
+            return dataclasses.replace(
+                terms,
+                cp_fixed_mib=round(float(fixed_mib), 1),
+                cp_q_bytes=round(float(per_element), 2),
+            )
+    alike = x[:, 1] * terms.q_bytes  # the per-token part a world of one has
+    return dataclasses.replace(terms, cp_fixed_mib=round(float(np.mean(y - alike)), 1))
+
+
 def fit_memory(points: list[FrontierPoint]) -> MemoryFit:
-    """Terms per kernel from its ``cp=none`` points, then its CP rank's fixed part from the rest.
+    """Terms per kernel from its ``cp=none`` points, then its CP rank's own from the rest.
 
     Raises:
         ValueError: no single-device point (the kernels' terms need one).
@@ -170,17 +200,12 @@ def fit_memory(points: list[FrontierPoint]) -> MemoryFit:
             q_bytes=round(float(per_token), 2),
             dense_bytes=round(float(dense), 2),
         )
-        # a CP rank's fixed part: what its records leave over with every other term counted
-        unfixed = dataclasses.replace(terms, cp_fixed_mib=0.0)
-        held = dataclasses.replace(_HOLDER, kernel_memory={kernel: unfixed})
-        left = [
-            p.budget_mib - sum(rank_memory_terms(p.middle, p.backward, held).values())
-            for p in points
-            if p.cell.cp != "none" and p.cell.kernel == kernel
-        ]
-        if left:
-            terms = dataclasses.replace(terms, cp_fixed_mib=round(float(np.mean(left)), 1))
-            parallel += len(left)
+        # a CP rank's own fixed and per-token parts: fitted on what its records leave over
+        # with the kernel's dense-mask term and the strategy's buffers counted
+        parallel_points = [p for p in points if p.cell.cp != "none" and p.cell.kernel == kernel]
+        if parallel_points:
+            terms = _fit_parallel(kernel, terms, parallel_points)
+            parallel += len(parallel_points)
         kernels[kernel] = terms
     return MemoryFit(kernels, len(single), parallel)
 

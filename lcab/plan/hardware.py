@@ -131,6 +131,10 @@ class KernelMemory:
     """Bytes per element of the query-sized tensor of the rank's largest call (tokens x local
     query heads x head dim): float32 accumulators, saved activations, the harness's layout
     copies — per element, so it carries across head counts and dims."""
+    cp_q_bytes: float | None = None
+    """The same for a rank of a context-parallel world, which draws only its shard of the
+    inputs (a world of one makes the whole tensors and their layout copies); None:
+    ``q_bytes``."""
     dense_bytes: float = 0.0
     """Bytes per position of the rank's largest dense-mask call at the peak, beside the biases
     its prepared calls keep (those are counted at the problem's element size: PyTorch SDPA's

@@ -7,9 +7,10 @@ and travelling dK/dV; the full K/V an all-gather materialises and its gradients.
 
 Counted from the hardware profile (`lcab.plan.hardware.KernelMemory`, fitted to measured
 frontiers; all 0 where none were measured): what a rank running the kernel holds besides —
-a fixed part (thread pools, library scratch, the harness's buffers; a rank of a context-parallel
-world its own, `KernelMemory.cp_fixed_mib`), a part per element of its largest call's
-query-sized tensor (accumulators, saved activations, layout copies), and for a kernel that takes
+a fixed part (thread pools, library scratch, the harness's buffers), a part per element of its
+largest call's query-sized tensor (accumulators, saved activations, layout copies) — a rank of
+a context-parallel world has its own of both (`KernelMemory.cp_fixed_mib`, ``cp_q_bytes``) —
+and for a kernel that takes
 a dense mask the biases its prepared calls keep (PyTorch SDPA's, in the problem's dtype) plus a
 part per position of its largest such call. On CUDA, lcab's own 256 MiB L2-flush buffer. Not
 counted: the rest of a model, and the allocator's slack beyond what the fit saw.
@@ -104,8 +105,11 @@ def _extra_terms(
         fixed = kernel.cp_fixed_mib
     if fixed:
         terms["kernel and harness, fixed"] = fixed
-    if kernel.q_bytes:
-        terms["kernel and harness, per token"] = kernel.q_bytes * call_q_elements / MIB
+    per_element = kernel.q_bytes
+    if cp and kernel.cp_q_bytes is not None:
+        per_element = kernel.cp_q_bytes
+    if per_element:
+        terms["kernel and harness, per token"] = per_element * call_q_elements / MIB
     held, largest = extras.dense_positions
     if kernel.dense_bytes and held:
         terms["dense mask biases"] = held * elem / MIB
