@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -89,6 +88,19 @@ def frontier_points(records: list[RunRecord]) -> list[FrontierPoint]:
     return points
 
 
+_HOLDER = Hardware(
+    name="unit terms",
+    device="cpu",
+    kernels={},
+    intra=Link(1.0, 0.0),  # the memory model reads no link
+    inter=Link(1.0, 0.0),
+    efficiency={},
+    memory_gib=0.0,
+    memory_gbps=0.0,
+)
+"""A profile of nothing but memory terms: the fit puts its trial terms in it."""
+
+
 def _columns(point: FrontierPoint) -> tuple[float, np.ndarray]:
     """(tensors and buffers MiB, [fixed, per-token, dense] MiB per unit term) at the middle."""
     unit = dataclasses.replace(_HOLDER, kernel_memory={"default": _UNIT})
@@ -103,18 +115,6 @@ def _columns(point: FrontierPoint) -> tuple[float, np.ndarray]:
     named = {"kernel and harness, fixed", "kernel and harness, per token", "largest dense call"}
     base = sum(v for k, v in terms.items() if k not in named)
     return base, columns
-
-
-_HOLDER = Hardware(
-    name="unit terms",
-    device="cpu",
-    kernels={},
-    intra=Link(1.0, 0.0),  # the memory model reads no link
-    inter=Link(1.0, 0.0),
-    efficiency={},
-    memory_gib=0.0,
-    memory_gbps=0.0,
-)
 
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -221,16 +221,6 @@ class FrontierCheck:
     def ratio(self) -> float | None:
         """Measured / predicted tokens."""
         return self.point.fits / self.predicted if self.predicted else None
-
-    def row(self) -> dict[str, Any]:
-        """Plain data for tables and JSON."""
-        return {
-            "cell": self.point.label(),
-            "measured": self.point.fits,
-            "bracket": [self.point.fits, self.point.fails],
-            "predicted": self.predicted,
-            "ratio": None if self.ratio is None else round(self.ratio, 3),
-        }
 
 
 def check_memory(points: list[FrontierPoint], hardware: Hardware) -> list[FrontierCheck]:

@@ -24,14 +24,7 @@ from typing import Any
 from lcab.bench.frontier import FITS, NO_ROOM, search
 from lcab.cell import TILE_TOKENS, Cell
 from lcab.plan.hardware import Hardware, KernelMemory
-from lcab.plan.memory import (
-    RankExtras,
-    dense_positions,
-    memory_terms,
-    single_device_terms,
-    takes_dense_mask,
-    whole_dense_positions,
-)
+from lcab.plan.memory import RankExtras, memory_terms, rank_extras, single_device_terms
 from lcab.plan.predict import PlanCell, cell_reasons, mask_for, strategy_for
 
 
@@ -83,17 +76,18 @@ def rank_memory_terms(
     """
     problem = cell.problem()
     kernel = hardware.memory(cell.kernel) if hardware is not None else KernelMemory()
-    mask = mask_for(cell) if kernel.dense_bytes and takes_dense_mask(cell.kernel) else None
     if cell.cp == "none":
-        dense = (0.0, 0.0) if mask is None else whole_dense_positions(mask, problem)
-        return single_device_terms(problem, backward, RankExtras(kernel, dense, flush_l2))
+        extras = RankExtras(kernel, flush_l2=flush_l2)
+        if kernel.dense_bytes:  # a mask is built only where it may count
+            extras = rank_extras(cell.kernel, kernel, mask_for(cell), problem, None, flush_l2)
+        return single_device_terms(problem, backward, extras)
     reasons = cell_reasons(cell)
     if reasons:
         raise ValueError(f"{cell.label()}: " + "; ".join(reasons))
-    strategy = strategy_for(cell)
-    plan = strategy.plan(mask if mask is not None else mask_for(cell), problem, cell.world)
-    dense = (0.0, 0.0) if mask is None else dense_positions(plan, mask)
-    return memory_terms(plan, problem, backward, RankExtras(kernel, dense, flush_l2))
+    mask = mask_for(cell)
+    plan = strategy_for(cell).plan(mask, problem, cell.world)
+    extras = rank_extras(cell.kernel, kernel, mask, problem, plan, flush_l2)
+    return memory_terms(plan, problem, backward, extras)
 
 
 def predict_frontier(

@@ -10,10 +10,10 @@ frontiers; all 0 where none were measured): what a rank running the kernel holds
 a fixed part (thread pools, library scratch, the harness's buffers), a part per element of its
 largest call's query-sized tensor (accumulators, saved activations, layout copies) — a rank of
 a context-parallel world has its own of both (`KernelMemory.cp_fixed_mib`, ``cp_q_bytes``) —
-and for a kernel that takes
-a dense mask the biases its prepared calls keep (PyTorch SDPA's, in the problem's dtype) plus a
-part per position of its largest such call. On CUDA, lcab's own 256 MiB L2-flush buffer. Not
-counted: the rest of a model, and the allocator's slack beyond what the fit saw.
+and for a kernel that takes a dense mask the biases its prepared calls keep (PyTorch SDPA's, in
+the problem's dtype) plus a part per position of its largest such call (`rank_extras`). On
+CUDA, lcab's own 256 MiB L2-flush buffer. Not counted: the rest of a model, and the
+allocator's slack beyond what the fit saw.
 """
 
 from __future__ import annotations
@@ -175,8 +175,22 @@ def takes_dense_mask(kernel: str) -> bool:
         return False
 
 
-def memory_mib(
-    plan: Plan, problem: Problem, backward: bool = True, extras: RankExtras | None = None
-) -> float:
-    """Total MiB per rank (`memory_terms` summed)."""
-    return float(sum(memory_terms(plan, problem, backward, extras).values()))
+def rank_extras(
+    kernel: str,
+    memory: KernelMemory,
+    mask: AttnMask,
+    problem: Problem,
+    plan: Plan | None = None,
+    flush_l2: bool = False,
+) -> RankExtras:
+    """What ``memory`` (the profile's terms for ``kernel``) adds to a rank running ``mask``.
+
+    The dense masks are counted only for a kernel that takes one and has a term for them:
+    on one device (``plan=None``) the whole mask's, else those of the plan's prepared calls.
+    """
+    dense = (0.0, 0.0)
+    if memory.dense_bytes and takes_dense_mask(kernel):
+        dense = (
+            whole_dense_positions(mask, problem) if plan is None else dense_positions(plan, mask)
+        )
+    return RankExtras(memory, dense, flush_l2)

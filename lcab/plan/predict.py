@@ -18,7 +18,7 @@ from lcab.masks import make_mask
 from lcab.masks.core import AttnMask
 from lcab.plan.hardware import Hardware
 from lcab.plan.harness import LCAB, Harness
-from lcab.plan.memory import RankExtras, dense_positions, memory_terms, takes_dense_mask
+from lcab.plan.memory import memory_terms, rank_extras
 from lcab.plan.model import PassPrediction, predict_pass
 from lcab.plan.replay import replay
 from lcab.records.schema import RunRecord
@@ -192,11 +192,7 @@ def predict(
     plan = strategy.plan(mask, problem, cell.world)
     diagonal = hardware.rate(cell.kernel).diagonal_rows > 0  # else nothing costs the edges
     replayed = replay(strategy, mask, problem, cell.world, plan, harness, diagonal)
-    kernel_memory = hardware.memory(cell.kernel)
-    dense = (0.0, 0.0)
-    if kernel_memory.dense_bytes and takes_dense_mask(cell.kernel):
-        dense = dense_positions(plan, mask)
-    extras = RankExtras(kernel_memory, dense)
+    extras = rank_extras(cell.kernel, hardware.memory(cell.kernel), mask, problem, plan)
     terms = memory_terms(plan, problem, backward=True, extras=extras)
     return CellPrediction(
         cell=cell,

@@ -150,6 +150,18 @@ def test_empty_rows_are_zero_with_zero_grads() -> None:
     assert (dq[:20] == 0).all() and torch.isfinite(dq).all()
 
 
+def assert_plan_matches_reference(plan: TiledPlan, mask: AttnMask, hq: int, hkv: int) -> None:
+    """``plan`` run through the engine gives the reference's out, lse and gradients."""
+    q, k, v, dout = inputs(mask.seqlen_q, mask.seqlen_k, hq, hkv)
+    out, lse = tiled_attention(plan, q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_out, ref_lse, ref_grads = run_with_grads("reference", {}, mask, q, k, v, dout)
+    torch.testing.assert_close(out, ref_out, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-9, rtol=1e-9)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+
+
 @pytest.mark.parametrize("budget", [1 << 10, 1 << 12])
 def test_key_splitting_into_waves_matches(budget: int) -> None:
     """A tiny score budget cuts every long row range into key parts merged by lse."""
@@ -164,14 +176,7 @@ def test_key_splitting_into_waves_matches(budget: int) -> None:
         budget_bytes=budget,
     )
     assert plan.waves > 1
-    q, k, v, dout = inputs(160, 160, 4, 2)
-    out, lse = tiled_attention(plan, q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref_out, ref_lse, ref_grads = run_with_grads("reference", {}, mask, q, k, v, dout)
-    torch.testing.assert_close(out, ref_out, atol=1e-9, rtol=1e-9)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-9, rtol=1e-9)
-    for got, want in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+    assert_plan_matches_reference(plan, mask, 4, 2)
 
 
 def test_lse_gradient_matches_reference() -> None:
@@ -287,11 +292,4 @@ def test_view_batches_of_later_waves_merge_in_place(monkeypatch: pytest.MonkeyPa
         budget_bytes=1 << 16,
     )
     assert any(b.view is not None and b.wave > 0 for b in plan.batches)
-    q, k, v, dout = inputs(512, 512, 2, 1)
-    out, lse = tiled_attention(plan, q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref_out, ref_lse, ref_grads = run_with_grads("reference", {}, mask, q, k, v, dout)
-    torch.testing.assert_close(out, ref_out, atol=1e-9, rtol=1e-9)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-9, rtol=1e-9)
-    for got, want in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+    assert_plan_matches_reference(plan, mask, 2, 1)
