@@ -109,8 +109,10 @@ class BenchConfig:
     telemetry: str = "auto"
     """Clocks, power and energy over the timed repetitions, read beside them (never inside):
     auto (NVML on a GPU, the host's files on a CPU), nvml, host or off (`lcab.bench.telemetry`)."""
-    telemetry_interval_ms: float = 10.0
-    """How often the telemetry thread reads the device."""
+    telemetry_interval_ms: float | None = None
+    """None: the device is read at the window's two ends, its driver's own sample buffer
+    giving the clocks in between, with nothing running beside the pass; a number: a thread
+    also reads it every that many ms (a finer clock trace, at a cost to the pass)."""
     memory_budget_gib: float | None = None
     """Memory each rank may use, to reach a frontier (`seqlen=frontier`) below the device's
     size: CUDA ``torch.cuda.set_per_process_memory_fraction``; CPU ``RLIMIT_DATA`` set to what

@@ -54,9 +54,7 @@ def rank_vector(reading: TelemetryReading | None, calls: int) -> list[float]:
     mem = reading.clocks("mem_clock_mhz")
     power = reading.power_w()
     temperature = reading.temperature_c()
-    bits = 0
-    for s in reading.samples:
-        bits |= s.events
+    bits = reading.event_bits()
     energy = reading.energy_j / calls if reading.energy_j is not None and calls else NAN
     return [
         *clocks,
@@ -191,7 +189,7 @@ class LengthTelemetry:
     def __init__(
         self,
         source: Source | None,
-        interval_ms: float,
+        interval_ms: float | None,
         gather: Callable[[float], list[float]] | None,
         shared_counter: bool,
     ) -> None:

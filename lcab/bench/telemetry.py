@@ -1,29 +1,32 @@
-"""Clocks, power and energy over each pass's timed repetitions, sampled beside them.
+"""Clocks, power and energy over each pass's timed repetitions, read beside them.
 
-**Never inside the timed region.** A background thread reads the device every
-``interval_ms`` while the repetitions run; the timed loop itself gains no call. The energy
-counter is read once just before the first repetition and once after the last one has finished
-on the device (the timing protocol synchronises there), so the window holds exactly the timed
-calls, plus what the protocol runs between them outside each rep's clock (CUDA: the 256 MiB
-L2-flush memset before every rep; under CP: the barrier). Energy per pass is the window's energy
-over its repetitions, so the memsets are charged to the pass: a few microseconds of a 3 TB/s
-device per rep, which this module states rather than hides.
+**Never inside the timed region, and by default nothing beside it.** The sampler is entered
+just before the first repetition and left after the last has finished on the device (the timing
+protocol synchronises there), and it reads the device at those two ends: the energy counter
+(its difference is the window's energy), the clocks, power, temperature and clock-event
+reasons, and what the device kept by itself in between (`Source.since`): on a GPU the driver's
+own sample buffer of SM clock, memory clock and power (``nvmlDeviceGetSamples``) and its
+violation counters, the time spent held down by the power cap or the temperature
+(``nvmlDeviceGetViolationStatus``), so a throttle in the middle of the window is seen though no
+read happened there. The window holds exactly the timed calls plus what the protocol runs
+between them outside each rep's clock (CUDA: the 256 MiB L2-flush memset before every rep;
+under CP: the barrier); energy per pass is the window's energy over its repetitions, so the
+memsets are charged to the pass — a few microseconds of a 3 TB/s device per rep, stated here
+rather than hidden.
 
-**A sampler never costs a record, nor hangs a run.** A source whose reads can block (NVML:
-a driver call) is read only on the thread, also the library's loading and the first and last
-energy readings; the caller waits for them with a timeout (`WAIT_S`). A source that raises
-gives a reading with a note; one that does not answer (a hung driver call) is abandoned for the
-rest of the process (the thread is a daemon) and every later pass says so.
+**Why not a thread.** A second Python thread costs the pass even while it only waits: each torch
+call releases and takes back the GIL, and with another thread alive that handoff is slower — an
+idle thread made a 1.2 ms single-threaded matmul 1.4-1.7 % slower on a 2-core VM, a sampler at
+10 ms 3.6 %, an NVML one +4.6 % (``python -m lcab.perf telemetry``), over the issue's 1 %. A
+thread that polls every ``interval_ms`` remains for a finer clock trace than the driver's buffer
+(``bench.telemetry_interval_ms``, off by default).
 
-**A host is read in place, at the window's two ends.** A second Python thread costs a CPU pass
-even while it only waits: each torch call releases and takes back the GIL, and with another
-thread alive that handoff is slower — an idle thread made a 1.2 ms single-threaded matmul
-1.4-1.7 % slower on a 2-core VM, the sampler at 10 ms 3.6 % (``python -m lcab.perf
-telemetry``). A host's readings are the kernel's files (RAPL's energy counter, cpufreq or
-``/proc/cpuinfo`` clocks), which cannot hang and need no sampling between the ends: the energy
-is the counter's difference (one wrap is recognised), the clock its two readings. So
-`HostSource` (``reads_block`` False) is read on the calling thread just before the first
-repetition and just after the last, and a CPU pass runs with no thread beside it.
+**A sampler never costs a record, nor hangs a run.** A source whose reads can block (NVML: a
+driver call) is read on a short-lived thread at each end, which the caller waits for with a
+timeout (`WAIT_S`) and which has returned before the window opens; a host's files (RAPL, cpufreq,
+``/proc/cpuinfo``) cannot hang and are read in place. A source that raises gives a reading with a
+note; one that does not answer (a hung driver call) is abandoned for the rest of the process (the
+thread is a daemon) and every later pass says so.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -53,6 +57,8 @@ class TelemetryReading:
     energy_j: float | None = None
     """Energy of the whole window (all repetitions)."""
     samples: list[Sample] = field(default_factory=list)
+    buffer_event_bits: int = 0
+    """Events the source counted by itself over the window (`WindowBuffer.event_bits`)."""
     events: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """Why something is missing (one line each)."""
@@ -63,6 +69,13 @@ class TelemetryReading:
         if not values:
             return None
         return min(values), statistics.median(values), max(values)
+
+    def event_bits(self) -> int:
+        """Every clock-event bit seen: the samples' reasons and the source's own counters."""
+        bits = self.buffer_event_bits
+        for s in self.samples:
+            bits |= s.events
+        return bits
 
     def power_w(self) -> float | None:
         """Mean power: the energy over the window where the counter exists, else the samples'."""
@@ -80,8 +93,9 @@ class TelemetryReading:
 class Sampler:
     """``with Sampler(source):`` around the timed repetitions; ``reading`` afterwards."""
 
-    def __init__(self, source: Source, interval_ms: float = 10.0) -> None:
-        self.source, self.interval_s = source, interval_ms / 1e3
+    def __init__(self, source: Source, interval_ms: float | None = None) -> None:
+        self.source = source
+        self.interval_s = None if interval_ms is None else interval_ms / 1e3
         self.reading = TelemetryReading(source=source.kind)
         self._ready, self._stop, self._done = (
             threading.Event(),
@@ -90,9 +104,17 @@ class Sampler:
         )
         self._energy: list[float | None] = [None, None]
         self._t: list[float] = [0.0, 0.0]
-        self._thread = threading.Thread(target=self._run, name="lcab-telemetry", daemon=True)
-        self.threaded = bool(getattr(source, "reads_block", True))
-        """Read on a thread (a source whose reads can block); else at the window's two ends."""
+        self._mark: object = None
+        blocks = bool(getattr(source, "reads_block", True))
+        self.mode = "in place" if not blocks else "ends" if interval_ms is None else "thread"
+        """How the device is read: ``in place`` at the window's two ends (a source that cannot
+        block), ``ends`` at the two ends each on a short-lived thread with a timeout, or
+        ``thread``: a thread reading every ``interval_ms`` while the window is open."""
+
+    @property
+    def threaded(self) -> bool:
+        """Whether a thread is alive beside the timed repetitions."""
+        return self.mode == "thread"
 
     def __enter__(self) -> Sampler:
         abandoned = _ABANDONED.get(id(self.source))
@@ -100,15 +122,14 @@ class Sampler:
             self.reading.notes.append(abandoned)
             self._done.set()
             return self
-        if not self.threaded:
-            if self._begin():
-                self._read_sample()
-            else:
-                self._done.set()
-            return self
-        self._thread.start()
-        if not self._ready.wait(WAIT_S):
-            self._abandon(f"telemetry off: {self.source.kind} did not open within {WAIT_S:g} s")
+        if self.mode == "thread":
+            threading.Thread(target=self._run, name="lcab-telemetry", daemon=True).start()
+            if not self._ready.wait(WAIT_S):
+                self._abandon(f"telemetry off: {self.source.kind} did not open within {WAIT_S:g} s")
+        elif self.mode == "ends":
+            self._bounded(self._open_window, "did not open")
+        else:
+            self._guarded(self._open_window)
         return self
 
     def __exit__(
@@ -118,13 +139,11 @@ class Sampler:
         trace: TracebackType | None,
     ) -> None:
         self._stop.set()
-        if not self.threaded and not self._done.is_set():
-            try:
-                self._read_sample()
-                self._end()
-            except Exception as err:
-                self.reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
-            self._done.set()
+        if self.mode == "ends" and not self._done.is_set():
+            if not self._bounded(self._close_window, "read did not return"):
+                return
+        elif self.mode == "in place" and not self._done.is_set():
+            self._guarded(self._close_window)
         if not self._done.is_set() and not self._done.wait(WAIT_S):
             self._abandon(
                 f"telemetry off: a {self.source.kind} read did not return within {WAIT_S:g} s"
@@ -135,9 +154,7 @@ class Sampler:
             self.reading.energy_j = end - start
         if self._t[1] > self._t[0]:
             self.reading.window_s = self._t[1] - self._t[0]
-        bits = 0
-        for s in self.reading.samples:
-            bits |= s.events
+        bits = self.reading.event_bits()
         if bits:
             try:
                 self.reading.events = self.source.event_names(bits)
@@ -148,6 +165,39 @@ class Sampler:
         _ABANDONED[id(self.source)] = note + " (earlier in this process)"
         self.reading.notes.append(note)
         self._done.set()  # the thread, if it ever returns, writes into a reading no one reads
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """Run one end's reads; an error is a note and closes the window."""
+        try:
+            step()
+        except Exception as err:
+            self.reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
+            self._done.set()
+
+    def _bounded(self, step: Callable[[], None], what: str) -> bool:
+        """`_guarded` on a short-lived thread, waited for `WAIT_S` (False: abandoned)."""
+        worker = threading.Thread(
+            target=self._guarded, args=(step,), name="lcab-telemetry-end", daemon=True
+        )
+        worker.start()
+        worker.join(WAIT_S)
+        if worker.is_alive():
+            self._abandon(f"telemetry off: {self.source.kind} {what} within {WAIT_S:g} s")
+            return False
+        return True
+
+    def _open_window(self) -> None:
+        if self._begin():
+            self._read_sample()
+            self._mark = self.source.mark()
+        else:
+            self._done.set()
+
+    def _close_window(self) -> None:
+        self._read_sample()
+        self._take_buffer()
+        self._end()
+        self._done.set()
 
     def _begin(self) -> bool:
         """Open the source and take the window's first readings (False: a note says why not)."""
@@ -168,6 +218,13 @@ class Sampler:
     def _read_sample(self) -> None:
         self.reading.samples.append(self.source.sample(time.perf_counter() - self._t[0]))
 
+    def _take_buffer(self) -> None:
+        """What the source kept by itself since the window opened: samples, throttles, notes."""
+        kept = self.source.since(self._mark)
+        self.reading.samples += kept.samples
+        self.reading.buffer_event_bits |= kept.event_bits
+        self.reading.notes += [n for n in kept.notes if n not in self.reading.notes]
+
     def _end(self) -> None:
         """The window's last readings: the energy counter, the time, the source's note."""
         self._energy[1] = self.source.energy_j()
@@ -177,17 +234,19 @@ class Sampler:
             self.reading.notes.append(note)
 
     def _run(self) -> None:
-        """The thread: first readings, a sample every interval until stopped, last readings."""
+        """The polling thread: first readings, a sample every interval until stopped, last."""
         if not self._begin():
             self._ready.set()
             self._done.set()
             return
         self._ready.set()
         try:
+            self._mark = self.source.mark()
             while True:
                 self._read_sample()
                 if self._stop.wait(self.interval_s):
                     break
+            self._take_buffer()
             self._end()
         except Exception as err:
             self.reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")

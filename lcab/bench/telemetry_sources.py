@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +40,22 @@ class Sample:
     temperature_c: float | None
     events: int = 0
     """Clock-event (throttle) reason bits, NVML's ``nvmlClocksEventReason*``; 0 on a CPU."""
+
+
+@dataclass
+class WindowBuffer:
+    """What a source kept by itself over a window: the driver's own samples, throttle counters.
+
+    NVML's driver samples the SM and memory clocks and the power into a buffer of its own
+    (``nvmlDeviceGetSamples``) and counts the time the GPU spent held below its clocks by each
+    policy (``nvmlDeviceGetViolationStatus``): read at the window's two ends, they give the
+    clocks and the throttling in between with nothing running beside the pass.
+    """
+
+    samples: list[Sample] = field(default_factory=list)
+    event_bits: int = 0
+    """Policies whose violation counter advanced in the window, as `VIOLATION_BITS`."""
+    notes: list[str] = field(default_factory=list)
 
 
 class Source(Protocol):
@@ -69,6 +86,31 @@ class Source(Protocol):
     def event_names(self, bits: int) -> list[str]:
         """The names of the clock-event reasons in ``bits``."""
 
+    def mark(self) -> object:
+        """Where the source's own buffer and counters stand as a window opens (`since`'s key)."""
+
+    def since(self, mark: object) -> WindowBuffer:
+        """What the source kept by itself after ``mark`` (nothing, for a source that keeps none)."""
+
+
+_BUFFERED = (("clock_mhz", 5, 1.0), ("mem_clock_mhz", 6, 1.0), ("power_w", 0, 1e-3))
+"""NVML sampling types read from the driver's buffer: (Sample field, nvmlSamplingType_t, scale
+to MHz or W): NVML_PROCESSOR_CLK_SAMPLES 5, NVML_MEMORY_CLK_SAMPLES 6, NVML_TOTAL_POWER_SAMPLES
+0 (mW) — nvidia-ml-py 13.615.71's pynvml.py, L342-352."""
+
+_VIOLATIONS = ((0, "PowerViolation", 1 << 32), (1, "ThermalViolation", 1 << 33))
+"""NVML_PERF_POLICY_POWER 0 and _THERMAL 1 (pynvml.py L310-311): the time the GPU spent below
+its clocks because of its power cap, or of its temperature; each with a bit of its own above
+NVML's clock-event reason bits (the highest is 0x100 in nvidia-ml-py 13.615.71, L2190-2199),
+so a window's events travel with the reasons' as one integer, exact in a float64 gather."""
+
+
+@dataclass(frozen=True)
+class _NvmlMark:
+    wall_us: int
+    newest_us: dict[int, int]
+    violations_ns: dict[int, int]
+
 
 class NvmlSource(Source):
     """A GPU through ``pynvml``, found by its UUID (as CUDA names it) or else its index."""
@@ -82,6 +124,11 @@ class NvmlSource(Source):
         self._handle: Any = None
         self._energy_note: str | None = None
         self._reasons: dict[int, str] = {}
+        self._newest_us: dict[int, int] = {}
+        """Per sampling type, the newest driver sample seen (0: none yet); a type the driver
+        refuses is left out after its first answer."""
+        self._refused: dict[str, str] = {}
+        """What the driver refused ("samples", "violations"): the note, said every window."""
 
     @override
     def open(self) -> None:
@@ -114,6 +161,8 @@ class NvmlSource(Source):
                 value = getattr(pynvml, attr)
                 if isinstance(value, int) and value:
                     self._reasons[value] = attr.removeprefix("nvmlClocksEventReason")
+        for _, name, bit in _VIOLATIONS:
+            self._reasons[bit] = name
 
     @override
     def device_name(self) -> str | None:
@@ -149,6 +198,76 @@ class NvmlSource(Source):
     @override
     def event_names(self, bits: int) -> list[str]:
         return [name for bit, name in sorted(self._reasons.items()) if bits & bit]
+
+    @override
+    def mark(self) -> object:
+        """The newest stamp of each buffered type, the violation counters, the wall clock.
+
+        The first window reads the driver's whole buffer once to learn its newest stamp; later
+        ones ask only for what came after the previous window's last sample.
+        """
+        if not self._newest_us and "samples" not in self._refused:
+            self._newest_us = dict.fromkeys((kind for _, kind, _ in _BUFFERED), 0)
+        for kind in list(self._newest_us):
+            self._driver_samples(kind)
+        return _NvmlMark(time.time_ns() // 1000, dict(self._newest_us), self._violations())
+
+    @override
+    def since(self, mark: object) -> WindowBuffer:
+        assert isinstance(mark, _NvmlMark)
+        buffer = WindowBuffer()
+        for attr, kind, scale in _BUFFERED:
+            if kind not in self._newest_us:
+                continue
+            for stamp_us, value in self._driver_samples(kind):
+                # NVML stamps its samples in CPU microseconds; t_s assumes the realtime clock
+                t_s = (stamp_us - mark.wall_us) / 1e6
+                read: dict[str, float | None] = dict.fromkeys(("clock_mhz", "mem_clock_mhz"))
+                read["power_w"] = None
+                read[attr] = value * scale
+                buffer.samples.append(
+                    Sample(t_s, read["clock_mhz"], read["mem_clock_mhz"], read["power_w"], None)
+                )
+        after = self._violations()
+        for policy, _, bit in _VIOLATIONS:
+            if policy in after and after[policy] > mark.violations_ns.get(policy, after[policy]):
+                buffer.event_bits |= bit
+        buffer.notes = list(self._refused.values())
+        return buffer
+
+    def _driver_samples(self, kind: int) -> list[tuple[int, float]]:
+        """The driver's samples of ``kind`` newer than the last one seen, as (stamp µs, value)."""
+        nvml = self._nvml
+        try:
+            _, samples = nvml.nvmlDeviceGetSamples(self._handle, kind, self._newest_us[kind])
+        except nvml.NVMLError_NotFound:
+            return []  # nothing sampled since: a window shorter than the driver's period
+        except nvml.NVMLError as err:
+            self._newest_us.pop(kind, None)
+            if not self._newest_us:
+                self._refused["samples"] = (
+                    f"NVML sample buffer: {err} (clocks and power read at the window's ends only)"
+                )
+            return []
+        read = [(int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples]
+        if read:
+            self._newest_us[kind] = max(self._newest_us[kind], max(t for t, _ in read))
+        return read
+
+    def _violations(self) -> dict[int, int]:
+        """Each policy's violation time so far (ns); a policy the driver refuses is left out."""
+        if "violations" in self._refused:
+            return {}
+        nvml, counters = self._nvml, {}
+        for policy, _, _ in _VIOLATIONS:
+            try:
+                counters[policy] = int(
+                    nvml.nvmlDeviceGetViolationStatus(self._handle, policy).violationTime
+                )
+            except nvml.NVMLError as err:
+                if not counters and policy == _VIOLATIONS[-1][0]:
+                    self._refused["violations"] = f"NVML violation counters: {err}"
+        return counters
 
 
 class HostSource(Source):
@@ -249,6 +368,14 @@ class HostSource(Source):
     @override
     def event_names(self, bits: int) -> list[str]:
         return []
+
+    @override
+    def mark(self) -> object:
+        return None
+
+    @override
+    def since(self, mark: object) -> WindowBuffer:
+        return WindowBuffer()
 
 
 def _affinity() -> set[int]:

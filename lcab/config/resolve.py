@@ -176,8 +176,10 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
         _positive("bench.threads", b.threads)
     if b.telemetry not in TELEMETRY_MODES:
         raise ConfigError("bench.telemetry", b.telemetry, f"one of {', '.join(TELEMETRY_MODES)}")
-    if not b.telemetry_interval_ms > 0:
-        raise ConfigError("bench.telemetry_interval_ms", b.telemetry_interval_ms, "must be > 0")
+    if b.telemetry_interval_ms is not None and not b.telemetry_interval_ms > 0:
+        raise ConfigError(
+            "bench.telemetry_interval_ms", b.telemetry_interval_ms, "must be > 0 (or null)"
+        )
     if b.memory_budget_gib is not None and not b.memory_budget_gib > 0:
         raise ConfigError("bench.memory_budget_gib", b.memory_budget_gib, "must be > 0 (or null)")
 

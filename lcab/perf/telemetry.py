@@ -1,21 +1,21 @@
 """What the telemetry sampler costs a timed pass: ``python -m lcab.perf telemetry``.
 
 The sampler adds no call inside the timed region (`lcab.bench.telemetry`: it is entered before
-the first repetition and left after the last); what it can still cost is the time its thread
-takes from the one that runs the pass: the GIL between ctypes calls, a core's time slice on a
-CPU host. This measures that on a pass of about 1 ms (the issue's target: under 1 % of it): a
-float32 matmul sized here to ~1 ms on the device (one thread on a CPU), timed by lcab's
-``measure`` in rounds without and with a sampler reading every 10 ms (the default
-``bench.telemetry_interval_ms``) and every 1 ms (ten times the default's reads; only for a
-source read on a thread — a host is read at the window's two ends, `lcab.bench.telemetry`),
-each round in a shuffled order; the figure is the median over rounds of each round's with /
-without ratio, so a host whose speed drifts between rounds (a shared VM) weighs on both sides
-of every pair. With it comes a 95 % confidence interval of that median (order statistics of the
-rounds' ratios, no assumption on their spread): the target is met when the whole interval lies
-under 1 %, missed when the whole interval lies above, and not shown when it straddles (more
-rounds, or a quieter host, narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions).
-It also times one
-``sample()`` of the source alone.
+the first repetition and left after the last); what it can still cost is the time a thread
+beside the pass takes from the one that runs it: the GIL between ctypes calls, a core's time
+slice on a CPU host. This measures it on a pass of about 1 ms (the issue's target: under 1 % of
+it): a float32 matmul sized here to ~1 ms on the device (one thread on a CPU), timed by lcab's
+``measure`` in rounds without a sampler, with the default one (``ends``: the device read at the
+window's two ends, nothing alive between them) and, for a source read on a thread (NVML), with
+a polling thread every 10 ms and every 1 ms (``bench.telemetry_interval_ms``), each round in a
+shuffled order; the figure is the median over rounds of each round's with / without ratio, so
+a host whose speed drifts between rounds (a shared VM) weighs on both sides of every pair. With
+it comes a 95 % confidence interval of that median (order statistics of the rounds' ratios, no
+assumption on their spread): the target is met when the whole interval lies under 1 %, missed
+when the whole interval lies above, and not shown when it straddles (more rounds, or a quieter
+host, narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions; ``LCAB_PERF_SAMPLERS=ends``
+times that one alone, in half the time). It also times one
+``sample()`` of the source and one window's two ends, which lie outside the timed region.
 
 ``LCAB_PERF_TELEMETRY=nvml`` samples NVML (on a CPU host: whatever ``libnvidia-ml.so.1`` the
 loader finds, e.g. the tests' emulated one); the default is the device's own (``auto``).
@@ -35,6 +35,8 @@ from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, measure
 
 ROUNDS = int(os.environ.get("LCAB_PERF_ROUNDS", "240"))
+SAMPLERS = [s.strip() for s in os.environ.get("LCAB_PERF_SAMPLERS", "").split(",") if s.strip()]
+"""Which samplers to time beside ``off`` (``ends``, ``10 ms``, ``1 ms``); empty: all."""
 TARGET = 0.01
 PROTOCOL = TimingConfig(warmup=10, reps=50, flush_l2=False)
 
@@ -59,7 +61,7 @@ def _one_ms_matmul(device: torch.device) -> torch.Tensor:
 
 
 def run() -> None:
-    """Print the sampler's cost per pass at two intervals, and one sample's cost."""
+    """Print the sampler's cost per pass read at the ends and polled, and one read's cost."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     if not cuda:
@@ -83,18 +85,33 @@ def run() -> None:
     for i in range(200):
         source.sample(float(i))
     per_sample_us = (time.perf_counter() - t0) / 200 * 1e6
-    print(f"one sample() call: {per_sample_us:.1f} us")
-    threaded = Sampler(source).threaded
-    labels = ["off", "10 ms", "1 ms"] if threaded else ["off", "10 ms"]
-    if not threaded:  # read at the window's ends, no thread: an interval changes nothing
-        print("read in place before the first repetition and after the last (no thread)")
+    t0 = time.perf_counter()
+    for _ in range(50):
+        with Sampler(source):
+            pass
+    ends_us = (time.perf_counter() - t0) / 50 * 1e6
+    default = Sampler(source).mode
+    print(
+        f"one sample() call: {per_sample_us:.1f} us; a window's two ends ({default}): "
+        f"{ends_us:.0f} us, outside the timed region"
+    )
+    polled = Sampler(source, 10.0).threaded  # a source read on a thread can also be polled
+    labels = ["off", "ends", "10 ms", "1 ms"] if polled else ["off", "ends"]
+    if SAMPLERS:
+        labels = ["off", *(label for label in labels[1:] if label in SAMPLERS)]
     rounds: dict[str, list[float]] = {label: [] for label in labels}
     order = random.Random(0)
     for _ in range(ROUNDS):  # each round times the three in a fresh order: drift weighs alike
         shuffled = list(rounds)
         order.shuffle(shuffled)
         for label in shuffled:
-            watch = None if label == "off" else Sampler(source, float(label.split()[0]))
+            watch = (
+                None
+                if label == "off"
+                else Sampler(source)
+                if label == "ends"
+                else Sampler(source, float(label.split()[0]))
+            )
             timing = measure(call, PROTOCOL, device=device, watch=watch)
             rounds[label].append(timing.p50)
     base = statistics.median(rounds["off"])
@@ -105,7 +122,8 @@ def run() -> None:
         low, high = (bound - 1 for bound in median_interval(ratios))
         verdict = "met" if high < TARGET else "MISSED" if low >= TARGET else "not shown"
         print(
-            f"sampler every {label:>5}: {statistics.median(rounds[label]):.3f} ms, median of "
+            f"sampler {label if label == 'ends' else 'every ' + label:>11}: "
+            f"{statistics.median(rounds[label]):.3f} ms, median of "
             f"the rounds' ratios {cost:+.2%}, 95 % interval {low:+.2%} to {high:+.2%} "
             f"(target < {TARGET:.0%}: {verdict})"
         )

@@ -138,6 +138,7 @@ def test_a_subset_of_lengths_keeps_each_per_device_value_with_its_total(compose)
         (["bench.passes=[sideways]"], "bench.passes"),
         (["bench.reps=0"], "bench.reps"),
         (["bench.quantiles=[0.2,0.8]"], "bench.quantiles"),
+        (["bench.telemetry_interval_ms=0"], "bench.telemetry_interval_ms"),
         (["problem.dtype=float8"], "problem.dtype"),
         (["problem.device=tpu"], "problem.device"),
         (["mask=sliding_window", "mask.window=-1"], "mask"),

@@ -29,6 +29,11 @@
  *   nvmlDeviceGetTotalEnergyConsumption (L3969) nvmlDeviceGetTotalEnergyConsumption h, c_uint64* (mJ)
  *   nvmlDeviceGetCurrentClocksEventReasons (L4672)   same name              h, c_ulonglong*
  *   nvmlDeviceGetCurrentClocksThrottleReasons (L4665) same name (deprecated) h, c_ulonglong*
+ *   nvmlDeviceGetSamples (L4815)              nvmlDeviceGetSamples          h, c_uint type,
+ *                                             c_ulonglong lastSeen, c_uint* valueType,
+ *                                             c_uint* count, c_nvmlSample_t* (NULL: the count)
+ *   nvmlDeviceGetViolationStatus (L4836)      nvmlDeviceGetViolationStatus  h, c_uint policy,
+ *                                             c_nvmlViolationTime_t*
  *
  * The handle (c_nvmlDevice_t, L1273-1275) is an opaque pointer; here it points at one of the
  * static device records. Every function returns nvmlReturn_t (_nvmlReturn_t = c_uint, L222).
@@ -43,7 +48,14 @@
  * c_int temperature} with version 1 in the top byte (L3852-3858); nvmlClocksEventReasonNone 0,
  * nvmlClocksEventReasonSwPowerCap 0x4 (L2190-2200; the Throttle names have the same bits,
  * L2215-2227); NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE 80, NVML_DEVICE_NAME_V2_BUFFER_SIZE 96,
- * NVML_DEVICE_UUID_V2_BUFFER_SIZE 96 (L472-478).
+ * NVML_DEVICE_UUID_V2_BUFFER_SIZE 96 (L472-478); NVML_TOTAL_POWER_SAMPLES 0,
+ * NVML_PROCESSOR_CLK_SAMPLES 5, NVML_MEMORY_CLK_SAMPLES 6, 10 sampling types (L342-352);
+ * NVML_VALUE_TYPE_UNSIGNED_INT 1 (L290); NVML_PERF_POLICY_POWER 0, _THERMAL 1, _COUNT 12
+ * (L310-318); c_nvmlSample_t {c_ulonglong timeStamp; c_nvmlValue_t sampleValue}, the value a
+ * union of 8-byte members (L1514-1529); c_nvmlViolationTime_t {c_ulonglong referenceTime;
+ * c_ulonglong violationTime} (L1531-1535). NVIDIA's NVML reference gives the units: a
+ * sample's timeStamp and referenceTime are CPU timestamps in microseconds, violationTime is
+ * in nanoseconds; a query with nothing newer than lastSeenTimeStamp is NVML_ERROR_NOT_FOUND.
  *
  * The emulated machine (deterministic; t = CLOCK_MONOTONIC time since the first successful
  * nvmlInit of the process, which a later nvmlShutdown/nvmlInit does not reset, so the energy
@@ -60,7 +72,15 @@
  *     temperature 52 C + 1 C per whole 100 ms, at most 70 C;
  *     clock event reasons 0 for t < 40 ms, nvmlClocksEventReasonSwPowerCap (0x4) after;
  *   device 0: energy = 123456789 mJ + the exact integral of that power over [0, t], in whole mJ;
- *   device 1: nvmlDeviceGetTotalEnergyConsumption returns NVML_ERROR_NOT_SUPPORTED.
+ *   device 0: the driver's sample buffer: a sample every 10 ms of t (k = 0, 1, ... at t = k x
+ *     10 ms, the newest 100 kept) of the SM clock, the memory clock and the power (mW) at
+ *     that t, stamped CLOCK_REALTIME microseconds (the realtime clock at the first nvmlInit +
+ *     t); other sampling types NVML_ERROR_NOT_SUPPORTED;
+ *   both: violation time (ns) of NVML_PERF_POLICY_POWER = the time spent under SwPowerCap
+ *     (t - 40 ms, from 40 ms on), of NVML_PERF_POLICY_THERMAL 0; other policies
+ *     NVML_ERROR_NOT_SUPPORTED;
+ *   device 1: nvmlDeviceGetTotalEnergyConsumption and nvmlDeviceGetSamples return
+ *     NVML_ERROR_NOT_SUPPORTED.
  *
  * Settings, read from the environment when nvmlInit takes the library from uninitialized to
  * initialized (a malformed value makes that nvmlInit return NVML_ERROR_INVALID_ARGUMENT, so a
@@ -136,15 +156,40 @@ struct emulated_device {
     const char *uuid;
     char name[NAME_BYTES];
     int energy_supported;
+    int samples_supported;
 };
+
+enum { NVML_TOTAL_POWER_SAMPLES = 0, NVML_PROCESSOR_CLK_SAMPLES = 5, NVML_MEMORY_CLK_SAMPLES = 6 };
+enum { NVML_SAMPLINGTYPE_COUNT = 10, NVML_VALUE_TYPE_UNSIGNED_INT = 1 };
+enum { NVML_PERF_POLICY_POWER = 0, NVML_PERF_POLICY_THERMAL = 1, NVML_PERF_POLICY_COUNT = 12 };
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    signed int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned long long timeStamp;
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
+
+typedef struct {
+    unsigned long long referenceTime;
+    unsigned long long violationTime;
+} nvmlViolationTime_t;
 
 typedef struct emulated_device *nvmlDevice_t;
 
 #define DEVICE_COUNT 2U
 static const char *const DEFAULT_NAMES[DEVICE_COUNT] = {"NVIDIA H100 80GB HBM3", "NVIDIA H200"};
 static struct emulated_device devices[DEVICE_COUNT] = {
-    {"GPU-00000000-1111-2222-3333-444444444444", "", 1},
-    {"GPU-00000000-1111-2222-3333-555555555555", "", 0},
+    {"GPU-00000000-1111-2222-3333-444444444444", "", 1, 1},
+    {"GPU-00000000-1111-2222-3333-555555555555", "", 0, 0},
 };
 
 static const char DRIVER_VERSION[] = "580.95.05";
@@ -164,11 +209,14 @@ static const char DRIVER_VERSION[] = "580.95.05";
 #define TEMP_BASE_C 52U
 #define TEMP_MAX_C 70U
 #define TEMP_STEP_NS (100ULL * MS)
+#define SAMPLE_PERIOD_NS (10ULL * MS)
+#define SAMPLES_KEPT 100ULL
 
 static atomic_flag init_lock = ATOMIC_FLAG_INIT;
 static atomic_uint refcount;          /* nvmlInit calls not yet shut down */
 static atomic_uint_fast64_t calls;    /* nvmlDeviceGetPowerUsage calls since nvmlInit */
 static uint64_t start_ns;             /* set once, by the first successful nvmlInit */
+static uint64_t start_realtime_us;    /* CLOCK_REALTIME at that moment, for sample stamps */
 static int started;
 static unsigned int fixed_sm_mhz;     /* 0: the moving pattern */
 static long long hang_after = -1;     /* -1: never hang */
@@ -177,6 +225,12 @@ static uint64_t monotonic_ns(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
+}
+
+static uint64_t realtime_us(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (uint64_t)now.tv_sec * 1000000ULL + (uint64_t)now.tv_nsec / 1000ULL;
 }
 
 static uint64_t elapsed_ns(void) {
@@ -253,6 +307,7 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         if (result == NVML_SUCCESS) {
             if (!started) {
                 start_ns = monotonic_ns();
+                start_realtime_us = realtime_us();
                 started = 1;
             }
             atomic_store_explicit(&calls, 0, memory_order_relaxed);
@@ -459,4 +514,70 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
                                                               unsigned long long *reasons) {
     return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+static unsigned int power_mw(uint64_t t) {
+    return (unsigned int)((t < BOOST_NS ? BOOST_POWER_W : CAPPED_POWER_W) * 1000ULL);
+}
+
+/* The value of sample k of a buffered type (k x SAMPLE_PERIOD_NS after nvmlInit). */
+static unsigned int buffered_value(unsigned int type, uint64_t k) {
+    uint64_t t = k * SAMPLE_PERIOD_NS;
+    if (type == NVML_PROCESSOR_CLK_SAMPLES) return sm_mhz(t);
+    if (type == NVML_MEMORY_CLK_SAMPLES) return MEM_MHZ;
+    return power_mw(t);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, unsigned int type,
+                                         unsigned long long lastSeenTimeStamp,
+                                         unsigned int *sampleValType, unsigned int *sampleCount,
+                                         nvmlSample_t *samples) {
+    nvmlReturn_t result = check_device(device);
+    uint64_t newest, oldest, first, available, n;
+    if (result != NVML_SUCCESS) return result;
+    if (sampleValType == NULL || sampleCount == NULL || type >= NVML_SAMPLINGTYPE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->samples_supported) return NVML_ERROR_NOT_SUPPORTED;
+    if (type != NVML_TOTAL_POWER_SAMPLES && type != NVML_PROCESSOR_CLK_SAMPLES &&
+        type != NVML_MEMORY_CLK_SAMPLES)
+        return NVML_ERROR_NOT_SUPPORTED;
+    newest = elapsed_ns() / SAMPLE_PERIOD_NS;
+    oldest = newest + 1 > SAMPLES_KEPT ? newest + 1 - SAMPLES_KEPT : 0;
+    first = oldest; /* the first kept sample stamped after lastSeenTimeStamp */
+    if (lastSeenTimeStamp >= start_realtime_us) {
+        uint64_t after = (lastSeenTimeStamp - start_realtime_us) * 1000ULL / SAMPLE_PERIOD_NS + 1;
+        if (after > first) first = after;
+    }
+    if (first > newest) return NVML_ERROR_NOT_FOUND;
+    available = newest - first + 1;
+    *sampleValType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    if (samples == NULL) {
+        *sampleCount = (unsigned int)available;
+        return NVML_SUCCESS;
+    }
+    n = *sampleCount < available ? *sampleCount : available;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t k = first + i;
+        samples[i].timeStamp = start_realtime_us + k * SAMPLE_PERIOD_NS / 1000ULL;
+        samples[i].sampleValue.ullVal = 0;
+        samples[i].sampleValue.uiVal = buffered_value(type, k);
+    }
+    *sampleCount = (unsigned int)n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, unsigned int perfPolicyType,
+                                                 nvmlViolationTime_t *violTime) {
+    nvmlReturn_t result = check_device(device);
+    uint64_t t;
+    if (result != NVML_SUCCESS) return result;
+    if (violTime == NULL || perfPolicyType >= NVML_PERF_POLICY_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (perfPolicyType != NVML_PERF_POLICY_POWER && perfPolicyType != NVML_PERF_POLICY_THERMAL)
+        return NVML_ERROR_NOT_SUPPORTED;
+    t = elapsed_ns();
+    violTime->referenceTime = realtime_us();
+    violTime->violationTime =
+        perfPolicyType == NVML_PERF_POLICY_POWER && t > BOOST_NS ? t - BOOST_NS : 0;
+    return NVML_SUCCESS;
 }

@@ -3,8 +3,10 @@
 The emulated device 0 (``tests/helpers/emulated_nvml.c``) runs its SM clock at 1980 MHz for
 40 ms after ``nvmlInit``, then 1755 / 1830 MHz alternating every 20 ms, at 450 W then 690 W,
 with an energy counter that integrates that power and the SwPowerCap reason after 40 ms;
-device 1 refuses the energy counter. Each test runs a subprocess (the loader reads
-``LD_LIBRARY_PATH`` at start) that samples with lcab's own `Sampler` and prints JSON.
+the driver buffer samples clock, memory clock and power every 10 ms and a power-violation
+counter runs from 40 ms; device 1 refuses the energy counter and keeps no buffer. Each test
+runs a subprocess (the loader reads ``LD_LIBRARY_PATH`` at start) that samples with lcab's own
+`Sampler` and prints JSON.
 """
 
 from __future__ import annotations
@@ -23,31 +25,38 @@ from tests.helpers import emulated_nvml
 emulated_nvml_dir = emulated_nvml.emulated_nvml_dir
 
 SAMPLE = """
-import json, time
+import json, threading, time
 from lcab.bench.telemetry import Sampler
 from lcab.bench.telemetry_sources import NvmlSource
 source = NvmlSource(DEVICE)
 readings = []
 for hold_s in (0.12, 0.12):
+    alive = threading.active_count()
     with Sampler(source, interval_ms=5) as s:
+        beside = threading.active_count() - alive
         time.sleep(hold_s)
     r = s.reading
     readings.append({
         "device": r.device_name, "window_s": r.window_s, "energy_j": r.energy_j,
         "clocks": r.clocks(), "mem": r.clocks("mem_clock_mhz"), "power_w": r.power_w(),
         "temperature_c": r.temperature_c(), "events": r.events, "notes": r.notes,
-        "n": len(r.samples),
+        "n": len(r.samples), "beside": beside,
     })
 print(json.dumps(readings))
 """
 
 
 def _sample(
-    directory: Path, device: int, hang_after: int | None = None, init: str | None = None
+    directory: Path,
+    device: int,
+    hang_after: int | None = None,
+    init: str | None = None,
+    interval: str = "5",
 ) -> list[dict[str, Any]]:
+    """Two windows of ``Sampler(source, interval_ms=interval)`` ("None": at the ends only)."""
     done = emulated_nvml.run_with_nvml(
         directory,
-        SAMPLE.replace("DEVICE", str(device)),
+        SAMPLE.replace("DEVICE", str(device)).replace("interval_ms=5", f"interval_ms={interval}"),
         hang_after=hang_after,
         init="driver_not_loaded" if init else None,
     )
@@ -115,6 +124,46 @@ def test_a_hung_driver_call_is_abandoned_and_never_called_again(emulated_nvml_di
     assert second["n"] == 0
 
 
+def test_read_at_the_ends_nothing_runs_beside_the_window_and_the_buffer_gives_the_clocks(
+    emulated_nvml_dir: Path,
+) -> None:
+    """The default: no thread alive in the window; the driver's 10 ms samples in between."""
+    first, second = _sample(emulated_nvml_dir, 0, interval="None")
+    for reading in (first, second):
+        assert reading["beside"] == 0
+        # two end samples plus the buffer's: about 12 per 120 ms (no thread read them)
+        assert reading["n"] >= 2 + 10
+        assert not reading["notes"]
+    assert first["clocks"][0] == 1755.0 and first["clocks"][2] == 1980.0  # boost, then capped
+    assert second["clocks"][2] < 1980.0
+    assert second["mem"][1] == 2619.0
+    assert second["energy_j"] == pytest.approx(690.0 * second["window_s"], rel=0.01)
+    assert second["power_w"] == pytest.approx(690.0, rel=0.01)
+    # the end reading's reason bit and the violation counter that advanced in the window
+    assert "SwPowerCap" in second["events"] and "PowerViolation" in second["events"]
+
+
+def test_without_a_driver_buffer_the_ends_alone_are_read_and_it_is_said(
+    emulated_nvml_dir: Path,
+) -> None:
+    reading = _sample(emulated_nvml_dir, 1, interval="None")[1]
+    assert reading["n"] == 2
+    assert any(n.startswith("NVML sample buffer: Not Supported") for n in reading["notes"])
+    assert reading["power_w"] == pytest.approx(690.0, rel=0.01)
+    assert "PowerViolation" in reading["events"]  # device 1 still has the counters
+
+
+def test_a_hung_end_read_is_abandoned_within_the_wait(emulated_nvml_dir: Path) -> None:
+    """The second power read (the first window's closing one) hangs."""
+    start = time.monotonic()
+    first, second = _sample(emulated_nvml_dir, 0, hang_after=1, interval="None")
+    assert time.monotonic() - start < 20
+    assert any("read did not return within" in n for n in first["notes"])
+    assert first["energy_j"] is None
+    assert any("earlier in this process" in n for n in second["notes"])
+    assert second["n"] == 0
+
+
 def test_a_cell_records_gpu_telemetry_and_the_share_of_the_peak(
     emulated_nvml_dir: Path, tmp_path: Path
 ) -> None:
@@ -135,6 +184,7 @@ def test_a_cell_records_gpu_telemetry_and_the_share_of_the_peak(
         assert result["gflops_per_j"] == pytest.approx(result["flops"] / result["energy_j"] / 1e9)
         assert result["peak_share"] == pytest.approx(result["tflops"] / result["peak_tflops"])
         assert result["peak_implausible"] is False
+        assert {"SwPowerCap", "PowerViolation"} <= set(result["clock_events"])
     assert "clock power peak" in done.stdout
 
 
