@@ -10,9 +10,11 @@ and power.
 
 The share of the peak divides the pass's per-device TFLOP/s by the device's dense peak for its
 dtype at the measured median SM clock (`lcab.peaks`). A share above 1 cannot be measured: the
-FLOP count or the timer is wrong. The pass keeps its status and times (they were measured) and
-is flagged (`peak_implausible`, a reason in the record, a mark in the console and the report),
-never silently reported.
+FLOP count or the timer is wrong. On a CPU the peak is the host's own best dense matmul rate in
+the dtype on the pass's threads (`lcab.bench.cpu_peak`: no rated figure is known for a CPU),
+and a pass above 1.5 of it is the error. The pass keeps its status and times (they were
+measured) and is flagged (`peak_implausible`, a reason in the record, a mark in the console and
+the report), never silently reported.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lcab.bench import cpu_peak
 from lcab.bench.telemetry import Sampler, TelemetryReading
 from lcab.bench.telemetry_sources import HostSource, NvmlSource, Source
 from lcab.peaks import is_implausible, lookup, peak_tflops, share_of_peak
@@ -133,6 +136,9 @@ def fill_telemetry(
 def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> None:
     """The pass's share of its device's peak at the measured clock; flag one above it."""
     result = record.pass_result(pass_name)
+    if device_name is None and record.device == "cpu":  # read by the host's files, not NVML
+        fill_cpu_peak(record, pass_name)
+        return
     if device_name is None or result.tflops is None or lookup(device_name) is None:
         return
     if record.shared_device:  # ranks shared a GPU: the times, so the rate, measure nothing
@@ -146,12 +152,33 @@ def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> Non
     result.peak_tflops = peak.tflops
     result.peak_share = share_of_peak(result.tflops, peak)
     result.peak_implausible = is_implausible(result.peak_share)
+    record.peak_basis = f"rated: {peak.gpu} {peak.dtype} {peak.unit}, scaled to the measured clock"
     if result.peak_implausible:
         at = f"{peak.clock_mhz:,.0f} MHz" if peak.clock_mhz else "its rated clock"
         record.reasons.append(
             f"{pass_name}: {result.tflops:,.1f} TFLOP/s is {result.peak_share:.0%} of the "
             f"{peak.gpu}'s {record.dtype} peak at {at} ({peak.tflops:,.1f}): "
             "implausible, the FLOP count or the timer is wrong"
+        )
+
+
+def fill_cpu_peak(record: RunRecord, pass_name: str) -> None:
+    """The pass's share of its host's measured matmul rate; flag one far above it."""
+    result = record.pass_result(pass_name)
+    if result.tflops is None or result.status != "ok":
+        return
+    ceiling = cpu_peak.cpu_ceiling(record.dtype)
+    if ceiling is None:
+        return
+    result.peak_tflops = ceiling.tflops
+    result.peak_share = result.tflops / ceiling.tflops
+    result.peak_implausible = result.peak_share > cpu_peak.IMPLAUSIBLE_CPU_SHARE
+    record.peak_basis = f"{cpu_peak.BASIS} ({ceiling.threads} here)"
+    if result.peak_implausible:
+        record.reasons.append(
+            f"{pass_name}: {result.tflops * 1e3:,.1f} GFLOP/s is {result.peak_share:.1f}x this "
+            f"host's best {record.dtype} matmul on {ceiling.threads} thread(s) "
+            f"({ceiling.tflops * 1e3:,.1f}): implausible, the FLOP count or the timer is wrong"
         )
 
 

@@ -129,13 +129,15 @@ class PassResult:
     """Clock-event (throttle) reasons NVML reported while the repetitions ran (SwPowerCap,
     HwSlowdown, SwThermalSlowdown, ...; GpuIdle is among them when the device waited)."""
     peak_tflops: float | None = None
-    """The device's dense peak for the dtype, scaled to the measured median clock
-    (`lcab.peaks`; on a CPU: none, the planner's host figure is not a peak)."""
+    """A GPU's dense peak for the dtype, scaled to the measured median clock (`lcab.peaks`);
+    a CPU host's own best dense matmul rate in the dtype on the pass's threads
+    (`lcab.bench.cpu_peak`). The record's ``peak_basis`` says which."""
     peak_share: float | None = None
     """`tflops` / `peak_tflops`."""
     peak_implausible: bool | None = None
-    """True when the pass ran above 100 % of the peak at its clock: a FLOP count or a timer is
-    wrong (the record's reasons say which pass; the console and report flag it)."""
+    """True when the pass ran above what the device can do: above 100 % of a GPU's peak at its
+    clock, above 150 % of a CPU's measured matmul rate — a FLOP count or a timer is wrong (the
+    record's reasons say which pass; the console and report flag it)."""
 
 
 @dataclass
@@ -268,6 +270,9 @@ class RunRecord:
     """The device's name as the telemetry source reports it (NVML; the peak table's key)."""
     telemetry_note: str | None = None
     """What the telemetry could not read here, and why (one line per cause)."""
+    peak_basis: str | None = None
+    """What the passes' ``peak_tflops`` is: a GPU's rated peak at the measured clock, or a CPU
+    host's measured matmul rate (`lcab.bench.cpu_peak.BASIS`)."""
     slurm_job_id: str | None = None
     slurm_nodelist: str | None = None
     """The job's nodes as SLURM writes them (``n[1-2]``); None outside SLURM."""
