@@ -12,9 +12,9 @@ threads the pass had. Attention is matmuls and a softmax, so it runs below this 
 
 **Contention.** The matmul is timed on the wall clock, the best of `CALLS` calls: other work on
 the host (a CI machine, other ranks of a CP job on the same cores) only ever slows a call, and
-the pass itself is timed on the same clock under the same sharing. Process CPU time cannot
-correct for it: oneDNN runs a bf16 matmul of this size on one of two threads here, so CPU time
-over threads read twice the real rate.
+the pass itself is timed on the same clock under the same sharing. Process CPU time over the
+thread count cannot correct for it: it assumes every thread works the whole call, and for a
+1024 bf16 matmul on two threads here it read twice the wall-clock rate.
 
 **Implausible** is above `IMPLAUSIBLE_CPU_SHARE` (1.5) of this ceiling, not above 1: a measured
 ceiling is no bound (a pass can beat a noisy probe by a few per cent), but half as fast again as
