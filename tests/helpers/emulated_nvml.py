@@ -131,6 +131,14 @@ def run_with_nvml(
     )
 
 
+def expected_sm_mhz(t_ms: float) -> int:
+    """The emulated SM clock ``t_ms`` after ``nvmlInit``, from the brief (not the C file):
+    1980 MHz for 40 ms, then 1755 and 1830 MHz in turns of 20 ms."""
+    if t_ms < 40:
+        return 1980
+    return 1755 if int((t_ms - 40) // 20) % 2 == 0 else 1830
+
+
 def require_emulated_nvml(directory: Path) -> Path:
     """`build_emulated_nvml`, or a skip of the test when this machine has no ``cc``."""
     try:

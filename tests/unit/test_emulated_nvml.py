@@ -57,12 +57,6 @@ def _run(directory: Path, body: str, *, timeout: float = 20.0, **settings: Any) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _sm_expected(t_ms: float) -> int:
-    if t_ms < 40:
-        return 1980
-    return 1755 if int((t_ms - 40) // 20) % 2 == 0 else 1830
-
-
 def test_the_library_compiles_warning_free(tmp_path: Path) -> None:
     if shutil.which("cc") is None:
         pytest.skip("no C compiler 'cc' on PATH")
@@ -153,8 +147,8 @@ def test_sm_clock_boosts_then_alternates_and_memory_clock_holds(emulated_nvml_di
     assert values[0] == 1980  # the first call comes well inside the first 40 ms
     pinned = 0
     for lo, hi, value in samples:
-        if _sm_expected(lo) == _sm_expected(hi) and hi - lo < 20:
-            assert value == _sm_expected(lo), (lo, hi, value)
+        if emulated_nvml.expected_sm_mhz(lo) == emulated_nvml.expected_sm_mhz(hi) and hi - lo < 20:
+            assert value == emulated_nvml.expected_sm_mhz(lo), (lo, hi, value)
             pinned += 1
     assert pinned >= len(samples) // 2
 

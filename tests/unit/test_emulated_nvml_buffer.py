@@ -58,12 +58,6 @@ def _run(directory: Path, body: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _sm_expected(t_ms: float) -> int:
-    if t_ms < 40:
-        return 1980
-    return 1755 if int((t_ms - 40) // 20) % 2 == 0 else 1830
-
-
 def test_the_buffer_holds_a_sample_every_10_ms_of_clock_memory_clock_and_power(
     emulated_nvml_dir: Path,
 ) -> None:
@@ -90,7 +84,7 @@ def test_the_buffer_holds_a_sample_every_10_ms_of_clock_memory_clock_and_power(
         assert stamps == [first_us + 10_000 * k for k in range(len(series))]
         # samples 0..k at k x 10 ms, k the whole 10 ms periods elapsed at the call
         assert int(got["before"][0] // 10) + 1 <= len(series) <= int(got["after"][1] // 10) + 1
-    assert [v for _, v in sm] == [_sm_expected(10 * k) for k in range(len(sm))]
+    assert [v for _, v in sm] == [emulated_nvml.expected_sm_mhz(10 * k) for k in range(len(sm))]
     assert {v for _, v in mem} == {2619}
     assert [v for _, v in power] == [450_000 if k < 4 else 690_000 for k in range(len(power))]
 
