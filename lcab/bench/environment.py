@@ -108,7 +108,8 @@ def kernel_provenance(package: str | None, maps: str = "/proc/self/maps") -> dic
     """``kernel_package_version`` and ``kernel_binary`` of a kernel that calls ``package``.
 
     The binary is identified by what the process really loaded, not by what is installed: each
-    shared object listed in the files of the distribution(s) that provide ``package`` and mapped
+    shared object listed in the files of the distribution(s) that provide ``package`` (a
+    subpackage such as ``flash_attn.cute``: those with files under it) and mapped
     into this process is hashed (sha256 of its contents, as flash-attention's validation files
     hash the kernels' PTX/CUBIN), so a rebuilt extension under the same version shows. Called
     after the kernel ran (its package is imported then). Empty for a kernel of torch's own.
@@ -116,9 +117,13 @@ def kernel_provenance(package: str | None, maps: str = "/proc/self/maps") -> dic
     if package is None:
         return {}
     loaded = {os.path.realpath(p) for p in mapped_files(maps)}
+    inside = package.replace(".", "/")  # flash_attn.cute: flash-attn-4's, not flash-attn's
+    top = package.split(".")[0]
     versions, binaries = [], {}
-    for name in dict.fromkeys(importlib.metadata.packages_distributions().get(package, [])):
+    for name in dict.fromkeys(importlib.metadata.packages_distributions().get(top, [])):
         dist = importlib.metadata.distribution(name)
+        if not any(str(f).startswith((f"{inside}/", f"{inside}.")) for f in dist.files or ()):
+            continue
         versions.append(f"{name} {dist.version}")
         for file in dist.files or ():
             path = os.path.realpath(str(file.locate()))

@@ -280,7 +280,7 @@ def _per_pass(*suffixes: str) -> Callable[[dict[str, Any]], list[Any]]:
 PROVENANCE: tuple[tuple[str, Callable[[dict[str, Any]], Any], bool], ...] = (
     ("lcab commit", _commit, False),
     ("torch", lambda r: r.get("torch_version"), False),
-    ("torch build", lambda r: r.get("torch_build"), False),
+    ("torch build", lambda r: (r.get("torch_build") or "")[:12] or None, False),
     ("CUDA", lambda r: r.get("cuda_version"), False),
     ("cuDNN", lambda r: r.get("cudnn_version"), False),
     ("NCCL", lambda r: r.get("nccl_version_loaded") or r.get("nccl_version"), False),
@@ -321,7 +321,7 @@ def _said(values: list[Any], numeric: bool) -> tuple[str, Any]:
         if not values:
             return "–", None
         lo, hi = min(values), max(values)
-        return (f"{lo:.3g}" if lo == hi else f"{lo:.3g}–{hi:.3g}"), (lo, hi)
+        return (f"{lo:.4g}" if lo == hi else f"{lo:.4g}–{hi:.4g}"), (lo, hi)
     distinct = sorted({str(v) for v in values})
     more = f" +{len(distinct) - 4} more" if len(distinct) > 4 else ""
     return "; ".join(distinct[:4]) + more or "–", set(distinct)

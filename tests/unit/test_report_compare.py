@@ -219,6 +219,9 @@ def test_the_kernel_binary_is_the_hash_of_the_loaded_shared_object():
     expected = hashlib.sha256(extension.read_bytes()).hexdigest()[:16]
     assert found["kernel_binary"][extension.name] == expected
     assert kernel_provenance(None) == {}
+    # a subpackage (flash_attn.cute) is looked up by the distributions with files under it
+    assert kernel_provenance("numpy.linalg")["kernel_package_version"] == f"numpy {np.__version__}"
+    assert kernel_provenance("numpy.absent")["kernel_package_version"] is None
 
 
 def test_the_driver_version_is_read_as_the_driver_writes_it(tmp_path):
@@ -231,3 +234,43 @@ def test_the_driver_version_is_read_as_the_driver_writes_it(tmp_path):
     proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release")
     assert driver_version(str(proc)) == "570.86.15"
     assert driver_version(str(tmp_path / "absent")) is None
+
+
+def test_a_wandb_group_is_read_from_its_runs_records_artifacts(campaigns, monkeypatch):
+    """A stand-in for W&B's public API as documented (``Api.runs(path, filters)``,
+    ``Run.logged_artifacts``, ``Artifact.type``/``download(root)``): no server is reachable here."""
+    import wandb
+
+    from lcab.report.compare_wandb import fetched
+
+    jobs = sorted(campaigns[0].glob("*/records.jsonl"))
+    asked = []
+
+    class Artifact:
+        def __init__(self, kind: str, source: Path) -> None:
+            self.type, self.source = kind, source
+
+        def download(self, root: str) -> str:
+            Path(root).mkdir(parents=True)
+            (Path(root) / "records.jsonl").write_bytes(self.source.read_bytes())
+            return root
+
+    class Run:
+        def __init__(self, number: int, source: Path) -> None:
+            self.id, self.source = f"run{number}", source
+
+        def logged_artifacts(self) -> list[Artifact]:
+            return [Artifact("lcab-trace", self.source), Artifact("lcab-records", self.source)]
+
+    class Api:
+        def __init__(self, timeout: int) -> None:
+            assert timeout > 0
+
+        def runs(self, path: str, filters: dict[str, str]) -> list[Run]:
+            asked.append((path, filters))
+            return [Run(i, job) for i, job in enumerate(jobs)]
+
+    monkeypatch.setattr(wandb, "Api", Api)
+    name, _, folder = fetched("old=wandb:team/lcab/2026-01-01_00-00-00_abc").partition("=")
+    assert name == "old" and asked == [("team/lcab", {"group": "2026-01-01_00-00-00_abc"})]
+    assert len(load_records(folder)) == len(load_records(campaigns[0]))
