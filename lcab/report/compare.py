@@ -12,7 +12,7 @@ campaign only are listed apart.
 
 The table is sorted by effect (stopped passes first, then the largest change either way) and
 written as ``compare.csv`` (every number) and ``compare.md`` (with the provenance and the
-unmatched cells); the figure (``png/compare_<mask>.png``: the ratio against length with its
+unmatched cells); the figure (``png/compare_<new>_<mask>.png``: the ratio against length with its
 interval, a panel per pass) is drawn by the report's own renderers, and ``report build`` shows
 all of it as its *Compared with* section when its inputs are named runs (``base=A new=B``).
 """
@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,22 +35,25 @@ from lcab.report.compare_stats import BASIS_QUANTILES, BASIS_REPS, PassTimes, co
 from lcab.report.frame import SERIES, VARIANT, BadInputError, load_records, named_input
 from lcab.report.plot_data import Axis, Line, LineFigure, Panel, RefLine, name_stem
 from lcab.report.plot_style import Styler, hardware_label, log2_range, log2_ticks, seqlen_label
+from lcab.report.provenance import provenance_table
 
 SECTION = "compare"
-CELL_KEY = (
-    "kernel",
-    "kernel_options",
-    "cp",
-    "cp_params",
-    "mask",
-    "mask_params",
-    "seqlen",
-    "world_size",
-    "nodes",
-    "dtype",
-    "heads_q",
-    "heads_kv",
-    "head_dim",
+CELL_KEY = tuple(
+    [
+        "kernel",
+        "kernel_options",
+        "cp",
+        "cp_params",
+        "mask",
+        "mask_params",
+        "seqlen",
+        "world_size",
+        "nodes",
+        "dtype",
+        "heads_q",
+        "heads_kv",
+        "head_dim",
+    ]
 )
 """What defines a cell across campaigns (``kernel_options``: the config's ``kernel`` group)."""
 NAMED = ("kernel", "cp", "mask", "seqlen", "world_size")
@@ -194,22 +196,8 @@ def compare(old: pd.DataFrame, new: pd.DataFrame, labels: tuple[str, str]) -> Co
 
 
 TABLE_COLUMNS = (
-    "mask",
-    SERIES,
-    "world_size",
-    "seqlen",
-    VARIANT,
-    "cell",
-    "pass",
-    "old_ms",
-    "new_ms",
-    "ratio",
-    "low",
-    "high",
-    "basis",
-    "verdict",
-    "old_reps",
-    "new_reps",
+    *("mask", SERIES, "world_size", "seqlen", VARIANT, "cell", "pass", "old_ms", "new_ms"),
+    *("ratio", "low", "high", "basis", "verdict", "old_reps", "new_reps"),
 )
 """``compare.csv``'s columns: ratio = NEW/OLD time (Hodges–Lehmann with reps), low/high its
 95 % interval (basis ``reps``) or its quantile band (basis ``p20–p80``)."""
@@ -256,95 +244,6 @@ INTERVAL_NOTE = (
 )
 
 
-# ------------------------------------------------------------------ provenance
-def _commit(r: dict[str, Any]) -> str | None:
-    sha = r.get("git_sha")
-    return f"{sha[:10]}{' +dirty' if r.get('git_dirty') else ''}" if sha else None
-
-
-def _binaries(r: dict[str, Any]) -> str | None:
-    found = r.get("kernel_binary")
-    return f"{r['kernel']} " + " ".join(sorted(found.values())) if found else None
-
-
-def _protocol(r: dict[str, Any]) -> str:
-    bench = (r.get("config") or {}).get("bench") or {}
-    keys = ("warmup", "warmup_ms", "reps", "rep_ms", "mask_samples", "flush_l2")
-    return ", ".join(f"{k} {bench[k]}" for k in keys if bench.get(k) is not None)
-
-
-def _per_pass(*suffixes: str) -> Callable[[dict[str, Any]], list[Any]]:
-    return lambda r: [r.get(f"{p}_{s}") for p in PASSES for s in suffixes]
-
-
-PROVENANCE: tuple[tuple[str, Callable[[dict[str, Any]], Any], bool], ...] = (
-    ("lcab commit", _commit, False),
-    ("torch", lambda r: r.get("torch_version"), False),
-    ("torch build", lambda r: (r.get("torch_build") or "")[:12] or None, False),
-    ("CUDA", lambda r: r.get("cuda_version"), False),
-    ("cuDNN", lambda r: r.get("cudnn_version"), False),
-    ("NCCL", lambda r: r.get("nccl_version_loaded") or r.get("nccl_version"), False),
-    ("driver", lambda r: r.get("driver_version"), False),
-    ("kernel package", lambda r: r.get("kernel_package_version"), False),
-    ("kernel binary", _binaries, False),
-    ("device", lambda r: r.get("device_name"), False),
-    ("host", lambda r: r.get("hostname"), False),
-    ("CPU threads", lambda r: r.get("num_threads"), False),
-    ("clock seen (MHz)", _per_pass("clock_mhz_min", "clock_mhz_max"), True),
-    ("power seen (W)", _per_pass("power_w_max"), True),
-    (
-        "throttle events",
-        lambda r: [e for got in _per_pass("clock_events")(r) for e in got or []],
-        False,
-    ),
-    ("host load", lambda r: [r.get("host_load_start"), r.get("host_load_end")], True),
-    ("protocol", _protocol, False),
-    ("mask seeds", lambda r: r.get("mask_seed"), False),
-)
-"""(what, its value(s) in one record, whether it is a number shown as a range): what may
-explain a difference between campaigns. A range differs when the two do not overlap."""
-IDLE = "GpuIdle"
-"""A clock event that only says the GPU waited: not a throttle."""
-
-
-def _values(frame: pd.DataFrame, read: Callable[[dict[str, Any]], Any]) -> list[Any]:
-    found: list[Any] = []
-    for row in frame.to_dict("records"):
-        value = read(row)
-        found += value if isinstance(value, list) else [value]
-    return [v for v in found if v is not None and v == v and v != "" and v != IDLE]
-
-
-def _said(values: list[Any], numeric: bool) -> tuple[str, Any]:
-    """(text, what is compared) of one campaign's values of one field."""
-    if numeric:
-        if not values:
-            return "–", None
-        lo, hi = min(values), max(values)
-        return (f"{lo:.4g}" if lo == hi else f"{lo:.4g}–{hi:.4g}"), (lo, hi)
-    distinct = sorted({str(v) for v in values})
-    more = f" +{len(distinct) - 4} more" if len(distinct) > 4 else ""
-    return "; ".join(distinct[:4]) + more or "–", set(distinct)
-
-
-def provenance_table(old: pd.DataFrame, new: pd.DataFrame, labels: tuple[str, str]) -> pd.DataFrame:
-    """Side by side, each `PROVENANCE` field either campaign has, and whether it differs."""
-    rows = []
-    for what, read, numeric in PROVENANCE:
-        (a, ka), (b, kb) = (_said(_values(f, read), numeric) for f in (old, new))
-        if not ka and not kb:
-            continue
-        if not ka or not kb:
-            differs = "?"  # known in one campaign only (records from before it was recorded)
-        elif numeric:
-            differs = "≠" if ka[1] < kb[0] or kb[1] < ka[0] else ""
-        else:
-            differs = "≠" if ka != kb else ""
-        rows.append({"what": what, labels[0]: a, labels[1]: b, "differs": differs})
-    return pd.DataFrame(rows, columns=["what", *labels, "differs"])
-
-
-# ------------------------------------------------------------------ figure, files, command
 def compare_figures(comparison: Comparison, frame: pd.DataFrame) -> list[LineFigure]:
     """Per mask: NEW/OLD time against length, a line per series, its interval as the band."""
     old, new = comparison.labels
@@ -419,24 +318,24 @@ def write(comparison: Comparison, folder: Path) -> None:
 
 
 def _print(comparison: Comparison) -> None:
+    """The table, the counts, what differs and the unmatched cells, within the terminal."""
     from rich.table import Table
 
-    out = console()
     old, new = comparison.labels
-    shown = shown_table(comparison)
-    table = Table(title=f"{new} vs {old}: time ratio (above 1: {new} slower)", title_justify="left")
-    for column in shown.columns:
-        table.add_column(column, overflow="fold", no_wrap=column != "cell")
-    for row in shown.itertuples(index=False):
-        table.add_row(*map(str, row))
-    out.print(table)
-    out.print(comparison.counts() + ". " + INTERVAL_NOTE + ".", highlight=False)
-    table = Table(title="What differs (≠) between the campaigns", title_justify="left")
-    for column in comparison.provenance.columns:
-        table.add_column(column, overflow="fold")
-    for row in comparison.provenance.itertuples(index=False):
-        table.add_row(*map(str, row))
-    out.print(table)
+    out = console()
+    for frame, title in (
+        (shown_table(comparison), f"{new} vs {old}: time ratio (above 1: {new} slower)"),
+        (comparison.provenance, "What differs (≠) between the campaigns"),
+    ):
+        table = Table(title=title, title_justify="left")
+        for column in frame.columns:
+            cells = frame is not comparison.provenance
+            table.add_column(column, overflow="fold", no_wrap=cells and column != "cell")
+        for row in frame.itertuples(index=False):
+            table.add_row(*map(str, row))
+        out.print(table)
+        if cells:
+            out.print(comparison.counts() + ". " + INTERVAL_NOTE + ".", highlight=False)
     for row in comparison.unmatched.itertuples(index=False):
         out.print(f"only in {row[0]}: {row[1]} at {row[2]} ({row[3]})", highlight=False)
 
@@ -454,7 +353,8 @@ def command(args: argparse.Namespace) -> int:
         return 2
     comparison = compare(old, new, (labels[0], labels[1]))
     _print(comparison)
-    folder = args.out or named_input(args.new)[1].resolve().parent / "compare"
+    where = named_input(args.new)[1]
+    folder = args.out or (where.parent if where.is_file() else where) / "compare"
     write(comparison, folder)
     from lcab.report.png import render_png
 
