@@ -10,7 +10,8 @@ NEW/OLD with its 95 % interval and a verdict (`lcab.report.compare_stats`); a pa
 OLD and not in NEW is ``stopped`` (a regression too), one that now runs ``started``. Cells in one
 campaign only are listed apart.
 
-The table is sorted by effect (stopped passes first, then the largest change either way) and
+The table is sorted by effect (passes that stopped or started running first, then the largest
+change either way) and
 written as ``compare.csv`` (every number) and ``compare.md`` (with the provenance and the
 unmatched cells); the figure (``png/compare_<new>_<mask>.png``: the ratio against length with its
 interval, a panel per pass) is drawn by the report's own renderers, and ``report build`` shows

@@ -57,9 +57,9 @@ def _campaign(root: Path, seed: int, new: bool) -> Path:
             record.driver_version = "570.86.15" if new else "550.54.15"
             record.kernel_binary = {"ext.so": "cd34" if new and kernel == "flex" else "ab12"}
             record.kernel_package_version = f"{kernel}-pkg 1.0"
-            if new and (kernel, mask, seqlen) == ("sdpa", "document", 2048):
+            if (kernel, mask, seqlen) == (("sdpa", "document", 2048) if new else SLIGHT):
                 record.bwd = PassResult(status="oom", reason="CUDA out of memory")
-                record.status = "oom"
+                record.status = "oom"  # NEW: a pass stops running, and the other one starts
             records.append(record)
         jobs.append(records)
     return write_sweep(root, jobs)
@@ -94,8 +94,9 @@ def test_a_planted_5_percent_slowdown_is_found_and_a_half_percent_one_is_not(com
         slow = _row(comparison, *SLOW, pass_)
         assert slow["verdict"] == "slower" and slow["basis"] == "reps"
         assert slow["low"] < 1.05 < slow["high"] and slow["low"] > 1.02
-        slight = _row(comparison, *SLIGHT, pass_)
-        assert slight["verdict"] == "within noise" and slight["low"] < 1 < slight["high"]
+    slight = _row(comparison, *SLIGHT, "fwd")
+    assert slight["verdict"] == "within noise" and slight["low"] < 1 < slight["high"]
+    assert _row(comparison, *SLIGHT, "bwd")["verdict"] == "started: was oom"
     # the gate at 2 %: only the planted slowdown (both passes) and the pass that stopped
     failing = comparison.gate(2.0)
     assert sorted(zip(failing["cell"], failing["pass"], strict=True)) == [
@@ -105,8 +106,10 @@ def test_a_planted_5_percent_slowdown_is_found_and_a_half_percent_one_is_not(com
     ]
     stopped = _row(comparison, "sdpa", "document", 2048, "bwd")
     assert stopped["verdict"] == "stopped: oom"
-    # sorted by effect: the stopped pass, then the planted slowdown
-    assert list(comparison.cells["cell"][:3]) == ["sdpa document 2K", *["ranges causal 2K"] * 2]
+    # sorted by effect: the passes that stopped or started, then the planted slowdown
+    first = list(zip(comparison.cells["cell"], comparison.cells["pass"], strict=True))[:4]
+    assert sorted(first[:2]) == [("flex document 1K", "bwd"), ("sdpa document 2K", "bwd")]
+    assert {cell for cell, _ in first[2:]} == {"ranges causal 2K"}
 
 
 def test_a_changed_driver_and_binary_are_named_and_unchanged_things_are_not(comparison):
