@@ -11,11 +11,11 @@ OLD and not in NEW is ``stopped`` (a regression too), one that now runs ``starte
 campaign only are listed apart.
 
 The table is sorted by effect (passes that stopped or started running first, then the largest
-change either way) and
-written as ``compare.csv`` (every number) and ``compare.md`` (with the provenance and the
-unmatched cells); the figure (``png/compare_<new>_<mask>.png``: the ratio against length with its
-interval, a panel per pass) is drawn by the report's own renderers, and ``report build`` shows
-all of it as its *Compared with* section when its inputs are named runs (``base=A new=B``).
+change either way) and written as ``compare.csv`` (every number) and ``compare.md`` (with the
+provenance and the unmatched cells); the figure (``png/compare_<new>_<mask>.png``: the ratio
+against length with its interval, a panel per pass) is drawn by the report's own renderers, and
+``report build`` shows all of it as its *Compared with* section when its inputs are named runs
+(``base=A new=B``).
 """
 
 from __future__ import annotations
