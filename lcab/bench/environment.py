@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import os
 import platform
 import re
@@ -86,20 +88,71 @@ def loaded_nccl_versions(maps: str = "/proc/self/maps") -> str | None:
     for its own version. None: no libnccl in the process (a CPU build), no ``/proc``, or a
     library that does not answer. Several different versions mapped are all named, lowest first.
     """
-    try:
-        with open(maps) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    paths = []
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        path = fields[5].strip() if len(fields) == 6 else ""
-        if path.startswith("/") and _LIBNCCL.fullmatch(os.path.basename(path)):
-            paths.append(path)
-    versions = {v for v in map(_ask_version, dict.fromkeys(paths)) if v is not None}
+    paths = [p for p in mapped_files(maps) if _LIBNCCL.fullmatch(os.path.basename(p))]
+    versions = {v for v in map(_ask_version, paths) if v is not None}
     ordered = sorted(versions, key=lambda v: tuple(int(part) for part in v.split(".")))
     return ",".join(ordered) or None
+
+
+def mapped_files(maps: str = "/proc/self/maps") -> list[str]:
+    """The files mapped into this process (its loaded libraries), once each; empty without /proc."""
+    try:
+        with open(maps) as f:
+            fields = [line.split(maxsplit=5) for line in f.read().splitlines()]
+    except OSError:
+        return []
+    return list(dict.fromkeys(f[5].strip() for f in fields if len(f) == 6 and f[5][:1] == "/"))
+
+
+def kernel_provenance(package: str | None, maps: str = "/proc/self/maps") -> dict[str, Any]:
+    """``kernel_package_version`` and ``kernel_binary`` of a kernel that calls ``package``.
+
+    The binary is identified by what the process really loaded, not by what is installed: each
+    shared object listed in the files of the distribution(s) that provide ``package`` (a
+    subpackage such as ``flash_attn.cute``: those with files under it) and mapped
+    into this process is hashed (sha256 of its contents, as flash-attention's validation files
+    hash the kernels' PTX/CUBIN), so a rebuilt extension under the same version shows. Called
+    after the kernel ran (its package is imported then). Empty for a kernel of torch's own.
+    """
+    if package is None:
+        return {}
+    loaded = {os.path.realpath(p) for p in mapped_files(maps)}
+    inside = package.replace(".", "/")  # flash_attn.cute: flash-attn-4's, not flash-attn's
+    top = package.split(".")[0]
+    versions, binaries = [], {}
+    for name in dict.fromkeys(importlib.metadata.packages_distributions().get(top, [])):
+        dist = importlib.metadata.distribution(name)
+        if not any(str(f).startswith((f"{inside}/", f"{inside}.")) for f in dist.files or ()):
+            continue
+        versions.append(f"{name} {dist.version}")
+        for file in dist.files or ():
+            path = os.path.realpath(str(file.locate()))
+            if path in loaded:
+                binaries[file.name] = _digest(path, os.stat(path).st_mtime_ns)
+    return {
+        "kernel_package_version": ", ".join(versions) or None,
+        "kernel_binary": binaries or None,
+    }
+
+
+@cache
+def _digest(path: str, mtime_ns: int) -> str:
+    """sha256 of a file's contents, first 16 hex digits (once per process and version)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def driver_version(proc: str = "/proc/driver/nvidia/version") -> str | None:
+    """The NVIDIA kernel module's version (``550.54.15``) as the driver reports it, or None."""
+    try:
+        with open(proc) as f:
+            found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", f.read())
+    except OSError:
+        return None
+    return found.group(1) if found else None
 
 
 def _ask_version(path: str) -> str | None:
@@ -141,6 +194,9 @@ def environment(device: str) -> dict[str, Any]:
         "cuda_version": torch.version.cuda,
         "nccl_version": nccl_version(),
         "nccl_version_loaded": loaded_nccl_versions(),
+        "torch_build": torch.version.git_version,
+        "cudnn_version": str(cudnn) if (cudnn := torch.backends.cudnn.version()) else None,
+        "driver_version": driver_version(),
         "device_name": device_name(device),
         "num_threads": torch.get_num_threads(),
         "hostname": socket.gethostname(),

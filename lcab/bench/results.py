@@ -21,7 +21,7 @@ from lcab.flops import FLOP_CONVENTION, tflops_per_s
 from lcab.lazy import lazy_module
 from lcab.masks import AttnMask
 from lcab.records.resume import NOT_RUN
-from lcab.records.schema import PassResult, RunRecord
+from lcab.records.schema import MAX_KEPT_REPS, PassResult, RunRecord
 
 if TYPE_CHECKING:
     import torch
@@ -157,6 +157,10 @@ def summarise(result: PassResult, samples: list[SampleMeasure], world: int) -> N
     result.ms_p80 = _median_quantile(samples, 0.8)
     result.ms_samples = p50 if len(samples) > 1 else None
     result.reps = len(samples[0].timing.times_ms)
+    reps = [t for s in samples for t in s.timing.times_ms]
+    step = max(1.0, len(reps) / MAX_KEPT_REPS)  # evenly thinned, in the order they ran
+    kept = min(len(reps), MAX_KEPT_REPS)
+    result.ms_reps = [float(f"{reps[int(i * step)]:.6g}") for i in range(kept)]
     result.flops = int(statistics.median(s.flops for s in samples))
     result.tflops = statistics.median(
         tflops_per_s(s.flops, s.timing.q(0.5) / 1e3) / world for s in samples

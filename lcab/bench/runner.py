@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 from lcab.bench import host_load
 from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
 from lcab.bench.checking import NumericsCheck
-from lcab.bench.environment import environment
+from lcab.bench.environment import environment, kernel_provenance
 from lcab.bench.inputs import SeededInputs
 from lcab.bench.masking import build_mask_sample
 from lcab.bench.memory import PeakMemory
@@ -42,7 +42,7 @@ from lcab.bench.targets import Target
 from lcab.bench.timing import Timing, TimingConfig, l2_flush_buffer, measure, quantiles
 from lcab.cell import Cell
 from lcab.flops import as_pass, attention_flops, dense_flops
-from lcab.kernels import PreparedAttention, Problem
+from lcab.kernels import KERNELS, PreparedAttention, Problem
 from lcab.lazy import lazy_module
 from lcab.masks import AttnMask
 from lcab.records.schema import RunRecord
@@ -414,7 +414,9 @@ def run_cell(
             record.status = "oom" if is_oom(err) else "error"
             record.error_type, record.error_msg = type(err).__name__, short_error(err)
             record.reasons = [traceback.format_exc(limit=4)[-1200:]]
-        for key, value in host_load.load_fields(start, host_load.snapshot()).items():
+        package = KERNELS.get(cell.kernel).caps.package  # imported by now, if it ran
+        fields = host_load.load_fields(start, host_load.snapshot()) | kernel_provenance(package)
+        for key, value in fields.items():
             setattr(record, key, value)
         if target.rank == 0:
             emit(record)

@@ -29,6 +29,7 @@ TIMING_FIELDS = (
     "ms_p20",
     "ms_p80",
     "ms_samples",
+    "ms_reps",
     "tflops",
     "tflops_dense",
     "tflops_mean_rank",
@@ -52,6 +53,10 @@ TIMING_COLUMNS = (
 """The `RunRecord.flat` columns read off the clock: `TIMING_FIELDS` of each pass, the phase
 split and the set-up times."""
 
+MAX_KEPT_REPS = 600
+"""Timed repetitions a pass keeps: the paper's protocol (``bench=paper``: 20 repetitions × 30
+mask samples) whole; budget-mode runs of more are thinned."""
+
 STATUSES = ("ok", "skipped", "oom", "error", "timeout", "numerics_mismatch")
 #: Severity order used to combine pass statuses into the record status.
 _SEVERITY = {"ok": 0, "skipped": 1, "numerics_mismatch": 2, "oom": 3, "timeout": 4, "error": 5}
@@ -68,6 +73,10 @@ class PassResult:
     ms_p80: float | None = None
     ms_samples: list[float] | None = None
     """Median time of each mask sample (the spread across masks)."""
+    ms_reps: list[float] | None = None
+    """The timed repetitions themselves (ms, 6 significant digits), mask sample after sample,
+    at most `MAX_KEPT_REPS` (evenly thinned beyond): what `lcab.report.compare` takes a
+    comparison's interval from."""
     reps: int | None = None
     flops: int | None = None
     """FLOPs of one call (median over mask samples)."""
@@ -280,6 +289,17 @@ class RunRecord:
     """Tasks (ranks) of the SLURM job."""
     rank_hosts: list[str] | None = None
     """Host of each rank (rank order), as the ranks themselves reported it."""
+    # provenance a comparison of campaigns names (lcab.bench.environment, lcab.report.compare)
+    torch_build: str | None = None
+    """The commit torch was built from (``torch.version.git_version``)."""
+    cudnn_version: str | None = None
+    driver_version: str | None = None
+    """The NVIDIA driver (kernel module) version; None without one."""
+    kernel_package_version: str | None = None
+    """The distribution(s) providing the kernel's package, with versions (None: torch's own)."""
+    kernel_binary: dict[str, str] | None = None
+    """sha256 (first 16 hex digits) of each shared object of that distribution the process had
+    loaded, by file name: the binary that ran (None: none loaded, e.g. JIT-compiled)."""
     # the fully resolved config
     config: dict[str, Any] = field(default_factory=dict)
 

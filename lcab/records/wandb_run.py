@@ -272,6 +272,11 @@ class WandbLogger(RecordLogger):
                     "slurm_nodelist",
                     "num_threads",
                     "python_version",
+                    "torch_build",
+                    "cudnn_version",
+                    "driver_version",
+                    "kernel_package_version",
+                    "kernel_binary",
                 )
                 self.run.config.update({k: getattr(record, k) for k in env}, allow_val_change=True)
             flat = record.measured_flat()  # ranks that shared a GPU: no times, no TFLOP/s

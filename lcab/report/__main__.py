@@ -11,6 +11,10 @@ Commands:
   wandb-workspace SWEEP        the sweep's standard W&B workspace (``--dry-run PATH``: its JSON,
                                offline; without: saved, which needs a W&B login)
   gpu-table FILE               the GPU verification table a ``launchers/gpu_check.sh`` run wrote
+  compare OLD NEW              two campaigns cell by cell: the time ratio with its 95 %
+                               interval and a verdict, what differs between them (versions,
+                               driver, the kernels' binaries, clocks, protocol), unmatched
+                               cells; --fail-slower PCT gates a nightly run
   anchors PATH...              published figures (papers, vendor tables) beside lcab's records
                                and planner rows with the ratio (``--all``: also those without
                                a match, and why; ``--markdown``: a Markdown table)
@@ -147,6 +151,40 @@ def _add_anchors(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     anchors.set_defaults(run=_anchors)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from lcab.report.compare import command
+
+    return command(args)
+
+
+def _add_compare(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    compare = commands.add_parser(
+        "compare",
+        help="two campaigns compared cell by cell, with what differs between them",
+        description="Compare two campaigns (records files, sweep or run folders, or "
+        "wandb:ENTITY/PROJECT/GROUP; NAME=... labels one): per matched cell and pass the time "
+        "ratio NEW/OLD with a 95 %% interval from the timed repetitions and a verdict, the "
+        "provenance side by side, cells of one campaign only. Writes compare.csv, compare.md "
+        "and png/ to --out (default: <NEW's folder>/compare).",
+    )
+    compare.add_argument("old", metavar="[NAME=]OLD")
+    compare.add_argument("new", metavar="[NAME=]NEW")
+    compare.add_argument("--out", type=Path, default=None, metavar="DIR", help="output folder")
+    compare.add_argument(
+        "--fail-slower",
+        type=float,
+        metavar="PCT",
+        help="exit 1 when a pass is slower than PCT %% beyond its interval, or stopped running",
+    )
+    compare.add_argument("--wandb-report", action="store_true", help="save it as a W&B report")
+    compare.add_argument(
+        "--wandb-dry-run", type=Path, metavar="PATH", help="write that report's JSON (offline)"
+    )
+    compare.add_argument("--entity", help="W&B entity (default: $WANDB_ENTITY, the inputs')")
+    compare.add_argument("--project", help="W&B project (default: the inputs', else lcab)")
+    compare.set_defaults(run=_compare)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per report."""
     top = argparse.ArgumentParser(prog="python -m lcab.report")
@@ -163,6 +201,7 @@ def parser() -> argparse.ArgumentParser:
     table.add_argument("file", type=Path, help="the run's verification.jsonl")
     table.set_defaults(run=_gpu_table)
     _add_anchors(commands)
+    _add_compare(commands)
     return top
 
 

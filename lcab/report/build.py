@@ -11,6 +11,8 @@ The output folder holds::
     reasons.csv/.md      why things did not run, grouped with counts
     anchors.csv/.md      published figures beside the records of the same problem (when any)
     frontier.csv/.md     each memory-frontier search: bracket, probes, peak, the planner's
+    compare.csv/.md      with two named runs (``base=A new=B``): the second against the first,
+                         cell by cell (`lcab.report.compare`)
 
 Every input is read before anything is written, so bad input leaves no half-built report.
 PNGs of figures that the records no longer produce are removed from ``png/``, so the folder
@@ -29,8 +31,9 @@ from lcab.records.sinks import RECORDS_FILE
 from lcab.report.anchor_rows import rows_from_frame
 from lcab.report.anchors import anchors_frame, side_by_side, source_notes
 from lcab.report.anchors import shown as shown_anchors
+from lcab.report.compare import compare, compare_figures, compared_tables, write
 from lcab.report.figures import build_figures
-from lcab.report.frame import SOURCE, load_records, named_input
+from lcab.report.frame import RUN, SOURCE, load_records, named_input
 from lcab.report.frontier import frontier_table
 from lcab.report.page import (
     PageInputs,
@@ -86,6 +89,11 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
     inputs = [named_input(p)[1] for p in paths]
     frame = load_records(list(paths))
     figures = build_figures(frame)
+    runs, compared = frame.attrs[RUN], None
+    if len(runs) >= 2:  # the second named run against the first
+        old, new = (frame[frame[RUN] == run] for run in runs[:2])
+        compared = compare(old, new, (runs[0], runs[1]))
+        figures.figures += compare_figures(compared, frame)
     folder = Path(out) if out is not None else default_out(inputs[0])
     png_dir = folder / PNG_DIR
     png_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +128,11 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
             markdown_table(shown_anchors(anchors)) + "\nSources:\n\n" + notes + "\n",
             encoding="utf-8",
         )
+    sections = {} if compared is None else {"compare": compared_tables(compared)}
+    for stale in (folder / "compare.csv", folder / "compare.md"):
+        stale.unlink(missing_ok=True)
+    if compared is not None:
+        write(compared, folder)
     frontier = frontier_table(frame)
     for stale in (folder / "frontier.csv", folder / "frontier.md"):
         stale.unlink(missing_ok=True)
@@ -145,7 +158,7 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
             predictions=predicted,
             anchors=None if anchors is None else shown_anchors(anchors),
             anchor_sources=source_notes(pairs),
-            section_tables={} if frontier is None else {"frontier": frontier},
+            section_tables=sections | ({} if frontier is None else {"frontier": [frontier]}),
         ),
         plotly_js(),
     )

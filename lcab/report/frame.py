@@ -17,7 +17,7 @@ one record (one cell at one length); the columns are `RunRecord.flat` keys (pass
 ``run``
     the name a user gave its input (``python -m lcab.report build baseline=PATH new=PATH``;
     empty when unnamed): what a comparison of two runs is labelled by (`variant` tries it
-    first) and what the summary's speed-up columns divide by (`speedups`).
+    first; `lcab.report.compare` compares the second named run with the first).
 
 A record whose ranks shared a GPU (``shared_device``: a numerics-only check over gloo) keeps
 its numerics, bytes and memory, but its times and TFLOP/s are empty here
@@ -156,33 +156,6 @@ def load_records(paths: Path | str | Sequence[Path | str]) -> pd.DataFrame:
     named = [named_input(p)[0] for p in paths]
     frame.attrs[RUN] = list(dict.fromkeys(n for n in named if n))  # in the order given
     return frame
-
-
-SAME_PROBLEM = (*POINT_KEY, "dtype", "heads_q", "heads_kv", "head_dim")
-"""What two named runs' rows must share to be compared (`speedups`)."""
-
-
-def speedups(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per row, its throughput over the first named run's at the same point (empty: none).
-
-    With two or more named runs (``build baseline=A new=B``), columns ``fwd vs <first>`` and
-    ``bwd vs <first>``: TFLOP/s of the row / TFLOP/s of the first run's row of the same
-    problem (`SAME_PROBLEM`); blank on the first run's own rows and where either has none.
-    """
-    runs = frame.attrs.get(RUN, [])
-    if len(runs) < 2:
-        return pd.DataFrame(index=frame.index)
-    base = frame[frame[RUN] == runs[0]]
-    key = list(SAME_PROBLEM)
-    out = pd.DataFrame(index=frame.index)
-    for pass_ in ("fwd", "bwd"):
-        column = f"{pass_}_tflops"
-        reference = base.drop_duplicates(key).set_index(key)[column]
-        joined = frame[key].apply(tuple, axis=1).map(reference.to_dict())
-        ratio = frame[column] / joined.astype(float)
-        ratio[frame[RUN] == runs[0]] = float("nan")
-        out[f"{pass_} vs {runs[0]}"] = ratio.round(3)
-    return out
 
 
 def _row(record: RunRecord, file: Path, name: str) -> dict[str, Any]:

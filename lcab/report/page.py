@@ -24,7 +24,6 @@ import pandas as pd
 
 from lcab.flops import PASSES
 from lcab.report.clocks import implausible
-from lcab.report.frame import speedups
 from lcab.report.plot_data import OPTIONAL_SECTIONS, SECTIONS, Figures
 from lcab.report.plot_style import severity
 
@@ -107,6 +106,12 @@ SECTION_NOTES = {
     "tolerance a pass must meet.",
     "cp": "Load imbalance of the CP plan (max / mean attended area over ranks) and bytes each "
     "rank sends in one forward+backward: measured (line) and analytic (crosses).",
+    "compare": "The second named run against the first (report build base=A new=B), cell by "
+    "cell: the time ratio new/base with its 95 % interval from the kept repetitions "
+    "(Mann–Whitney; in parentheses the p20–p80 band, for records without them) and a verdict; "
+    "then what differs between the runs (versions, driver, the kernels' binaries, clocks, "
+    "protocol) and the cells of one run only (also compare.csv, compare.md; "
+    "python -m lcab.report compare gives the same for any two campaigns).",
     "frontier": "The longest sequence each cell ran without running out of memory "
     "(seqlen=frontier: doubling, then bisection), per device against the number of ranks: "
     "solid the measured frontier, dashed the planner's from its memory model in the same budget. "
@@ -143,7 +148,6 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     ]
     if any(above):
         table.insert(at, ABOVE_PEAK, above)
-    table = pd.concat([table, speedups(frame)], axis=1)  # named runs compared, if any
     table["reason"] = [_first_reason(row) for _, row in frame.iterrows()]
     return table.reset_index(drop=True)
 
@@ -346,8 +350,9 @@ class PageInputs:
     """Published figures beside the records (`lcab.report.anchors`; None: no match, no section)."""
     anchor_sources: Sequence[str] = ()
     """The sources the anchors table cites, one line each."""
-    section_tables: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict)
-    """A table shown under a figure section's figures, by section key (the frontier's)."""
+    section_tables: dict[str, list[pd.DataFrame]] = dataclasses.field(default_factory=dict)
+    """Tables shown under a figure section's figures, by section key (the frontier's, the
+    comparison's)."""
 
 
 STYLE = """
@@ -373,6 +378,7 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
         for key in SECTIONS
         if key not in OPTIONAL_SECTIONS
         or figures.by_section(key)
+        or key in inputs.section_tables
         or any(o.section == key for o in figures.omitted)
     ]
     parts = [
@@ -402,8 +408,8 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
             parts.append(f'<div class="plot">{inputs.divs[figure.name]}</div>')
         for omitted in (o for o in figures.omitted if o.section == key):
             parts.append(f'<p class="omitted">Not drawn: {html.escape(omitted.why)}.</p>')
-        if key in inputs.section_tables:
-            parts.append(f'<div class="scroll">{html_table(inputs.section_tables[key])}</div>')
+        for table in inputs.section_tables.get(key, []):
+            parts.append(f'<div class="scroll">{html_table(table)}</div>')
         parts.append("</section>")
     parts += [
         '<section id="summary"><h2>Summary table</h2>',

@@ -223,6 +223,7 @@ class Figures:
 
 
 SECTIONS = {
+    "compare": "Compared with the baseline",
     "support": "Support matrix",
     "throughput": "Throughput",
     "scaling": "CP scaling",
@@ -233,10 +234,10 @@ SECTIONS = {
     "frontier": "Memory frontier",
 }
 """Page sections in order: key (`LineFigure.section`) -> heading."""
-OPTIONAL_SECTIONS = frozenset({"telemetry", "frontier"})
-"""Sections the page shows only when they have a figure or a reason it was not drawn (records
-without telemetry have nothing to say about clocks, records of ordinary sweeps nothing about a
-memory frontier)."""
+OPTIONAL_SECTIONS = frozenset({"compare", "telemetry", "frontier"})
+"""Sections the page shows only when they have a figure, a table or a reason it was not drawn
+(records without telemetry have nothing to say about clocks, records of ordinary sweeps nothing
+about a memory frontier, a report without named runs compares nothing)."""
 
 
 def name_stem(text: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -75,6 +76,9 @@ def test_supported_kernel_is_ok_with_numerics(cell):
     assert record.fwd.ms_p50 > 0 and record.fwd.tflops > 0
     assert record.fwd.flops == 4 * (256 * 257 // 2) * 8 * 64
     assert record.bwd.flops == record.fwd.flops * 5 // 2
+    # the timed repetitions themselves are kept: one mask sample here, so their median is p50
+    assert len(record.fwd.ms_reps) == record.fwd.reps * cell.mask_samples == 3
+    assert statistics.median(record.fwd.ms_reps) == pytest.approx(record.fwd.ms_p50, rel=1e-5)
 
 
 def test_exception_becomes_error_record(cell):
