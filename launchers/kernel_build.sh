@@ -75,10 +75,11 @@ say() { echo "kernel_build: $*" >&2; }
 # each), ABI ("abi3": loads on any Python >= 3.9, or "cp312"), DIST (the wheel's name),
 # SDIST (a PyPI requirement to build from instead of a repository), PATCHES ("FILE|SED|why"
 # each), SASS and PTX (the architectures its device code is promised in: launchers/
-# wheel_check.py refuses a wheel without them).
+# wheel_check.py refuses a wheel without them), IMPORTS (modules the check imports besides
+# those tests/helpers/real_schemas.py's SPECS names for it).
 recipe() {
   REPO="" PIN="" SUBMODULES=() SETUP_DIR="" SETUP=setup.py NEEDS=() ENV=() RESTRICTIONS=()
-  ABI="" DIST="" SDIST="" PATCHES=() SASS=() PTX=()
+  ABI="" DIST="" SDIST="" PATCHES=() SASS=() PTX=() IMPORTS=()
   case $1 in
     fa3)
       REPO=Dao-AILab/flash-attention
@@ -381,14 +382,7 @@ build() {
   # a copy without .git (setup scripts' `git submodule update` then does nothing), mtimes kept
   # (a rerun recompiles only what changed)
   tar -C "$src" --exclude=.git -cf - "${NEEDS[@]}" | tar -C "$work" -xf -
-  for patch in "${PATCHES[@]}"; do  # FILE|SED|why: the sed expression may hold "|", why not
-    local file=${patch%%|*} rest=${patch#*|} before
-    before=$(sha256sum <"$work/$SETUP_DIR/$file")
-    sed -i "${rest%|*}" "$work/$SETUP_DIR/$file"
-    [ "$(sha256sum <"$work/$SETUP_DIR/$file")" != "$before" ] ||
-      die "patch of $file changed nothing (${rest%|*}): the recipe no longer fits this source"
-    say "patched $file: ${rest%|*}"
-  done
+  apply_patches "$work/$SETUP_DIR"
   say "building $name ($REPO@${PIN:0:12}) in $work with $jobs jobs; restrictions:"
   printf '  - %s\n' "${RESTRICTIONS[@]}" >&2
 
@@ -417,6 +411,18 @@ build() {
   record "$name" "$src" "$out" "$jobs" "$key"
 }
 
+apply_patches() {  # apply_patches DIR: the recipe's patches, each of which must change its file
+  local patch file rest before
+  for patch in "${PATCHES[@]}"; do  # FILE|SED|why: the sed expression may hold "|", why not
+    file=$1/${patch%%|*} rest=${patch#*|}
+    before=$(sha256sum <"$file")
+    sed -i "${rest%|*}" "$file"
+    [ "$(sha256sum <"$file")" != "$before" ] ||
+      die "patch of ${patch%%|*} changed nothing (${rest%|*}): the recipe no longer fits this source"
+    say "patched ${patch%%|*}: ${rest%|*}"
+  done
+}
+
 clear_inherited() {  # a build's switches are the recipe's alone: none inherited, none cached
   local var cleared=()  # unseen (the key hashes the recipe, not the environment)
   for var in $(compgen -e); do
@@ -433,10 +439,11 @@ clear_inherited() {  # a build's switches are the recipe's alone: none inherited
 
 wheel_check() {  # wheel_check NAME WHEEL COMMIT [OUT]: the recipe's promises checked
   local args=(--name "$1" --cuobjdump "$(cuda_home)/bin/cuobjdump" --torch "${TORCH_BUILD%+*}"
-    --commit "$3") arch pin
+    --commit "$3") arch pin module
   for arch in "${SASS[@]}"; do args+=(--sass "$arch"); done
   for arch in "${PTX[@]}"; do args+=(--ptx "$arch"); done
   for pin in "${BUILD_ONLY_PINS[@]}"; do args+=(--hide-dist "${pin%%==*}"); done
+  for module in "${IMPORTS[@]}"; do args+=(--import "$module"); done
   [ -z "${4:-}" ] || args+=(--out "$4")
   "$TOOLCHAIN/bin/python" "$repo_root/launchers/wheel_check.py" "$2" "${args[@]}"
 }
