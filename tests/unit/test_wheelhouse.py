@@ -147,3 +147,36 @@ def test_built_takes_the_newest_cached_wheel_of_each_kernel(tmp_path):
     done = wheelhouse("built", str(tmp_path / "out2"), env={**env, "LCAB_WHEEL_BUILT": "fa3 ffa"})
     assert done.returncode == 2
     assert "no ffa wheel cached" in done.stderr and "wheelhouse.sh build ffa" in done.stderr
+
+
+def test_every_part_installs_alone_on_a_fresh_machine(tmp_path, wheels, fake_pip):
+    """A machine goes back after 30 s idle and its stage with it: each part, staged alone into
+    an empty stage, installs lcab's own requirements and every whole wheel it holds."""
+    env, log = fake_pip
+    done = wheelhouse("pack", str(tmp_path / "wheels"), str(tmp_path / "house"), "2")
+    assert done.returncode == 0, done.stderr
+    parts = sorted((tmp_path / "house").glob("part-*"))
+    assert len(parts) >= 2
+    for part in parts:
+        size = sum(f.stat().st_size for f in part.iterdir() if f.name != "manifest.txt")
+        assert size <= 2 * MIB, (part, size)  # with lcab's requirements counted
+        stage = tmp_path / f"stage-{part.name}"  # a fresh machine's
+        assert wheelhouse("stage", str(part), str(stage)).returncode == 0
+        log.write_text("")
+        installed = wheelhouse("install", str(stage), str(tmp_path / "site"), env=env)
+        assert installed.returncode == 0, installed.stderr
+        whole = {f.name for f in part.glob("*.whl")}
+        assert "hydra_core-1.3.8-py3-none-any.whl" in whole
+        assert {name for name in wheels if name in log.read_text()} == whole
+
+
+def test_the_house_is_refused_where_the_checkout_would_carry_it(tmp_path):
+    """Untracked files travel with every device call: a house inside the checkout must be
+    ignored, or the call goes over its 64 MiB and is refused."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    done = wheelhouse("make", str(repo / "house"))
+    assert done.returncode == 2 and "inside the checkout and not git-ignored" in done.stderr
+    assert not (repo / "house").exists()
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", ".whl/part-1"])
+    assert ignored.returncode == 0  # the folder the guide names is ignored here
