@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,34 @@ def test_the_house_is_refused_where_the_checkout_would_carry_it(tmp_path):
     assert not (repo / "house").exists()
     ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", ".whl/part-1"])
     assert ignored.returncode == 0  # the folder the guide names is ignored here
+
+
+def test_gpu_check_on_a_staged_wheelhouse_uses_the_images_python_and_no_index(
+    tmp_path, wheels, fake_pip
+):
+    """On a lent GPU machine (no index, no .venv: it never travels) a staged wheelhouse makes
+    gpu_check.sh take python3 and install nothing but the wheelhouse, with --no-index: a pip
+    call that waits on an index would spend the GPU's minutes."""
+    env, log = fake_pip
+    checkout = tmp_path / "checkout"  # no .venv, no setup.sh: any other road fails loudly
+    (checkout / "launchers").mkdir(parents=True)
+    for script in ("gpu_check.sh", "wheelhouse.sh"):
+        shutil.copy(ROOT / "launchers" / script, checkout / "launchers")
+    shim = Path(env["PATH"].split(":")[0]) / "python3"
+    shim.write_text(  # torch sees a GPU; pip is recorded; the rest runs for real
+        shim.read_text().replace(
+            "#!/bin/sh\n", '#!/bin/sh\ncase "$*" in *torch.cuda.is_available*) exit 0 ;; esac\n'
+        )
+    )
+    wheelhouse("pack", str(tmp_path / "wheels"), str(tmp_path / "house"), "2")
+    stage = tmp_path / "stage"
+    wheelhouse("stage", str(tmp_path / "house" / "part-1"), str(stage))
+    env = {**env, "LCAB_WHEELHOUSE_STAGE": str(stage), "LCAB_GPU_STEPS": "none"}
+    done = subprocess.run(
+        ["bash", str(checkout / "launchers" / "gpu_check.sh"), str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "a wheelhouse is staged" in done.stdout and "python3, extras ''" in done.stdout
+    calls = log.read_text().splitlines()
+    assert len(calls) == 1 and "--no-index" in calls[0] and "hydra_core" in calls[0]
