@@ -96,15 +96,22 @@ each device call (64 MiB in all); use .whl (ignored by .gitignore) or add it to 
 }
 
 built() {  # built WHEELS: the newest cached wheel of each kernel built here, copied into WHEELS
-  local wheels=$1 cache=${LCAB_CACHE:-$HOME/.cache/lcab} names name facts
+  # once its checks passed (build.json's; a wheel cached without them, one brought in say, is
+  # checked now: launchers/kernel_build.sh check)
+  local wheels=$1 cache=${LCAB_CACHE:-$HOME/.cache/lcab} names name facts wheel
   names=${LCAB_WHEEL_BUILT-$(ls "$cache/wheels" 2>/dev/null || true)}
   mkdir -p "$wheels"
   for name in $names; do
     facts=$(ls -t "$cache/wheels/$name"/*/build.json 2>/dev/null | head -n 1 || true)
     [ -n "$facts" ] || die "no $name wheel cached in $cache/wheels: bash launchers/wheelhouse.sh \
 build $name first"
-    cp "$(dirname "$facts")"/*.whl "$wheels"/
-    echo "wheelhouse: built here: $(cd "$(dirname "$facts")" && ls ./*.whl | cut -c3-)"
+    wheel=$(ls "$(dirname "$facts")"/*.whl)
+    if grep -q '"passed": false' "$facts" || { ! grep -q '"passed": true' "$facts" &&
+      ! bash launchers/kernel_build.sh check "$name" "$wheel" >&2; }; then
+      die "the cached $name wheel fails its checks, so it is not carried: $wheel"
+    fi
+    cp "$wheel" "$wheels"/
+    echo "wheelhouse: built here: ${wheel##*/}"
   done
 }
 

@@ -139,7 +139,7 @@ def test_built_takes_the_newest_cached_wheel_of_each_kernel(tmp_path):
         folder = cache / "wheels" / "fa3" / key
         folder.mkdir(parents=True)
         (folder / wheel).write_bytes(b"wheel " + key.encode())
-        (folder / "build.json").write_text("{}")
+        (folder / "build.json").write_text('{"checks": {\n "passed": true\n}}')
         os.utime(folder / "build.json", (stamp, stamp))
     env = {**os.environ, "LCAB_CACHE": str(cache)}
     done = wheelhouse("built", str(tmp_path / "out"), env=env)
@@ -148,6 +148,10 @@ def test_built_takes_the_newest_cached_wheel_of_each_kernel(tmp_path):
     done = wheelhouse("built", str(tmp_path / "out2"), env={**env, "LCAB_WHEEL_BUILT": "fa3 ffa"})
     assert done.returncode == 2
     assert "no ffa wheel cached" in done.stderr and "wheelhouse.sh build ffa" in done.stderr
+    facts = cache / "wheels" / "fa3" / "new" / "build.json"  # its checks refused it
+    facts.write_text('{"checks": {\n "passed": false\n}}')
+    done = wheelhouse("built", str(tmp_path / "out3"), env=env)
+    assert done.returncode == 2 and "fails its checks, so it is not carried" in done.stderr
 
 
 def test_every_part_installs_alone_on_a_fresh_machine(tmp_path, wheels, fake_pip):
