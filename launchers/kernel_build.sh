@@ -521,6 +521,7 @@ list_recipes() {
       echo "$name: $REPO@$PIN ${SUBMODULES[*]} -> $DIST ($ABI)"
     fi
     echo "  flags: ${ENV[*]}"
+    echo "  device code: SASS ${SASS[*]}; PTX ${PTX[*]:-none}"
     printf '  - %s\n' "${RESTRICTIONS[@]}"
   done
 }
