@@ -258,3 +258,45 @@ def test_ffa_imports_on_the_image_once_patched(tmp_path: Path) -> None:
     assert results["patched"].returncode == 0, results["patched"].stderr[-2000:]
     assert results["patched"].stdout.strip() == "flex_flash_attn_func"
     assert "No module named 'debugpy'" in results["unpatched"].stderr
+
+
+@pytest.mark.slow
+@needs_toolchain
+@pytest.mark.skipif(
+    not os.environ.get("LCAB_FFA_SRC") or not shutil.which("cmake"),
+    reason="LCAB_FFA_SRC names no MagiAttention checkout at the ffa recipe's pin (or no cmake)",
+)
+def test_ffa_extension_links_no_libpython_once_patched(tmp_path: Path) -> None:
+    """``magi_attn_ext``'s link line as CMake writes it for the build (configured only, ~1
+    minute; compiling it takes over an hour here): libpython3.12 unpatched, none patched; and
+    its device code is CMake's architecture 90, SASS and PTX, as the recipe promises."""
+    lines = {}
+    for label in ("patched", "unpatched"):
+        checkout = Path(os.environ["LCAB_FFA_SRC"])
+        site = tmp_path / label
+        shutil.copytree(checkout / "magi_attention", site / "magi_attention")
+        shutil.copy(checkout / "setup.py", site)
+        build = site / "magi_attention" / "csrc" / "extensions" / "build"
+        build.mkdir()
+        script = (
+            f"source {shlex.quote(str(SCRIPT))}; recipe ffa; "
+            + (f"apply_patches {shlex.quote(str(site))}; " if label == "patched" else "")
+            + f"cd {shlex.quote(str(build))}; cuda=$(cuda_home); CUDA_HOME=$cuda "
+            f"CUDACXX=$cuda/bin/nvcc PATH=$cuda/bin:$TOOLCHAIN/bin:$PATH cmake .. "
+            f'-DCMAKE_PREFIX_PATH=$("$TOOLCHAIN/bin/python" -c "import torch; '
+            f'print(torch.utils.cmake_prefix_path)") -DMAGI_CUDA_ARCHITECTURES=90 '
+            f'-DPython3_EXECUTABLE="$TOOLCHAIN/bin/python"'
+        )
+        done = subprocess.run(
+            ["nice", "-n", "19", "bash", "-c", script], capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        target = build / "CMakeFiles" / "magi_attn_ext.dir"
+        lines[label] = (target / "link.txt").read_text().split()
+        assert (
+            "--generate-code=arch=compute_90,code=[compute_90,sm_90]"
+            in (target / "flags.make").read_text()
+        )
+    assert any(word.endswith("libpython3.12.so") for word in lines["unpatched"])
+    assert not any("libpython" in word for word in lines["patched"])
+    assert any(word.endswith("libtorch_python.so") for word in lines["patched"])
