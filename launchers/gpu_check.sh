@@ -16,9 +16,13 @@
 #   probes    the planner's GPU measurements (launchers/plan_gpu_probes.sh)
 # The timing steps run after the numerics, with the GPU to themselves.
 #
-# LCAB_PYTHON=python3 uses an interpreter that already has lcab's requirements (a machine with
-# no package index: `eval "$(bash launchers/wheelhouse.sh install)"` first) instead of .venv;
-# LCAB_GPU_EXTRAS="" installs no extras; LCAB_GPU_WORKERS=N runs the tier on N pytest-xdist
+# LCAB_PYTHON=python3 uses an interpreter that already has lcab's requirements instead of .venv;
+# LCAB_GPU_EXTRAS="" installs no extras. On a machine with no package index (the lent GPU
+# machines) a staged wheelhouse (`bash launchers/wheelhouse.sh stage PART`) makes both the
+# default: the image's python3 with what the wheelhouse installs, and no pip call that would wait
+# on an index (.venv never travels: it is git-ignored). LCAB_GPU_KERNELS=a,b narrows the tier, the
+# CP step, the timer and the sweep to those kernels (one call's wheels, say);
+# LCAB_GPU_WORKERS=N runs the tier on N pytest-xdist
 # workers sharing the GPU (default 1: cases are small, but Flex compiles each mask);
 # LCAB_GPU_CP_BUDGET_S caps the CP step (default 420 s; it starts no cell after that) and
 # LCAB_GPU_CP_SHARDS=N runs it as N processes at once (default 3: its cells leave the GPU idle);
@@ -35,8 +39,12 @@ cd "$(dirname "$0")/.." || exit 1
 
 out=${1:-outputs/gpu-check/$(date +%Y-%m-%d_%H-%M-%S)}
 mkdir -p "$out"
-python=${LCAB_PYTHON:-.venv/bin/python}
-if [ -z "${LCAB_PYTHON:-}" ] && [ ! -x "$python" ]; then
+stage=${LCAB_WHEELHOUSE_STAGE:-/tmp/lcab-wheelhouse}
+python=${LCAB_PYTHON:-.venv/bin/python} extras=${LCAB_GPU_EXTRAS-fa4 flashinfer}
+if [ -f "$stage/manifest.txt" ]; then  # the no-index road: the image's Python, no pip install
+  python=${LCAB_PYTHON:-python3} extras=${LCAB_GPU_EXTRAS-}
+  echo "gpu_check: a wheelhouse is staged in $stage: $python, extras '${extras}'"
+elif [ -z "${LCAB_PYTHON:-}" ] && [ ! -x "$python" ]; then
   # keep the machine's CUDA torch: setup.sh installs torch only when none is importable
   PYTHON=${PYTHON:-python3} bash launchers/setup.sh || exit 1
 fi
@@ -53,7 +61,6 @@ pin="$out/constraints.txt"
 # what a wheelhouse carried here (lcab's requirements, the GPU extras, and the kernels built by
 # launchers/kernel_build.sh: FA3 and the other source builds), staged part by part with
 # `wheelhouse.sh stage`: installed first, with no index
-stage=${LCAB_WHEELHOUSE_STAGE:-/tmp/lcab-wheelhouse}
 if [ -f "$stage/manifest.txt" ]; then
   if exports=$(bash launchers/wheelhouse.sh install "$stage" 2>>"$out/install.log"); then
     eval "$exports"
@@ -62,7 +69,7 @@ if [ -f "$stage/manifest.txt" ]; then
     echo "not installed: the staged wheelhouse ($stage; see install.log)" | tee -a "$out/install.log"
   fi
 fi
-for extra in ${LCAB_GPU_EXTRAS-fa4 flashinfer}; do
+for extra in $extras; do
   if "$python" -m pip install -q -c "$pin" -e ".[$extra]" >>"$out/install.log" 2>&1; then
     echo "installed: $extra" | tee -a "$out/install.log"
   else
@@ -126,11 +133,12 @@ if has numerics; then
     >"$out/pytest.log" 2>&1 &
   tier=$!
   shards=${LCAB_GPU_CP_SHARDS:-3}
-  "$python" -m tests.gpu.cp_shared --list >"$out/cp_shared.log" 2>&1
+  narrow=(${LCAB_GPU_KERNELS:+--kernels "$LCAB_GPU_KERNELS"})
+  "$python" -m tests.gpu.cp_shared --list "${narrow[@]}" >"$out/cp_shared.log" 2>&1
   tail -n 1 "$out/cp_shared.log"
   pids=()
   for ((i = 0; i < shards; i++)); do
-    bounded "$(limit numerics 900)" "$python" -m tests.gpu.cp_shared --shards "$shards" \
+    bounded "$(limit numerics 900)" "$python" -m tests.gpu.cp_shared "${narrow[@]}" --shards "$shards" \
       --shard "$i" --out "$out/cp_shared.$i.jsonl" --budget-s "${LCAB_GPU_CP_BUDGET_S:-420}" \
       >"$out/cp_shared.$i.log" 2>&1 &
     pids+=($!)
@@ -160,7 +168,8 @@ if has choice; then
 fi
 
 if has timer; then
-  LCAB_GPU_TIMER_OUT="$out/gpu_timer.jsonl" bounded "$(limit timer 300)" "$python" -m lcab.perf \
+  LCAB_GPU_TIMER_KERNELS=${LCAB_GPU_TIMER_KERNELS:-${LCAB_GPU_KERNELS:-}} \
+    LCAB_GPU_TIMER_OUT="$out/gpu_timer.jsonl" bounded "$(limit timer 300)" "$python" -m lcab.perf \
     gpu-timer >"$out/gpu_timer.txt" 2>&1 || failed+=("timer (gpu_timer.txt)")
   cat "$out/gpu_timer.txt"
   # the NVML sampler's cost on a ~1 ms GPU pass (issue 51's target: < 1 %); ~1 minute
@@ -170,7 +179,7 @@ if has timer; then
 fi
 
 if has sweep; then
-  kernels=${LCAB_GPU_SWEEP_KERNELS:-sdpa,sdpa_cudnn,flex,torch_varlen,cudnn,fa2,fa3,fa4,ffa,ranges}
+  kernels=${LCAB_GPU_SWEEP_KERNELS:-${LCAB_GPU_KERNELS:-sdpa,sdpa_cudnn,flex,torch_varlen,cudnn,fa2,fa3,fa4,ffa,ranges}}
   bounded "$(limit sweep 300)" "$python" -m lcab.main -m "kernel=$kernels" \
     mask=causal,causal_document problem.device=cuda problem.dtype=bfloat16 \
     "seqlen.values=[8192,32768]" bench=quick bench.progress=false hydra.sweep.dir="$out/sweep" \

@@ -19,17 +19,21 @@
 # names some, "" none). It packs them into DIR/part-1, part-2, ... of at most
 # N MiB each (default 56: a 64 MiB transfer less the repository), cutting
 # a wheel larger than a part (FA4's nvidia-cutlass-dsl-libs-cu13 is ~88 MiB) into pieces named
-# WHEEL.piece-NN, and writes DIR/manifest.txt (sha256 of every whole wheel).
+# WHEEL.piece-NN, and writes DIR/manifest.txt (sha256 of every whole wheel). lcab's own
+# requirements (Hydra, OmegaConf, antlr, submitit; <1 MiB) go into every part, so any part staged
+# alone on a fresh machine installs and runs lcab with the kernels it holds. DIR must be
+# git-ignored when it is inside the checkout (`.whl` is): a device call carries every untracked
+# file that is not, and the parts would push it past 64 MiB. One `make` per device call (its
+# LCAB_WHEEL_BUILT and LCAB_WHEEL_EXTRAS naming that call's kernels) gives one folder per call.
 #
 # On the GPU machine, `stage` copies one carried part into STAGE (default /tmp/lcab-wheelhouse);
-# what a machine keeps between calls lasts only while it stays warm, so the parts go in
-# back-to-back calls. `install` joins the pieces that are all there, checks every wheel against
+# what a machine keeps between calls lasts only while it stays warm (30 s idle), so a wheel in
+# pieces across parts needs its calls back to back; each call should stage, install, import and
+# run in one command. `install` joins the pieces that are all there, checks every wheel against
 # the manifest and installs those that are whole with pip --no-index --no-deps into TARGET
 # (default /tmp/lcab-site), naming the rest, and prints the `export PYTHONPATH=...` that makes
 # them importable (TARGET and what its .pth files add, which a PYTHONPATH entry alone does not
-# run: FA4's CuTe DSL is found only so); lcab's own requirements
-# travel in the first part, so the first call can already run lcab on torch's kernels. No wheel
-# here is torch, so nothing replaces the image's.
+# run: FA4's CuTe DSL is found only so). No wheel here is torch, so nothing replaces the image's.
 set -euo pipefail
 
 # what lcab imports at run time and a CUDA image with torch, numpy, pandas, scipy, rich and
@@ -56,6 +60,13 @@ die() {
 make_house() {
   local dir=$1 part_mib=56
   shift
+  # inside the checkout, the house must be ignored: untracked files always travel with a device
+  # call, and the parts would push it past its 64 MiB
+  if git -C "$(dirname "$dir")" rev-parse --is-inside-work-tree >/dev/null 2>&1 &&
+    ! git -C "$(dirname "$dir")" check-ignore -q "$(basename "$dir")"; then
+    die "'$dir' is inside the checkout and not git-ignored: every untracked file travels with \
+each device call (64 MiB in all); use .whl (ignored by .gitignore) or add it to .git/info/exclude"
+  fi
   while [ $# -gt 0 ]; do
     case $1 in
       --part-mib) part_mib=$2; shift 2 ;;
@@ -85,24 +96,47 @@ make_house() {
 }
 
 built() {  # built WHEELS: the newest cached wheel of each kernel built here, copied into WHEELS
-  local wheels=$1 cache=${LCAB_CACHE:-$HOME/.cache/lcab} names name facts
+  # once its checks passed (build.json's; a wheel cached without them, one brought in say, is
+  # checked now: launchers/kernel_build.sh check)
+  local wheels=$1 cache=${LCAB_CACHE:-$HOME/.cache/lcab} names name facts wheel
   names=${LCAB_WHEEL_BUILT-$(ls "$cache/wheels" 2>/dev/null || true)}
   mkdir -p "$wheels"
   for name in $names; do
     facts=$(ls -t "$cache/wheels/$name"/*/build.json 2>/dev/null | head -n 1 || true)
     [ -n "$facts" ] || die "no $name wheel cached in $cache/wheels: bash launchers/wheelhouse.sh \
 build $name first"
-    cp "$(dirname "$facts")"/*.whl "$wheels"/
-    echo "wheelhouse: built here: $(cd "$(dirname "$facts")" && ls ./*.whl | cut -c3-)"
+    wheel=$(ls "$(dirname "$facts")"/*.whl)
+    if grep -q '"passed": false' "$facts" || { ! grep -q '"passed": true' "$facts" &&
+      ! bash launchers/kernel_build.sh check "$name" "$wheel" >&2; }; then
+      die "the cached $name wheel fails its checks, so it is not carried: $wheel"
+    fi
+    cp "$wheel" "$wheels"/
+    echo "wheelhouse: built here: ${wheel##*/}"
   done
 }
 
-pack() {  # pack WHEELS DIR PART_MIB: the wheels of WHEELS into DIR/part-N (WHEELS is emptied)
-  local wheels=$1 dir=$2 part_mib=$3
-  (cd "$wheels" && sha256sum ./*.whl | sed 's| \./| |') >"$dir/manifest.txt"
+own() {  # own WHEEL: 0 when it is one of lcab's own requirements (every part carries them)
+  local req
+  for req in "${RUNTIME[@]}" "$ANTLR"; do
+    [ "${1%%-*}" = "$(echo "${req%%==*}" | tr '-' '_')" ] && return 0
+  done
+  return 1
+}
 
-  # first fit: whole wheels into parts, a wheel over a part in pieces of a part less 1 MiB
-  local limit=$((part_mib * 1024 * 1024)) used=() n
+pack() {  # pack WHEELS DIR PART_MIB: the wheels of WHEELS into DIR/part-N (WHEELS is emptied)
+  local wheels=$1 dir=$2 part_mib=$3 whl own_bytes=0
+  (cd "$wheels" && sha256sum ./*.whl | sed 's| \./| |') >"$dir/manifest.txt"
+  mkdir -p "$dir/own"  # lcab's requirements, copied into every part below
+  for whl in "$wheels"/*.whl; do
+    if own "${whl##*/}"; then
+      own_bytes=$((own_bytes + $(stat -c %s "$whl")))
+      mv "$whl" "$dir/own/"
+    fi
+  done
+
+  # first fit: whole wheels into parts, a wheel over a part in pieces of a part less 1 MiB;
+  # each part keeps room for lcab's own requirements
+  local limit=$((part_mib * 1024 * 1024 - own_bytes)) used=() n
   place() {  # place FILE SIZE: into the first part with room, a new one if none has
     for ((n = 0; n < ${#used[@]}; n++)); do
       [ $((used[n] + $2)) -le "$limit" ] && break
@@ -122,20 +156,18 @@ pack() {  # pack WHEELS DIR PART_MIB: the wheels of WHEELS into DIR/part-N (WHEE
     else
       place "$wheels/$name" "$size"
     fi
-  done < <(
-    # lcab's own requirements first (they then travel in the first part), the rest largest first
-    cd "$wheels" && for whl in ./*.whl; do
-      local base=${whl#./} first=1
-      for req in "${RUNTIME[@]}" "$ANTLR"; do
-        [ "${base%%-*}" = "$(echo "${req%%==*}" | tr '-' '_')" ] && first=0
-      done
-      echo "$first $(stat -c %s "$whl") $base"
-    done | sort -k1,1n -k2,2rn | cut -d' ' -f2-
-  )
-  for part in "$dir"/part-*; do cp "$dir/manifest.txt" "$part/"; done
-  rm -rf "$wheels" "$dir/pieces"
+  done < <(cd "$wheels" && for whl in ./*.whl; do
+    [ -e "$whl" ] && echo "$(stat -c %s "$whl") ${whl#./}"
+  done | sort -k1,1rn)  # largest first
+  [ -d "$dir/part-1" ] || mkdir -p "$dir/part-1"  # lcab's requirements alone
+  for part in "$dir"/part-*; do
+    cp "$dir/manifest.txt" "$part/"
+    if compgen -G "$dir/own/*.whl" >/dev/null; then cp "$dir"/own/*.whl "$part/"; fi
+  done
+  rm -rf "$wheels" "$dir/pieces" "$dir/own"
   du -sh "$dir"/part-* | sed 's/^/wheelhouse: /'
-  echo "wheelhouse: carry the parts in back-to-back calls (stage), install in the last"
+  echo "wheelhouse: each part installs alone (lcab's requirements are in every one); a wheel \
+cut into pieces needs its parts staged in back-to-back calls on a machine still warm"
 }
 
 stage() {

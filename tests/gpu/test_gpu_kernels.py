@@ -43,7 +43,13 @@ PARAMS = {
     "varblock_sparse": {"avg_block_size": 160, "min_block_size": 64},
     "prefix_lm_causal": {"prefix": 300},
 }
-CUDA_KERNELS = [n for n in KERNELS.names() if "cuda" in get_kernel(n).caps.devices]
+CHOSEN = [k for k in os.environ.get("LCAB_GPU_KERNELS", "").split(",") if k]
+"""``LCAB_GPU_KERNELS=a,b`` (launchers/gpu_check.sh) narrows the tier to one call's kernels."""
+CUDA_KERNELS = [
+    n
+    for n in KERNELS.names()
+    if "cuda" in get_kernel(n).caps.devices and (not CHOSEN or n in CHOSEN)
+]
 CASES = [(k, m) for k in CUDA_KERNELS for m in list_masks()] if CUDA else []
 
 

@@ -159,8 +159,22 @@ def record(name: str, site: Path, build_json: Path) -> dict[str, Any]:
     """The record of library ``name`` imported from ``site`` (see the module doc)."""
     import torch
 
-    spec = SPECS[name]
     sys.path.insert(0, str(site))
+    build = json.loads(build_json.read_text())
+    return {
+        "kernel": name,
+        "provenance": {key: build[key] for key in PROVENANCE}
+        | {"read_with_torch": torch.__version__},
+        **interface(name),
+    }
+
+
+def interface(name: str) -> dict[str, Any]:
+    """The ``operators`` and ``callables`` of library ``name``, importable now (what a record
+    holds besides its provenance; ``launchers/wheel_check.py`` compares a new build's with it)."""
+    import torch
+
+    spec = SPECS[name]
     for module in spec.imports:
         importlib.import_module(module)
     prefix = f"{spec.namespace}::"
@@ -177,14 +191,7 @@ def record(name: str, site: Path, build_json: Path) -> dict[str, Any]:
         for part in attribute.split("."):  # flashmask_cuda.bwd: an op of a module attribute
             found = getattr(found, part)
         callables[target] = describe(found)
-    build = json.loads(build_json.read_text())
-    return {
-        "kernel": name,
-        "provenance": {key: build[key] for key in PROVENANCE}
-        | {"read_with_torch": torch.__version__},
-        "operators": operators,
-        "callables": callables,
-    }
+    return {"operators": operators, "callables": callables}
 
 
 def load(name: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -138,7 +139,7 @@ def test_built_takes_the_newest_cached_wheel_of_each_kernel(tmp_path):
         folder = cache / "wheels" / "fa3" / key
         folder.mkdir(parents=True)
         (folder / wheel).write_bytes(b"wheel " + key.encode())
-        (folder / "build.json").write_text("{}")
+        (folder / "build.json").write_text('{"checks": {\n "passed": true\n}}')
         os.utime(folder / "build.json", (stamp, stamp))
     env = {**os.environ, "LCAB_CACHE": str(cache)}
     done = wheelhouse("built", str(tmp_path / "out"), env=env)
@@ -147,3 +148,71 @@ def test_built_takes_the_newest_cached_wheel_of_each_kernel(tmp_path):
     done = wheelhouse("built", str(tmp_path / "out2"), env={**env, "LCAB_WHEEL_BUILT": "fa3 ffa"})
     assert done.returncode == 2
     assert "no ffa wheel cached" in done.stderr and "wheelhouse.sh build ffa" in done.stderr
+    facts = cache / "wheels" / "fa3" / "new" / "build.json"  # its checks refused it
+    facts.write_text('{"checks": {\n "passed": false\n}}')
+    done = wheelhouse("built", str(tmp_path / "out3"), env=env)
+    assert done.returncode == 2 and "fails its checks, so it is not carried" in done.stderr
+
+
+def test_every_part_installs_alone_on_a_fresh_machine(tmp_path, wheels, fake_pip):
+    """A machine goes back after 30 s idle and its stage with it: each part, staged alone into
+    an empty stage, installs lcab's own requirements and every whole wheel it holds."""
+    env, log = fake_pip
+    done = wheelhouse("pack", str(tmp_path / "wheels"), str(tmp_path / "house"), "2")
+    assert done.returncode == 0, done.stderr
+    parts = sorted((tmp_path / "house").glob("part-*"))
+    assert len(parts) >= 2
+    for part in parts:
+        size = sum(f.stat().st_size for f in part.iterdir() if f.name != "manifest.txt")
+        assert size <= 2 * MIB, (part, size)  # with lcab's requirements counted
+        stage = tmp_path / f"stage-{part.name}"  # a fresh machine's
+        assert wheelhouse("stage", str(part), str(stage)).returncode == 0
+        log.write_text("")
+        installed = wheelhouse("install", str(stage), str(tmp_path / "site"), env=env)
+        assert installed.returncode == 0, installed.stderr
+        whole = {f.name for f in part.glob("*.whl")}
+        assert "hydra_core-1.3.8-py3-none-any.whl" in whole
+        assert {name for name in wheels if name in log.read_text()} == whole
+
+
+def test_the_house_is_refused_where_the_checkout_would_carry_it(tmp_path):
+    """Untracked files travel with every device call: a house inside the checkout must be
+    ignored, or the call goes over its 64 MiB and is refused."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    done = wheelhouse("make", str(repo / "house"))
+    assert done.returncode == 2 and "inside the checkout and not git-ignored" in done.stderr
+    assert not (repo / "house").exists()
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", ".whl/part-1"])
+    assert ignored.returncode == 0  # the folder the guide names is ignored here
+
+
+def test_gpu_check_on_a_staged_wheelhouse_uses_the_images_python_and_no_index(
+    tmp_path, wheels, fake_pip
+):
+    """On a lent GPU machine (no index, no .venv: it never travels) a staged wheelhouse makes
+    gpu_check.sh take python3 and install nothing but the wheelhouse, with --no-index: a pip
+    call that waits on an index would spend the GPU's minutes."""
+    env, log = fake_pip
+    checkout = tmp_path / "checkout"  # no .venv, no setup.sh: any other road fails loudly
+    (checkout / "launchers").mkdir(parents=True)
+    for script in ("gpu_check.sh", "wheelhouse.sh"):
+        shutil.copy(ROOT / "launchers" / script, checkout / "launchers")
+    shim = Path(env["PATH"].split(":")[0]) / "python3"
+    shim.write_text(  # torch sees a GPU; pip is recorded; the rest runs for real
+        shim.read_text().replace(
+            "#!/bin/sh\n", '#!/bin/sh\ncase "$*" in *torch.cuda.is_available*) exit 0 ;; esac\n'
+        )
+    )
+    wheelhouse("pack", str(tmp_path / "wheels"), str(tmp_path / "house"), "2")
+    stage = tmp_path / "stage"
+    wheelhouse("stage", str(tmp_path / "house" / "part-1"), str(stage))
+    env = {**env, "LCAB_WHEELHOUSE_STAGE": str(stage), "LCAB_GPU_STEPS": "none"}
+    done = subprocess.run(
+        ["bash", str(checkout / "launchers" / "gpu_check.sh"), str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "a wheelhouse is staged" in done.stdout and "python3, extras ''" in done.stdout
+    calls = log.read_text().splitlines()
+    assert len(calls) == 1 and "--no-index" in calls[0] and "hydra_core" in calls[0]
