@@ -101,14 +101,16 @@ def predict_frontier(
 ) -> FrontierPrediction:
     """Search ``cell``'s frontier in the model, from ``cell.seqlen`` up to ``limit`` tokens.
 
-    ``hardware``: whose kernel memory terms count (None: the tensors and buffers alone).
+    ``hardware``: whose kernel memory terms and margin count (None: the tensors and buffers
+    alone, the whole budget).
     """
     memory: dict[int, float] = {}
+    usable = budget_mib if hardware is None else hardware.usable_mib(budget_mib)
 
     def verdict(length: int) -> str:
         at = dataclasses.replace(cell, seqlen=length)
         memory[length] = rank_memory_mib(at, backward, hardware, flush_l2)
-        return FITS if memory[length] <= budget_mib else NO_ROOM
+        return FITS if memory[length] <= usable else NO_ROOM
 
     step = TILE_TOKENS * cell.world
     state = search(verdict, cell.seqlen, limit, step, resolution)
