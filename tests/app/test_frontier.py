@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers.memory_cgroup import memory_cgroup
 
 RESOLUTION = 4
@@ -86,6 +88,12 @@ def test_ring_at_four_ranks_searches_in_tokens_per_device(tmp_path: Path) -> Non
 def test_a_rank_the_cgroup_kills_is_an_oom_probe_not_the_end(tmp_path: Path) -> None:
     with memory_cgroup(int(0.6 * 2**30)) as inside:
         record = _frontier(tmp_path, "kernel=ranges", prefix=inside)
-    _bracket_holds(record, 1)
+    fits, _ = _bracket_holds(record, 1)
     killed = [p for p in record["frontier_probes"] if p["status"] == "oom"]
     assert killed and all("SIGKILL" in p["reason"] for p in killed)
+    assert all("the memory cgroup counted a kill" in p["reason"] for p in killed)  # evidence
+    # no bench.memory_budget_gib: the planner's budget is the cgroup's limit, not the host's RAM
+    assert record["frontier_budget_gib"] is None
+    assert record["frontier_predicted_budget_gib"] == pytest.approx(0.6, rel=1e-3)  # in pages
+    assert "memory cgroup" in record["frontier_budget_limit"]
+    print("planner", record["frontier_predicted_tokens"], "measured", fits)
