@@ -77,6 +77,14 @@ def oom_kills(proc: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> int | None:
     return None
 
 
+def host_available() -> int | None:
+    """Bytes the host can still give (``MemAvailable``; None: not Linux)."""
+    for line in _read(PROC_MEMINFO).splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
 def _gpu_free(ranks: int) -> tuple[int, int] | None:
     """(The least free memory of the GPUs ``ranks`` local ranks use, how many use each one)."""
     try:
@@ -117,10 +125,9 @@ def job_budget(device: str, ranks: int) -> tuple[float, str] | None:
         cgroup = cgroup_limit()
         if cgroup is not None:
             limits.append((cgroup[0] / ranks, f"the memory cgroup's {cgroup[1]} / {ranks} rank(s)"))
-        for line in _read(PROC_MEMINFO).splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024 / ranks
-                limits.append((available, f"the host's MemAvailable / {ranks} rank(s)"))
+        available = host_available()
+        if available is not None:
+            limits.append((available / ranks, f"the host's MemAvailable / {ranks} rank(s)"))
     if not limits:
         return None
     size, source = min(limits)
