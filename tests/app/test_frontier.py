@@ -88,7 +88,7 @@ def test_ring_at_four_ranks_searches_in_tokens_per_device(tmp_path: Path) -> Non
 def test_a_rank_the_cgroup_kills_is_an_oom_probe_not_the_end(tmp_path: Path) -> None:
     with memory_cgroup(int(0.6 * 2**30)) as inside:
         record = _frontier(tmp_path, "kernel=ranges", prefix=inside)
-    fits, _ = _bracket_holds(record, 1)
+    _bracket_holds(record, 1)
     killed = [p for p in record["frontier_probes"] if p["status"] == "oom"]
     assert killed and all("SIGKILL" in p["reason"] for p in killed)
     assert all("the memory cgroup counted a kill" in p["reason"] for p in killed)  # evidence
@@ -96,4 +96,6 @@ def test_a_rank_the_cgroup_kills_is_an_oom_probe_not_the_end(tmp_path: Path) -> 
     assert record["frontier_budget_gib"] is None
     assert record["frontier_predicted_budget_gib"] == pytest.approx(0.6, rel=1e-3)  # in pages
     assert "memory cgroup" in record["frontier_budget_limit"]
-    print("planner", record["frontier_predicted_tokens"], "measured", fits)
+    # the host's RAM put it ~100x too long; the cgroup's limit within a small factor (the
+    # supervising process and the forkserver share it; 20,480 both, 2-core VM, 2026-12-07)
+    assert record["frontier_predicted_ratio"] > 0.25
