@@ -15,12 +15,15 @@ an allocation that fails (CUDA's ``OutOfMemoryError``, the host allocator's "can
 memory") ends that probe as ``oom``, and so does a worker the kernel's out-of-memory killer
 SIGKILLs (a host over its cgroup's limit) — the search and the sweep go on. A probe that ends
 any other way (``error``, ``timeout``, ``skipped``) stops the search: the frontier is then not
-a memory figure, and the record says which probe and why. Probes run without the fp64
-numerics check (its reference is lcab's memory, not the kernel's); the record says so.
+a memory figure, and the record says which probe and why. A probe asks only whether the length
+fits and runs once (`search_cells`: no warm-up, one repetition, no telemetry, profile or fp64
+check); the frontier length alone then runs the cell's own protocol, still without the fp64
+check (its reference is lcab's memory, not the kernel's; the record says so).
 
-The cell's one record is the longest probe that ran, with the search's fields added
-(`lcab.records.schema`): the frontier in total and per-device tokens, the bracket, every
-probe's status and memory, the peak at the frontier and the memory it added per token.
+The cell's one record is that timed run (the probe's, if the timed run did not end ``ok``,
+with the reason), with the search's fields added (`lcab.records.schema`): the frontier in total
+and per-device tokens, the bracket, every probe's status and memory, the peak at the frontier
+and the memory it added per token.
 """
 
 from __future__ import annotations
@@ -99,6 +102,20 @@ def _blocks(length: int, step: int) -> int:
     return max(step, length // step * step)
 
 
+def search_cells(cell: Cell) -> tuple[Cell, Cell]:
+    """(Each probe's cell, the frontier length's).
+
+    A probe asks only whether the length fits and runs once (its first call and one repetition,
+    no warm-up, telemetry or profile); the frontier length runs the cell's own protocol.
+    Neither runs the fp64 check: its reference is lcab's memory, not the kernel's.
+    """
+    timed = dataclasses.replace(cell.bench, check_numerics=False)
+    once = dataclasses.replace(
+        timed, warmup=0, reps=1, warmup_ms=None, rep_ms=None, telemetry="off", profile=False
+    )
+    return dataclasses.replace(cell, bench=once), dataclasses.replace(cell, bench=timed)
+
+
 def run_frontier(
     cell: Cell, write: Callable[[RunRecord], None], run: Callable[[Cell], list[RunRecord]]
 ) -> RunRecord:
@@ -106,12 +123,10 @@ def run_frontier(
     assert cell.frontier is not None
     probes: dict[int, RunRecord] = {}
 
-    # the fp64 reference check is lcab's memory, not the kernel's: probes run without it
-    bench = dataclasses.replace(cell.bench, check_numerics=False)
-    unchecked = dataclasses.replace(cell, bench=bench)
+    probe, timed = search_cells(cell)
 
     def verdict(length: int) -> str:
-        records = run(unchecked.at_length(length))
+        records = run(probe.at_length(length))
         record = records[-1] if records else None
         if record is None:
             return STOP
@@ -124,17 +139,27 @@ def run_frontier(
     state = search(
         verdict, cell.seqlens[0], cell.frontier.max_tokens, step, cell.frontier.resolution
     )
-    record = _frontier_record(cell, state, probes)
+    # the probes' own rows, before the record of one of them gets the search's reasons
+    rows = [_probe_row(probes.get(length), length) for length, _ in state.probes]
+    record = probes[state.fits if state.fits is not None else state.probes[-1][0]]
+    if state.fits is not None:
+        measured = run(timed.at_length(state.fits))
+        last = measured[-1] if measured else None
+        if last is not None and last.status == "ok":
+            record = last
+        else:
+            ended = f"{last.status}: {'; '.join(last.reasons[:1])}" if last else "lost"
+            record.reasons.append(
+                f"the timed run at the frontier ended {ended}; these figures are its probe's"
+            )
+    record.frontier_probes = rows
+    _add_search(record, cell, state, probes)
     write(record)
     return record
 
 
-def _frontier_record(cell: Cell, state: Search, probes: dict[int, RunRecord]) -> RunRecord:
-    """The longest probe that ran (else the last one), with the search's fields."""
-    chosen = state.fits if state.fits is not None else state.probes[-1][0]
-    record = probes[chosen]
-    # the probes' own reasons, before the search's is added to the record of one of them
-    record.frontier_probes = [_probe_row(probes.get(length), length) for length, _ in state.probes]
+def _add_search(record: RunRecord, cell: Cell, state: Search, probes: dict[int, RunRecord]) -> None:
+    """The search's fields on the frontier's ``record``."""
     if state.stopped_at is not None:
         stop = probes.get(state.stopped_at)
         why = stop.reasons[0] if stop is not None and stop.reasons else "no record"
@@ -153,7 +178,6 @@ def _frontier_record(cell: Cell, state: Search, probes: dict[int, RunRecord]) ->
         if delta is not None:
             per_device = state.fits // cell.world_size
             record.frontier_bytes_per_token = delta * 2**20 / per_device
-    return record
 
 
 def _largest_memory(record: RunRecord) -> tuple[float | None, float | None]:

@@ -15,10 +15,10 @@ rank 0 alone, only the rows checked (`Collector`). What the check needs is estim
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from lcab.bench.inputs import BLOCK_TOKENS, SeededInputs
+from lcab.bench.job_memory import host_available
 from lcab.cell import dtype_name
 from lcab.kernels import PreparedAttention, get_kernel
 from lcab.kernels.reference import STREAM_CHUNK_BYTES, streamed_rows
@@ -95,13 +95,8 @@ def memory_budget(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * 0.9)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 // 2
-    except OSError:
-        pass
-    return 1 << 62  # no reading: do not refuse
+    available = host_available()
+    return 1 << 62 if available is None else available // 2  # no reading: do not refuse
 
 
 class Reference:

@@ -3,11 +3,13 @@
 The cell runs on ``world_size`` local processes (one for a single device) started by
 `lcab.distributed.launch`. Each length's record must arrive within ``bench.timeout_s`` of the
 previous one; otherwise, or when a rank raises or dies, every rank is killed and the current
-length gets a ``timeout`` / ``error`` record (``oom`` when a rank was SIGKILLed: on Linux, the
-out-of-memory killer), and lengths never reached get ``skipped`` records saying why. So a sweep
-never dies of one cell and never hangs. One exception: in a scheduler's job that the scheduler
-itself ended (scancel, time limit), the lengths are left without a record, for the launcher to
-write them with the scheduler's state (`lcab.launch.outcome`) — the scheduler's word wins.
+length gets a ``timeout`` / ``error`` record (``oom`` when a rank was SIGKILLed and the memory
+cgroup counted an out-of-memory kill meanwhile: `lcab.bench.job_memory.oom_kills`; a scheduler's
+or a user's SIGKILL is an ``error`` naming the signal), and lengths never reached get
+``skipped`` records saying why. So a sweep never dies of one cell and never hangs. One
+exception: in a scheduler's job that the scheduler itself ended (scancel, time limit), the
+lengths are left without a record, for the launcher to write them with the scheduler's state
+(`lcab.launch.outcome`) — the scheduler's word wins.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lcab.bench.environment import environment
+from lcab.bench.job_memory import oom_kills
 from lcab.bench.results import NULL_WITHOUT_ERROR, OOM_WORDS, unfinished_records
 from lcab.bench.scheduled import scheduled_rank, stopped_by_scheduler
 from lcab.cell import Cell
@@ -25,11 +28,15 @@ from lcab.distributed.launch import LaunchResult, launch
 from lcab.records.schema import RunRecord
 
 
-def _status(result: LaunchResult, host_budget: bool) -> str:
-    """How a world that did not finish ended; ``host_budget``: its ranks ran under RLIMIT_DATA."""
+def _status(result: LaunchResult, host_budget: bool, oom_killed: bool) -> str:
+    """How a world that did not finish ended.
+
+    ``host_budget``: its ranks ran under RLIMIT_DATA; ``oom_killed``: the out-of-memory killer
+    killed a process of this cgroup meanwhile (without it a SIGKILL is no memory figure).
+    """
     if result.status == "timeout":
         return "timeout"
-    if "SIGKILL" in result.reason:
+    if "SIGKILL" in result.reason and oom_killed:
         return "oom"
     said = f"{result.reason}\n{result.detail}".lower()
     if host_budget and NULL_WITHOUT_ERROR in said:
@@ -52,6 +59,7 @@ def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[R
 
     records: list[RunRecord] = []
     pending = list(cell.seqlens)
+    kills = oom_kills()
     timeout = cell.bench.timeout_s
 
     def accept(record: RunRecord) -> None:
@@ -84,10 +92,16 @@ def run_supervised(cell: Cell, on_record: Callable[[RunRecord], None]) -> list[R
         )
         return records
     if result.status != "done" and pending:
-        status = _status(result, cell.device == "cpu" and cell.bench.memory_budget_gib is not None)
+        oom_killed = kills is not None and (oom_kills() or 0) > kills
+        host_budget = cell.device == "cpu" and cell.bench.memory_budget_gib is not None
+        status = _status(result, host_budget, oom_killed)
         reason = result.reason
-        if status == "oom":
-            reason += " (on Linux, SIGKILL is the out-of-memory killer)"
+        if "SIGKILL" in reason:
+            reason += (
+                " (the out-of-memory killer: the memory cgroup counted a kill)"
+                if oom_killed
+                else " (no out-of-memory kill counted: a scheduler's, a user's or another kill)"
+            )
         if status == "timeout":
             reason = f"no result within bench.timeout_s={timeout:g} s; ranks killed"
         unfinished = unfinished_records(cell, pending, status, reason, environment(cell.device))

@@ -38,11 +38,15 @@ def apply_memory_budget(cell: Cell) -> None:
     CUDA: the caching allocator's fraction of the device. CPU: ``RLIMIT_DATA`` (heap and private
     mappings, where tensors live) at what the rank holds now plus the budget, so the budget
     counts from a rank with torch loaded; an allocation past it fails with "can't allocate
-    memory", recorded as ``oom``. Under a CPU budget every allocation of 128 KiB or more is its
-    own mapping, returned when freed (`_blocks_returned_on_free`), so the limit counts the
-    tensors alive, not the heap glibc keeps after them.
+    memory", recorded as ``oom``. Under a CPU budget, and in any CPU frontier search, every
+    allocation of 128 KiB or more is its own mapping, returned when freed
+    (`_blocks_returned_on_free`), so the limit (a budget's or the memory cgroup's) counts the
+    tensors alive, not the heap glibc keeps after them, and a timed run needs no more than the
+    probe that ran once.
     """
     budget = cell.bench.memory_budget_gib
+    if cell.device == "cpu" and (budget is not None or cell.frontier is not None):
+        _blocks_returned_on_free()
     if budget is None:
         return
     if cell.device == "cuda":
@@ -56,7 +60,6 @@ def apply_memory_budget(cell: Cell) -> None:
     # a thread's stack is a private mapping the limit counts (8 MiB each by default): the
     # samplers' and the result queue's threads must still start in a rank near its budget
     threading.stack_size(THREAD_STACK_BYTES)
-    _blocks_returned_on_free()
     held = 0
     with open("/proc/self/status") as status:
         for line in status:

@@ -56,6 +56,10 @@ class JobEnd:
 
 
 _SRUN_TASKS = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)")
+_OOM_KILL = re.compile(r"oom[-_]kill event")
+"""slurmstepd's word that the step's cgroup killed for memory ("Detected 1 oom-kill event(s) in
+step 370626.batch cgroup", newer releases "... oom_kill event in StepId=..."): a task srun
+reports Killed is out of memory only with it."""
 #: What a rank reports when a *peer* failed: lost connections and communication time-outs.
 #: (A rank's own hang is reported by its watchdog, whose message has none of these.)
 _PEER_SYMPTOMS = (
@@ -122,8 +126,13 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
         )
     if killed:
         rank, node, how = killed[0]
-        status = "oom" if how == "Killed" else "error"
-        hint = " (SIGKILL: the out-of-memory killer, or killed by hand)" if how == "Killed" else ""
+        oom = _OOM_KILL.search(end.srun_log) is not None
+        status = "oom" if how == "Killed" and oom else "error"
+        hint = ""
+        if how == "Killed":
+            hint = " (SIGKILL; slurmstepd " + (
+                "logged an oom-kill event)" if oom else "logged no oom-kill event: not memory)"
+            )
         return status, f"rank {rank} on {node} died: {how}{hint}; its peers lost it ({job})"
     if failures:
         first = failures[0]

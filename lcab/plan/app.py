@@ -182,9 +182,10 @@ def print_recommendation(
         if len(answer.ranked) > 1
         else f"best: {top.cell.cp}"
     )
-    nodes = answer.smallest_fitting_nodes
+    nodes, margin = answer.smallest_fitting_nodes, hardware.memory_margin
     console.print(
-        f"smallest world whose attention memory fits {hardware.memory_gib:g} GiB per device: "
+        f"smallest world whose attention memory fits {hardware.memory_gib:g} GiB per device"
+        + (f" less the profile's {margin:.0%} margin: " if margin else ": ")
         + (f"{nodes} node(s) x {cell.devices_per_node}" if nodes else "none up to this topology")
     )
 

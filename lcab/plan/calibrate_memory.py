@@ -7,9 +7,12 @@ solves, per kernel, for the terms of `lcab.plan.hardware.KernelMemory` that make
 memory there equal the budget (least squares over the kernel's single-device records, no term
 negative), then for each kernel's `KernelMemory.cp_fixed_mib` and ``cp_q_bytes`` by least
 squares on what its context-parallel records leave over (only the fixed part where they were
-all measured at one budget). The check searches each record's frontier in the model,
-as the planner does (`lcab.plan.frontier.predict_frontier`), and prints it beside the
-measured one.
+all measured at one budget). A cell measured more than once counts once, at its shortest
+frontier (twice the weight otherwise; the safe side). Last, the margin
+(`lcab.plan.hardware.Hardware.memory_margin`): the least share of the budget to hold back so
+that the model's frontier would have run in at least `SAFE_SHARE` of the cells. The check
+searches each record's frontier in the model, as the planner does
+(`lcab.plan.frontier.predict_frontier`), and prints it beside the measured one.
 
 Fitting and checking on the same records shows how well the terms can fit, nothing more: fit at
 one budget and check at another (``--where frontier_budget_gib=0.3,0.4``, then the 0.2 records).
@@ -60,12 +63,17 @@ SEARCHED = ("ok", "numerics_mismatch", "oom")
 """Probe statuses of a search that ran to its end (`lcab.bench.frontier`)."""
 
 
-def frontier_points(records: list[RunRecord]) -> list[FrontierPoint]:
-    """The records that found a limit under a stated budget.
+SAFE_SHARE = 0.95
+"""Share of the fit's cells whose measured frontier the planner's must not exceed."""
 
-    Both ends of the bracket known, every probe ``ok`` or ``oom``.
+
+def frontier_points(records: list[RunRecord]) -> list[FrontierPoint]:
+    """The records that found a limit under a stated budget, one per cell.
+
+    Both ends of the bracket known, every probe ``ok`` or ``oom``; a cell searched again under
+    the same budget and search counts once, at its shortest frontier.
     """
-    points = []
+    points: dict[str, FrontierPoint] = {}
     for r in records:
         bracket = r.frontier_bracket or [None, None]
         if r.frontier_budget_gib is None or None in bracket or not r.frontier_probes:
@@ -74,18 +82,19 @@ def frontier_points(records: list[RunRecord]) -> list[FrontierPoint]:
             continue  # the search stopped (a probe's error): its bracket is not the limit's
         seqlen = dict(r.config.get("seqlen") or {})
         start = int(r.frontier_probes[0]["seqlen"])
-        points.append(
-            FrontierPoint(
-                cell=PlanCell.of_record(r).with_(seqlen=start),
-                budget_mib=float(r.frontier_budget_gib) * 1024,
-                fits=int(bracket[0]),  # type: ignore[arg-type]
-                fails=int(bracket[1]),  # type: ignore[arg-type]
-                backward=any(p != "fwd" for p in r.passes),
-                limit=int(seqlen.get("frontier_max") or 1 << 24),
-                resolution=int(seqlen.get("frontier_resolution") or 16),
-            )
+        point = FrontierPoint(
+            cell=PlanCell.of_record(r).with_(seqlen=start),
+            budget_mib=float(r.frontier_budget_gib) * 1024,
+            fits=int(bracket[0]),  # type: ignore[arg-type]
+            fails=int(bracket[1]),  # type: ignore[arg-type]
+            backward=any(p != "fwd" for p in r.passes),
+            limit=int(seqlen.get("frontier_max") or 1 << 24),
+            resolution=int(seqlen.get("frontier_resolution") or 16),
         )
-    return points
+        same = repr(dataclasses.replace(point, fits=0, fails=0))
+        if same not in points or point.fits < points[same].fits:
+            points[same] = point
+    return list(points.values())
 
 
 _HOLDER = Hardware(
@@ -141,11 +150,15 @@ class MemoryFit:
     """Single-device records the kernels' terms were fitted on."""
     parallel: int
     """Context-parallel records the kernels' ``cp_fixed_mib`` were fitted on."""
+    margin: float = 0.0
+    """`Hardware.memory_margin` that keeps `SAFE_SHARE` of these records safe (`fit_margin`)."""
 
     def apply(self, hardware: Hardware) -> Hardware:
-        """``hardware`` with these terms (other kernels' terms kept)."""
+        """``hardware`` with these terms (other kernels' terms kept) and this margin."""
         return dataclasses.replace(
-            hardware, kernel_memory={**hardware.kernel_memory, **self.kernels}
+            hardware,
+            kernel_memory={**hardware.kernel_memory, **self.kernels},
+            memory_margin=self.margin,
         )
 
 
@@ -207,7 +220,25 @@ def fit_memory(points: list[FrontierPoint]) -> MemoryFit:
             terms = _fit_parallel(kernel, terms, parallel_points)
             parallel += len(parallel_points)
         kernels[kernel] = terms
-    return MemoryFit(kernels, len(single), parallel)
+    margin = fit_margin(points, dataclasses.replace(_HOLDER, kernel_memory=kernels))
+    return MemoryFit(kernels, len(single), parallel, margin)
+
+
+def fit_margin(points: list[FrontierPoint], hardware: Hardware) -> float:
+    """The least share of each budget (whole percent) ``hardware``'s model holds back to safety.
+
+    Safe: its frontier at most the measured one in `SAFE_SHARE` of ``points``; found by
+    bisection, since a larger margin never gives a longer frontier.
+    """
+    low, high = 0, 100
+    while low < high:
+        middle = (low + high) // 2
+        checks = check_memory(points, dataclasses.replace(hardware, memory_margin=middle / 100))
+        if sum(c.safe for c in checks) >= SAFE_SHARE * len(checks):
+            high = middle
+        else:
+            low = middle + 1
+    return low / 100
 
 
 @dataclass(frozen=True)
@@ -221,6 +252,11 @@ class FrontierCheck:
     def ratio(self) -> float | None:
         """Measured / predicted tokens."""
         return self.point.fits / self.predicted if self.predicted else None
+
+    @property
+    def safe(self) -> bool:
+        """Predicted ≤ measured: the length the planner gives would have run."""
+        return self.predicted is None or self.predicted <= self.point.fits
 
 
 def check_memory(points: list[FrontierPoint], hardware: Hardware) -> list[FrontierCheck]:

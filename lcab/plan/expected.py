@@ -14,7 +14,6 @@ strategy that cannot run the cell, say) the length says why and adds nothing to 
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -132,36 +131,45 @@ def expect_length(
     return LengthExpectation(seqlen, prediction, wall_s=samples * wall_ms / 1000)
 
 
-def search_lengths(cell: Cell, hardware: Hardware) -> tuple[list[int], str | None]:
-    """The lengths a job runs, and for a frontier search what they are.
+def search_lengths(cell: Cell, hardware: Hardware) -> tuple[list[tuple[Cell, int]], str | None]:
+    """The lengths a job runs (with the cell whose protocol each runs); for a search, a note.
 
     A search runs probes until its bracket is narrow, not its one starting length: it is priced
     at the probes the same search makes in the planner's memory model
-    (`lcab.plan.frontier.predict_frontier`), which a measured search meets where the model holds.
+    (`lcab.plan.frontier.predict_frontier`), which a measured search meets where the model holds,
+    each run once, and the frontier it finds timed (`lcab.bench.frontier.search_cells`).
     """
     if cell.frontier is None:
-        return list(cell.seqlens), None
+        return [(cell, s) for s in cell.seqlens], None
+    from lcab.bench.frontier import search_cells
     from lcab.plan.frontier import predict_cell_frontier
 
+    probe, timed = search_cells(cell)
     budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
     try:
         found = predict_cell_frontier(cell, hardware)
     except ValueError as err:
-        return list(cell.seqlens), f"a frontier search priced at its first probe only ({err})"
+        note = f"a frontier search priced at its first probe only ({err})"
+        return [(probe, s) for s in cell.seqlens], note
     tokens = "nothing" if found.tokens is None else f"{found.tokens:,} tokens"
     note = (
         f"a frontier search, priced at the {len(found.probes)} probes of the same search in "
-        f"the planner's memory model ({tokens} fit in {budget_gib:g} GiB per rank there)"
+        f"the planner's memory model, each run once ({tokens} fit in {budget_gib:g} GiB per "
+        "rank there), and the frontier timed"
     )
-    return list(found.probes) or list(cell.seqlens), note
+    runs = [(probe, s) for s in found.probes or cell.seqlens]
+    return [*runs, (timed, found.tokens)] if found.tokens else runs, note
 
 
 def expect_job(cell: Cell, hardware: Hardware, harness: Harness = LCAB) -> JobExpectation:
     """What the planner expects of every length of a job on ``hardware``."""
-    seqlens, search_note = search_lengths(cell, hardware)
+    runs, search_note = search_lengths(cell, hardware)
+
+    def one_length(run: tuple[Cell, int]) -> LengthExpectation:
+        return expect_length(*run, hardware, harness)
+
     # lengths side by side on every core when the job is alone (a 96-rank dry run of one cell)
-    one_length = functools.partial(expect_length, cell, hardware=hardware, harness=harness)
-    lengths = tuple(fork_map(one_length, seqlens, usable_cores()))
+    lengths = tuple(fork_map(one_length, runs, usable_cores()))
     gpus = cell.nodes * cell.devices_per_node
     origin = hardware.rate_origin(cell.kernel)
     return JobExpectation(hardware.name, gpus, lengths, origin, search_note)

@@ -3,13 +3,15 @@
 The same search as the measured one (`lcab.bench.frontier.search`: doubling from the cell's
 length, bisection to ``1/seqlen.frontier_resolution``, whole 128-token blocks per rank), with a
 probe that asks the memory model (`lcab.plan.memory`) instead of running: a length fits when
-the memory of the fullest rank is within the budget — ``bench.memory_budget_gib`` when set,
-else the profile's ``memory_gib``. One device (``cp=none``) holds q, k, v and out (and dout,
-dq, dk, dv with a backward pass); under CP the strategy's own plan gives each rank's shard,
-head split and buffers; the profile's kernel memory terms (`lcab.plan.hardware.KernelMemory`,
-fitted to measured frontiers by `lcab.plan.calibrate_memory`) add what the kernel and lcab's
-harness hold besides, and the dense masks a rank's prepared calls keep, counted on the
-strategy's own sub-masks (`lcab.plan.memory.dense_positions`).
+the memory of the fullest rank is within the budget less the profile's ``memory_margin`` —
+``bench.memory_budget_gib`` when set, else in a job what it may really use
+(`lcab.plan.record_prediction`), else the profile's ``memory_gib``. One device (``cp=none``)
+holds q, k, v and out (and dout, dq, dk, dv with a backward pass); under CP the strategy's own
+plan gives each rank's shard, head split and buffers; the profile's kernel memory terms
+(`lcab.plan.hardware.KernelMemory`, fitted to measured frontiers by
+`lcab.plan.calibrate_memory`) add what the kernel and lcab's harness hold besides, and the
+dense masks a rank's prepared calls keep, counted on the strategy's own sub-masks
+(`lcab.plan.memory.dense_positions`).
 
 A profile without those terms (the GPU profile, until a GPU frontier is measured) gives the
 tensors' frontier alone, an upper bound; the record and the table print both, with their ratio.
@@ -101,14 +103,16 @@ def predict_frontier(
 ) -> FrontierPrediction:
     """Search ``cell``'s frontier in the model, from ``cell.seqlen`` up to ``limit`` tokens.
 
-    ``hardware``: whose kernel memory terms count (None: the tensors and buffers alone).
+    ``hardware``: whose kernel memory terms and margin count (None: the tensors and buffers
+    alone, the whole budget).
     """
     memory: dict[int, float] = {}
+    usable = budget_mib if hardware is None else hardware.usable_mib(budget_mib)
 
     def verdict(length: int) -> str:
         at = dataclasses.replace(cell, seqlen=length)
         memory[length] = rank_memory_mib(at, backward, hardware, flush_l2)
-        return FITS if memory[length] <= budget_mib else NO_ROOM
+        return FITS if memory[length] <= usable else NO_ROOM
 
     step = TILE_TOKENS * cell.world
     state = search(verdict, cell.seqlen, limit, step, resolution)
@@ -122,15 +126,18 @@ def predict_frontier(
     )
 
 
-def predict_cell_frontier(cell: Cell, hardware: Hardware) -> FrontierPrediction:
+def predict_cell_frontier(
+    cell: Cell, hardware: Hardware, budget_gib: float | None = None
+) -> FrontierPrediction:
     """The search of a ``seqlen=frontier`` cell, as its own config asks, in ``hardware``'s model.
 
-    The budget is ``bench.memory_budget_gib``, else the profile's ``memory_gib``; a backward
+    The budget is ``bench.memory_budget_gib``, else ``budget_gib`` (what the job may use where
+    it runs: `lcab.bench.job_memory.job_budget`), else the profile's ``memory_gib``; a backward
     pass counts when the cell times one; a CUDA cell timed with lcab's L2 flush holds its
     buffer. Raises ValueError where the strategy cannot run the cell.
     """
     assert cell.frontier is not None
-    budget_gib = cell.bench.memory_budget_gib or hardware.memory_gib
+    budget_gib = cell.bench.memory_budget_gib or budget_gib or hardware.memory_gib
     return predict_frontier(
         PlanCell.of_cell(cell, cell.seqlens[0]),
         budget_gib * 1024,

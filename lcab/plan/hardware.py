@@ -197,6 +197,14 @@ class Hardware:
     kernel_memory: dict[str, KernelMemory] = field(default_factory=dict)
     """Per kernel (or ``default``), what a rank holds besides the attention tensors (the
     memory frontier's model, `lcab.plan.frontier`); none: the tensors alone."""
+    memory_margin: float = 0.0
+    """Share of every memory budget the planner holds back (its frontier, the smallest world
+    that fits), fitted with ``kernel_memory`` so that the model's frontier would have run in
+    95 % of the fit's cells (`lcab.plan.calibrate_memory.fit_margin`)."""
+
+    def usable_mib(self, budget_mib: float) -> float:
+        """What the planner lets a rank fill of ``budget_mib`` (less `memory_margin`)."""
+        return budget_mib * (1 - self.memory_margin)
 
     def rate(self, kernel: str) -> KernelRate:
         """The kernel's rate, the entry it borrows, or the profile's ``default`` entry.

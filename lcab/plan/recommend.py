@@ -29,7 +29,8 @@ class Recommendation:
     ranked: list[CellPrediction]
     smallest_fitting_nodes: int | None
     """Nodes of the smallest world (same devices per node) where the best strategy's attention
-    memory per device fits the profile's memory; None if none up to the topology's does."""
+    memory per device fits the profile's memory less its margin (`Hardware.usable_mib`); None
+    if none up to the topology's does."""
 
     @property
     def margin(self) -> float:
@@ -77,7 +78,7 @@ def recommend(
     fitting = None
     if ranked:
         best = ranked[0].cell
-        limit = hardware.memory_gib * 1024
+        limit = hardware.usable_mib(hardware.memory_gib * 1024)
         for nodes in range(1, best.nodes + 1):
             smaller = best.with_(nodes=nodes)
             if cell_reasons(smaller):

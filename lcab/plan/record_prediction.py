@@ -97,24 +97,35 @@ def _note(record: RunRecord, note: str) -> None:
     record.prediction_note = note
 
 
-def _frontier_of(cell: Cell, hardware: Any) -> int | str | None:
-    """The planner's frontier for a ``seqlen=frontier`` cell (its tokens, or why none)."""
+def _frontier_of(cell: Cell, hardware: Any) -> tuple[int | None, float, str] | str:
+    """The planner's frontier for a ``seqlen=frontier`` cell, its budget and whence, or why none.
+
+    The budget per rank (GiB): ``bench.memory_budget_gib``, else what the job may really use here
+    (`lcab.bench.job_memory.job_budget`: its cgroup's limit, the host's available memory, a
+    GPU's free memory, shared by the ranks), else the profile's ``memory_gib``.
+    """
+    from lcab.bench.job_memory import job_budget
     from lcab.plan.frontier import predict_cell_frontier
 
     try:
-        return predict_cell_frontier(cell, hardware).tokens
+        set_gib = cell.bench.memory_budget_gib
+        limit = (set_gib, "bench.memory_budget_gib") if set_gib is not None else None
+        limit = limit or job_budget(cell.device, cell.devices_per_node)
+        limit = limit or (hardware.memory_gib, f"hardware profile {hardware.name}'s memory_gib")
+        return predict_cell_frontier(cell, hardware, limit[0]).tokens, *limit
     except Exception as err:  # never cost the search
         return f"no predicted frontier: {type(err).__name__}: {err}"[:300]
 
 
-def _attach_frontier(record: RunRecord, frontier: int | str | None) -> None:
-    """The planner's frontier beside the measured one, and their ratio."""
+def _attach_frontier(record: RunRecord, frontier: tuple[int | None, float, str] | str) -> None:
+    """The planner's frontier beside the measured one, their ratio, and its budget."""
     if isinstance(frontier, str):
         record.prediction_note = frontier
         return
-    record.frontier_predicted_tokens = frontier
-    if frontier and record.frontier_tokens:
-        record.frontier_predicted_ratio = record.frontier_tokens / frontier
+    tokens, record.frontier_predicted_budget_gib, record.frontier_budget_limit = frontier
+    record.frontier_predicted_tokens = tokens
+    if tokens and record.frontier_tokens:
+        record.frontier_predicted_ratio = record.frontier_tokens / tokens
 
 
 def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND) -> None:

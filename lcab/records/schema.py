@@ -240,10 +240,16 @@ class RunRecord:
     """Memory the frontier length added (largest ``mem_delta_mib`` over passes) per token a
     device holds."""
     frontier_budget_gib: float | None = None
-    """``bench.memory_budget_gib`` the search ran under (None: the device's own memory)."""
+    """``bench.memory_budget_gib`` the search ran under (None: the job's own limits)."""
     frontier_predicted_tokens: int | None = None
     """The planner's frontier for the cell (its memory model in the same budget,
     `lcab.plan.frontier`); None where it has none (the note says why)."""
+    frontier_predicted_budget_gib: float | None = None
+    """The budget per rank the planner's frontier was searched in (before its margin)."""
+    frontier_budget_limit: str | None = None
+    """Which limit gave it: ``bench.memory_budget_gib``, else what the job could use where it
+    ran (its memory cgroup's limit file, the host's MemAvailable, a GPU's free memory, each
+    shared by the ranks using it), else the profile's ``memory_gib``."""
     frontier_predicted_ratio: float | None = None
     """Measured / predicted frontier (below 1: the model leaves out memory the run used)."""
     # the planner's prediction (lcab.plan.record_prediction)

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers.memory_cgroup import memory_cgroup
 
 RESOLUTION = 4
@@ -89,3 +91,11 @@ def test_a_rank_the_cgroup_kills_is_an_oom_probe_not_the_end(tmp_path: Path) -> 
     _bracket_holds(record, 1)
     killed = [p for p in record["frontier_probes"] if p["status"] == "oom"]
     assert killed and all("SIGKILL" in p["reason"] for p in killed)
+    assert all("the memory cgroup counted a kill" in p["reason"] for p in killed)  # evidence
+    # no bench.memory_budget_gib: the planner's budget is the cgroup's limit, not the host's RAM
+    assert record["frontier_budget_gib"] is None
+    assert record["frontier_predicted_budget_gib"] == pytest.approx(0.6, rel=1e-3)  # in pages
+    assert "memory cgroup" in record["frontier_budget_limit"]
+    # the host's RAM put it ~100x too long; the cgroup's limit within a small factor (the
+    # supervising process and the forkserver share it; 20,480 both, 2-core VM, 2026-12-07)
+    assert record["frontier_predicted_ratio"] > 0.25

@@ -21,6 +21,8 @@
  *   nvmlDeviceGetHandleByUUID (L3399)         nvmlDeviceGetHandleByUUID     c_char_p, nvmlDevice_t*
  *   nvmlDeviceGetName (L3431)                 nvmlDeviceGetName             h, char[96], c_uint 96
  *   nvmlDeviceGetUUID (L3588)                 nvmlDeviceGetUUID             h, char[96], c_uint 96
+ *   nvmlDeviceGetMemoryInfo (L3993)           nvmlDeviceGetMemoryInfo       h, c_nvmlMemory_t* (L1386:
+ *                                             c_ulonglong total, free, used; bytes)
  *   nvmlDeviceGetClockInfo (L3674)            nvmlDeviceGetClockInfo        h, c_uint type, c_uint*
  *   nvmlDeviceGetMaxClockInfo (L3682)         nvmlDeviceGetMaxClockInfo     h, c_uint type, c_uint*
  *   nvmlDeviceGetTemperature (L3876)          nvmlDeviceGetTemperature      h, c_uint sensor, c_uint*
@@ -80,7 +82,9 @@
  *     (t - 40 ms, from 40 ms on), of NVML_PERF_POLICY_THERMAL 0; other policies
  *     NVML_ERROR_NOT_SUPPORTED;
  *   device 1: nvmlDeviceGetTotalEnergyConsumption and nvmlDeviceGetSamples return
- *     NVML_ERROR_NOT_SUPPORTED.
+ *     NVML_ERROR_NOT_SUPPORTED;
+ *   memory: device 0 81559 MiB in all (what nvidia-smi shows for an H100 80GB HBM3), 1 GiB of
+ *     it used; device 1 143771 MiB (an H200's), 3 GiB used (placeholders, not measurements).
  *
  * Settings, read from the environment when nvmlInit takes the library from uninitialized to
  * initialized (a malformed value makes that nvmlInit return NVML_ERROR_INVALID_ARGUMENT, so a
@@ -401,6 +405,24 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
     nvmlReturn_t result = check_device(device);
     if (result != NVML_SUCCESS) return result;
     return copy_string(device->uuid, uuid, length);
+}
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+static const unsigned long long MEMORY_TOTAL_MIB[DEVICE_COUNT] = {81559ULL, 143771ULL};
+static const unsigned long long MEMORY_USED_GIB[DEVICE_COUNT] = {1ULL, 3ULL};
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    nvmlReturn_t result = check_device(device);
+    if (result != NVML_SUCCESS) return result;
+    if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    size_t i = (size_t)(device - devices);
+    memory->total = MEMORY_TOTAL_MIB[i] << 20;
+    memory->used = MEMORY_USED_GIB[i] << 30;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
 }
 
 static unsigned int sm_mhz(uint64_t t) {

@@ -64,8 +64,17 @@ def test_a_frontier_search_is_priced_at_the_probes_the_planner_predicts(capsys):
     cell = PlanCell("none", "ranges", "causal", 1024, 1, 1, 8, 2, 64, "float32")
     hardware = load_profile("cpu_gloo_local")
     search = predict_frontier(cell, 0.25 * 1024, True, 1 << 20, 16, hardware)
-    assert [length.seqlen for length in row.expectation.lengths] == list(search.probes)
+    *probes, timed = row.expectation.lengths
+    assert [length.seqlen for length in probes] == list(search.probes)
     assert len(search.probes) > 3  # doubling, then bisection
+    # each probe runs once (first call, one rep), the frontier the protocol (+2 warm-up, 5 reps);
+    # a timed backward repeats on one forward
+    (probe,) = [p for p in probes if p.seqlen == search.tokens]
+    assert timed.seqlen == search.tokens and timed.prediction is not None
+    fwd, bwd = float(timed.prediction.fwd.time_ms), float(timed.prediction.bwd.time_ms)
+    assert timed.wall_s / probe.wall_s == pytest.approx(
+        (8 * fwd + 8 * bwd + fwd) / (3 * fwd + 2 * bwd)
+    )
     assert print_plan(cpu, False, expect_configured_job) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"priced at the {len(search.probes)} probes of the same search" in out

@@ -5,7 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lcab.bench.frontier import FITS, NO_ROOM, STOP, search
+from lcab.bench.frontier import FITS, NO_ROOM, STOP, run_frontier, search
+from lcab.cell import BenchConfig, Cell
+from lcab.config import resolve_cell
+from lcab.config.preflight import composed_jobs
 from lcab.records.schema import RunRecord
 from lcab.records.table import frontier_line
 
@@ -100,3 +103,55 @@ def test_the_console_line_says_where_a_search_stopped_and_never_calls_it_the_max
     assert frontier_line(first) == (
         "frontier ranges/ring/causal: no length ran; search stopped at 4,096 (error)"
     )
+
+
+# ------------------------------------------------- what each run of a measured search times
+LIMIT = 5000
+"""Tokens the fake cell fits."""
+
+
+def _searched_cell() -> Cell:
+    overrides = ["kernel=ranges", "mask=causal", "seqlen=frontier", "bench.warmup=3"]
+    ((_, cfg),) = list(composed_jobs([*overrides, "bench.reps=7"], False))
+    return resolve_cell(cfg)
+
+
+def _runs(timed_status: str = "ok") -> tuple[list[tuple[int, BenchConfig]], object]:
+    """A world that fits up to `LIMIT` tokens; the frontier's second run ends ``timed_status``."""
+    ran: list[tuple[int, BenchConfig]] = []
+
+    def run(cell: Cell) -> list[RunRecord]:
+        (length,) = cell.seqlens
+        again = any(n == length for n, _ in ran)
+        ran.append((length, cell.bench))
+        status = ("ok" if length <= LIMIT else "oom") if not again else timed_status
+        record = RunRecord(kernel="ranges", cp="none", mask="causal", seqlen=length)
+        record.status, record.reasons = status, [f"run {len(ran)}"]
+        return [record]
+
+    return ran, run
+
+
+def test_probes_run_once_and_only_the_frontier_gets_the_full_protocol() -> None:
+    ran, run = _runs()
+    written: list[RunRecord] = []
+    record = run_frontier(_searched_cell(), written.append, run)  # type: ignore[arg-type]
+    *probes, (last, timed) = ran
+    assert len(probes) > 3 and last == record.frontier_tokens
+    assert last == max(n for n, _ in probes if n <= LIMIT)  # the longest probe that ran
+    for _, bench in probes:  # does it fit and run once
+        assert (bench.warmup, bench.reps, bench.warmup_ms, bench.rep_ms) == (0, 1, None, None)
+        assert bench.telemetry == "off" and not bench.check_numerics and not bench.profile
+    assert (timed.warmup, timed.reps, timed.check_numerics) == (3, 7, False)
+    assert written == [record] and record.reasons == [f"run {len(ran)}"]  # the timed run's
+    assert [p["seqlen"] for p in record.frontier_probes or []] == [n for n, _ in probes]
+
+
+def test_a_timed_run_that_fails_at_the_frontier_leaves_the_probe_s_record_saying_so() -> None:
+    ran, run = _runs(timed_status="oom")
+    record = run_frontier(_searched_cell(), lambda r: None, run)  # type: ignore[arg-type]
+    frontier = ran[-1][0]
+    probe = next(i for i, (n, _) in enumerate(ran) if n == frontier) + 1
+    assert record.status == "ok" and record.reasons[0] == f"run {probe}"
+    assert "the timed run at the frontier ended oom" in record.reasons[1]
+    assert record.frontier_tokens == frontier

@@ -85,5 +85,5 @@ def test_a_null_without_error_is_oom_only_under_a_data_limit() -> None:
 def test_a_world_whose_rank_said_so_is_oom_only_under_a_host_budget() -> None:
     said = f"rank 1 raised SystemError: {NULL_WITHOUT_ERROR}"
     result = LaunchResult(status="error", reason=said)
-    assert _status(result, host_budget=True) == "oom"
-    assert _status(result, host_budget=False) == "error"
+    assert _status(result, host_budget=True, oom_killed=False) == "oom"
+    assert _status(result, host_budget=False, oom_killed=False) == "error"

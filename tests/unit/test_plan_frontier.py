@@ -12,6 +12,7 @@ from lcab.plan.frontier import predict_frontier, rank_memory_mib
 from lcab.plan.hardware import Hardware, KernelMemory, load_profile
 from lcab.plan.memory import MIB, dense_positions, whole_dense_positions
 from lcab.plan.predict import PlanCell, mask_for, predict, strategy_for
+from lcab.plan.recommend import recommend
 
 
 def _cell(cp: str, nodes: int = 1, per_node: int = 1, seqlen: int = 1024) -> PlanCell:
@@ -50,7 +51,7 @@ def test_a_strategy_that_cannot_run_the_cell_says_why() -> None:
 def _profile(**terms: float) -> Hardware:
     base = load_profile("cpu_gloo_local")
     memory = {"sdpa": KernelMemory(**terms), "ranges": KernelMemory(**terms)}
-    return dataclasses.replace(base, kernel_memory=memory)
+    return dataclasses.replace(base, kernel_memory=memory, memory_margin=0.0)
 
 
 def _cpu_cell(cp: str, kernel: str, mask: str, seqlen: int, world: int = 1) -> PlanCell:
@@ -141,3 +142,27 @@ def test_a_prediction_and_the_recommendation_count_memory_as_the_frontier_does()
     assert predicted.memory_terms["dense mask biases"] > 0
     bare = dataclasses.replace(load_profile("cpu_gloo_local"), kernel_memory={})
     assert predicted.memory_mib > predict(cell, bare).memory_mib
+
+
+def test_the_margin_holds_back_its_share_of_the_budget_from_the_frontier() -> None:
+    hardware = dataclasses.replace(_profile(fixed_mib=100.0, q_bytes=24.0), memory_margin=0.25)
+    budget = 400.0
+    held = predict_frontier(
+        _cpu_cell("none", "ranges", "causal", 1024), budget, True, 1 << 20, 16, hardware
+    )
+    per_token = 2 * 4 * 64 * (2 * 8 + 2 * 2) + 24 * 8 * 64  # as above
+    limit = (0.75 * budget - 100.0) * MIB / per_token
+    assert held.tokens is not None and held.tokens <= limit < held.bracket[1]  # type: ignore[operator]
+    assert held.budget_mib == budget  # the budget as given; the margin is the planner's
+
+
+def test_the_smallest_world_fits_the_profile_s_memory_less_its_margin() -> None:
+    cell = _cpu_cell("ring", "ranges", "causal", 16384, world=2).with_(nodes=2)
+    bare = _profile(fixed_mib=100.0, q_bytes=24.0)
+    best = recommend(cell, bare).ranked[0].cell
+    one, two = (predict(best.with_(nodes=n), bare).memory_mib for n in (1, 2))
+    assert two < one
+    exact = dataclasses.replace(bare, memory_gib=one / 1024)  # one node fills it exactly
+    assert recommend(cell, exact).smallest_fitting_nodes == 1
+    held = dataclasses.replace(exact, memory_margin=(1 - two / one) / 2)
+    assert recommend(cell, held).smallest_fitting_nodes == 2

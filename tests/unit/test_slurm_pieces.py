@@ -126,7 +126,9 @@ def test_settle_writes_one_record_per_unsettled_length_blaming_the_silent_rank(c
         (tmp_path / RANK_FILE.format(rank=rank)).write_text(json.dumps({"host": host, "pid": 1}))
     _write_failure(tmp_path, 2, "n1", 2048, "error", "RuntimeError: Connection closed by peer")
     _write_failure(tmp_path, 6, "n2", 2048, "timeout", "RuntimeError: gloo Timed out")
-    added = settle(cell_2x4, JobEnd("77", "FAILED", srun_log="srun: error: n2: task 5: Killed\n"))
+    oom_kill = "slurmstepd: error: Detected 1 oom-kill event(s) in step 77.0 cgroup.\n"
+    killed = "srun: error: n2: task 5: Killed\n"
+    added = settle(cell_2x4, JobEnd("77", "FAILED", srun_log=oom_kill + killed))
     assert [(r.seqlen, r.status) for r in added] == [(2048, "oom"), (4096, "skipped")]
     assert "rank 5 on n2" in added[0].reasons[0] and "SLURM job 77" in added[0].reasons[0]
     assert added[1].reasons[0].startswith("not run")
@@ -233,8 +235,10 @@ def test_what_a_rank_ran_into_after_a_sigterm_is_a_symptom_not_the_cause(cell_2x
     }
     (tmp_path / FAILURE_FILE.format(rank=1)).write_text(json.dumps(failure))
     added = settle(cell_2x4, JobEnd("12", "FAILED", srun_log="srun: error: n2: task 5: Killed"))
-    assert added[0].status == "oom"
-    assert added[0].reasons[0].startswith("rank 5 on n2 died: Killed")
+    assert added[0].status == "error"  # no oom-kill event logged: a kill, not memory
+    assert (
+        added[0].reasons[0].startswith("rank 5 on n2 died: Killed (SIGKILL; slurmstepd logged no")
+    )
 
 
 def test_a_real_error_before_the_stop_still_comes_first(cell_2x4, tmp_path):

@@ -1,0 +1,134 @@
+"""The memory a job may really use, and whether the out-of-memory killer ended a rank.
+
+A job is held by more than the host's size: the memory cgroup it runs in (how SLURM enforces
+``--mem`` and containers limit memory; v1 ``memory.limit_in_bytes``, v2 ``memory.max``, the
+smallest along the cgroup's ancestors, found from ``/proc/self/cgroup``), the host's available
+memory, and on a GPU the device's free memory (read through NVML: no CUDA context in the
+process that asks). The cgroup's ``oom_kill`` count (v1 ``memory.oom_control``, v2
+``memory.events``; ``/proc/vmstat``'s for the whole host where the cgroup has none) is the
+evidence that a SIGKILL was the kernel's out-of-memory killer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+PROC_MEMINFO = Path("/proc/meminfo")
+PROC_VMSTAT = Path("/proc/vmstat")
+
+
+def memory_cgroup(proc: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> tuple[Path, Path] | None:
+    """(The memory cgroup folder of this process, its hierarchy's mount), or None without one."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        number, controllers, path = line.split(":", 2)
+        if number == "0" and "memory" in _read(root / "cgroup.controllers").split():
+            mount = root  # v2: one hierarchy
+        elif "memory" in controllers.split(","):
+            mount = root / "memory"  # v1: the memory controller's own
+        else:
+            continue
+        folder = mount / path.lstrip("/")
+        # a container with a cgroup namespace mounts its own cgroup at the root
+        return (folder if folder.is_dir() else mount), mount
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def cgroup_limit(proc: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> tuple[int, Path] | None:
+    """The smallest memory limit on this process's cgroup and its ancestors, and its file."""
+    found = memory_cgroup(proc, root)
+    if found is None:
+        return None
+    folder, mount = found
+    limits = []
+    for at in (folder, *folder.parents):
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            text = _read(at / name).strip()
+            if text.isdigit():
+                limits.append((int(text), at / name))
+        if at == mount:
+            break
+    return min(limits) if limits else None
+
+
+def oom_kills(proc: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> int | None:
+    """Out-of-memory kills counted in this process's cgroup, else on the host (None: no count)."""
+    found = memory_cgroup(proc, root)
+    files = [found[0] / "memory.events", found[0] / "memory.oom_control"] if found else []
+    for path in [*files, PROC_VMSTAT]:
+        for line in _read(path).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    return None
+
+
+def host_available() -> int | None:
+    """Bytes the host can still give (``MemAvailable``; None: not Linux)."""
+    for line in _read(PROC_MEMINFO).splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _gpu_free(ranks: int) -> tuple[int, int] | None:
+    """(The least free memory of the GPUs ``ranks`` local ranks use, how many use each one)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no binding, no driver: nothing to read
+        return None
+    try:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = visible.split(",") if visible else map(str, range(pynvml.nvmlDeviceGetCount()))
+        handles = [
+            pynvml.nvmlDeviceGetHandleByIndex(int(n))
+            if n.strip().isdigit()
+            else pynvml.nvmlDeviceGetHandleByUUID(n.strip())
+            for n in list(names)[:ranks]
+        ]
+        free = min(pynvml.nvmlDeviceGetMemoryInfo(h).free for h in handles)
+        return free, math.ceil(ranks / len(handles))
+    except (pynvml.NVMLError, ValueError):
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def job_budget(device: str, ranks: int) -> tuple[float, str] | None:
+    """GiB each of this node's ``ranks`` ranks may use, and which limit gave it (None: none read).
+
+    CUDA: the free memory of the fullest GPU the ranks use, shared by the ranks on one GPU. CPU:
+    the smaller of the cgroup's limit and the host's available memory, shared by the ranks.
+    """
+    limits: list[tuple[float, str]] = []
+    if device == "cuda":
+        gpu = _gpu_free(ranks)
+        if gpu is not None:
+            limits.append((gpu[0] / gpu[1], f"the GPU's free memory / {gpu[1]} rank(s)"))
+    else:
+        cgroup = cgroup_limit()
+        if cgroup is not None:
+            limits.append((cgroup[0] / ranks, f"the memory cgroup's {cgroup[1]} / {ranks} rank(s)"))
+        available = host_available()
+        if available is not None:
+            limits.append((available / ranks, f"the host's MemAvailable / {ranks} rank(s)"))
+    if not limits:
+        return None
+    size, source = min(limits)
+    return size / 2**30, source
