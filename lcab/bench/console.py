@@ -27,8 +27,12 @@ class _Reporter:
 
 @contextmanager
 def progress_bar(total: int, title: str, enabled: bool = True) -> Iterator[_Reporter]:
-    """A progress bar over ``total`` steps; yields a callable advancing it with a description."""
-    if not enabled:
+    """A progress bar over ``total`` steps; yields a callable advancing it with a description.
+
+    Only on a terminal: elsewhere rich draws nothing but a blank line at the end, and the
+    entry point prints a line per length instead (`lcab.main`).
+    """
+    if not enabled or not console().is_terminal:
         yield _Reporter(None, None)
         return
     progress = Progress(

@@ -183,7 +183,7 @@ def records_table(
         for column in SHAREABLE
         if records and len(values := {getattr(r, column) for r in records}) == 1
     }
-    said = ", ".join(f"{column} {value}" for column, value in shared.items())
+    said = ", ".join(f"{column}={value}" for column, value in shared.items())
     table = Table(
         title=": ".join(t for t in (title, said) if t),
         box=box.SIMPLE_HEAD,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from lcab.records.schema import RunRecord
 
-_SHARED = re.compile(r"\b(kernel|cp|mask) ([^\s,]+)")
+_SHARED = re.compile(r"(?:^|[:,] )(kernel|cp|mask)=([^\s,]+)")
 
 
 def _title_like(line: str) -> bool:
@@ -22,7 +22,7 @@ def _title_like(line: str) -> bool:
     return (
         ": " in text
         or ", " in text
-        or text.startswith(("kernel ", "cp ", "mask ", "["))
+        or text.startswith(("kernel=", "cp=", "mask=", "["))
         or len(text.split()) < 3
     )
 
@@ -31,14 +31,14 @@ def printed_rows(text: str) -> list[dict[str, str]]:
     """Every row of every results table in ``text`` (see the module docstring)."""
     lines = text.splitlines()
     rules = [i for i, line in enumerate(lines) if line.strip() and set(line.strip()) == {"─"}]
-    rows = []
+    rows: list[dict[str, str]] = []
     for i in rules:
         head = lines[i - 1].split()  # the header's bottom line names every one-line column
         title, j = [], i - 3
         while j >= 0 and lines[j].strip() and _title_like(lines[j]):
             title.insert(0, lines[j].strip())
             j -= 1
-        shared = dict(_SHARED.findall(" ".join(title)))
+        shared = dict(pair for line in title for pair in _SHARED.findall(line))
         loose = head[: head.index("seqlen")]
         status_at = len(loose) + (2 if "rank" in head else 1)
         for line in lines[i + 1 :]:

@@ -104,13 +104,13 @@ def test_what_every_row_shares_is_said_once_and_no_value_is_cut():
     out = Console(record=True, width=WIDTH_OFF_TERMINAL)
     print_table(records, out=out)
     text = out.export_text()
-    assert "lcab results: kernel ranges, mask block_causal_document" in text
+    assert "lcab results: kernel=ranges, mask=block_causal_document" in text
     headers = [c.header for c in records_table(records)[0].columns]
     assert "kernel" not in headers and "mask" not in headers and "cp" in headers
     assert "ring_allgather" in text and "…" not in text
     assert all(len(line) <= WIDTH_OFF_TERMINAL for line in text.splitlines())
     one, _ = records_table(records[:1], "run")  # one row: one cell, said in the title
-    assert one.title == "run: kernel ranges, cp ring_allgather, mask block_causal_document"
+    assert one.title == "run: kernel=ranges, cp=ring_allgather, mask=block_causal_document"
 
 
 FA3_REASON = (
