@@ -21,6 +21,7 @@ reports power or has a known peak, the first pass's clock, power and share of th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from rich import box
@@ -183,7 +184,9 @@ def records_table(
         for column in SHAREABLE
         if records and len(values := {getattr(r, column) for r in records}) == 1
     }
-    said = ", ".join(f"{column}={value}" for column, value in shared.items())
+    given = set(re.split(r"[,:\s]+", title))  # a job's title already names its overrides
+    pairs = [f"{column}={value}" for column, value in shared.items()]
+    said = ", ".join(pair for pair in pairs if pair not in given)
     table = Table(
         title=": ".join(t for t in (title, said) if t),
         box=box.SIMPLE_HEAD,

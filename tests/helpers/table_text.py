@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from lcab.records.schema import RunRecord
 
-_SHARED = re.compile(r"(?:^|[:,] )(kernel|cp|mask)=([^\s,]+)")
+_SHARED = re.compile(r"(?:^|[:,] ?)(kernel|cp|mask)=([^\s,]+)")
 
 
 def _title_like(line: str) -> bool:

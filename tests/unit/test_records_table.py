@@ -111,6 +111,8 @@ def test_what_every_row_shares_is_said_once_and_no_value_is_cut():
     assert all(len(line) <= WIDTH_OFF_TERMINAL for line in text.splitlines())
     one, _ = records_table(records[:1], "run")  # one row: one cell, said in the title
     assert one.title == "run: kernel=ranges, cp=ring_allgather, mask=block_causal_document"
+    job, _ = records_table(records[:1], "cp=ring_allgather,kernel=ranges")  # a job's overrides
+    assert job.title == "cp=ring_allgather,kernel=ranges: mask=block_causal_document"
 
 
 FA3_REASON = (
