@@ -206,7 +206,7 @@ def _interrupted(argv: list[str]) -> NoReturn:
     from lcab.records.sinks import read_records
 
     if not _STARTED:
-        print("lcab: interrupted before any job started; nothing was saved", file=sys.stderr)
+        print("lcab: interrupted before a job ran in this process", file=sys.stderr)
         sys.exit(130)
     key, folder = _STARTED[0]
     files = [folder / RECORDS_FILE] if key == "hydra.run.dir" else folder.glob(f"*/{RECORDS_FILE}")

@@ -30,7 +30,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from lcab.cell import tokens_per_rank
-from lcab.records.schema import RunRecord, busy_host
+from lcab.records.schema import BUSY_STEAL, RunRecord, busy_host
 
 WIDTH_OFF_TERMINAL = 120
 """Columns a table may take where no terminal says how many there are."""
@@ -129,7 +129,7 @@ def busy_note(records: Sequence[RunRecord]) -> str:
     if loads:
         span = f"{loads[0]:.2f}" + (f"-{loads[-1]:.2f}" if loads[-1] > loads[0] else "")
         why.append(f"load average {span} on {busy[0].host_cores} cores when the lengths began")
-    if "stolen" in busy_host(max(busy, key=lambda r: r.host_steal_share or 0.0)):
+    if steal >= BUSY_STEAL:
         why.append(f"up to {steal:.0%} of CPU time stolen by the hypervisor")
     return (
         f"off the plan while the host was busy ({', '.join(why)}): these times measure the "
