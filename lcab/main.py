@@ -9,6 +9,7 @@ pre-checked as a whole before the first job starts; bad input exits with code 2.
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -26,12 +27,20 @@ if TYPE_CHECKING:  # torch and the bench stack load in the functions that run a 
     from lcab.records.schema import RunRecord
 
 
+_STARTED: list[tuple[str, Path]] = []
+"""The Hydra key of the run's folder and the folder, once a job started (what Ctrl-C says)."""
+
+
 def _job_info() -> JobInfo:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
-    return job_info(cast(DictConfig, hc), multirun=hc.mode == RunMode.MULTIRUN)
+    multirun = hc.mode == RunMode.MULTIRUN
+    _STARTED[:] = [
+        ("hydra.sweep.dir", Path(hc.sweep.dir)) if multirun else ("hydra.run.dir", Path(hc.run.dir))
+    ]
+    return job_info(cast(DictConfig, hc), multirun=multirun)
 
 
 def _resume(path: Path, cell: Cell, rewrite: bool = True) -> tuple[list[RunRecord], Cell]:
@@ -57,6 +66,17 @@ def _resume(path: Path, cell: Cell, rewrite: bool = True) -> tuple[list[RunRecor
 
 
 def _run(cell: Cell, write: Callable[[RunRecord], None], rank: tuple[int, int] | None) -> None:
+    if rank is None and cell.frontier is None:
+        from lcab.launch.refusals import strategy_refusal
+
+        refused = strategy_refusal(cell)
+        if refused:  # its ranks would only record these words: none is started
+            from lcab.bench.environment import environment
+            from lcab.bench.results import refused_records
+
+            for record in refused_records(cell, "; ".join(refused), environment(cell.device)):
+                write(record)
+            return
     if rank is not None and cell.world_size > 1:  # this task is one rank of the cell's world
         from lcab.bench.scheduled import run_as_rank
 
@@ -124,6 +144,9 @@ def app(cfg: DictConfig) -> None:
         sink.path,
     )  # fmt: skip
 
+    progress = cell.bench.progress and not sys.stdout.isatty()  # a terminal has the bar
+    what = f"{cell.kernel}/{cell.cp}/{cell.mask}"
+
     def write(record: RunRecord) -> None:
         predict(record)  # never raises: a cell without a prediction says why
         records.append(record)
@@ -131,6 +154,9 @@ def app(cfg: DictConfig) -> None:
         log.info("%s", record_line(record))
         for logger in loggers:
             logger.log(record)
+        if progress and record.seqlen in cell.seqlens:  # a log or a pipe: a line per length
+            done = f"{cell.seqlens.index(record.seqlen) + 1}/{len(cell.seqlens)}"
+            print(f"lcab: {what} [{done}] {record_line(record, with_notes=False)}", flush=True)
 
     failed = True  # until the cell returns: a kill or a crash closes loggers as failed
     lost: RecordWriteError | None = None
@@ -169,6 +195,30 @@ def _unwritable(
         print(record.to_json())
     sys.stdout.flush()
     sys.exit(1)
+
+
+def _interrupted(argv: list[str]) -> NoReturn:
+    """Ctrl-C in one line: what was saved, where, and the command that continues; exit 130.
+
+    Every record written before the interrupt is whole (`lcab.records.sinks`), and
+    ``resume=true`` in the same folder runs only the lengths not settled.
+    """
+    from lcab.records.sinks import read_records
+
+    if not _STARTED:
+        print("lcab: interrupted before a job ran in this process", file=sys.stderr)
+        sys.exit(130)
+    key, folder = _STARTED[0]
+    files = [folder / RECORDS_FILE] if key == "hydra.run.dir" else folder.glob(f"*/{RECORDS_FILE}")
+    saved = sum(len(read_records(path)) for path in files if path.exists())
+    where = folder / RECORDS_FILE if key == "hydra.run.dir" else f"{folder}/*/{RECORDS_FILE}"
+    kept = [a for a in argv if a.partition("=")[0].lstrip("+") not in ("resume", key)]
+    command = shlex.join(["python", "-m", "lcab.main", *kept, "resume=true", f"{key}={folder}"])
+    print(
+        f"lcab: interrupted; {saved} record(s) saved in {where}; continue with: {command}",
+        file=sys.stderr,
+    )
+    sys.exit(130)
 
 
 def _unwind_on_sigterm() -> None:
@@ -300,7 +350,10 @@ def main() -> None:
         print(f"lcab: {unwritable}; nothing was run", file=sys.stderr)
         sys.exit(1)
     _no_space_in_one_line()
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:
+        _interrupted(argv)
     if write_failures():  # the merged records or the CSV view could not be written
         sys.exit(1)
 

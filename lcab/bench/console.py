@@ -10,12 +10,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from lcab.cell import few_tokens_warning
 from lcab.records.schema import RunRecord
 from lcab.records.table import console, frontier_line, print_table
-from lcab.records.table import records_table as table_of
 
 
 class _Reporter:
@@ -29,8 +27,12 @@ class _Reporter:
 
 @contextmanager
 def progress_bar(total: int, title: str, enabled: bool = True) -> Iterator[_Reporter]:
-    """A progress bar over ``total`` steps; yields a callable advancing it with a description."""
-    if not enabled:
+    """A progress bar over ``total`` steps; yields a callable advancing it with a description.
+
+    Only on a terminal: elsewhere rich draws nothing but a blank line at the end, and the
+    entry point prints a line per length instead (`lcab.main`).
+    """
+    if not enabled or not console().is_terminal:
         yield _Reporter(None, None)
         return
     progress = Progress(
@@ -43,11 +45,6 @@ def progress_bar(total: int, title: str, enabled: bool = True) -> Iterator[_Repo
     with progress:
         task = progress.add_task("starting", total=total)
         yield _Reporter(progress, task)
-
-
-def records_table(records: Sequence[RunRecord], title: str = "lcab results") -> Table:
-    """The results table (`lcab.records.table`; its notes: `print_records`)."""
-    return table_of(records, title)[0]
 
 
 def token_warnings(records: Sequence[RunRecord]) -> list[str]:

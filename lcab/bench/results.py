@@ -202,3 +202,19 @@ def unfinished_records(
             record.pass_result(p).reason = this_reason
         out.append(record)
     return out
+
+
+def refused_records(cell: Cell, reason: str, env: dict[str, Any]) -> list[RunRecord]:
+    """A ``skipped`` record per length of a cell refused before any rank started.
+
+    Every pass is skipped for ``reason``, as the runner's own first check records it.
+    """
+    out = []
+    for seqlen in cell.seqlens:
+        record = base_record(cell, seqlen, env)
+        record.reasons = [f"{p}: {reason}" for p in record.passes]
+        for p in record.passes:
+            record.pass_result(p).reason = reason
+        record.finalise_status()
+        out.append(record)
+    return out

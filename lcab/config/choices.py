@@ -66,3 +66,23 @@ def choice_problems(argv: Sequence[str], conf_dir: Path) -> list[str]:
             if choice and choice not in valid and choice != "null":
                 problems.append(choice_line(group, choice, valid))
     return problems
+
+
+def option_keys(group: str, conf_dir: Path) -> dict[str, list[str]]:
+    """The keys each option of ``group`` takes: its schema's and its own file's.
+
+    The schemas are those `lcab.config.register_configs` put in Hydra's ConfigStore.
+    """
+    import yaml
+    from hydra.core.config_store import ConfigStore
+
+    out = {}
+    for option in options(group, conf_dir):
+        data = yaml.safe_load((conf_dir / group / f"{option}.yaml").read_text()) or {}
+        keys = []
+        for entry in data.get("defaults") or []:
+            if isinstance(entry, str) and entry.startswith("/schema/"):
+                schema = entry[1:].split("@")[0]
+                keys += [str(k) for k in ConfigStore.instance().load(f"{schema}.yaml").node]
+        out[option] = list(dict.fromkeys([*keys, *(k for k in data if k != "defaults")]))
+    return out

@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lcab.cell import Cell
 from lcab.config import CONF_DIR, ConfigError, compose_cache, register_configs, resolve_cell
-from lcab.config.choices import choice_line, closest, options
+from lcab.config.choices import choice_line, closest, option_keys, options
 from lcab.config.fork_map import fork_map
 
 #: Hydra flags after which lcab does not pre-check (help, info, config printing, shell completion).
@@ -150,12 +150,8 @@ def _explain(err: BaseException, job: list[str], config_name: str = "config") ->
             node = OmegaConf.select(compose(config_name, overrides=others), parent)
             if node is not None and hasattr(node, "keys"):
                 keys = [str(k) for k in node]
-                near = closest(leaf, keys)
-                hint = f"did you mean {parent}.{near[0]}? " if near else ""
-                text = (
-                    f"{key}: {parent} has no key {leaf!r} (the {parent} chosen has no such "
-                    f"setting); {hint}valid keys of {parent}: {', '.join(keys)}"
-                )
+                value = next((o.split("=", 1)[1] for o in job if o.startswith(f"{key}=")), "...")
+                text = _key_line(f"{key}={value}", parent, leaf, keys, node.get("name"))
         except (HydraException, OmegaConfBaseException):
             pass
         group = match.group(1).split(".")[0]
@@ -167,6 +163,34 @@ def _explain(err: BaseException, job: list[str], config_name: str = "config") ->
                 f"++{match.group(1)}=... (applied to each {group} the sweep composes)"
             )
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _key_line(setting: str, parent: str, leaf: str, keys: list[str], chosen: Any) -> str:
+    """``parent`` has no ``leaf``: the options of its group that have it, or the nearest key.
+
+    ``mask.window`` on the default mask names the masks that take a window; a misspelt key is
+    looked for among every option's keys, not only the chosen one's.
+    """
+    others = option_keys(parent, CONF_DIR) if "." not in parent else {}
+    having = [option for option, its in others.items() if leaf in its]
+    near = closest(leaf, keys) or closest(leaf, sorted({k for its in others.values() for k in its}))
+    if having:
+        example = min(having, key=len)
+        hint = (
+            f"it is a setting of {parent}={', '.join(having)} (e.g. {parent}={example} {setting}); "
+        )
+    elif near and near[0] in keys:
+        hint = f"did you mean {parent}.{near[0]}? "
+    elif near:
+        owners = [option for option, its in others.items() if near[0] in its]
+        hint = f"did you mean {parent}.{near[0]} (a setting of {parent}={', '.join(owners)})? "
+    else:
+        hint = ""
+    name = f" {chosen}" if chosen else ""
+    return (
+        f"{setting}: {parent}{name} has no key {leaf!r}; {hint}valid keys of {parent}{name}: "
+        + ", ".join(keys)
+    )
 
 
 JobCheck = Callable[[DictConfig, Cell], list[str]]

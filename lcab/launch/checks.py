@@ -76,8 +76,8 @@ def sweep_problems(cfg: DictConfig, cell: Cell) -> list[str]:
 def cell_impossibility(cfg: DictConfig, cell: Cell) -> list[str]:
     """Why the cell's strategy cannot be laid out on its SLURM topology (empty: it can).
 
-    Local runs are not asked: their ranks start in seconds and record the same reasons as
-    ``skipped`` themselves; a SLURM job would hold its nodes to say it.
+    A local run records the strategy's part as ``skipped`` before starting a rank (`lcab.main`);
+    a SLURM job would hold its nodes to say it.
     """
     return layout_problems(cell, str(cfg.topology.name)) if uses_slurm(cfg) else []
 

@@ -69,20 +69,31 @@ def frontier_problems(cell: Cell) -> list[str]:
     return [FRONTIER_ON_SLURM] if cell.frontier is not None and cell.world_size > 1 else []
 
 
+def strategy_refusal(cell: Cell) -> list[str]:
+    """Why the cell's strategy cannot run on its ranks at any length (empty: it can).
+
+    The strategy's own rules: heads that the Ulysses degree must divide, ranks a degree must
+    divide. A local run asks before starting a rank, which would only record the same words.
+    """
+    if cell.cp == "none":
+        return []
+    strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
+    problem = Problem(1, 1, cell.heads_q, cell.heads_kv, cell.head_dim, "float32", "cpu")
+    return strategy.reasons(problem, cell.world_size)
+
+
 def layout_problems(cell: Cell, topology: str) -> list[str]:
     """Why the cell cannot be laid out on a SLURM ``topology`` (empty: it can).
 
-    The strategy's own rules (heads that the Ulysses degree must divide, ranks a degree must
-    divide), one of the cluster's: a Ulysses group stays inside a node (all-to-all over
-    NVLink), and a frontier search's (`frontier_problems`).
+    The strategy's own rules (`strategy_refusal`), one of the cluster's: a Ulysses group stays
+    inside a node (all-to-all over NVLink), and a frontier search's (`frontier_problems`).
     """
     if cell.cp == "none":
         return []
     problems = frontier_problems(cell)
-    strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
-    problem = Problem(1, 1, cell.heads_q, cell.heads_kv, cell.head_dim, "float32", "cpu")
-    for why in strategy.reasons(problem, cell.world_size):
+    for why in strategy_refusal(cell):
         problems.append(f"cp={cell.cp} on topology={topology}: {why}")
+    strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
     ulysses = strategy.ulysses_degree(cell.world_size)
     if isinstance(strategy, UlyssesRing) and cell.devices_per_node % ulysses:
         problems.append(

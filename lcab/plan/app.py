@@ -29,6 +29,7 @@ from typing_extensions import override
 
 from lcab.cell import Cell
 from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
+from lcab.masks.doclens import auto_source
 from lcab.plan.hardware import Hardware, from_dict
 from lcab.plan.harness import HARNESSES, LCAB, Harness
 from lcab.plan.plot_ahead import BackgroundPlot
@@ -133,6 +134,26 @@ def harness_of(cfg: DictConfig) -> Harness:
     return HARNESSES[name]
 
 
+def assumed(cell: PlanCell, hardware: Hardware, samples: int) -> str:
+    """What a recommendation assumed: kernel, problem, mask and its documents, world, profile.
+
+    The same command ranked Ulysses first with the default documents and Ring All-Gather with
+    ``mask.doc_source=long``: an answer that does not say its assumptions misleads.
+    """
+    source = cell.mask_params.get("doc_source")
+    if source == "auto":
+        source = f"auto, i.e. {auto_source(cell.seqlen)} at this length"
+    documents = f" (doc_source={source})" if source else ""
+    device = "GPU" if hardware.device == "cuda" else "rank"
+    return (
+        f"recommendation assuming kernel {cell.kernel}, {cell.dtype} {cell.heads_q}:"
+        f"{cell.heads_kv} heads x {cell.head_dim}, mask {cell.mask}{documents}, "
+        f"S={cell.seqlen:,} ({cell.seqlen // cell.world:,} per {device}) on "
+        f"{cell.nodes}x{cell.devices_per_node} {device}s, hardware profile {hardware.name} "
+        f"(median of {samples} mask sample{'s' if samples > 1 else ''})"
+    )
+
+
 def print_recommendation(
     cell: PlanCell, hardware: Hardware, samples: int = 1, harness: Harness = LCAB
 ) -> None:
@@ -142,11 +163,8 @@ def print_recommendation(
     if not answer.ranked:
         console.print(f"no strategy can run {cell.label()}")
         return
-    table = Table(
-        title=f"recommendation for {cell.mask}, S={cell.seqlen}, "
-        f"{cell.nodes}x{cell.devices_per_node} on {hardware.name} "
-        f"(median of {samples} mask sample{'s' if samples > 1 else ''})"
-    )
+    console.print(assumed(cell, hardware, samples), markup=False, highlight=False)
+    table = Table(title="candidates, fastest first")
     for name in (
         "rank",
         "cp",

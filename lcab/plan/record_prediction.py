@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lcab.cell import Cell
-from lcab.records.schema import RunRecord
+from lcab.records.schema import RunRecord, busy_host
 
 BAND = (0.5, 2.0)
 """Measured / predicted throughput outside this range warns (module docstring)."""
@@ -167,24 +167,3 @@ def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND)
             f"off the plan: {'; '.join(off)}: measured/predicted throughput outside "
             f"[{band[0]:g}, {band[1]:g}] on {record.predicted_hardware}"
         ) + why
-
-
-BUSY_LOAD = 0.5
-"""Load average per usable core, before a length began, above which the host was busy."""
-BUSY_STEAL = 0.05
-"""Share of CPU time stolen by the hypervisor above which the host was shared."""
-
-
-def busy_host(record: RunRecord) -> str:
-    """``; the host was busy: ...`` when its load says why a CPU time is off (else empty).
-
-    The load when the length *began* is other work (the length had not started); steal time is
-    a virtual machine's cores running for another guest. Both come from `lcab.bench.host_load`.
-    """
-    cores, load, steal = record.host_cores or 0, record.host_load_start, record.host_steal_share
-    why = []
-    if record.device == "cpu" and load is not None and cores and load / cores >= BUSY_LOAD:
-        why.append(f"load average {load:.2f} on {cores} cores when the length began")
-    if steal is not None and steal >= BUSY_STEAL:
-        why.append(f"{steal:.0%} of CPU time stolen by the hypervisor")
-    return f"; the host was busy: {', '.join(why)}" if why else ""

@@ -392,3 +392,24 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return str(value)
+
+
+BUSY_LOAD = 0.5
+"""Load average per usable core, before a length began, above which the host was busy."""
+BUSY_STEAL = 0.05
+"""Share of CPU time stolen by the hypervisor above which the host was shared."""
+
+
+def busy_host(record: RunRecord) -> str:
+    """``; the host was busy: ...`` when its load says why a CPU time is off (else empty).
+
+    The load when the length *began* is other work (the length had not started); steal time is
+    a virtual machine's cores running for another guest. Both come from `lcab.bench.host_load`.
+    """
+    cores, load, steal = record.host_cores or 0, record.host_load_start, record.host_steal_share
+    why = []
+    if record.device == "cpu" and load is not None and cores and load / cores >= BUSY_LOAD:
+        why.append(f"load average {load:.2f} on {cores} cores when the length began")
+    if steal is not None and steal >= BUSY_STEAL:
+        why.append(f"{steal:.0%} of CPU time stolen by the hypervisor")
+    return f"; the host was busy: {', '.join(why)}" if why else ""

@@ -1,38 +1,43 @@
 """The results table: one row per record, in the units of the machine, within the terminal.
 
 Used after each cell (`lcab.bench.console`) and once for a whole sweep (`lcab.records.summary`).
-Columns: kernel, cp, mask, seqlen, status; per pass its median time and throughput; "vs plan"
-(measured / predicted throughput, forward/backward); where a device reports power or has a
-known peak, the first pass's clock, power and share of the peak (red with ``!`` above the
-peak); a note number. Three choices keep it
-readable where it is read:
+Columns: kernel, cp, mask, seqlen, tokens per rank (under CP), status; per pass its median time
+and throughput; "vs plan" (measured / predicted throughput, forward/backward); where a device
+reports power or has a known peak, the first pass's clock, power and share of the peak (red with
+``!`` above the peak); the row's note numbers. Four choices keep it readable where it is read:
 
 * **units of the machine**: records that all ran on a CPU show GFLOP/s (a CPU's 5 GFLOP/s read
   "0.00525 TFLOP/s"), any GPU record makes the table TFLOP/s; times read "4.01 ms" or "1.23 s",
   never "1.23e+03";
-* **notes below the table**: a skip reason or an off-the-plan warning is as long as a row; in
-  a cell it wrapped each row over 7-8 lines, so the row carries ``[n]`` and the text follows
-  the table, one line per distinct note;
+* **notes below the table**: a skip reason or an off-the-plan warning is as long as a row, so
+  the row carries ``[n]`` (``[1,2]`` for two) and the text follows the table, once per distinct
+  note: every pass's reason, the record's own, the planner's warning. Lengths that ran off the
+  plan while the host was busy share one note (the load explains them); the rest keep their own;
 * **the terminal's width**, or 120 columns where there is no terminal (logs, CI, SLURM output
-  files), where rich would otherwise wrap at 80: what every row shares (kernel, cp, mask) is
-  said once in the title, numbers never wrap, and a long name folds rather than being cut.
+  files), where rich would otherwise wrap at 80: no column wraps, what every row shares
+  (kernel, cp, mask) is said once in the title, and a table still too wide is split by kernel,
+  then cp, until each part fits (the design card's sweep: one table per kernel and cp).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from lcab.cell import tokens_per_rank
-from lcab.records.schema import RunRecord
+from lcab.records.schema import BUSY_STEAL, RunRecord, busy_host
 
 WIDTH_OFF_TERMINAL = 120
 """Columns a table may take where no terminal says how many there are."""
 PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
 SHAREABLE = ("kernel", "cp", "mask")
-"""Columns said once in the title when every row of a table has the same value."""
+"""Columns said once in the title when every row of a table has the same value; the order a
+table too wide is split in."""
 STATUS_STYLE = {
     "ok": "green",
     "skipped": "yellow",
@@ -41,6 +46,7 @@ STATUS_STYLE = {
     "timeout": "red",
     "error": "bold red",
 }
+SHARED_GPU = "shared GPU: times not a measurement"
 
 
 def console() -> Console:
@@ -49,10 +55,10 @@ def console() -> Console:
     return found if found.is_terminal else Console(width=WIDTH_OFF_TERMINAL)
 
 
-def throughput_unit(records: Sequence[RunRecord]) -> tuple[str, float]:
+def throughput_unit(devices: Iterable[str]) -> tuple[str, float]:
     """(unit, factor from TFLOP/s): GFLOP/s when every record ran on a CPU."""
-    on_cpu = bool(records) and all(r.device == "cpu" for r in records)
-    return ("GFLOP/s", 1e3) if on_cpu else ("TFLOP/s", 1.0)
+    found = set(devices)
+    return ("GFLOP/s", 1e3) if found == {"cpu"} else ("TFLOP/s", 1.0)
 
 
 def duration(ms: float | None) -> str:
@@ -71,19 +77,64 @@ def rate(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
 
 
-def seqlen_text(r: RunRecord) -> str:
-    """``8,192 (1,024/rank)``: the length, and what each rank holds of it under CP."""
+def per_rank(r: RunRecord) -> str:
+    """``1,024``: the tokens each rank holds under CP (empty for one device)."""
     if r.cp == "none" or r.world_size <= 1:
-        return f"{r.seqlen:,}"
-    return f"{r.seqlen:,} ({tokens_per_rank(r.seqlen, r.world_size):,}/rank)"
+        return ""
+    return f"{tokens_per_rank(r.seqlen, r.world_size):,}"
 
 
-def note_of(r: RunRecord) -> str:
-    """What the row's note says: its reason, else its planner warning; a shared GPU first."""
-    note = r.reasons[0] if r.reasons else (r.prediction_warning or "")
-    if r.shared_device:  # ranks shared a GPU: the times are shown, but measure nothing
-        note = "shared GPU: times not a measurement" + (f"; {note}" if note else "")
-    return note
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def explained_by_load(r: RunRecord) -> bool:
+    """Whether the planner's warning blames the busy host (`busy_host`)."""
+    said = busy_host(r)
+    return bool(said and r.prediction_warning and r.prediction_warning.endswith(said))
+
+
+def notes_of(r: RunRecord, busy: str = "") -> list[str]:
+    """Everything the row's notes say, each once.
+
+    A shared GPU, the reason of every pass that did not run ok (passes with the same reason
+    said together: ``fwd, bwd: ...``), the record's other reasons (a traceback by its last
+    line), the planner's warning — ``busy`` instead where the busy host explains it.
+    """
+    by_reason: dict[str, list[str]] = {}
+    for p in r.passes:
+        res = r.pass_result(p)
+        if res.status != "ok" and res.reason:
+            by_reason.setdefault(res.reason, []).append(p)
+    said = {f"{p}: {why}" for why, passes in by_reason.items() for p in passes} | set(by_reason)
+    for text in r.reasons:
+        if text not in said:
+            by_reason.setdefault(_last_line(text), [])
+    notes = [SHARED_GPU] if r.shared_device else []
+    notes += [f"{', '.join(ps)}: {why}" if ps else why for why, ps in by_reason.items()]
+    if r.prediction_warning:
+        notes.append(busy if busy and explained_by_load(r) else r.prediction_warning)
+    return notes
+
+
+def busy_note(records: Sequence[RunRecord]) -> str:
+    """One note for every length that ran off the plan while the host was busy (else empty)."""
+    busy = [r for r in records if explained_by_load(r)]
+    if not busy:
+        return ""
+    loads = sorted(r.host_load_start for r in busy if r.host_load_start is not None)
+    steal = max(r.host_steal_share or 0.0 for r in busy)
+    why = []
+    if loads:
+        span = f"{loads[0]:.2f}" + (f"-{loads[-1]:.2f}" if loads[-1] > loads[0] else "")
+        why.append(f"load average {span} on {busy[0].host_cores} cores when the lengths began")
+    if steal >= BUSY_STEAL:
+        why.append(f"up to {steal:.0%} of CPU time stolen by the hypervisor")
+    return (
+        f"off the plan while the host was busy ({', '.join(why)}): these times measure the "
+        "load as much as the kernel (each ratio: vs plan; each warning: its record)"
+    )
 
 
 def vs_plan(r: RunRecord, passes: Sequence[str]) -> str:
@@ -116,28 +167,47 @@ def device_text(r: RunRecord, passes: Sequence[str]) -> str:
 
 
 def records_table(
-    records: Sequence[RunRecord], title: str = "lcab results"
+    records: Sequence[RunRecord],
+    title: str = "lcab results",
+    notes: list[str] | None = None,
+    busy: str = "",
 ) -> tuple[Table, list[str]]:
-    """The table of ``records`` and the notes its rows point to (``[n]`` → ``notes[n-1]``)."""
+    """The table of ``records`` and the notes its rows point to (``[n]`` → ``notes[n-1]``).
+
+    ``notes`` already numbered (an earlier part of a split table) are extended, not repeated.
+    """
+    notes = [] if notes is None else notes
     passes = [p for p in PASS_ORDER if any(p in r.passes for r in records)]
-    unit, factor = throughput_unit(records)
+    unit, factor = throughput_unit(r.device for r in records)
     shared = {
         column: values.pop()
         for column in SHAREABLE
-        if len(records) > 1 and len(values := {getattr(r, column) for r in records}) == 1
+        if records and len(values := {getattr(r, column) for r in records}) == 1
     }
-    said = ", ".join(f"{column} {value}" for column, value in shared.items())
-    table = Table(title=f"{title}: {said}" if said else title, show_lines=False)
-    columns = [c for c in SHAREABLE if c not in shared] + ["seqlen", "status"]
-    for column in columns:  # folded, never cut: "causal_do…" says nothing
-        table.add_column(column, justify="right" if column == "seqlen" else "left", overflow="fold")
+    given = set(re.split(r"[,:\s]+", title))  # a job's title already names its overrides
+    pairs = [f"{column}={value}" for column, value in shared.items()]
+    said = ", ".join(pair for pair in pairs if pair not in given)
+    table = Table(
+        title=": ".join(t for t in (title, said) if t),
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        show_edge=False,
+    )
+    columns = [c for c in SHAREABLE if c not in shared]
+    ranks = any(per_rank(r) for r in records)
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    table.add_column("seqlen", justify="right", no_wrap=True)
+    if ranks:
+        table.add_column("per\nrank", justify="right", no_wrap=True)
+    table.add_column("status", no_wrap=True)
     for p in passes:
-        table.add_column(f"{p} time", justify="right", no_wrap=True)
-        table.add_column(f"{p} {unit}", justify="right", no_wrap=True)
+        table.add_column(f"{p}\ntime", justify="right", no_wrap=True)
+        table.add_column(f"{p}\n{unit}", justify="right", no_wrap=True)
     planned = any(r.predicted_hardware for r in records)
     if planned:  # measured / predicted throughput per pass (lcab.plan.record_prediction)
         table.add_column(
-            f"vs plan {'/'.join(p for p in passes if p != 'fwd_bwd')}",
+            f"vs plan\n{'/'.join(p for p in passes if p != 'fwd_bwd')}",
             justify="right",
             no_wrap=True,
         )
@@ -148,13 +218,13 @@ def records_table(
         for p in passes
     )
     if watched:
-        table.add_column("clock power peak", justify="right", no_wrap=True)
-    notes: list[str] = []
-    table.add_column("note", justify="right")
+        table.add_column("clock power\npeak", justify="right", no_wrap=True)
+    table.add_column("note", no_wrap=True)
     for r in records:
         style = STATUS_STYLE.get(r.status, "")
-        row = [getattr(r, c) for c in SHAREABLE if c not in shared]
-        row += [seqlen_text(r), f"[{style}]{r.status}[/]"]
+        row = [getattr(r, c) for c in columns] + [f"{r.seqlen:,}"]
+        row += [per_rank(r)] if ranks else []
+        row.append(f"[{style}]{r.status}[/]")
         for p in passes:
             res = r.pass_result(p)
             if res.status in ("ok", "numerics_mismatch"):
@@ -166,28 +236,58 @@ def records_table(
             row.append(vs_plan(r, passes))
         if watched:
             row.append(device_text(r, passes))
-        note = note_of(r)
-        if note and note not in notes:
-            notes.append(note)
-        row.append(f"[{notes.index(note) + 1}]" if note else "")
+        numbers = []
+        for note in notes_of(r, busy):
+            if note not in notes:
+                notes.append(note)
+            numbers.append(str(notes.index(note) + 1))
+        row.append(f"\\[{','.join(numbers)}]" if numbers else "")
         table.add_row(*row)
     return table, notes
+
+
+def fitting_tables(
+    records: Sequence[RunRecord], title: str, out: Console, notes: list[str], busy: str = ""
+) -> list[Table]:
+    """The table of ``records``, split by kernel, then cp, until each part fits ``out``.
+
+    ``notes`` gets the notes of the tables returned, numbered in their order.
+    """
+    trial = list(notes)
+    table, _ = records_table(records, title, trial, busy)
+    loose = [c for c in SHAREABLE if len({getattr(r, c) for r in records}) > 1]
+    natural = Measurement.get(out, out.options.update_width(10_000), table).maximum
+    if natural <= out.width or not loose:
+        notes[:] = trial
+        return [table]
+    groups: dict[str, list[RunRecord]] = {}
+    for r in records:
+        groups.setdefault(getattr(r, loose[0]), []).append(r)
+    return [t for group in groups.values() for t in fitting_tables(group, "", out, notes, busy)]
 
 
 def print_table(
     records: Sequence[RunRecord], title: str = "lcab results", out: Console | None = None
 ) -> None:
-    """Print the table of ``records`` and, under it, each of its notes once."""
+    """Print the table of ``records`` (split where too wide) and, under it, each note once."""
     out = out or console()
-    table, notes = records_table(records, title)
-    out.print(table)
+    notes: list[str] = []
+    busy = busy_note(records)
+    tables = fitting_tables(records, title, out, notes, busy)
+    if len(tables) > 1:  # the parts' titles say what each shares
+        out.print(title, style="bold", markup=False, highlight=False)
+    for table in tables:
+        out.print(table)
     for number, note in enumerate(notes, 1):
         out.print(f"[{number}] {note}", markup=False, highlight=False, soft_wrap=False)
 
 
-def record_line(r: RunRecord) -> str:
-    """One record in one line, for a log: length, status, each pass's time and rate, its note."""
-    unit, factor = throughput_unit([r])
+def record_line(r: RunRecord, with_notes: bool = True) -> str:
+    """One record in one line: length, status, each pass's time and rate, and its notes.
+
+    A log has the notes; a progress line leaves them to the table.
+    """
+    unit, factor = throughput_unit([r.device])
     parts = [f"seqlen {r.seqlen:,}: {r.status}"]
     for p in r.passes:
         res = r.pass_result(p)
@@ -196,8 +296,8 @@ def record_line(r: RunRecord) -> str:
             parts.append(f"{p} {duration(res.ms_p50)} {rate(value)} {unit}")
         else:
             parts.append(f"{p} {res.status}")
-    note = note_of(r)
-    return ", ".join(parts) + (f" ({note})" if note else "")
+    notes = "; ".join(notes_of(r)) if with_notes else ""
+    return ", ".join(parts) + (f" ({notes})" if notes else "")
 
 
 def frontier_line(r: RunRecord) -> str | None:

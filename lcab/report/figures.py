@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from lcab.records.table import throughput_unit
 from lcab.report.clocks import clock_figures
 from lcab.report.frame import SERIES, VARIANT
 from lcab.report.frontier import frontier_figures
@@ -63,6 +64,8 @@ class Metric:
     """Why a mask has no figure; ``{mask}`` is replaced."""
     value_statuses: frozenset[str] = frozenset({"ok"})
     """Pass statuses whose value is drawn; other statuses are failed points."""
+    scale: float = 1.0
+    """Factor from the record's unit to the axis's (1000: TFLOP/s drawn as GFLOP/s)."""
 
 
 THROUGHPUT = Metric(
@@ -91,6 +94,16 @@ NUMERICS = Metric(
     # a mismatching pass still has its error: that value is the point of this figure
     value_statuses=frozenset({"ok", "numerics_mismatch"}),
 )
+
+
+def throughput_metric(frame: pd.DataFrame) -> Metric:
+    """`THROUGHPUT` in the machine's units: GFLOP/s when every record ran on a CPU.
+
+    A CPU sweep's axis read "TFLOP/s per device" with ticks of 0.0025-0.0175; the console
+    already said GFLOP/s (`lcab.records.table.throughput_unit`).
+    """
+    unit, factor = throughput_unit(frame["device"])
+    return replace(THROUGHPUT, y_label=f"{unit} per device", scale=factor)
 
 
 def tflops_band(row: pd.Series, pass_: str) -> tuple[float, float] | None:
@@ -173,7 +186,9 @@ def metric_panel(
                 why = f"{where}: {_reason(row, pass_)}"
                 failures.append((float(row[x_column]), str(status), style, why))
             elif _number(y) and (y > 0 or not metric.y_log):
-                band = tflops_band(row, pass_) if metric is THROUGHPUT else None
+                band = tflops_band(row, pass_) if metric.suffix == "tflops" else None
+                band = None if band is None else (band[0] * metric.scale, band[1] * metric.scale)
+                y *= metric.scale
                 xs.append(float(row[x_column]))
                 ys.append(float(y))
                 bands.append(band)
@@ -266,7 +281,8 @@ def scaling_figure(
     common = set.intersection(*per_series) if per_series else set()
     seqlen = int(max(common) if common else frame["seqlen"].max())
     rows = frame[frame["seqlen"] == seqlen]
-    panels = [metric_panel(rows, styler, p, THROUGHPUT, "world_size") for p in _passes_of(rows)]
+    throughput = throughput_metric(rows)
+    panels = [metric_panel(rows, styler, p, throughput, "world_size") for p in _passes_of(rows)]
     if not any(panel.has_values for panel in panels):
         return None
     which = "the largest length in every strategy's records" if common else "the largest length"
@@ -405,7 +421,7 @@ def build_figures(frame: pd.DataFrame) -> Figures:
         heatmap = support_heatmap(rows, name, title, row_label) if len(rows) else None
         kind = "CP" if what == "strategy" else "cp=none"
         add(heatmap, "support", f"{what} × mask: no {kind} records")
-    for metric in (THROUGHPUT, MEMORY, NUMERICS):
+    for metric in (throughput_metric(frame), MEMORY, NUMERICS):
         for mask in masks:
             figure = per_length_figure(frame[frame["mask"] == mask], styler, metric, mask)
             add(figure, metric.section, metric.missing.format(mask=mask))

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from lcab.flops import PASSES
+from lcab.records.table import throughput_unit
 from lcab.report.clocks import implausible
 from lcab.report.plot_data import OPTIONAL_SECTIONS, SECTIONS, Figures
 from lcab.report.plot_style import severity
@@ -62,7 +63,7 @@ ABOVE_PEAK = "above_peak"
 """Summary column naming the passes that ran above their device's peak (only when one did)."""
 IMPLAUSIBLE_MARK = "!"
 IMPLAUSIBLE_NOTE = (
-    f"{IMPLAUSIBLE_MARK} after a TFLOP/s: above the device's peak at its clock: FLOP count or "
+    f"{IMPLAUSIBLE_MARK} after a throughput: above the device's peak at its clock: FLOP count or "
     "timer error (the reasons give the numbers)"
 )
 REASON_COLUMNS = ("status", "reason", "passes", "records", "where")
@@ -96,7 +97,8 @@ READING_NOTE = (
 SECTION_NOTES = {
     "support": "Each cell is one series (kernel, or CP strategy/local kernel) on one mask, "
     "coloured by the worst status of its records; the text counts the statuses.",
-    "throughput": "Useful TFLOP/s (per device under CP) of each pass; the line is the p50 "
+    "throughput": "Useful TFLOP/s (GFLOP/s where every record ran on a CPU; per device under "
+    "CP) of each pass; the line is the p50 "
     "time's throughput, the band the p20–p80 times'. Lengths that did not run are marked on "
     "the axis by status, in their line's colour (hover for why).",
     "scaling": "Per-device throughput of each CP strategy against the number of ranks, at one "
@@ -149,7 +151,25 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     if any(above):
         table.insert(at, ABOVE_PEAK, above)
     table["reason"] = [_first_reason(row) for _, row in frame.iterrows()]
-    return table.reset_index(drop=True)
+    return in_machine_units(table.reset_index(drop=True), frame)
+
+
+def in_machine_units(table: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its ``*_tflops`` columns as ``*_gflops`` when every record ran on a CPU.
+
+    A CPU's 5 GFLOP/s read "0.005"; the console and the figures say GFLOP/s there too
+    (`lcab.records.table.throughput_unit`).
+    """
+    _, factor = throughput_unit(frame["device"])
+    if factor == 1.0:
+        return table
+    named = {
+        c: c.removesuffix("_tflops") + "_gflops" for c in table.columns if c.endswith("_tflops")
+    }
+    out = table.copy()
+    for column in named:
+        out[column] = pd.to_numeric(out[column]) * factor
+    return out.rename(columns=named)
 
 
 def marked_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -162,7 +182,7 @@ def marked_summary(table: pd.DataFrame) -> pd.DataFrame:
     out = table.copy()
     flagged = out[ABOVE_PEAK].map(lambda text: set(str(text).split(", ")))
     for pass_ in SUMMARY_PASSES:
-        column = f"{pass_}_tflops"
+        column = f"{pass_}_tflops" if f"{pass_}_tflops" in out.columns else f"{pass_}_gflops"
         out[column] = [
             format_value(v) + (IMPLAUSIBLE_MARK if pass_ in passes else "")
             for v, passes in zip(out[column], flagged, strict=True)
@@ -265,7 +285,7 @@ def predictions_table(frame: pd.DataFrame) -> pd.DataFrame:
                 }
             )
     rows.sort(key=lambda r: -abs(math.log(r["ratio"])) if r["ratio"] > 0 else -math.inf)
-    return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
+    return in_machine_units(pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS)), frame)
 
 
 def predictions_headline(table: pd.DataFrame) -> str:
@@ -414,7 +434,8 @@ def render_page(figures: Figures, inputs: PageInputs, plotly_js: str) -> str:
     parts += [
         '<section id="summary"><h2>Summary table</h2>',
         '<p class="note">One row per cell and length (also <code>summary.csv</code>, '
-        "<code>summary.md</code>). Times are p50 milliseconds, throughput TFLOP/s per device, "
+        "<code>summary.md</code>). Times are p50 milliseconds, throughput "
+        f"{'GFLOP/s' if 'fwd_gflops' in inputs.summary.columns else 'TFLOP/s'} per device, "
         f"memory MiB.{_telemetry_note(inputs.summary)}</p>",
         f'<div class="scroll">{html_table(shown_columns(marked_summary(inputs.summary)))}</div>',
         *(

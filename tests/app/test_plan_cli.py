@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from lcab.plan.app import assumed
+from lcab.plan.hardware import load_profile
+from lcab.plan.predict import PlanCell
 from tests.helpers.cli import ROOT, cli_env
 
 
@@ -68,6 +72,23 @@ def test_recommend_names_the_best_strategy_its_margin_and_the_smallest_world():
     assert done.returncode == 0, done.stderr
     assert "best:" in done.stdout and "faster than the runner-up" in done.stdout
     assert "smallest world" in done.stdout
+    # what it assumed, first: the planner's defaults (conf/plan.yaml), 8K per GPU on 16 GPUs
+    # (131,072 tokens: above ProLong64K's 64K, so doc_source=auto draws from ProLong512K)
+    assert " ".join(done.stdout.split()).startswith(
+        "recommendation assuming kernel fa3, bfloat16 64:8 heads x 128, mask causal_document "
+        "(doc_source=auto, i.e. prolong512k at this length), S=131,072 (8,192 per GPU) on 2x8 "
+        "GPUs, hardware profile h100_nvlink_ib (median of 3 mask samples)"
+    )
+
+
+def test_a_recommendation_names_the_document_source_it_assumed():
+    cell = PlanCell("ulysses", "fa3", "causal_document", 8192, 1, 8, 64, 8, 128, "bfloat16")
+    long = replace(cell, mask_params={"doc_source": "long"})
+    assert "mask causal_document (doc_source=long), S=8,192 (1,024 per GPU) on 1x8 GPUs" in (
+        assumed(long, load_profile("h100_nvlink_ib"), 1)
+    )
+    cpu = assumed(replace(cell, mask="causal"), load_profile("cpu_gloo_local"), 1)
+    assert "mask causal, S=8,192 (1,024 per rank) on 1x8 ranks" in cpu and "doc_source" not in cpu
 
 
 def test_a_kernel_the_profile_has_no_rate_for_is_planned_with_a_note_saying_so(tmp_path):

@@ -162,7 +162,7 @@ def test_invalid_values_name_the_key(compose, overrides, key):
         (["seqlen=nosuch"], "seqlen=nosuch: no seqlen named 'nosuch'; valid: frontier, long"),
         (
             ["mask=sliding_window", "mask.windw=3"],
-            "did you mean mask.window? valid keys of mask: name, seed, window",
+            "did you mean mask.window? valid keys of mask sliding_window: name, seed, window",
         ),
         (["mask=sliding_window", "mask.window=wide"], "could not be converted to Integer"),
         (["problem.heads_q=6", "problem.heads_kv=4"], "multiple of problem.heads_kv=4"),

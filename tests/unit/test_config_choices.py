@@ -16,6 +16,7 @@ import pytest
 from lcab.config import CONF_DIR
 from lcab.config.choices import choice_problems, closest
 from lcab.config.preflight import check_jobs
+from lcab.masks.patterns import MASK_PATTERNS
 
 
 def test_a_misspelt_kernel_names_the_one_meant():
@@ -62,7 +63,31 @@ def test_the_command_line_answers_before_torch_loads():
 def test_a_misspelt_key_is_not_told_to_be_added():
     (line,) = check_jobs(["mask=sliding_window", "mask.windw=512"], multirun=False)
     assert "+mask.windw" not in line and "To append" not in line
-    assert "mask.windw: mask has no key 'windw'" in line and "did you mean mask.window?" in line
+    assert "mask.windw=512: mask sliding_window has no key 'windw'" in line
+    assert "did you mean mask.window?" in line
+
+
+def _masks_with(param: str) -> str:
+    """The mask patterns that take ``param``, from the mask registry (not from conf/)."""
+    names = [n for n in MASK_PATTERNS.names() if param in MASK_PATTERNS.get(n).param_names()]
+    return ", ".join(sorted(names))
+
+
+def test_a_key_of_other_masks_names_them():
+    """``mask.window`` on the default mask: which masks take a window, and how to pick one."""
+    (line,) = check_jobs(["mask.window=-5"], multirun=False)
+    takers = _masks_with("window")
+    assert takers.count(",") == 2  # global_sliding_window, sliding_window, sliding_window_causal
+    assert line.startswith(
+        f"mask.window=-5: mask causal_document has no key 'window'; it is a setting of "
+        f"mask={takers} (e.g. mask=sliding_window mask.window=-5); valid keys of mask "
+        "causal_document: name, seed, doc_source,"
+    )
+
+
+def test_a_misspelt_key_is_looked_for_in_every_masks_keys():
+    (line,) = check_jobs(["mask.windw=512"], multirun=False)  # the default mask has no window
+    assert f"did you mean mask.window (a setting of mask={_masks_with('window')})?" in line
 
 
 def test_a_bad_mask_parameter_names_its_key_value_and_rule():

@@ -17,8 +17,8 @@ from lcab.bench.runner import run_cell
 from lcab.bench.targets import KernelTarget
 from lcab.config import resolve_cell
 from lcab.kernels import get_kernel
-from lcab.plan.record_prediction import attach, busy_host
-from lcab.records.schema import RunRecord
+from lcab.plan.record_prediction import attach
+from lcab.records.schema import RunRecord, busy_host
 
 STAT = """cpu  100 5 50 800 20 3 2 40 7 0
 cpu0 50 2 25 400 10 1 1 20 3 0

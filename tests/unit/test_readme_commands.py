@@ -33,6 +33,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from lcab.config import CONF_DIR, register_configs
+from lcab.plan.hardware import load_profile
 from tests.helpers.cli import run_with_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,12 +128,24 @@ def _check_help(module: str, args: list[str], env: dict[str, str]) -> None:
 
 
 def _check_main(args: list[str], env: dict[str, str]) -> None:
-    """The real CLI with ``dry_run=true``: composes, validates and plans every job."""
+    """The real CLI with ``dry_run=true``: composes, validates and plans every job.
+
+    On a GPU profile every job's kernel has figures of its own: an example that left the kernel
+    to the default (``ranges``, a CPU kernel) would have 64 H100s time it, which the dry run
+    says by costing it at the profile's default rate.
+    """
     if not any(a.startswith("dry_run=") for a in args):
         args = [*args, "dry_run=true"]
     result = _run([sys.executable, "-m", "lcab.main", *args], env)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "job(s)" in result.stdout, result.stdout[-2000:]
+    said = " ".join(result.stdout.split())  # footnotes, whatever their line breaks
+    for kernel, profile in re.findall(_DEFAULT_RATE, said):
+        assert load_profile(profile).device != "cuda", f"{kernel} on {profile}: name a GPU kernel"
+
+
+_DEFAULT_RATE = r"(\S+) has no figures in hardware profile (\S+): costed at the profile's default"
+"""`lcab.plan.hardware.Hardware.rate_origin`'s words for a kernel costed at another's rate."""
 
 
 def _cells(overrides: list[str]) -> list[list[str]]:

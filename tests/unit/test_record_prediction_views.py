@@ -11,7 +11,7 @@ from rich.console import Console
 
 from lcab.plan.record_prediction import attach
 from lcab.records.schema import RunRecord
-from lcab.records.table import print_table
+from lcab.records.table import print_table, records_table
 from lcab.report.build import build_report
 from tests.helpers.synthetic_records import failed, measured, write_sweep
 
@@ -44,14 +44,16 @@ def test_console_shows_each_pass_ratio_and_the_warning(records) -> None:
     console = Console(width=250, record=True)
     print_table(records, out=console)
     text = console.export_text()
-    assert "vs plan fwd/bwd" in text
-    (header,) = [line.split("┃") for line in text.splitlines() if "┃ kernel" in line]
-    at = {name.strip(): i for i, name in enumerate(header)}
-    rows = [line.split("│") for line in text.splitlines() if "│" in line]
-    cells = {(r[at["kernel"]].strip(), r[at["seqlen"]].strip()): r for r in rows}
-    ratio = {key: r[at["vs plan fwd/bwd"]].strip() for key, r in cells.items()}
-    assert ratio["ranges", "1,024"] == "1x/1x" and ratio["ranges", "2,048"] == "0.2x/1x"
-    note = cells["ranges", "2,048"][at["note"]].strip()  # the warning is a numbered note
+    table, _ = records_table(records)
+    cells = {c.header: list(c.cells) for c in table.columns}
+    assert "vs plan\nfwd/bwd" in cells
+    rows = {
+        (k, s): {h: cells[h][i] for h in cells}
+        for i, (k, s) in enumerate(zip(cells["kernel"], cells["seqlen"], strict=True))
+    }
+    ratio = {key: row["vs plan\nfwd/bwd"] for key, row in rows.items()}
+    assert ratio["ranges", "1,024"] == "1x/1x" and ratio["ranges", "2,048"] == "[red]0.2x/1x[/]"
+    note = rows["ranges", "2,048"]["note"].lstrip("\\")  # the warning is a numbered note
     assert note in ("[1]", "[2]")
     notes = [line for line in text.splitlines() if line.startswith(note + " ")]
     assert len(notes) == 1 and notes[0].startswith(f"{note} off the plan: fwd 0.2x")
