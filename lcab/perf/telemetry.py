@@ -7,14 +7,16 @@ slice on a CPU host. This measures it on a pass of about 1 ms (the issue's targe
 it): a float32 matmul sized here to ~1 ms on the device (one thread on a CPU), timed by lcab's
 ``measure`` in rounds without a sampler, with the default one (``ends``: the device read at the
 window's two ends, nothing alive between them) and, for a source read on a thread (NVML), with
-a polling thread every 10 ms and every 1 ms (``bench.telemetry_interval_ms``), each round in a
-shuffled order; the figure is the median over rounds of each round's with / without ratio, so
-a host whose speed drifts between rounds (a shared VM) weighs on both sides of every pair. With
+a polling thread every 10 ms and every 1 ms (``bench.telemetry_interval_ms``), and with the
+peak-memory reading around the timed calls (``memory``: `lcab.bench.memory.PeakMemory`, the
+default ``bench.memory``), each round in a shuffled order; the figure is the median over
+rounds of each round's with / without ratio, so a host whose speed drifts between rounds (a
+shared VM) weighs on both sides of every pair. With
 it comes a 95 % confidence interval of that median (order statistics of the rounds' ratios, no
 assumption on their spread): the target is met when the whole interval lies under 1 %, missed
 when the whole interval lies above, and not shown when it straddles (more rounds, or a quieter
 host, narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions; ``LCAB_PERF_SAMPLERS=ends``
-times that one alone, in half the time). It also times one
+times that one alone, ``=memory`` the memory reading). It also times one
 ``sample()`` of the source and one window's two ends, which lie outside the timed region.
 
 ``LCAB_PERF_TELEMETRY=nvml`` samples NVML (on a CPU host: whatever ``libnvidia-ml.so.1`` the
@@ -30,13 +32,15 @@ import time
 
 import torch
 
+from lcab.bench.memory import PeakMemory
 from lcab.bench.pass_telemetry import device_source
 from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, measure
 
 ROUNDS = int(os.environ.get("LCAB_PERF_ROUNDS", "240"))
 SAMPLERS = [s.strip() for s in os.environ.get("LCAB_PERF_SAMPLERS", "").split(",") if s.strip()]
-"""Which samplers to time beside ``off`` (``ends``, ``10 ms``, ``1 ms``); empty: all."""
+"""Which samplers to time beside ``off`` (``ends``, ``10 ms``, ``1 ms``, ``memory``); empty:
+all."""
 TARGET = 0.01
 PROTOCOL = TimingConfig(warmup=10, reps=50, flush_l2=False)
 
@@ -97,6 +101,7 @@ def run() -> None:
     )
     polled = Sampler(source, 10.0).threaded  # a source read on a thread can also be polled
     labels = ["off", "ends", "10 ms", "1 ms"] if polled else ["off", "ends"]
+    labels.append("memory")
     if SAMPLERS:
         labels = ["off", *(label for label in labels[1:] if label in SAMPLERS)]
     rounds: dict[str, list[float]] = {label: [] for label in labels}
@@ -110,6 +115,8 @@ def run() -> None:
                 if label == "off"
                 else Sampler(source)
                 if label == "ends"
+                else PeakMemory(device)
+                if label == "memory"
                 else Sampler(source, float(label.split()[0]))
             )
             timing = measure(call, PROTOCOL, device=device, watch=watch)
@@ -122,7 +129,7 @@ def run() -> None:
         low, high = (bound - 1 for bound in median_interval(ratios))
         verdict = "met" if high < TARGET else "MISSED" if low >= TARGET else "not shown"
         print(
-            f"sampler {label if label == 'ends' else 'every ' + label:>11}: "
+            f"sampler {label if label in ('ends', 'memory') else 'every ' + label:>11}: "
             f"{statistics.median(rounds[label]):.3f} ms, median of "
             f"the rounds' ratios {cost:+.2%}, 95 % interval {low:+.2%} to {high:+.2%} "
             f"(target < {TARGET:.0%}: {verdict})"
