@@ -13,11 +13,11 @@ counter's resolution) cannot be measured either: the pass keeps it and gets a re
 The share of the peak divides the pass's per-device TFLOP/s by the device's dense peak for its
 dtype at the median SM clock sampled inside the timed window (`lcab.peaks`), at the rated clock
 where no sample fell inside. A share above 1 cannot be measured: the FLOP count or the timer is
-wrong. On a CPU the peak is the host's own best dense matmul rate in
-the dtype on the pass's threads (`lcab.bench.cpu_peak`: no rated figure is known for a CPU),
-and a pass above 1.5 of it is the error. The pass keeps its status and times (they were
-measured) and is flagged (`peak_implausible`, a reason in the record, a mark in the console and
-the report), never silently reported.
+wrong. On a CPU the peak is the host's own best dense matmul rate in the dtype it computes in
+on the pass's threads, never below its nominal FMA rate (`lcab.bench.cpu_peak`: no rated figure
+is known for a CPU), and a pass above 1.5 of it is the error. The pass keeps its status and
+times (they were measured) and is flagged (`peak_implausible`, a reason in the record, a mark in
+the console and the report), never silently reported.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from lcab.bench import cpu_peak
+from lcab.bench import cpu_peak, host_load
 from lcab.bench.telemetry import (
     ENERGY_ROUNDS,
     ENERGY_STEPS,
@@ -208,7 +208,7 @@ def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> Non
 
 
 def fill_cpu_peak(record: RunRecord, pass_name: str) -> None:
-    """The pass's share of its host's measured matmul rate; flag one far above it."""
+    """The pass's share of its host's ceiling; flag one far above it."""
     result = record.pass_result(pass_name)
     if result.tflops is None or result.status != "ok":
         return
@@ -218,12 +218,19 @@ def fill_cpu_peak(record: RunRecord, pass_name: str) -> None:
     result.peak_tflops = ceiling.tflops
     result.peak_share = result.tflops / ceiling.tflops
     result.peak_implausible = result.peak_share > cpu_peak.IMPLAUSIBLE_CPU_SHARE
-    record.peak_basis = f"{cpu_peak.BASIS} ({ceiling.threads} here)"
+    nominal = ceiling.nominal_tflops
+    record.peak_basis = (
+        f"{cpu_peak.BASIS} ({ceiling.threads} here: {ceiling.measured_tflops * 1e3:,.1f} GFLOP/s "
+        f"in {ceiling.dtype}, nominal {'unknown' if nominal is None else f'{nominal * 1e3:,.1f}'})"
+    )
+    load, cores = host_load.snapshot().load_1min, host_load.usable_cores()
+    if load is not None and load > cores:
+        record.peak_basis += f"; host busy (load {load:.1f} on {cores} cores): shares read low"
     if result.peak_implausible:
         record.reasons.append(
             f"{pass_name}: {result.tflops * 1e3:,.1f} GFLOP/s is {result.peak_share:.1f}x this "
-            f"host's best {record.dtype} matmul on {ceiling.threads} thread(s) "
-            f"({ceiling.tflops * 1e3:,.1f}): implausible, the FLOP count or the timer is wrong"
+            f"host's ceiling on {ceiling.threads} thread(s) ({ceiling.tflops * 1e3:,.1f}): "
+            "implausible, the FLOP count or the timer is wrong"
         )
 
 
