@@ -10,12 +10,15 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from functools import partial
 
 import pytest
 
 from lcab.bench import telemetry
+from lcab.bench.pass_telemetry import LengthTelemetry
 from lcab.bench.telemetry import Sampler
 from lcab.bench.telemetry_sources import Sample, WindowBuffer
+from lcab.bench.timing import repeat
 
 
 class Recorder:
@@ -132,3 +135,32 @@ def test_a_hung_source_is_abandoned_and_forgotten_with_it(monkeypatch: pytest.Mo
     with Sampler(Hangs()) as fresh:
         pass
     assert fresh.reading.device_name == "recorder" and not fresh.reading.notes
+
+
+def test_the_energy_window_holds_its_calls_back_to_back_and_nothing_else() -> None:
+    """Its calls are the pass and its before-each hook alone (no L2 flush, no barrier), inside
+    the window's two ends, until the window spans the counter's 10 steps and a quarter."""
+    source = Recorder(reads_block=False)
+    source.energy_step_s = 0.002  # 10 steps and a quarter: 25 ms of 1 ms calls
+    telemetry_ = LengthTelemetry(source, None, None, shared_counter=True)
+    with Sampler(source) as timed:
+        pass
+    ran: list[tuple[str, float]] = []
+
+    def call() -> None:
+        ran.append(("call", time.time()))
+        time.sleep(0.001)
+
+    def before_each() -> None:
+        ran.append(("before", time.time()))
+
+    window = telemetry_.energy_window(
+        timed, 4.0, partial(repeat, call, before_each=before_each, device="cpu"), None
+    )
+    assert window is not None and window.reading.window_s is not None
+    calls = window.reading.calls
+    assert calls is not None and [k for k, _ in ran] == ["before", "call"] * calls
+    # counted at the timed median's 4 ms a call, then topped up at the window's own rate
+    assert window.reading.window_s >= 0.025 and calls > 25 / 4
+    opened, closed = window._t  # the wall clock at the window's two ends
+    assert all(opened < t < closed for _, t in ran)
