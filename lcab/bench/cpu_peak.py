@@ -62,12 +62,6 @@ CALL_S = 0.02
 CALLS = 6
 """Timed calls after a warm-up one; the best is kept (other work only ever slows one)."""
 
-BASIS = (
-    "measured: this host's best dense matmul rate in the dtype computed in (CPU time), "
-    "never below its nominal FMA rate, on the pass's threads"
-)
-"""What a CPU record's ``peak_basis`` says."""
-
 
 @dataclass(frozen=True)
 class CpuCeiling:

@@ -218,14 +218,14 @@ def fill_cpu_peak(record: RunRecord, pass_name: str) -> None:
     result.peak_tflops = ceiling.tflops
     result.peak_share = result.tflops / ceiling.tflops
     result.peak_implausible = result.peak_share > cpu_peak.IMPLAUSIBLE_CPU_SHARE
-    nominal = ceiling.nominal_tflops
+    nominal = "?" if ceiling.nominal_tflops is None else f"{ceiling.nominal_tflops * 1e3:,.1f}"
     record.peak_basis = (
-        f"{cpu_peak.BASIS} ({ceiling.threads} here: {ceiling.measured_tflops * 1e3:,.1f} GFLOP/s "
-        f"in {ceiling.dtype}, nominal {'unknown' if nominal is None else f'{nominal * 1e3:,.1f}'})"
+        f"measured: best {ceiling.dtype} matmul on {ceiling.threads} thread(s), CPU time, "
+        f"{ceiling.measured_tflops * 1e3:,.1f} GFLOP/s; nominal FMA rate {nominal}"
     )
     load, cores = host_load.snapshot().load_1min, host_load.usable_cores()
-    if load is not None and load > cores:
-        record.peak_basis += f"; host busy (load {load:.1f} on {cores} cores): shares read low"
+    if load is not None and load > cores:  # the pass ran slower than the host can
+        record.peak_basis += f"; host busy (load {load:.1f} on {cores} cores)"
     if result.peak_implausible:
         record.reasons.append(
             f"{pass_name}: {result.tflops * 1e3:,.1f} GFLOP/s is {result.peak_share:.1f}x this "

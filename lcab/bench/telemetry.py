@@ -19,9 +19,9 @@ repetitions, untimed calls back to back for `ENERGY_STEPS` of the counter's step
 (1.25 s on NVML, 12.5 ms of RAPL's), with no L2 flush or barrier between them (the timed window
 holds a 256 MiB memset before every repetition: ~80-100 us on an H100, a tenth of a 1 ms pass).
 Each end's read is then off by at most one step in ten. A window shorter than its counter's
-`ENERGY_STEPS` steps leaves the energy empty and says why. At each end the
-energy counter is read next to the window's clock, the last read when it opens and the first
-when it closes, so the other reads and a thread's start and join stay outside the window.
+`ENERGY_STEPS` steps leaves the energy empty and says why. At each end the energy counter is
+read next to the window's clock, the last read when it opens and the first when it closes, so
+the other reads and a thread's start and join stay outside the window.
 
 **Why not a thread.** A second Python thread costs the pass even while it only waits: each torch
 call releases and takes back the GIL, and with another thread alive that handoff is slower — an

@@ -8,16 +8,16 @@ it): a float32 matmul sized here to ~1 ms on the device (one thread on a CPU), t
 ``measure`` in rounds without a sampler, with the default one (``ends``: the device read at the
 window's two ends, nothing alive between them) and, for a source read on a thread (NVML), with
 a polling thread every 10 ms and every 1 ms (``bench.telemetry_interval_ms``), and with the
-peak-memory reading around the timed calls (``memory``: `lcab.bench.memory.PeakMemory`, the
-default ``bench.memory``), each round in a shuffled order; the figure is the median over
-rounds of each round's with / without ratio, so a host whose speed drifts between rounds (a
-shared VM) weighs on both sides of every pair. With
-it comes a 95 % confidence interval of that median (order statistics of the rounds' ratios, no
-assumption on their spread): the target is met when the whole interval lies under 1 %, missed
-when the whole interval lies above, and not shown when it straddles (more rounds, or a quieter
-host, narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions; ``LCAB_PERF_SAMPLERS=ends``
-times that one alone, ``=memory`` the memory reading). It also times one
-``sample()`` of the source and one window's two ends, which lie outside the timed region.
+peak-memory reading around the measured calls as the runner takes it (``memory``:
+`lcab.bench.memory.PeakMemory`, the default ``bench.memory``), each round in a shuffled order;
+the figure is the median over rounds of each round's with / without ratio, so a host whose
+speed drifts between rounds (a shared VM) weighs on both sides of every pair. With it comes a
+95 % confidence interval of that median (order statistics of the rounds' ratios, no assumption
+on their spread): the target is met when the whole interval lies under 1 %, missed when the
+whole interval lies above, and not shown when it straddles (more rounds, or a quieter host,
+narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions; ``LCAB_PERF_SAMPLERS=ends``
+times that one alone, ``=memory`` the memory reading). It also times one ``sample()`` of the
+source and one window's two ends, which lie outside the timed region.
 
 ``LCAB_PERF_TELEMETRY=nvml`` samples NVML (on a CPU host: whatever ``libnvidia-ml.so.1`` the
 loader finds, e.g. the tests' emulated one); the default is the device's own (``auto``).
@@ -29,6 +29,7 @@ import os
 import random
 import statistics
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -112,14 +113,14 @@ def run() -> None:
         for label in shuffled:
             watch = (
                 None
-                if label == "off"
+                if label in ("off", "memory")
                 else Sampler(source)
                 if label == "ends"
-                else PeakMemory(device)
-                if label == "memory"
                 else Sampler(source, float(label.split()[0]))
             )
-            timing = measure(call, PROTOCOL, device=device, watch=watch)
+            # the memory reading wraps the first call, warm-up and repetitions, as the runner's
+            with PeakMemory(device) if label == "memory" else nullcontext():
+                timing = measure(call, PROTOCOL, device=device, watch=watch)
             rounds[label].append(timing.p50)
     base = statistics.median(rounds["off"])
     print(f"pass of {base:.3f} ms (median of {ROUNDS} rounds x {PROTOCOL.reps} reps)")

@@ -284,7 +284,8 @@ class RunRecord:
     """What the telemetry could not read here, and why (one line per cause)."""
     peak_basis: str | None = None
     """What the passes' ``peak_tflops`` is: a GPU's rated peak at the measured clock, or a CPU
-    host's measured matmul rate (`lcab.bench.cpu_peak.BASIS`)."""
+    host's measured matmul rate, never below its nominal one (`lcab.bench.cpu_peak`), and
+    whether the host was busy (its shares then read low)."""
     slurm_job_id: str | None = None
     slurm_nodelist: str | None = None
     """The job's nodes as SLURM writes them (``n[1-2]``); None outside SLURM."""
