@@ -90,7 +90,8 @@ class BenchConfig:
     """Normalised max-error tolerance; None: by dtype (fp64 1e-8, fp32 1e-3, fp16 1e-2,
     bf16 5e-2)."""
     memory: bool = True
-    """Record peak memory (CUDA allocator peak; CPU sampled RSS) during the timed region."""
+    """Record peak memory (CUDA allocator peak; CPU the kernel's RSS high-water mark) of the
+    measured calls."""
     flush_l2: bool = True
     """CUDA: zero a 256 MB buffer before each repetition."""
     timeout_s: float = 1800.0

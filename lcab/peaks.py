@@ -153,8 +153,9 @@ _H200 = (
 _BW = (
     "NVIDIA GB200 NVL72, https://www.nvidia.com/en-us/data-center/gb200-nvl72/, 'Individual "
     "Blackwell GPU Specifications' (GB200 NVL72 / HGX B200 columns, tensor figures with "
-    "sparsity); the same per-GPU figures: NVIDIA Blackwell Architecture Technical Brief, "
-    "https://resources.nvidia.com/en-us-blackwell-architecture (Table 2 in V2.1)"
+    "sparsity); the same tensor figures, FP32 80 (B200) and 90 (GB200): NVIDIA Blackwell "
+    "Architecture Technical Brief, https://resources.nvidia.com/en-us-blackwell-architecture "
+    "(Table 2 in V2.1)"
 )
 _BW_RATE = (
     "8192 dense FP16/BF16 FLOP/clk/SM (16384 FP8): NVIDIA/cudnn-frontend benchmark/"
@@ -279,7 +280,12 @@ KNOWN_GPUS: tuple[GpuModel, ...] = (
         float16=Figure(2250.0, _B200_CLK, f"halved from 4.5 PF*; clock computed, {_BW_RATE}", _BW),
         float8_e4m3fn=Figure(4500.0, _B200_CLK, f"halved from 9 PF*; {_BW_RATE}", _BW),
         float32=Figure(
-            75.0, _clock(75.0, 148, 256), "printed (= 148 × 256 × 1980 MHz)", _BW, CUDA_CORE
+            75.0,
+            _clock(75.0, 148, 256),
+            "uncertain: the GB200 NVL72 page prints 75 (= 148 × 256 × 1980 MHz), kept; the "
+            "technical brief 80, which 148 SMs reach only at 2111 MHz",
+            _BW,
+            CUDA_CORE,
         ),
         tf32=Figure(
             1100.0, _B200_CLK, "halved from 2.2 PF* (rounded: 148 × 4096 × 1856 MHz = 1125)", _BW
@@ -297,7 +303,8 @@ KNOWN_GPUS: tuple[GpuModel, ...] = (
         float32=Figure(
             80.0,
             None,
-            "printed per GPU (an earlier NVL72 page: 6,480 per 72 GPUs = 90)",
+            "uncertain: the GB200 NVL72 page prints 80 per GPU, kept; an earlier NVL72 page "
+            "(6,480 per 72 GPUs) and the technical brief 90",
             _BW,
             CUDA_CORE,
         ),

@@ -17,32 +17,28 @@ What is measured, per device:
   the flush buffer's segment, the inputs, blocks cached by earlier lengths or passes — is not
   in it; cached blocks the region reused cost it nothing, so the delta can be smaller than the
   allocated one.
-* CPU (kind ``"cpu_rss_sampled"``): the resident set size of this whole process, read from
-  ``/proc/self/statm`` (resident pages x page size) once on enter, every ``interval_s`` by a
-  daemon thread, and once on exit; the peak is the largest sample. RSS counts pages touched,
-  not bytes requested (an ``empty`` tensor never written adds almost nothing), and includes
-  whatever the process keeps resident: allocator caching (glibc keeps small freed blocks;
-  large ones are ``mmap``-ed and returned on free), other threads, Python objects, library
-  pages first touched in the region. A peak shorter than the sampling gap can be missed, so the
-  reading is a lower bound on the true peak.
-* CPU without ``/proc`` (kind ``"cpu_maxrss"``): ``resource.getrusage`` ``ru_maxrss``, the
-  process's lifetime high-water mark, sampled the same way. The peak is right only if the
-  region set a new record; the baseline is the earlier record, so the delta is a lower bound
-  (zero when the region stayed under an earlier peak).
-
-The sampler sleeps between samples and a read costs a few microseconds under the GIL. Each
-wake-up still costs the machine roughly 30 µs of CPU (about 3 % of one core at the default
-1 ms), which shows up only when every core is busy; raise ``interval_s`` there.
+* CPU (kind ``"cpu_hwm"``): the kernel's own high-water mark of this process's resident set
+  size. On enter, writing ``5`` to ``/proc/self/clear_refs`` resets it to the current RSS (the
+  baseline, Linux 4.0+, ``proc(5)``); on exit ``VmHWM`` of ``/proc/self/status`` is the peak.
+  Nothing runs beside the region — no thread, no sampling: the kernel notes the peak itself,
+  however short, to the page. RSS counts pages touched, not bytes requested (an ``empty``
+  tensor never written adds almost nothing), and includes whatever the process keeps resident:
+  allocator caching (glibc keeps small freed blocks; large ones are ``mmap``-ed and returned on
+  free), other threads, Python objects, library pages first touched in the region. The mark is
+  the process's: do not nest regions.
+* CPU where the mark cannot be reset (no ``/proc``, or a kernel that refuses it; kind
+  ``"cpu_maxrss"``): ``resource.getrusage`` ``ru_maxrss``, the process's lifetime high-water
+  mark, at the two ends. The peak is right only if the region set a new record; the baseline is
+  the earlier record, so the delta is a lower bound (zero when the region stayed under an
+  earlier peak).
 """
 
 from __future__ import annotations
 
-import os
+import re
 import sys
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -54,9 +50,7 @@ else:
     torch = lazy_module("torch", globals())
 
 
-SAMPLER_THREAD_NAME = "lcab-peak-memory"
-_STATM = "/proc/self/statm"
-_SLEEP_UP_TO_S = 0.01  # intervals up to this sleep plainly; exit may wait one interval
+PROC_SELF = Path("/proc/self")
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,6 @@ class MemoryReading:
     peak_bytes: int
     baseline_bytes: int
     kind: str
-    samples: int
     reserved_bytes: int | None = None
     """CUDA: peak bytes the caching allocator reserved above what it held on enter (under CP
     the largest of any rank); None on CPU."""
@@ -90,27 +83,16 @@ class MemoryReading:
 class PeakMemory:
     """Context manager measuring the peak memory of its body; see the module docstring."""
 
-    def __init__(
-        self, device: torch.device, interval_s: float = 0.001, exclude_bytes: int = 0
-    ) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+    def __init__(self, device: torch.device, exclude_bytes: int = 0) -> None:
         self.device = torch.device(device)
         self.exclude_bytes = exclude_bytes
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"no memory reading for device type {self.device.type!r}")
-        self.interval_s = interval_s
         self._reading: MemoryReading | None = None
         self._active = False
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._read: Callable[[], int] = _maxrss_bytes
-        self._close: Callable[[], None] = _nothing
         self._kind = ""
         self._baseline = 0
         self._reserved_on_enter = 0
-        self._peak = 0
-        self._samples = 0
 
     @property
     def reading(self) -> MemoryReading:
@@ -127,20 +109,9 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._baseline = torch.cuda.memory_allocated(self.device) - self.exclude_bytes
             self._reserved_on_enter = torch.cuda.memory_reserved(self.device)
-            self._active = True
-            return self
-        self._kind, self._read, self._close = _rss_source()
-        try:
-            self._baseline = self._peak = self._read()
-        except BaseException:
-            self._close()
-            raise
-        self._samples = 1
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._sample, args=(self._stop,), name=SAMPLER_THREAD_NAME, daemon=True
-        )
-        self._thread.start()
+        else:
+            self._kind = "cpu_hwm" if reset_high_water_mark() else "cpu_maxrss"
+            self._baseline = _cpu_peak_bytes(self._kind)
         self._active = True
         return self
 
@@ -157,67 +128,29 @@ class PeakMemory:
             peak = torch.cuda.max_memory_allocated(self.device) - self.exclude_bytes
             reserved = torch.cuda.max_memory_reserved(self.device) - self._reserved_on_enter
             self._reading = MemoryReading(
-                peak, self._baseline, "cuda_max_allocated", 1, reserved_bytes=reserved
+                peak, self._baseline, "cuda_max_allocated", reserved_bytes=reserved
             )
             return
-        thread, self._thread = self._thread, None
-        assert thread is not None  # set by __enter__ on CPU
-        self._stop.set()
-        thread.join()  # prompt: within one interval <= 10 ms, or at once via the event
-        try:
-            self._peak = max(self._peak, self._read())
-            self._samples += 1
-        finally:
-            self._close()
-        self._reading = MemoryReading(self._peak, self._baseline, self._kind, self._samples)
-
-    def _sample(self, stop: threading.Event) -> None:
-        """Sampler thread body: never raises; a failed read ends sampling, enter/exit stand.
-
-        Short intervals sleep with ``time.sleep`` (measured a quarter to a third cheaper per
-        wake-up than ``Event.wait``, which allocates a lock each time) and see the stop flag
-        within one interval; long intervals wait on the event so exit stays prompt.
-        """
-        interval = self.interval_s
-        try:
-            if interval <= _SLEEP_UP_TO_S:
-                while not stop.is_set():
-                    time.sleep(interval)
-                    self._take_sample()
-            else:
-                while not stop.wait(interval):
-                    self._take_sample()
-        except Exception:
-            return
-
-    def _take_sample(self) -> None:
-        value = self._read()
-        self._samples += 1
-        if value > self._peak:
-            self._peak = value
+        peak = _cpu_peak_bytes(self._kind)
+        self._reading = MemoryReading(peak, self._baseline, self._kind)
 
 
-def _nothing() -> None:
-    return None
-
-
-def _rss_source() -> tuple[str, Callable[[], int], Callable[[], None]]:
-    """(kind, reader of bytes, closer): statm on a kept-open descriptor, else ru_maxrss."""
+def reset_high_water_mark() -> bool:
+    """Reset the kernel's peak RSS of this process to its current RSS (whether it could)."""
     try:
-        fd = os.open(_STATM, os.O_RDONLY)
+        (PROC_SELF / "clear_refs").write_text("5")
     except OSError:
-        _maxrss_bytes()  # fail on enter, not in the thread, if there is no source at all
-        return "cpu_maxrss", _maxrss_bytes, _nothing
-    page = os.sysconf("SC_PAGE_SIZE")
+        return False
+    return True
 
-    def read() -> int:
-        # statm: "size resident shared text lib data dt", in pages; pread avoids reopening.
-        return int(os.pread(fd, 256, 0).split()[1]) * page
 
-    def close() -> None:
-        os.close(fd)
-
-    return "cpu_rss_sampled", read, close
+def _cpu_peak_bytes(kind: str) -> int:
+    """``VmHWM`` of ``/proc/self/status`` (``cpu_hwm``), else the lifetime ``ru_maxrss``."""
+    if kind == "cpu_hwm":
+        found = re.search(r"^VmHWM:\s+(\d+) kB", (PROC_SELF / "status").read_text(), re.M)
+        if found:
+            return int(found.group(1)) * 1024
+    return _maxrss_bytes()
 
 
 def _maxrss_bytes() -> int:

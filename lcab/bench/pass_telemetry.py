@@ -5,16 +5,19 @@ floats (NaN where a rank read nothing) so every rank makes the same collectives 
 device exposes. Over ranks a clock keeps its lowest and highest reading and the median of the
 ranks' medians; power the mean and the highest rank's mean; energy is the job's: summed over
 ranks when each has its own device, one counter's reading when the ranks share it (a CPU host's
-RAPL counter, or ranks sharing one GPU). Over mask samples: the same, with medians of energy
-and power.
+RAPL counter, or ranks sharing one GPU). Energy and power come from the pass's energy window,
+the clocks from its timed one (`lcab.bench.telemetry`). Over mask samples: the same, with
+medians of energy and power. A mean power above the device's enforced limit (by more than the
+counter's resolution) cannot be measured either: the pass keeps it and gets a reason.
 
 The share of the peak divides the pass's per-device TFLOP/s by the device's dense peak for its
-dtype at the measured median SM clock (`lcab.peaks`). A share above 1 cannot be measured: the
-FLOP count or the timer is wrong. On a CPU the peak is the host's own best dense matmul rate in
-the dtype on the pass's threads (`lcab.bench.cpu_peak`: no rated figure is known for a CPU),
-and a pass above 1.5 of it is the error. The pass keeps its status and times (they were
-measured) and is flagged (`peak_implausible`, a reason in the record, a mark in the console and
-the report), never silently reported.
+dtype at the median SM clock sampled inside the timed window (`lcab.peaks`), at the rated clock
+where no sample fell inside. A share above 1 cannot be measured: the FLOP count or the timer is
+wrong. On a CPU the peak is the host's own best dense matmul rate in the dtype it computes in
+on the pass's threads, never below its nominal FMA rate (`lcab.bench.cpu_peak`: no rated figure
+is known for a CPU), and a pass above 1.5 of it is the error. The pass keeps its status and
+times (they were measured) and is flagged (`peak_implausible`, a reason in the record, a mark in
+the console and the report), never silently reported.
 """
 
 from __future__ import annotations
@@ -22,16 +25,25 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from lcab.bench import cpu_peak
-from lcab.bench.telemetry import Sampler, TelemetryReading
+from lcab.bench import cpu_peak, host_load
+from lcab.bench.telemetry import (
+    ENERGY_ROUNDS,
+    ENERGY_STEPS,
+    Sampler,
+    TelemetryReading,
+    energy_calls,
+)
 from lcab.bench.telemetry_sources import HostSource, NvmlSource, Source
 from lcab.peaks import is_implausible, lookup, peak_tflops, share_of_peak
 from lcab.records.schema import PassResult, RunRecord
 
 NAN = float("nan")
+COLUMNS = 11
+"""The figures of `rank_vector`."""
 
 
 @dataclass(frozen=True)
@@ -47,31 +59,51 @@ class PassTelemetry:
     """One call's energy, the job's devices together."""
     temperature_c: float | None = None
     event_bits: int = 0
+    clock_samples: int | None = None
+    """Clock samples inside the timed window, the fewest of any rank's."""
+    energy_window_s: float | None = None
+    """The energy window's length, the longest of any rank's."""
+    energy_calls: int | None = None
+    power_over_limit: float | None = None
+    """The highest of any rank's mean power over its device's enforced limit."""
 
 
-def rank_vector(reading: TelemetryReading | None, calls: int) -> list[float]:
-    """One rank's figures as floats for a gather (NaN: not read)."""
+def _float(value: float | None) -> float:
+    return NAN if value is None else value
+
+
+def rank_vector(reading: TelemetryReading | None, energy: TelemetryReading | None) -> list[float]:
+    """One rank's figures as floats for a gather (NaN: not read).
+
+    Clocks, temperature and events are the timed window's; energy per call and power the energy
+    window's.
+    """
     if reading is None:
-        return [NAN] * 8
+        return [NAN] * COLUMNS
     clocks = reading.clocks() or (NAN, NAN, NAN)
     mem = reading.clocks("mem_clock_mhz")
-    power = reading.power_w()
-    temperature = reading.temperature_c()
-    bits = reading.event_bits()
-    energy = reading.energy_j / calls if reading.energy_j is not None and calls else NAN
+    power = (energy or reading).power_w()
+    joules = None if energy is None else energy.window_energy_j()
+    per_call = (
+        None if joules is None or energy is None or not energy.calls else joules / energy.calls
+    )
+    limit = reading.power_limit_w
     return [
         *clocks,
         mem[1] if mem else NAN,
-        NAN if power is None else power,
-        energy,
-        NAN if temperature is None else temperature,
-        float(bits),
+        _float(power),
+        _float(per_call),
+        _float(reading.temperature_c()),
+        float(reading.event_bits()),
+        float(len(reading.inside())),
+        _float(None if energy is None else energy.window_s),
+        power / limit if power is not None and limit else NAN,
     ]
 
 
 def over_ranks(vectors: Sequence[Sequence[float]], shared_counter: bool) -> PassTelemetry:
     """Combine every rank's `rank_vector` (module docstring)."""
-    columns = list(zip(*vectors, strict=True)) if vectors else [()] * 8
+    columns = list(zip(*vectors, strict=True)) if vectors else [()] * COLUMNS
 
     def read(i: int) -> list[float]:
         return [v for v in columns[i] if not math.isnan(v)]
@@ -96,6 +128,9 @@ def over_ranks(vectors: Sequence[Sequence[float]], shared_counter: bool) -> Pass
         energy_j=job_energy,
         temperature_c=max(temperature) if temperature else None,
         event_bits=bits,
+        clock_samples=int(min(read(8))) if read(8) else None,
+        energy_window_s=max(read(9)) if read(9) else None,
+        power_over_limit=max(read(10)) if read(10) else None,
     )
 
 
@@ -131,6 +166,13 @@ def fill_telemetry(
     for s in samples:
         bits |= s.event_bits
     result.clock_events = event_names(bits) if bits else None
+    counts = [s.clock_samples for s in samples if s.clock_samples is not None]
+    if counts:
+        result.clock_samples = min(counts)
+        result.clock_source = "inside the window" if result.clock_samples else "the window's ends"
+    result.energy_window_s = _median([s.energy_window_s for s in samples])
+    calls = _median([s.energy_calls for s in samples])
+    result.energy_calls = None if calls is None else round(calls)
 
 
 def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> None:
@@ -143,7 +185,7 @@ def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> Non
         return
     if record.shared_device:  # ranks shared a GPU: the times, so the rate, measure nothing
         return
-    clock = result.clock_mhz_median
+    clock = result.clock_mhz_median if result.clock_samples else None  # none inside: idle ends
     if clock is not None and not (math.isfinite(clock) and clock > 0):
         clock = None  # a reading of 0 or NaN: the rated peak, unscaled
     peak = peak_tflops(device_name, record.dtype, clock)
@@ -152,7 +194,10 @@ def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> Non
     result.peak_tflops = peak.tflops
     result.peak_share = share_of_peak(result.tflops, peak)
     result.peak_implausible = is_implausible(result.peak_share)
-    record.peak_basis = f"rated: {peak.gpu} {peak.dtype} {peak.unit}, scaled to the measured clock"
+    how = "scaled to the measured clock" if peak.scaled else "at its rated clock: "
+    if not peak.scaled:
+        how += peak.note or "no clock sample fell inside the timed window"
+    record.peak_basis = f"rated: {peak.gpu} {peak.dtype} {peak.unit}, {how}"
     if result.peak_implausible:
         at = f"{peak.clock_mhz:,.0f} MHz" if peak.clock_mhz else "its rated clock"
         record.reasons.append(
@@ -163,7 +208,7 @@ def fill_peak(record: RunRecord, pass_name: str, device_name: str | None) -> Non
 
 
 def fill_cpu_peak(record: RunRecord, pass_name: str) -> None:
-    """The pass's share of its host's measured matmul rate; flag one far above it."""
+    """The pass's share of its host's ceiling; flag one far above it."""
     result = record.pass_result(pass_name)
     if result.tflops is None or result.status != "ok":
         return
@@ -173,12 +218,19 @@ def fill_cpu_peak(record: RunRecord, pass_name: str) -> None:
     result.peak_tflops = ceiling.tflops
     result.peak_share = result.tflops / ceiling.tflops
     result.peak_implausible = result.peak_share > cpu_peak.IMPLAUSIBLE_CPU_SHARE
-    record.peak_basis = f"{cpu_peak.BASIS} ({ceiling.threads} here)"
+    nominal = "?" if ceiling.nominal_tflops is None else f"{ceiling.nominal_tflops * 1e3:,.1f}"
+    record.peak_basis = (
+        f"measured: best {ceiling.dtype} matmul on {ceiling.threads} thread(s), CPU time, "
+        f"{ceiling.measured_tflops * 1e3:,.1f} GFLOP/s; nominal FMA rate {nominal}"
+    )
+    load, cores = host_load.snapshot().load_1min, host_load.usable_cores()
+    if load is not None and load > cores:  # the pass ran slower than the host can
+        record.peak_basis += f"; host busy (load {load:.1f} on {cores} cores)"
     if result.peak_implausible:
         record.reasons.append(
             f"{pass_name}: {result.tflops * 1e3:,.1f} GFLOP/s is {result.peak_share:.1f}x this "
-            f"host's best {record.dtype} matmul on {ceiling.threads} thread(s) "
-            f"({ceiling.tflops * 1e3:,.1f}): implausible, the FLOP count or the timer is wrong"
+            f"host's ceiling on {ceiling.threads} thread(s) ({ceiling.tflops * 1e3:,.1f}): "
+            "implausible, the FLOP count or the timer is wrong"
         )
 
 
@@ -229,18 +281,59 @@ class LengthTelemetry:
         """A sampler for the next pass's repetitions (None when telemetry is off)."""
         return None if self.source is None else Sampler(self.source, self.interval_ms)
 
-    def after(self, sampler: Sampler | None, calls: int) -> PassTelemetry:
+    def energy_window(
+        self,
+        timed: Sampler | None,
+        per_call_ms: float,
+        run: Callable[[int], None],
+        agree: Callable[[list[float]], list[float]] | None,
+    ) -> Sampler | None:
+        """The pass's energy window: rounds of ``run(calls)`` until it is long enough.
+
+        Every rank calls it and runs rank 0's counts (``agree``): none where rank 0's device has
+        no energy counter (`lcab.bench.telemetry`).
+        """
+        if self.source is None:
+            return None
+        counter = timed is not None and timed.reading.energy_j is not None
+        calls = energy_calls(self.source, per_call_ms) if counter else 0
+        share = agree or (lambda values: values)
+        calls = int(share([float(calls)])[0])
+        if not calls:
+            return None
+        window, done = Sampler(self.source), 0
+        with window:
+            start = time.perf_counter()
+            for _ in range(ENERGY_ROUNDS):
+                run(calls)
+                done += calls
+                spent_ms = (time.perf_counter() - start) * 1e3
+                calls = int(share([float(energy_calls(self.source, spent_ms / done, spent_ms))])[0])
+                if not calls:
+                    break
+        window.reading.calls = done
+        return window
+
+    def after(self, sampler: Sampler | None, energy: Sampler | None = None) -> PassTelemetry:
         """The pass's figures over every rank (every rank calls this: it gathers)."""
         reading = None if sampler is None else sampler.reading
-        if reading is not None:
-            self.device_name = self.device_name or reading.device_name
-            self.notes += [n for n in reading.notes if n not in self.notes]
-        mine = rank_vector(reading, calls)
+        window = None if energy is None else energy.reading
+        for read in (reading, window):
+            if read is not None:
+                self.device_name = self.device_name or read.device_name
+                self.notes += [n for n in read.notes if n not in self.notes]
+        if window is not None and window.energy_j is not None and window.window_energy_j() is None:
+            note = (
+                f"energy left empty: a window under the {window.energy_min_s:g} s its counter needs"
+            )
+            self.notes += [note] if note not in self.notes else []
+        mine = rank_vector(reading, window)
         vectors = [mine]
         if self.gather is not None:
             columns = [self.gather(value) for value in mine]
             vectors = [list(v) for v in zip(*columns, strict=True)]
-        return over_ranks(vectors, self.shared_counter or self.source is None)
+        combined = over_ranks(vectors, self.shared_counter or self.source is None)
+        return replace(combined, energy_calls=None if window is None else window.calls)
 
     def fill(self, record: RunRecord, pass_name: str, samples: Sequence[PassTelemetry]) -> None:
         """The pass's record fields; the record's source, device and notes."""
@@ -250,6 +343,12 @@ class LengthTelemetry:
         record.telemetry_device = self.device_name
         record.telemetry_note = "; ".join(self.notes) or None
         fill_telemetry(record.pass_result(pass_name), samples, record.seqlen, self._names)
+        over = [s.power_over_limit for s in samples if s.power_over_limit is not None]
+        if over and max(over) > 1 + 1 / ENERGY_STEPS:  # beyond the counter's resolution
+            record.reasons.append(
+                f"{pass_name}: mean power {max(over):.2f}x the device's enforced power limit: "
+                "implausible, the energy counter or its window is wrong"
+            )
         fill_peak(record, pass_name, self.device_name or _cuda_name(record))
 
     def _names(self, bits: int) -> list[str]:

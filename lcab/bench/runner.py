@@ -19,6 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from lcab.bench import host_load
@@ -39,7 +40,14 @@ from lcab.bench.results import (
     summarise,
 )
 from lcab.bench.targets import Target
-from lcab.bench.timing import Timing, TimingConfig, l2_flush_buffer, measure, quantiles
+from lcab.bench.timing import (
+    Timing,
+    TimingConfig,
+    l2_flush_buffer,
+    measure,
+    quantiles,
+    repeat,
+)
 from lcab.cell import Cell
 from lcab.flops import as_pass, attention_flops, dense_flops
 from lcab.kernels import KERNELS, PreparedAttention, Problem
@@ -250,7 +258,13 @@ class _LengthRun:
             del flush
             telemetry = None
             if self.telemetry.source is not None:  # every rank has one, or none has
-                telemetry = self.telemetry.after(sampler, len(timing.times_ms))
+                energy = self.telemetry.energy_window(
+                    sampler,
+                    timing.q(0.5),
+                    partial(repeat, fn, before_each=before_each, device=problem.torch_device),
+                    target.share if target.world > 1 else None,
+                )
+                telemetry = self.telemetry.after(sampler, energy)
             reading = memory.reading if isinstance(memory, PeakMemory) else None
             if reading is not None and target.world > 1:
                 reading = target.largest_reading(reading)

@@ -1,18 +1,27 @@
-"""Clocks, power and energy over each pass's timed repetitions, read beside them.
+"""Clocks, power and energy of each pass, read beside its timed repetitions and after them.
 
 **Never inside the timed region, and by default nothing beside it.** The sampler is entered
 just before the first repetition and left after the last has finished on the device (the timing
-protocol synchronises there), and it reads the device at those two ends: the energy counter
-(its difference is the window's energy), the clocks, power, temperature and clock-event
-reasons, and what the device kept by itself in between (`Source.since`): on a GPU the driver's
-own sample buffer of SM clock, memory clock and power (``nvmlDeviceGetSamples``) and its
-violation counters, the time spent held down by the power cap or the temperature
-(``nvmlDeviceGetViolationStatus``), so a throttle in the middle of the window is seen though no
-read happened there. The window holds exactly the timed calls plus what the protocol runs
-between them outside each rep's clock (CUDA: the 256 MiB L2-flush memset before every rep;
-under CP: the barrier); energy per pass is the window's energy over its repetitions, so the
-memsets are charged to the pass — a few microseconds of a 3 TB/s device per rep, stated here
-rather than hidden.
+protocol synchronises there), and it reads the device at those two ends: the clocks, power,
+temperature and clock-event reasons, and what the device kept by itself in between
+(`Source.since`): on a GPU the driver's own sample buffer of SM clock, memory clock and power
+(``nvmlDeviceGetSamples``) and its violation counters, the time spent held down by the power cap
+or the temperature (``nvmlDeviceGetViolationStatus``), so a throttle in the middle of the window
+is seen though no read happened there. A window's clock is the median of the samples stamped
+inside it (the buffer's, clipped to the window's two ends, or a polling thread's); where none
+fell inside (a window shorter than the driver's sampling period) it is the two end reads', of a
+device idle on either side, and the record says so (``clock_samples`` 0, ``clock_source``).
+
+**Energy needs a window its counter can resolve.** NVML's energy counter advances only every
+20-100 ms (`Source.energy_step_s`), so the timed window of a few 1 ms calls reads 0 J or one
+whole step. A pass's energy comes from a window of its own (`energy_calls`): after the timed
+repetitions, untimed calls back to back for `ENERGY_STEPS` of the counter's steps and a margin
+(1.25 s on NVML, 12.5 ms of RAPL's), with no L2 flush or barrier between them (the timed window
+holds a 256 MiB memset before every repetition: ~80-100 us on an H100, a tenth of a 1 ms pass).
+Each end's read is then off by at most one step in ten. A window shorter than its counter's
+`ENERGY_STEPS` steps leaves the energy empty and says why. At each end the energy counter is
+read next to the window's clock, the last read when it opens and the first when it closes, so
+the other reads and a thread's start and join stay outside the window.
 
 **Why not a thread.** A second Python thread costs the pass even while it only waits: each torch
 call releases and takes back the GIL, and with another thread alive that handoff is slower — an
@@ -31,11 +40,13 @@ thread is a daemon) and every later pass says so.
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 
 from lcab.bench.telemetry_sources import Sample, Source, TelemetryUnavailableError
@@ -43,29 +54,65 @@ from lcab.bench.telemetry_sources import Sample, Source, TelemetryUnavailableErr
 WAIT_S = 2.0
 """How long the caller waits for the thread to open the source and to take its last reading."""
 
-_ABANDONED: dict[int, str] = {}
-"""Sources (by id) whose thread did not answer: never sampled again in this process."""
+ENERGY_STEPS = 10
+"""An energy window spans at least this many steps of its counter (module docstring)."""
+
+ENERGY_MARGIN = 1.25
+"""The energy window runs calls for this much more than its minimum length."""
+
+ENERGY_ROUNDS = 4
+"""At most this many rounds of calls fill an energy window (`energy_calls`)."""
+
+_ABANDONED: weakref.WeakKeyDictionary[Source, str] = weakref.WeakKeyDictionary()
+"""Sources whose thread did not answer: never sampled again in this process (held weakly, so a
+new source is never taken for a dead one, as an ``id`` reused by Python would be)."""
+
+
+def energy_calls(source: Source, per_call_ms: float, spent_ms: float = 0.0) -> int:
+    """How many more calls of ``per_call_ms`` fill an energy window ``spent_ms`` along.
+
+    The first round is counted at the timed median, the next ones at the rate the window's own
+    calls ran (a host whose load fell since the timed calls runs them faster).
+    """
+    left_ms = ENERGY_MARGIN * ENERGY_STEPS * source.energy_step_s * 1e3 - spent_ms
+    return max(0, math.ceil(left_ms / max(per_call_ms, 1e-3)))
 
 
 @dataclass
 class TelemetryReading:
-    """What one window of timed repetitions read; None where the source did not say."""
+    """What one window read; None where the source did not say."""
 
     source: str
     device_name: str | None = None
     window_s: float | None = None
     energy_j: float | None = None
-    """Energy of the whole window (all repetitions)."""
+    """The energy counter's difference over the window (see `window_energy_j`)."""
+    energy_min_s: float = 0.0
+    """The shortest window whose counter difference is its energy (`ENERGY_STEPS` steps)."""
+    calls: int | None = None
+    """The calls the window holds (an energy window's)."""
+    power_limit_w: float | None = None
+    """The power limit the device enforced."""
     samples: list[Sample] = field(default_factory=list)
+    """The window's end reads and the samples taken inside it, ``t_s`` from its opening."""
     buffer_event_bits: int = 0
     """Events the source counted by itself over the window (`WindowBuffer.event_bits`)."""
     events: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """Why something is missing (one line each)."""
 
+    def inside(self, attr: str = "clock_mhz") -> list[float]:
+        """``attr`` of the samples stamped inside the window (not its end reads)."""
+        end = self.window_s or 0.0
+        return [v for s in self.samples if 0 < s.t_s < end and (v := getattr(s, attr)) is not None]
+
+    def _values(self, attr: str) -> list[float]:
+        """``attr`` inside the window, else at its two ends."""
+        return self.inside(attr) or [v for s in self.samples if (v := getattr(s, attr)) is not None]
+
     def clocks(self, attr: str = "clock_mhz") -> tuple[float, float, float] | None:
-        """(min, median, max) of a clock over the samples."""
-        values = [v for s in self.samples if (v := getattr(s, attr)) is not None]
+        """(min, median, max) of a clock inside the window, else at its two ends."""
+        values = self._values(attr)
         if not values:
             return None
         return min(values), statistics.median(values), max(values)
@@ -77,11 +124,18 @@ class TelemetryReading:
             bits |= s.events
         return bits
 
+    def window_energy_j(self) -> float | None:
+        """The window's energy, where it is long enough for its counter (`energy_min_s`)."""
+        if self.energy_j is None or (self.window_s or 0.0) < self.energy_min_s:
+            return None
+        return self.energy_j
+
     def power_w(self) -> float | None:
-        """Mean power: the energy over the window where the counter exists, else the samples'."""
-        if self.energy_j is not None and self.window_s:
-            return self.energy_j / self.window_s
-        values = [s.power_w for s in self.samples if s.power_w is not None]
+        """Mean power: the window's energy over its length where it has one, else the samples'."""
+        energy = self.window_energy_j()
+        if energy is not None and self.window_s:
+            return energy / self.window_s
+        values = self._values("power_w")
         return statistics.fmean(values) if values else None
 
     def temperature_c(self) -> float | None:
@@ -96,7 +150,9 @@ class Sampler:
     def __init__(self, source: Source, interval_ms: float | None = None) -> None:
         self.source = source
         self.interval_s = None if interval_ms is None else interval_ms / 1e3
-        self.reading = TelemetryReading(source=source.kind)
+        self.reading = TelemetryReading(
+            source=source.kind, energy_min_s=ENERGY_STEPS * source.energy_step_s
+        )
         self._ready, self._stop, self._done = (
             threading.Event(),
             threading.Event(),
@@ -104,6 +160,7 @@ class Sampler:
         )
         self._energy: list[float | None] = [None, None]
         self._t: list[float] = [0.0, 0.0]
+        """The wall clock (``time.time``, as the driver stamps its samples) at the two ends."""
         self._mark: object = None
         blocks = bool(getattr(source, "reads_block", True))
         self.mode = "in place" if not blocks else "ends" if interval_ms is None else "thread"
@@ -117,7 +174,7 @@ class Sampler:
         return self.mode == "thread"
 
     def __enter__(self) -> Sampler:
-        abandoned = _ABANDONED.get(id(self.source))
+        abandoned = _ABANDONED.get(self.source)
         if abandoned is not None:
             self.reading.notes.append(abandoned)
             self._done.set()
@@ -149,20 +206,22 @@ class Sampler:
                 f"telemetry off: a {self.source.kind} read did not return within {WAIT_S:g} s"
             )
             return
+        reading, (opened, closed) = self.reading, self._t
         start, end = self._energy
         if start is not None and end is not None:
-            self.reading.energy_j = end - start
-        if self._t[1] > self._t[0]:
-            self.reading.window_s = self._t[1] - self._t[0]
-        bits = self.reading.event_bits()
+            reading.energy_j = end - start
+        if closed > opened:
+            reading.window_s = closed - opened
+        reading.samples = [replace(s, t_s=s.t_s - opened) for s in reading.samples]
+        bits = reading.event_bits()
         if bits:
             try:
-                self.reading.events = self.source.event_names(bits)
+                reading.events = self.source.event_names(bits)
             except Exception as err:
-                self.reading.notes.append(f"clock-event names: {err}")
+                reading.notes.append(f"clock-event names: {err}")
 
     def _abandon(self, note: str) -> None:
-        _ABANDONED[id(self.source)] = note + " (earlier in this process)"
+        _ABANDONED[self.source] = note + " (earlier in this process)"
         self.reading.notes.append(note)
         self._done.set()  # the thread, if it ever returns, writes into a reading no one reads
 
@@ -187,26 +246,26 @@ class Sampler:
         return True
 
     def _open_window(self) -> None:
-        if self._begin():
-            self._read_sample()
-            self._mark = self.source.mark()
-        else:
+        if not self._begin():
             self._done.set()
 
     def _close_window(self) -> None:
+        self._end()
         self._read_sample()
         self._take_buffer()
-        self._end()
         self._done.set()
 
     def _begin(self) -> bool:
-        """Open the source and take the window's first readings (False: a note says why not)."""
+        """Open the source, read it, then open the window (False: a note says why not)."""
         reading = self.reading
         try:
             self.source.open()
             reading.device_name = self.source.device_name()
-            self._energy[0] = self.source.energy_j()
-            self._t[0] = time.perf_counter()
+            reading.power_limit_w = self.source.power_limit_w()
+            self._read_sample()
+            self._mark = self.source.mark()
+            self._t[0] = time.time()
+            self._energy[0] = self.source.energy_j()  # the last read: the window opens here
         except TelemetryUnavailableError as err:
             reading.notes.append(str(err))
             return False
@@ -216,38 +275,37 @@ class Sampler:
         return True
 
     def _read_sample(self) -> None:
-        self.reading.samples.append(self.source.sample(time.perf_counter() - self._t[0]))
+        self.reading.samples.append(self.source.sample(time.time()))
 
     def _take_buffer(self) -> None:
-        """What the source kept by itself since the window opened: samples, throttles, notes."""
-        kept = self.source.since(self._mark)
-        self.reading.samples += kept.samples
+        """What the source kept by itself inside the window: samples, throttles, notes."""
+        kept, (opened, closed) = self.source.since(self._mark), self._t
+        self.reading.samples += [s for s in kept.samples if opened < s.t_s < closed]
         self.reading.buffer_event_bits |= kept.event_bits
         self.reading.notes += [n for n in kept.notes if n not in self.reading.notes]
 
     def _end(self) -> None:
-        """The window's last readings: the energy counter, the time, the source's note."""
+        """Close the window: the energy counter first, the time, the source's note."""
         self._energy[1] = self.source.energy_j()
-        self._t[1] = time.perf_counter()
+        self._t[1] = time.time()
         note = self.source.energy_note()
         if note is not None:
             self.reading.notes.append(note)
 
     def _run(self) -> None:
-        """The polling thread: first readings, a sample every interval until stopped, last."""
+        """The polling thread: the window's opening, a sample every interval, its close."""
         if not self._begin():
             self._ready.set()
             self._done.set()
             return
         self._ready.set()
         try:
-            self._mark = self.source.mark()
             while True:
                 self._read_sample()
                 if self._stop.wait(self.interval_s):
                     break
-            self._take_buffer()
             self._end()
+            self._take_buffer()
         except Exception as err:
             self.reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
         finally:

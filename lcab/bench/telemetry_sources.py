@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +29,11 @@ class TelemetryUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading of the device, ``t_s`` seconds after the sampled window opened."""
+    """One reading of the device at ``t_s``.
+
+    From a source ``t_s`` is the wall clock (``time.time()``); in a `TelemetryReading` the
+    seconds since its window opened (negative: read before it).
+    """
 
     t_s: float
     clock_mhz: float | None
@@ -67,6 +70,9 @@ class Source(Protocol):
     """Whether a read can block (a driver call that may hang): such a source is read on the
     sampler's thread; one that cannot is read in place at the window's two ends
     (`lcab.bench.telemetry`)."""
+    energy_step_s: float
+    """How often the energy counter advances: a window must span many steps (`lcab.bench.
+    telemetry.ENERGY_STEPS`) for its difference to be the window's energy."""
 
     def open(self) -> None:
         """Get ready (load the library, find the device); raise `TelemetryUnavailableError`."""
@@ -79,6 +85,9 @@ class Source(Protocol):
 
     def energy_note(self) -> str | None:
         """Why `energy_j` is None (None when it is not)."""
+
+    def power_limit_w(self) -> float | None:
+        """The power limit the device enforces (None: none known)."""
 
     def sample(self, t_s: float) -> Sample:
         """The device's clocks, power and temperature now."""
@@ -107,7 +116,6 @@ so a window's events travel with the reasons' as one integer, exact in a float64
 
 @dataclass(frozen=True)
 class _NvmlMark:
-    wall_us: int
     newest_us: dict[int, int]
     violations_ns: dict[int, int]
 
@@ -117,6 +125,9 @@ class NvmlSource(Source):
 
     kind = "nvml"
     reads_block = True
+    energy_step_s = 0.1
+    """The driver's energy counter advances every 20-100 ms (PETSc's PetscLogGpuEnergyMeter
+    notes; Zeus v0.6.1: a window shorter than that reads 0 J): the longest is taken."""
 
     def __init__(self, index: int, uuid: str | None = None) -> None:
         self.index, self.uuid = index, uuid
@@ -184,6 +195,13 @@ class NvmlSource(Source):
         return self._energy_note
 
     @override
+    def power_limit_w(self) -> float | None:
+        try:
+            return float(self._nvml.nvmlDeviceGetEnforcedPowerLimit(self._handle)) / 1e3
+        except self._nvml.NVMLError:  # a board without power management
+            return None
+
+    @override
     def sample(self, t_s: float) -> Sample:
         nvml, handle = self._nvml, self._handle
         return Sample(
@@ -201,7 +219,7 @@ class NvmlSource(Source):
 
     @override
     def mark(self) -> object:
-        """The newest stamp of each buffered type, the violation counters, the wall clock.
+        """The newest stamp of each buffered type and the violation counters.
 
         The first window reads the driver's whole buffer once to learn its newest stamp; later
         ones ask only for what came after the previous window's last sample.
@@ -210,7 +228,7 @@ class NvmlSource(Source):
             self._newest_us = dict.fromkeys((kind for _, kind, _ in _BUFFERED), 0)
         for kind in list(self._newest_us):
             self._driver_samples(kind)
-        return _NvmlMark(time.time_ns() // 1000, dict(self._newest_us), self._violations())
+        return _NvmlMark(dict(self._newest_us), self._violations())
 
     @override
     def since(self, mark: object) -> WindowBuffer:
@@ -220,8 +238,8 @@ class NvmlSource(Source):
             if kind not in self._newest_us:
                 continue
             for stamp_us, value in self._driver_samples(kind):
-                # NVML stamps its samples in CPU microseconds; t_s assumes the realtime clock
-                t_s = (stamp_us - mark.wall_us) / 1e6
+                # NVML stamps its samples in CPU microseconds: taken as the realtime clock's
+                t_s = stamp_us / 1e6
                 read: dict[str, float | None] = dict.fromkeys(("clock_mhz", "mem_clock_mhz"))
                 read["power_w"] = None
                 read[attr] = value * scale
@@ -275,6 +293,8 @@ class HostSource(Source):
 
     kind = "host"
     reads_block = False
+    energy_step_s = 0.001
+    """RAPL's energy status counters advance about every millisecond (Intel SDM, vol. 3B)."""
 
     def __init__(self, root: Path = Path("/"), cores: set[int] | None = None) -> None:
         self.root = root
@@ -336,6 +356,10 @@ class HostSource(Source):
     @override
     def energy_note(self) -> str | None:
         return self._energy_note
+
+    @override
+    def power_limit_w(self) -> float | None:
+        return None
 
     @override
     def sample(self, t_s: float) -> Sample:

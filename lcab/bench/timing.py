@@ -312,6 +312,24 @@ def _timed_reps_cuda(
     return [float(s.elapsed_time(e)) for s, e in zip(starts, ends, strict=True)]
 
 
+def repeat(
+    fn: Callable[[], object],
+    calls: int,
+    before_each: Callable[[], None] | None,
+    device: torch.device,
+) -> None:
+    """``calls`` untimed calls back to back, finished on the device: an energy window.
+
+    No L2 flush nor barrier runs between them (`lcab.bench.telemetry`).
+    """
+    for _ in range(calls):
+        if before_each is not None:
+            before_each()
+        fn()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     """The buffer zeroed before each CUDA rep (make it outside a memory-measured region)."""
     return torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)

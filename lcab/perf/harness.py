@@ -2,8 +2,9 @@
 
 Targets: timing an empty function costs < 50 µs per repetition (wall time of ``measure`` / reps
 and the recorded median); the median of a ~10 ms CPU workload agrees with
-``torch.utils.benchmark.Timer.blocked_autorange`` within 5 %; ``PeakMemory`` sampling does not
-noticeably slow the timed code, and sees a ~200 MB allocation.
+``torch.utils.benchmark.Timer.blocked_autorange`` within 5 %; ``PeakMemory`` sees a ~200 MB
+allocation, held or freed inside its region (what it costs the timed calls: ``python -m
+lcab.perf telemetry``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from torch.utils import benchmark
 
 from lcab.bench.memory import PeakMemory
-from lcab.bench.timing import Timing, TimingConfig, measure, quantiles
+from lcab.bench.timing import TimingConfig, measure
 from lcab.kernels.tiled.workers import intra_op_threads
 
 CPU = torch.device("cpu")
@@ -42,10 +43,6 @@ def _matmul(n: int) -> Callable[[], torch.Tensor]:
     return lambda: a @ b
 
 
-def _python_loop(count: int) -> Callable[[], int]:
-    return lambda: sum(range(count))
-
-
 def sized_matmul(target_ms: float = TARGET_MS) -> tuple[Callable[[], torch.Tensor], int]:
     """A float32 square matmul sized at run time to take about ``target_ms`` here, and its n."""
     n = 256
@@ -53,15 +50,6 @@ def sized_matmul(target_ms: float = TARGET_MS) -> tuple[Callable[[], torch.Tenso
         ms = measure(_matmul(n), TimingConfig(warmup=2, reps=7), device=CPU).p50
         n = max(64, round(n * (target_ms / ms) ** (1 / 3)))
     return _matmul(n), n
-
-
-def sized_python(target_ms: float = TARGET_MS) -> Callable[[], int]:
-    """A pure-Python loop (holds the GIL throughout) sized to take about ``target_ms``."""
-    count = 100_000
-    for _ in range(3):
-        ms = measure(_python_loop(count), TimingConfig(warmup=2, reps=7), device=CPU).p50
-        count = max(1000, round(count * target_ms / ms))
-    return _python_loop(count)
 
 
 def timer_times_ms(fn: Callable[[], object], min_run_time: float) -> list[float]:
@@ -88,32 +76,11 @@ def agreement(fn: Callable[[], object], rounds: int = 30) -> tuple[list[float], 
     return ours, theirs
 
 
-def sampler_effect(fn: Callable[[], object], rounds: int = 30) -> tuple[Timing, Timing, int]:
-    """(pooled timing without, with PeakMemory active, samples taken), rounds alternating."""
-    config = TimingConfig(warmup=1, reps=10)
-    without: list[float] = []
-    with_: list[float] = []
-    samples = 0
-    for i in range(rounds):
-        for active in (False, True) if i % 2 == 0 else (True, False):
-            if not active:
-                without.extend(measure(fn, config, device=CPU).times_ms)
-                continue
-            with PeakMemory(CPU) as peak:
-                with_.extend(measure(fn, config, device=CPU).times_ms)
-            samples += peak.reading.samples
-    return _pooled(without), _pooled(with_), samples
-
-
-def _pooled(times: list[float]) -> Timing:
-    return Timing(tuple(times), quantiles(times, (0.2, 0.5)), warmup=0, clock="perf_counter")
-
-
-def rss_delta_mb(hold: bool) -> tuple[float, int]:
-    """(reported RSS delta MB, samples) for a region that allocates and fills 200 MB.
+def rss_delta_mb(hold: bool) -> float:
+    """The reported RSS delta (MB) of a region that allocates and fills 200 MB.
 
     ``hold``: the tensor lives until after the region; otherwise it is summed and freed inside,
-    so only the sampler thread (not the exit sample) can see it.
+    so only the kernel's high-water mark (not the RSS at the exit) can see it.
     """
     keep = None
     with PeakMemory(CPU) as peak:
@@ -124,7 +91,7 @@ def rss_delta_mb(hold: bool) -> tuple[float, int]:
             keep = x
         del x
     del keep
-    return peak.reading.delta_bytes / 1e6, peak.reading.samples
+    return peak.reading.delta_bytes / 1e6
 
 
 def run() -> None:
@@ -154,17 +121,7 @@ def _workload_figures() -> None:
         f"Timer.blocked_autorange median {theirs:7.3f} ms ({len(timer_ms)} calls)   "
         f"diff {(ours - theirs) / theirs * 100:+6.2f} %   (30 alternating rounds, pooled)"
     )
-    print("\n== (3) PeakMemory sampler (interval 1 ms): effect on timing, and what it sees ==")
-    workloads = (("matmul (releases GIL)", fn), ("Python loop (holds GIL)", sized_python()))
-    for name, work in workloads:
-        off, on, samples = sampler_effect(work)
-        print(
-            f"{name:24s} median without {off.p50:7.3f} ms  with {on.p50:7.3f} ms "
-            f"({(on.p50 - off.p50) / off.p50 * 100:+5.1f} %)   p20 without {off.p20:7.3f} ms  "
-            f"with {on.p20:7.3f} ms ({(on.p20 - off.p20) / off.p20 * 100:+5.1f} %)   "
-            f"({samples} samples)"
-        )
+    print("\n== (3) PeakMemory: what it sees ==")
     for hold in (True, False):
-        delta, samples = rss_delta_mb(hold)
         what = "held past exit     " if hold else "freed inside region"
-        print(f"200 MB tensor {what}  RSS delta {delta:7.1f} MB   ({samples} samples)")
+        print(f"200 MB tensor {what}  RSS delta {rss_delta_mb(hold):7.1f} MB")

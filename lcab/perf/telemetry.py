@@ -7,15 +7,17 @@ slice on a CPU host. This measures it on a pass of about 1 ms (the issue's targe
 it): a float32 matmul sized here to ~1 ms on the device (one thread on a CPU), timed by lcab's
 ``measure`` in rounds without a sampler, with the default one (``ends``: the device read at the
 window's two ends, nothing alive between them) and, for a source read on a thread (NVML), with
-a polling thread every 10 ms and every 1 ms (``bench.telemetry_interval_ms``), each round in a
-shuffled order; the figure is the median over rounds of each round's with / without ratio, so
-a host whose speed drifts between rounds (a shared VM) weighs on both sides of every pair. With
-it comes a 95 % confidence interval of that median (order statistics of the rounds' ratios, no
-assumption on their spread): the target is met when the whole interval lies under 1 %, missed
-when the whole interval lies above, and not shown when it straddles (more rounds, or a quieter
-host, narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions; ``LCAB_PERF_SAMPLERS=ends``
-times that one alone, in half the time). It also times one
-``sample()`` of the source and one window's two ends, which lie outside the timed region.
+a polling thread every 10 ms and every 1 ms (``bench.telemetry_interval_ms``), and with the
+peak-memory reading around the measured calls as the runner takes it (``memory``:
+`lcab.bench.memory.PeakMemory`, the default ``bench.memory``), each round in a shuffled order;
+the figure is the median over rounds of each round's with / without ratio, so a host whose
+speed drifts between rounds (a shared VM) weighs on both sides of every pair. With it comes a
+95 % confidence interval of that median (order statistics of the rounds' ratios, no assumption
+on their spread): the target is met when the whole interval lies under 1 %, missed when the
+whole interval lies above, and not shown when it straddles (more rounds, or a quieter host,
+narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions; ``LCAB_PERF_SAMPLERS=ends``
+times that one alone, ``=memory`` the memory reading). It also times one ``sample()`` of the
+source and one window's two ends, which lie outside the timed region.
 
 ``LCAB_PERF_TELEMETRY=nvml`` samples NVML (on a CPU host: whatever ``libnvidia-ml.so.1`` the
 loader finds, e.g. the tests' emulated one); the default is the device's own (``auto``).
@@ -27,16 +29,19 @@ import os
 import random
 import statistics
 import time
+from contextlib import nullcontext
 
 import torch
 
+from lcab.bench.memory import PeakMemory
 from lcab.bench.pass_telemetry import device_source
 from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, measure
 
 ROUNDS = int(os.environ.get("LCAB_PERF_ROUNDS", "240"))
 SAMPLERS = [s.strip() for s in os.environ.get("LCAB_PERF_SAMPLERS", "").split(",") if s.strip()]
-"""Which samplers to time beside ``off`` (``ends``, ``10 ms``, ``1 ms``); empty: all."""
+"""Which samplers to time beside ``off`` (``ends``, ``10 ms``, ``1 ms``, ``memory``); empty:
+all."""
 TARGET = 0.01
 PROTOCOL = TimingConfig(warmup=10, reps=50, flush_l2=False)
 
@@ -97,6 +102,7 @@ def run() -> None:
     )
     polled = Sampler(source, 10.0).threaded  # a source read on a thread can also be polled
     labels = ["off", "ends", "10 ms", "1 ms"] if polled else ["off", "ends"]
+    labels.append("memory")
     if SAMPLERS:
         labels = ["off", *(label for label in labels[1:] if label in SAMPLERS)]
     rounds: dict[str, list[float]] = {label: [] for label in labels}
@@ -107,12 +113,14 @@ def run() -> None:
         for label in shuffled:
             watch = (
                 None
-                if label == "off"
+                if label in ("off", "memory")
                 else Sampler(source)
                 if label == "ends"
                 else Sampler(source, float(label.split()[0]))
             )
-            timing = measure(call, PROTOCOL, device=device, watch=watch)
+            # the memory reading wraps the first call, warm-up and repetitions, as the runner's
+            with PeakMemory(device) if label == "memory" else nullcontext():
+                timing = measure(call, PROTOCOL, device=device, watch=watch)
             rounds[label].append(timing.p50)
     base = statistics.median(rounds["off"])
     print(f"pass of {base:.3f} ms (median of {ROUNDS} rounds x {PROTOCOL.reps} reps)")
@@ -122,7 +130,7 @@ def run() -> None:
         low, high = (bound - 1 for bound in median_interval(ratios))
         verdict = "met" if high < TARGET else "MISSED" if low >= TARGET else "not shown"
         print(
-            f"sampler {label if label == 'ends' else 'every ' + label:>11}: "
+            f"sampler {label if label in ('ends', 'memory') else 'every ' + label:>11}: "
             f"{statistics.median(rounds[label]):.3f} ms, median of "
             f"the rounds' ratios {cost:+.2%}, 95 % interval {low:+.2%} to {high:+.2%} "
             f"(target < {TARGET:.0%}: {verdict})"

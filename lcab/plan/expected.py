@@ -5,7 +5,8 @@ from the time limits; this module adds what the planner expects the job to *meas
 TFLOP/s and time per pass at each length — and the GPU-hours the measurement protocol will
 really spend at those times: for every length, mask sample and pass, the first call, the
 warm-up calls and the timed repetitions (budget mode: as many as the budgets buy at the
-predicted time, capped by ``bench.max_reps``), plus one more call for the numerics check.
+predicted time, capped by ``bench.max_reps``), one more call for the numerics check, and on a
+GPU read through NVML the untimed calls of the pass's energy window (`lcab.bench.telemetry`).
 
 Single-device cells (``cp=none``) are predicted as a context-parallel cell of one rank (the
 kernel's rate on the profile, no communication). Where the planner has no prediction (a
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from lcab.bench.telemetry import energy_calls
+from lcab.bench.telemetry_sources import NvmlSource
 from lcab.cell import BenchConfig, Cell
 from lcab.config import ConfigError
 from lcab.config.fork_map import fork_map, usable_cores
@@ -83,12 +86,12 @@ class JobExpectation:
         return self.gpus * sum(length.wall_s for length in self.lengths) / 3600
 
 
-def calls_per_pass(bench: BenchConfig, call_ms: float) -> int:
+def calls_per_pass(bench: BenchConfig, call_ms: float, gpu: bool = False) -> int:
     """Calls the protocol makes of one pass for one mask sample at ``call_ms`` per call.
 
     The first call, the warm-up (a count, or what ``warmup_ms`` buys), the timed repetitions
-    (a count, or what ``rep_ms`` buys, at least 1 and at most ``max_reps``), and one call for
-    the numerics check when it is on.
+    (a count, or what ``rep_ms`` buys, at least 1 and at most ``max_reps``), one call for the
+    numerics check when it is on, and on a ``gpu`` read through NVML the energy window's calls.
     """
     per = max(call_ms, 1e-6)
     warmup = bench.warmup if bench.warmup_ms is None else math.ceil(bench.warmup_ms / per)
@@ -96,7 +99,9 @@ def calls_per_pass(bench: BenchConfig, call_ms: float) -> int:
         reps = bench.reps
     else:
         reps = min(max(math.ceil(bench.rep_ms / per), 1), bench.max_reps)
-    return 1 + warmup + reps + int(bench.check_numerics)
+    nvml = gpu and bench.telemetry in ("auto", "nvml")
+    energy = energy_calls(NvmlSource(0), per) if nvml else 0
+    return 1 + warmup + reps + int(bench.check_numerics) + energy
 
 
 def plan_cell(cell: Cell, seqlen: int) -> PlanCell:
@@ -125,7 +130,7 @@ def expect_length(
     for pass_ in cell.bench.passes:
         parts = PASS_PARTS.get(pass_, ())
         call_ms = sum(float(prediction.pass_(p).time_ms) for p in parts)
-        wall_ms += calls_per_pass(cell.bench, call_ms) * call_ms
+        wall_ms += calls_per_pass(cell.bench, call_ms, cell.device == "cuda") * call_ms
         if pass_ == "bwd":
             wall_ms += float(prediction.fwd.time_ms)
     return LengthExpectation(seqlen, prediction, wall_s=samples * wall_ms / 1000)

@@ -118,16 +118,28 @@ class PassResult:
     """... median (of each sample's median; the median over ranks)."""
     clock_mhz_max: float | None = None
     """... highest."""
+    clock_samples: int | None = None
+    """How many clock samples fell inside the timed window (the driver's buffer, a polling
+    thread's reads; the fewest of any rank or mask sample)."""
+    clock_source: str | None = None
+    """Where the clock fields come from: "inside the window", or "the window's ends" (no sample
+    fell inside: the end reads of a device idle on either side, so the share of the peak is at
+    the rated clock)."""
     mem_clock_mhz: float | None = None
     """GPU memory clock, median."""
     power_w: float | None = None
-    """Mean power per device over the repetitions (energy / window where the device has an
-    energy counter; else the mean of the power readings); mean over ranks."""
+    """Mean power per device: the energy window's energy over its length where the device has
+    an energy counter, else the mean of the power readings; mean over ranks."""
     power_w_max: float | None = None
     """The highest rank's mean power."""
     energy_j: float | None = None
     """Energy of one call, all of the job's devices together (one host counter under CP on
-    one CPU host); the window's energy over its repetitions."""
+    one CPU host): the energy window's energy over its calls (`lcab.bench.telemetry`)."""
+    energy_window_s: float | None = None
+    """The energy window: untimed calls back to back after the timed ones, long enough for the
+    energy counter (NVML's advances every 20-100 ms: at least 1 s); median over mask samples."""
+    energy_calls: int | None = None
+    """The calls in the energy window."""
     energy_j_per_token: float | None = None
     """`energy_j` / tokens of the sequence."""
     gflops_per_j: float | None = None
@@ -287,7 +299,8 @@ class RunRecord:
     """What the telemetry could not read here, and why (one line per cause)."""
     peak_basis: str | None = None
     """What the passes' ``peak_tflops`` is: a GPU's rated peak at the measured clock, or a CPU
-    host's measured matmul rate (`lcab.bench.cpu_peak.BASIS`)."""
+    host's measured matmul rate, never below its nominal one (`lcab.bench.cpu_peak`), and
+    whether the host was busy (its shares then read low)."""
     slurm_job_id: str | None = None
     slurm_nodelist: str | None = None
     """The job's nodes as SLURM writes them (``n[1-2]``); None outside SLURM."""

@@ -127,16 +127,16 @@ def footprint(tmp_path: Path, *args: str) -> dict[str, int]:
     }
 
 
-BIG_RECORDS = "study=" + "x" * 100
-"""A longer study name (kept in every record, not in the folder name): a record (6.5 KB with its
-telemetry and frontier fields, 6.6 KB with this name) then takes two pages with room to spare
-either side, whatever its timings print as."""
+BIG_RECORDS = "study=" + "x" * 2500
+"""A longer study name (kept in every record, not in the folder name): a record (7.2 KB with its
+telemetry, energy-window and frontier fields, 9.7 KB with this name) then takes three pages with
+room to spare either side, whatever its timings print as."""
 
 
 def test_a_disk_with_no_room_for_one_record_ends_in_one_line_and_exit_1(tmp_path):
     sizes = footprint(tmp_path, BIG_RECORDS)
-    assert PAGE + 1000 < sizes["first_record"] < 2 * PAGE - 1000
-    size = (sizes["hydra_pages"] + 1) * PAGE  # Hydra's files, and one page: half a record
+    assert 2 * PAGE + 1000 < sizes["first_record"] < 3 * PAGE - 1000
+    size = (sizes["hydra_pages"] + 1) * PAGE  # Hydra's files, and one page: a third of a record
     with tmpfs(tmp_path / "full", size) as disk:
         run = disk / "run"
         done = run_lcab("debug=default", BIG_RECORDS, f"hydra.run.dir={run}", cwd=tmp_path)

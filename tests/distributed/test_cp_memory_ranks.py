@@ -31,7 +31,7 @@ def rank_main(rank: int, world: int, rendezvous: str, messages: Any) -> None:
     target = object.__new__(CPTarget)  # `largest_reading` needs only the group
     target.dist, target.rank, target.world = ctx, rank, world
     mine = MemoryReading(
-        PEAKS[rank] * MIB, BASELINES[rank] * MIB, "cuda_max_allocated", 1, RESERVED[rank] * MIB
+        PEAKS[rank] * MIB, BASELINES[rank] * MIB, "cuda_max_allocated", RESERVED[rank] * MIB
     )
     got = target.largest_reading(mine)
     messages.put(("reading", rank, got))

@@ -27,6 +27,7 @@
  *   nvmlDeviceGetMaxClockInfo (L3682)         nvmlDeviceGetMaxClockInfo     h, c_uint type, c_uint*
  *   nvmlDeviceGetTemperature (L3876)          nvmlDeviceGetTemperature      h, c_uint sensor, c_uint*
  *   nvmlDeviceGetTemperatureV (L3869, L3860)  nvmlDeviceGetTemperatureV     h, c_nvmlTemperature_v1_t*
+ *   nvmlDeviceGetEnforcedPowerLimit (L3955)   nvmlDeviceGetEnforcedPowerLimit h, c_uint* (mW)
  *   nvmlDeviceGetPowerUsage (L3962)           nvmlDeviceGetPowerUsage       h, c_uint* (mW)
  *   nvmlDeviceGetTotalEnergyConsumption (L3969) nvmlDeviceGetTotalEnergyConsumption h, c_uint64* (mJ)
  *   nvmlDeviceGetCurrentClocksEventReasons (L4672)   same name              h, c_ulonglong*
@@ -73,7 +74,10 @@
  *     power 450000 mW for t < 40 ms, 690000 mW after;
  *     temperature 52 C + 1 C per whole 100 ms, at most 70 C;
  *     clock event reasons 0 for t < 40 ms, nvmlClocksEventReasonSwPowerCap (0x4) after;
- *   device 0: energy = 123456789 mJ + the exact integral of that power over [0, t], in whole mJ;
+ *   both: enforced power limit 700000 mW (an H100 SXM5's 700 W);
+ *   device 0: energy = 123456789 mJ + the exact integral of that power over [0, t'], in whole
+ *     mJ, where t' is t rounded down to the counter's period (100 ms: the counter advances in
+ *     steps, as the real driver's does about every 100 ms; period 0: t' = t, every read);
  *   device 0: the driver's sample buffer: a sample every 10 ms of t (k = 0, 1, ... at t = k x
  *     10 ms, the newest 100 kept) of the SM clock, the memory clock and the power (mW) at
  *     that t, stamped CLOCK_REALTIME microseconds (the realtime clock at the first nvmlInit +
@@ -97,6 +101,10 @@
  *   LCAB_EMULATED_NVML_HANG_AFTER=<n >= 0>    after n successful nvmlDeviceGetPowerUsage calls
  *                                             (both devices together, counted from that
  *                                             nvmlInit), every further call blocks forever
+ *   LCAB_EMULATED_NVML_ENERGY_PERIOD_MS=<n>   the energy counter's period (default 100; 0: it
+ *                                             moves on every read)
+ *   LCAB_EMULATED_NVML_SAMPLE_PERIOD_MS=<n>   the sample buffer's period (default 10, n >= 1)
+ *   LCAB_EMULATED_NVML_POWER_LIMIT_W=<n>      the enforced power limit (default 700)
  *
  * Before nvmlInit (or after the last nvmlShutdown) queries return NVML_ERROR_UNINITIALIZED;
  * an unknown handle, a NULL output or an out-of-range enum returns NVML_ERROR_INVALID_ARGUMENT;
@@ -213,7 +221,6 @@ static const char DRIVER_VERSION[] = "580.95.05";
 #define TEMP_BASE_C 52U
 #define TEMP_MAX_C 70U
 #define TEMP_STEP_NS (100ULL * MS)
-#define SAMPLE_PERIOD_NS (10ULL * MS)
 #define SAMPLES_KEPT 100ULL
 
 static atomic_flag init_lock = ATOMIC_FLAG_INIT;
@@ -224,6 +231,9 @@ static uint64_t start_realtime_us;    /* CLOCK_REALTIME at that moment, for samp
 static int started;
 static unsigned int fixed_sm_mhz;     /* 0: the moving pattern */
 static long long hang_after = -1;     /* -1: never hang */
+static uint64_t energy_period_ns;     /* the energy counter's step (0: none) */
+static uint64_t sample_period_ns;     /* the driver buffer's sampling period */
+static unsigned int power_limit_w;    /* the enforced power limit */
 
 static uint64_t monotonic_ns(void) {
     struct timespec now;
@@ -276,6 +286,10 @@ static nvmlReturn_t read_settings(void) {
     const char *sm = getenv("LCAB_EMULATED_NVML_SM_MHZ");
     const char *name0 = getenv("LCAB_EMULATED_NVML_NAME0");
     const char *hang = getenv("LCAB_EMULATED_NVML_HANG_AFTER");
+    const char *texts[3] = {getenv("LCAB_EMULATED_NVML_ENERGY_PERIOD_MS"),
+                            getenv("LCAB_EMULATED_NVML_SAMPLE_PERIOD_MS"),
+                            getenv("LCAB_EMULATED_NVML_POWER_LIMIT_W")};
+    long long numbers[3] = {100, 10, 700}; /* the defaults */
     long long value;
 
     if (init != NULL && init[0] != '\0') {
@@ -293,6 +307,14 @@ static nvmlReturn_t read_settings(void) {
         hang_after = parse_count(hang);
         if (hang_after < 0) return NVML_ERROR_INVALID_ARGUMENT;
     }
+    for (unsigned int i = 0; i < 3; i++) {
+        if (texts[i] == NULL || texts[i][0] == '\0') continue;
+        numbers[i] = parse_count(texts[i]);
+        if (numbers[i] < (i == 0 ? 0 : 1) || numbers[i] > 100000) return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    energy_period_ns = (uint64_t)numbers[0] * MS;
+    sample_period_ns = (uint64_t)numbers[1] * MS;
+    power_limit_w = (unsigned int)numbers[2];
     if (name0 != NULL && strlen(name0) + 1 > NAME_BYTES) return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned int i = 0; i < DEVICE_COUNT; i++) {
         const char *name = (i == 0 && name0 != NULL && name0[0] != '\0') ? name0 : DEFAULT_NAMES[i];
@@ -508,6 +530,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *p
     return NVML_SUCCESS;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
+    nvmlReturn_t result = check_device(device);
+    if (result != NVML_SUCCESS) return result;
+    if (limit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *limit = power_limit_w * 1000U;
+    return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
                                                         unsigned long long *energy) {
     nvmlReturn_t result = check_device(device);
@@ -516,6 +546,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
     if (!device->energy_supported) return NVML_ERROR_NOT_SUPPORTED;
     if (energy == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     t = elapsed_ns();
+    if (energy_period_ns) t -= t % energy_period_ns; /* the counter's last step */
     boost = t < BOOST_NS ? t : BOOST_NS;
     capped = t - boost;
     /* W x ns = nJ; / 1e6 = mJ */
@@ -542,9 +573,9 @@ static unsigned int power_mw(uint64_t t) {
     return (unsigned int)((t < BOOST_NS ? BOOST_POWER_W : CAPPED_POWER_W) * 1000ULL);
 }
 
-/* The value of sample k of a buffered type (k x SAMPLE_PERIOD_NS after nvmlInit). */
+/* The value of sample k of a buffered type (k x sample_period_ns after nvmlInit). */
 static unsigned int buffered_value(unsigned int type, uint64_t k) {
-    uint64_t t = k * SAMPLE_PERIOD_NS;
+    uint64_t t = k * sample_period_ns;
     if (type == NVML_PROCESSOR_CLK_SAMPLES) return sm_mhz(t);
     if (type == NVML_MEMORY_CLK_SAMPLES) return MEM_MHZ;
     return power_mw(t);
@@ -563,11 +594,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, unsigned int type,
     if (type != NVML_TOTAL_POWER_SAMPLES && type != NVML_PROCESSOR_CLK_SAMPLES &&
         type != NVML_MEMORY_CLK_SAMPLES)
         return NVML_ERROR_NOT_SUPPORTED;
-    newest = elapsed_ns() / SAMPLE_PERIOD_NS;
+    newest = elapsed_ns() / sample_period_ns;
     oldest = newest + 1 > SAMPLES_KEPT ? newest + 1 - SAMPLES_KEPT : 0;
     first = oldest; /* the first kept sample stamped after lastSeenTimeStamp */
     if (lastSeenTimeStamp >= start_realtime_us) {
-        uint64_t after = (lastSeenTimeStamp - start_realtime_us) * 1000ULL / SAMPLE_PERIOD_NS + 1;
+        uint64_t after = (lastSeenTimeStamp - start_realtime_us) * 1000ULL / sample_period_ns + 1;
         if (after > first) first = after;
     }
     if (first > newest) return NVML_ERROR_NOT_FOUND;
@@ -580,7 +611,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, unsigned int type,
     n = *sampleCount < available ? *sampleCount : available;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t k = first + i;
-        samples[i].timeStamp = start_realtime_us + k * SAMPLE_PERIOD_NS / 1000ULL;
+        samples[i].timeStamp = start_realtime_us + k * sample_period_ns / 1000ULL;
         samples[i].sampleValue.ullVal = 0;
         samples[i].sampleValue.uiVal = buffered_value(type, k);
     }

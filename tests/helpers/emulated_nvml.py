@@ -24,7 +24,14 @@ value makes ``nvmlInit`` raise ``pynvml.NVMLError_InvalidArgument``):
   ``NVML_ERROR_DRIVER_NOT_LOADED`` (``pynvml.NVMLError_DriverNotLoaded``), a node without a
   GPU driver;
 * ``hang_after=n`` → ``LCAB_EMULATED_NVML_HANG_AFTER``: after ``n`` successful
-  ``nvmlDeviceGetPowerUsage`` calls every further call blocks forever, a hung driver call.
+  ``nvmlDeviceGetPowerUsage`` calls every further call blocks forever, a hung driver call;
+* ``energy_period_ms=n`` → ``LCAB_EMULATED_NVML_ENERGY_PERIOD_MS``: the energy counter moves
+  in steps of ``n`` ms (default 100, as the real driver's does about every 100 ms; 0: on every
+  read);
+* ``sample_period_ms=n`` → ``LCAB_EMULATED_NVML_SAMPLE_PERIOD_MS``: the driver sample buffer's
+  period (default 10 ms);
+* ``power_limit_w=n`` → ``LCAB_EMULATED_NVML_POWER_LIMIT_W``: the enforced power limit
+  (default 700 W).
 
 `emulated_nvml_dir` is a session fixture (build once per session, or per xdist worker); a test
 module takes it with ``emulated_nvml_dir = emulated_nvml.emulated_nvml_dir`` (an alias, so
@@ -39,7 +46,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Literal
 
 import pytest
 
@@ -48,8 +54,6 @@ LIBRARY = "libnvidia-ml.so.1"
 COMPILE = ("-shared", "-fPIC", "-O1")
 
 SETTINGS_PREFIX = "LCAB_EMULATED_NVML_"
-SM_MHZ, NAME0 = f"{SETTINGS_PREFIX}SM_MHZ", f"{SETTINGS_PREFIX}NAME0"
-INIT, HANG_AFTER = f"{SETTINGS_PREFIX}INIT", f"{SETTINGS_PREFIX}HANG_AFTER"
 
 
 class CompilerMissingError(RuntimeError):
@@ -88,39 +92,27 @@ def build_emulated_nvml(directory: Path) -> Path:
     return directory
 
 
-def nvml_env(
-    directory: Path,
-    *,
-    sm_mhz: int | None = None,
-    name0: str | None = None,
-    init: Literal["driver_not_loaded"] | None = None,
-    hang_after: int | None = None,
-) -> dict[str, str]:
+def nvml_env(directory: Path, **settings: int | str | None) -> dict[str, str]:
     """A copy of ``os.environ`` whose processes load the library in ``directory``.
 
     ``LD_LIBRARY_PATH`` starts with ``directory``; any ``LCAB_EMULATED_NVML_*`` inherited from
-    this process is dropped and the given settings (module docstring) are set.
+    this process is dropped and the given settings (module docstring: ``sm_mhz=1410`` sets
+    ``LCAB_EMULATED_NVML_SM_MHZ``; None leaves one unset) are set.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
     inherited = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = os.pathsep.join([str(directory), *([inherited] if inherited else [])])
-    settings = {SM_MHZ: sm_mhz, NAME0: name0, INIT: init, HANG_AFTER: hang_after}
-    env.update({name: str(value) for name, value in settings.items() if value is not None})
+    for name, value in settings.items():
+        if value is not None:
+            env[f"{SETTINGS_PREFIX}{name.upper()}"] = str(value)
     return env
 
 
 def run_with_nvml(
-    directory: Path,
-    code: str,
-    *,
-    timeout: float = 30.0,
-    sm_mhz: int | None = None,
-    name0: str | None = None,
-    init: Literal["driver_not_loaded"] | None = None,
-    hang_after: int | None = None,
+    directory: Path, code: str, *, timeout: float = 30.0, **settings: int | str | None
 ) -> subprocess.CompletedProcess[str]:
     """``python -c code`` in a new process with `nvml_env` (stdout and stderr captured)."""
-    env = nvml_env(directory, sm_mhz=sm_mhz, name0=name0, init=init, hang_after=hang_after)
+    env = nvml_env(directory, **settings)
     return subprocess.run(
         [sys.executable, "-c", code],
         env=env,

@@ -4,7 +4,8 @@ Each test runs a subprocess (glibc reads ``LD_LIBRARY_PATH`` only at process sta
 imports NVIDIA's ``pynvml`` unchanged, calls it, and prints JSON. The expectations are the
 brief's figures written out by hand here, not read back from the C file: SM clock 1980 MHz
 for 40 ms after ``nvmlInit`` and then 1755/1830 MHz in 20 ms turns, power 450 W then 690 W,
-energy the integral of that power from 123456789 mJ, 52 °C plus one per 100 ms up to 70 °C.
+energy the integral of that power from 123456789 mJ (in 100 ms steps), 52 °C plus one per
+100 ms up to 70 °C.
 
 Timing is checked with bounds, not guesses: around every call the subprocess notes
 ``time.monotonic_ns()`` (the library's own ``CLOCK_MONOTONIC``) before and after, so the
@@ -153,7 +154,12 @@ def test_sm_clock_boosts_then_alternates_and_memory_clock_holds(emulated_nvml_di
     assert pinned >= len(samples) // 2
 
 
-def test_power_and_energy_integrate_to_the_same_figure(emulated_nvml_dir: Path) -> None:
+@pytest.mark.parametrize("period_ms", [0, 100])
+def test_power_and_energy_integrate_to_the_same_figure(
+    emulated_nvml_dir: Path, period_ms: int
+) -> None:
+    """Energy is the integral of the power up to the counter's last step (``period_ms``, 100
+    by default, as the real driver's counter advances about every 100 ms; 0: every read)."""
     got = _run(
         emulated_nvml_dir,
         """
@@ -161,7 +167,7 @@ def test_power_and_energy_integrate_to_the_same_figure(emulated_nvml_dir: Path) 
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
         first_energy = timed(pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
         first_power = timed(pynvml.nvmlDeviceGetPowerUsage, h)
-        time.sleep(0.08)
+        time.sleep(0.12)
         e0 = timed(pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
         time.sleep(0.3)
         e1 = timed(pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
@@ -169,32 +175,44 @@ def test_power_and_energy_integrate_to_the_same_figure(emulated_nvml_dir: Path) 
         print(json.dumps({"first_energy": first_energy, "first_power": first_power,
                           "e0": e0, "e1": e1, "p1": p1}))
         """,
+        energy_period_ms=None if period_ms == 100 else period_ms,  # 100: the default
     )
     base = 123456789
 
-    def energy_bounds(lo: float, hi: float) -> tuple[float, float]:
-        # mJ = W x ms: 450 W over [0, 40) ms, 690 W after; whole mJ, truncated
-        def energy(t: float) -> float:
-            return base + 450 * min(t, 40) + 690 * max(t - 40, 0)
-
-        return energy(lo) - 1, energy(hi)
+    def energy(t: float) -> float:
+        # mJ = W x ms: 450 W over [0, 40) ms, 690 W after, up to the last step; whole mJ
+        if period_ms:
+            t -= t % period_ms
+        return base + 450 * min(t, 40) + 690 * max(t - 40, 0)
 
     for lo, hi, value in (got["first_energy"], got["e0"], got["e1"]):
-        low, high = energy_bounds(lo, hi)
-        assert low <= value <= high, (lo, hi, value)
+        assert energy(lo) - 1 <= value <= energy(hi), (lo, hi, value)
 
     _, hi, first_power = got["first_power"]
     if hi < 40:
         assert first_power == 450_000  # mW
     assert got["p1"][0] >= 40 and got["p1"][2] == 690_000
 
-    # over a window after the first 40 ms, energy = 690 W x the window, to 1 mJ of truncation
     (lo0, hi0, e0), (lo1, hi1, e1) = got["e0"], got["e1"]
-    assert lo0 >= 40
+    assert lo0 >= 100
+    if period_ms:  # both reads past the first step: whole steps of 690 W x 100 ms between them
+        assert (e1 - e0) % 69_000 == 0 and 2 <= (e1 - e0) // 69_000 <= (hi1 - lo0) // 100 + 1
+        return
+    # every read: energy = 690 W x the window, to 1 mJ of truncation
     window_min, window_max = lo1 - hi0, hi1 - lo0  # ms, bounds on the library's own window
     assert 690 * window_min - 1 <= e1 - e0 <= 690 * window_max + 1
     mean_power_w = (e1 - e0) / ((window_min + window_max) / 2)
     assert mean_power_w == pytest.approx(690, rel=0.02)
+
+
+def test_enforced_power_limit_and_its_setting(emulated_nvml_dir: Path) -> None:
+    body = """
+        init()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1)]
+        print(json.dumps([pynvml.nvmlDeviceGetEnforcedPowerLimit(h) for h in handles]))
+        """
+    assert _run(emulated_nvml_dir, body) == [700_000, 700_000]  # mW: an H100 SXM5's 700 W
+    assert _run(emulated_nvml_dir, body, power_limit_w=500) == [500_000, 500_000]
 
 
 def test_energy_not_supported_on_device_1(emulated_nvml_dir: Path) -> None:
@@ -312,12 +330,17 @@ def test_driver_not_loaded_fails_init(emulated_nvml_dir: Path) -> None:
     assert got == ["NVMLError_DriverNotLoaded", 9, "Driver Not Loaded"]
 
 
-def test_malformed_setting_fails_init_loudly(emulated_nvml_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "value"), [("SM_MHZ", "fast"), ("SAMPLE_PERIOD_MS", "0"), ("ENERGY_PERIOD_MS", "-5")]
+)
+def test_malformed_setting_fails_init_loudly(
+    emulated_nvml_dir: Path, name: str, value: str
+) -> None:
     got = _run(
         emulated_nvml_dir,
-        """
+        f"""
         import os
-        os.environ["LCAB_EMULATED_NVML_SM_MHZ"] = "fast"
+        os.environ["LCAB_EMULATED_NVML_{name}"] = "{value}"
         try:
             pynvml.nvmlInit()
             outcome = "initialized"

@@ -27,6 +27,11 @@ def test_calls_per_pass_counts_the_protocol() -> None:
     capped = dataclasses.replace(budget, max_reps=20)
     assert calls_per_pass(capped, 3.0) == 1 + 4 + 20
     assert calls_per_pass(budget, 500.0) == 1 + 1 + 1  # a budget buys at least one rep
+    # on a GPU read through NVML, an energy window of 1.25 s: 417 calls of 3 ms, 3 of 500 ms
+    assert calls_per_pass(budget, 3.0, gpu=True) == 1 + 4 + 34 + 417
+    assert calls_per_pass(budget, 500.0, gpu=True) == 1 + 1 + 1 + 3
+    off = dataclasses.replace(budget, telemetry="off")
+    assert calls_per_pass(off, 3.0, gpu=True) == 1 + 4 + 34
 
 
 def cell_of(*overrides: str):
@@ -50,7 +55,7 @@ def test_expected_gpu_hours_rebuild_from_the_planner(cp: str) -> None:
     assert length.prediction.fwd.tflops == pytest.approx(float(want.fwd.tflops))
     fwd, bwd = float(want.fwd.time_ms), float(want.bwd.time_ms)
     per = {"fwd": fwd, "bwd": bwd}
-    wall_ms = sum(calls_per_pass(cell.bench, per[p]) * per[p] for p in cell.bench.passes)
+    wall_ms = sum(calls_per_pass(cell.bench, per[p], True) * per[p] for p in cell.bench.passes)
     wall_ms += fwd if "bwd" in cell.bench.passes else 0.0
     gpus = cell.nodes * cell.devices_per_node
     assert job.gpus == gpus
