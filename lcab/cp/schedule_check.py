@@ -1,0 +1,157 @@
+"""A cell's schedule checked at its real world size, every rank's real code run in one process.
+
+`record` runs the cell's strategy as each rank runs it — its real ``build`` (the groups it makes,
+the steps it plans) and one forward and backward of its real code on small shards — one rank
+after another, through `lcab.cp.schedule` (nothing is sent); `check_schedule` holds the records
+to the rules of `lcab.cp.schedule_rules`. Two things are stood in for, neither of which decides
+what is sent: the kernel (a call that returns zeros of the right shapes and records itself) and
+the sub-mask of each block, of which the runner asks only whether it has work
+(`lcab.cp.base.BLOCK_STAND_IN`, read off the dense mask: restricting the mask costs ~1 ms a
+block, and a 96-rank ring has 9,216).
+
+`GRID_WORLDS` x `GRID_MASKS` x every registered strategy is what CI checks and ``python -m
+lcab.perf schedule`` times (`grid_cell`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from lcab.cp.base import BLOCK_STAND_IN, STRATEGIES, HeadSplit, Plan, Strategy
+from lcab.cp.schedule import RankSchedule, RecordingContext
+from lcab.cp.schedule_rules import ScheduleReport, check
+from lcab.kernels import Kernel, PreparedAttention, Problem
+from lcab.masks import make_mask
+from lcab.masks.core import AttnMask
+from lcab.masks.geometry import IntArray
+
+GRID_WORLDS = (8, 16, 32, 64, 96)
+"""1 to 12 nodes of 8 GPUs (the design card's largest job: 96)."""
+GRID_MASKS = ("causal", "causal_document", "full", "sliding_window")
+TOKENS_PER_RANK = 8
+"""Tokens each rank holds in a check (before a balancer's padding): the schedule does not
+depend on the length, its bytes scale with it."""
+
+
+def check_schedule(
+    strategy: Strategy, mask: AttnMask, problem: Problem, world: int
+) -> ScheduleReport:
+    """Record every rank of ``strategy`` on ``world`` ranks and check the records."""
+    plan = strategy.plan(mask, problem, world)
+    return check(record(strategy, mask, problem, world, plan), plan)
+
+
+def grid_cell(name: str, mask_name: str, world: int, devices_per_node: int = 8) -> ScheduleReport:
+    """The check of strategy ``name`` (default options) on one mask of the grid.
+
+    Heads: twice the Ulysses degree U for queries and U / 2 for K/V (GQA whose K/V heads a
+    Ulysses group replicates), so every strategy runs at every world; head dim 2, bf16.
+    """
+    strategy = STRATEGIES.get(name)({}, devices_per_node)
+    u = strategy.ulysses_degree(world)
+    seqlen = TOKENS_PER_RANK * world
+    problem = Problem(seqlen, seqlen, 2 * u, max(u // 2, 1), 2, "bfloat16", "cpu")
+    by_mask: dict[str, dict[str, Any]] = {
+        "causal_document": {"doc_source": "uniform", "min_doc_len": seqlen // 8,
+                            "max_doc_len": seqlen // 2},
+        "sliding_window": {"window": seqlen // 8},
+    }  # fmt: skip
+    params = by_mask.get(mask_name, {})
+    mask = make_mask(mask_name, seqlen, seed=0, **params)
+    return check_schedule(strategy, mask, problem, world)
+
+
+def record(
+    strategy: Strategy, mask: AttnMask, problem: Problem, world: int, plan: Plan | None = None
+) -> list[RankSchedule]:
+    """Every rank's schedule of one forward and backward of ``strategy`` on ``world`` ranks."""
+    plan = plan or strategy.plan(mask, problem, world)
+    logs = []
+    BLOCK_STAND_IN[0] = _Blocks(mask)
+    try:
+        for rank in range(world):
+            log = RankSchedule(rank)
+            context = RecordingContext(rank, world, strategy.devices_per_node, "record", log=log)
+            kernel = cast(Kernel, _StandInKernel(log))  # what a strategy's build asks of a kernel
+            prepared = strategy.build(plan, mask, problem, kernel, context)
+            q, k, v = _inputs(plan, problem, rank)
+            log.start("fwd")
+            out, _ = prepared.run(q, k, v)
+            log.start("bwd")
+            out.backward(torch.zeros_like(out))
+            logs.append(log)
+    finally:
+        BLOCK_STAND_IN[0] = None
+    return logs
+
+
+def _inputs(plan: Plan, problem: Problem, rank: int) -> list[torch.Tensor]:
+    """The q, k, v shards of ``rank`` (zeros: only their shapes matter)."""
+    n, dtype = plan.shard_len, problem.torch_dtype
+    heads = (problem.heads_q, problem.heads_kv, problem.heads_kv)
+    return [torch.zeros((n, h, problem.head_dim), dtype=dtype, requires_grad=True) for h in heads]
+
+
+class _Blocks:
+    """Whether a block of the mask has work, read off the dense mask (the check's are small)."""
+
+    def __init__(self, mask: AttnMask) -> None:
+        self.dense = mask.to_dense().numpy().reshape(mask.num_heads, *mask.shape)
+        self.masks: dict[tuple[int, int, bool], AttnMask] = {}
+
+    def __call__(
+        self, rows: IntArray, cols: IntArray, heads: HeadSplit | None, ulysses_index: int
+    ) -> AttnMask:
+        picked = self.dense
+        if heads is not None and len(picked) > 1:
+            picked = picked[heads.kv_heads_of(ulysses_index)]
+        r, c = rows[rows >= 0], cols[cols >= 0]
+        key = (len(rows), len(cols), bool(picked[:, r[:, None], c[None, :]].any()))
+        if key not in self.masks:
+            one = np.array([[0, 1, 0, 1, 0]] if key[2] else np.zeros((0, 5)), dtype=np.int64)
+            self.masks[key] = AttnMask(one, key[0], key[1])
+        return self.masks[key]
+
+
+class _StandInKernel:
+    """A kernel whose every call returns zeros and is recorded (the schedule is all it shows)."""
+
+    name = "schedule"
+
+    def __init__(self, log: RankSchedule) -> None:
+        self.log = log
+
+    def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
+        return _StandInCall(self.log)
+
+
+class _StandInCall(PreparedAttention):
+    """One block's call: zeros of the call's shapes (kept: no call writes what it returns)."""
+
+    def __init__(self, log: RankSchedule) -> None:
+        self.log = log
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.log.call()
+        lse = _zeros((q.shape[1], q.shape[0]), torch.float32)
+        if not (torch.is_grad_enabled() and q.requires_grad):
+            return _zeros(q.shape, q.dtype), lse
+        out = q * 0 + (k.sum() + v.sum()) * 0  # differentiated by autograd: a call then too
+        out.register_hook(lambda grad: self.log.call())
+        return out, lse
+
+    def backward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self.log.call()
+        q, k, v = tensors[1:4]
+        return _zeros(q.shape, q.dtype), _zeros(k.shape, k.dtype), _zeros(v.shape, v.dtype)
+
+
+@functools.cache
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype)
