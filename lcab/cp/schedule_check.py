@@ -21,6 +21,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from lcab.cell import Cell
 from lcab.cp.base import BLOCK_STAND_IN, STRATEGIES, HeadSplit, Plan, Strategy
 from lcab.cp.schedule import RankSchedule, RecordingContext
 from lcab.cp.schedule_rules import ScheduleReport, check
@@ -45,8 +46,10 @@ def check_schedule(
     return check(record(strategy, mask, problem, world, plan), plan)
 
 
-def grid_cell(name: str, mask_name: str, world: int, devices_per_node: int = 8) -> ScheduleReport:
-    """The check of strategy ``name`` (default options) on one mask of the grid.
+def grid_case(
+    name: str, mask_name: str, world: int, devices_per_node: int = 8
+) -> tuple[Strategy, AttnMask, Problem]:
+    """Strategy ``name`` (default options), its problem and one mask of the grid.
 
     Heads: twice the Ulysses degree U for queries and U / 2 for K/V (GQA whose K/V heads a
     Ulysses group replicates), so every strategy runs at every world; head dim 2, bf16.
@@ -60,8 +63,31 @@ def grid_cell(name: str, mask_name: str, world: int, devices_per_node: int = 8) 
                             "max_doc_len": seqlen // 2},
         "sliding_window": {"window": seqlen // 8},
     }  # fmt: skip
-    params = by_mask.get(mask_name, {})
-    mask = make_mask(mask_name, seqlen, seed=0, **params)
+    return strategy, make_mask(mask_name, seqlen, seed=0, **by_mask.get(mask_name, {})), problem
+
+
+def grid_cell(name: str, mask_name: str, world: int, devices_per_node: int = 8) -> ScheduleReport:
+    """The check of one cell of the grid (`grid_case`)."""
+    strategy, mask, problem = grid_case(name, mask_name, world, devices_per_node)
+    return check_schedule(strategy, mask, problem, world)
+
+
+def check_job(cell: Cell) -> ScheduleReport | str:
+    """The check of a configured context-parallel job at its world size (a str: not checked).
+
+    Its strategy, options, topology, heads and mask pattern, on `TOKENS_PER_RANK` tokens per
+    rank and head dim 1 (neither changes what is sent, only how much); a strategy that cannot
+    run the job's heads is the refusal's to report, and gives "".
+    """
+    strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
+    world, seqlen = cell.world_size, TOKENS_PER_RANK * cell.world_size
+    problem = Problem(seqlen, seqlen, cell.heads_q, cell.heads_kv, 1, cell.dtype, "cpu")
+    if strategy.reasons(problem, world):
+        return ""
+    try:
+        mask = make_mask(cell.mask, seqlen, seed=cell.mask_seed, **cell.mask_params)
+    except ValueError as err:
+        return f"schedule not checked: mask {cell.mask} at {seqlen:,} tokens: {err}"
     return check_schedule(strategy, mask, problem, world)
 
 

@@ -129,7 +129,11 @@ def _messages(logs: list[RankSchedule]) -> tuple[dict[Any, list[Any]], dict[Any,
 
 
 def _pairing(logs: list[RankSchedule]) -> list[str]:
-    """Every send has its receive at the peer, of its size, in the same order."""
+    """Every send has its receive at the peer, of its size, in the same order.
+
+    Where one side has fewer messages, the first whose pass, operation or step differs between
+    the sides is named (in lockstep, the one that went missing), else the first left over.
+    """
     sends, receives = _messages(logs)
     problems = []
     for key in sorted(set(sends) | set(receives)):
@@ -137,27 +141,30 @@ def _pairing(logs: list[RankSchedule]) -> list[str]:
         out, into = sends.get(key, []), receives.get(key, [])
         e = (out or into)[0][1]
         where = _group_name(e.tag, e.group)
-        for i in range(max(len(out), len(into))):
-            if i >= len(into):
-                size, e = out[i]
+        if len(out) != len(into):
+            pairs = zip(out, into, strict=False)
+            i = next((i for i, (a, b) in enumerate(pairs) if a[1][1:3] != b[1][1:3]), None)
+            i = min(len(out), len(into)) if i is None else i
+            size, e = out[i] if len(out) > len(into) else into[i]
+            counts = f"{min(len(out), len(into))} against {max(len(out), len(into))}"
+            if len(out) > len(into):
                 problems.append(
-                    f"rank {dst} never receives {e.op} #{i + 1} from rank {src} on {where}, which "
-                    f"{e.where(src)} sends ({size:,} bytes)"
-                )
-            elif i >= len(out):
-                size, e = into[i]
-                problems.append(
-                    f"rank {src} never sends {e.op} #{i + 1} to rank {dst} on {where}, which "
-                    f"{e.where(dst)} waits to receive ({size:,} bytes)"
-                )
-            elif out[i][0] != into[i][0]:
-                problems.append(
-                    f"{out[i][1].where(src)} sends {out[i][0]:,} bytes to rank {dst} on {where}, "
-                    f"where {into[i][1].where(dst)} receives {into[i][0]:,} bytes"
+                    f"rank {dst} misses a receive: {e.where(src)} sends it message #{i + 1} on "
+                    f"{where} ({size:,} bytes), which rank {dst} does not receive ({counts})"
                 )
             else:
-                continue
-            break
+                problems.append(
+                    f"rank {src} misses a send: {e.where(dst)} waits to receive message #{i + 1} "
+                    f"from it on {where} ({size:,} bytes), which rank {src} does not send ({counts})"
+                )
+            continue
+        for (a, ea), (b, eb) in zip(out, into, strict=True):
+            if a != b:
+                problems.append(
+                    f"{ea.where(src)} sends {a:,} bytes to rank {dst} on {where}, where "
+                    f"{eb.where(dst)} receives {b:,} bytes"
+                )
+                break
     return problems
 
 
