@@ -142,7 +142,7 @@ def _schedule(cell: Cell) -> tuple[str, tuple[str, ...]]:
     if isinstance(report, str):
         return report, ()
     problems = tuple(f"schedule check: {p}" for p in report.problems[:3])
-    return f"schedule checked: {report.text()}", problems
+    return report.text(), problems
 
 
 def _task_in_worker(task: tuple[str, int]) -> Any:
@@ -236,9 +236,6 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
         if search_note and not row.refused:
             notes.append(f"job {i}: {search_note}")
             cells[1] += f" [{len(notes)}]"
-        if row.schedule and not any(r.startswith("schedule check:") for r in row.refused):
-            notes.append(f"job {i}: {row.schedule}")
-            cells[1] += f" [{len(notes)}]"
         if row.refused:
             notes.append(f"job {i} would end skipped: {'; '.join(row.refused)}")
             if expect is not None:
@@ -272,6 +269,10 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
         f"total: {len(rows)} job(s){apart}, at most {bound} ({core_hours:.1f} CPU "
         "core-hours) from the time limits"
     )
+    checked = [f"  job {i}: {row.schedule}" for i, row in enumerate(rows) if row.schedule]
+    if checked:
+        print("schedules (every rank's own code at the job's world size, nothing sent):")
+        print("\n".join(checked))
     if expect is not None:
         what = _wall(expected * 3600) if on_cpu else f"{expected:.3g} GPU-hours"
         line = (
