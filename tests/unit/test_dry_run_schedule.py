@@ -30,10 +30,8 @@ def test_the_schedule_of_each_cp_job_is_checked_at_its_world_size(capsys):
     assert all(row.refused == () for row in rows)
     assert print_plan([*JOB, "cp=ring"], False) == 0
     out = capsys.readouterr().out
-    assert (
-        "schedules (every rank's own code at the job's world size, nothing sent):\n  job 0: 16 ranks, "
-        in out
-    )
+    heading = "schedules (every rank's own code at the job's world size, nothing sent):"
+    assert f"{heading}\n  job 0: 16 ranks, " in out
     (single,) = plan_rows([*JOB[:-1], "cp=none"], False)
     assert single.schedule == ""  # one device: nothing to check
 
