@@ -23,7 +23,7 @@ import torch
 
 from lcab.cell import Cell
 from lcab.cp.base import BLOCK_STAND_IN, STRATEGIES, HeadSplit, Plan, Strategy
-from lcab.cp.schedule import RankSchedule, RecordingContext
+from lcab.cp.schedule import COLLECTIVES, RankSchedule, RecordingContext
 from lcab.cp.schedule_rules import ScheduleReport, check
 from lcab.kernels import Kernel, PreparedAttention, Problem
 from lcab.masks import make_mask
@@ -181,3 +181,56 @@ class _StandInCall(PreparedAttention):
 @functools.cache
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype)
+
+
+GUIDE_WORLD = (4, 2)
+"""The guide's tables (`schedule_markdown`): 4 nodes x 2 ranks, so that USP and LoongTrain have
+a Ulysses group of 2 and a ring of 4 (LoongTrain: 2 windows of 2)."""
+
+
+def schedule_markdown() -> str:
+    """Rank 0's recorded schedule of every strategy, one table each (the CP guide's section).
+
+    One row per run of steps (kernel calls before it) that issue the same: each operation with
+    the bytes rank 0 sends, whom to and from (a ring's neighbours) or over how many ranks (a
+    collective), and whether a kernel call runs while it is in flight (``hidden``) or it
+    blocks (``exposed``). Back-to-back collectives of one operation and size are one ``n ×``.
+    """
+    nodes, per_node = GUIDE_WORLD
+    world, seqlen = nodes * per_node, 1024
+    blocks = []
+    for name in STRATEGIES.names():
+        strategy = STRATEGIES.get(name)({}, per_node)
+        problem = Problem(seqlen, seqlen, 8, 4, 64, "bfloat16", "cpu")
+        events = record(strategy, make_mask("causal", seqlen), problem, world)[0].events
+        steps: dict[tuple[str, int], list[list[Any]]] = {}
+        for i, e in enumerate(events):
+            if e.kind == "post":
+                end = next(j for j, w in enumerate(events) if w.kind == "wait" and w.handle == i)
+                hidden = any(w.kind == "call" for w in events[i:end])
+                item = [1, e.op, e.sent, f"to {e.peer}, from {e.source}", hidden]
+            elif e.kind in COLLECTIVES:
+                item = [1, e.op, e.sent, f"{e.kind} over {len(e.group)}", False]
+            else:
+                continue
+            issued = steps.setdefault((e.pass_, e.step), [])
+            if issued and issued[-1][1:] == item[1:] and e.kind in COLLECTIVES:
+                issued[-1][0] += 1
+            else:
+                issued.append(item)
+        rows: list[list[Any]] = []  # [pass, first step, last step, text]
+        for (pass_, step), issued in steps.items():
+            text = "; ".join(
+                f"{f'{n} × ' if n > 1 else ''}`{op}` {sent:,} B {peers}, "
+                f"{'hidden' if hidden else 'exposed'}"
+                for n, op, sent, peers, hidden in issued
+            )
+            if rows and rows[-1][0] == pass_ and rows[-1][3] == text and rows[-1][2] == step - 1:
+                rows[-1][2] = step
+            else:
+                rows.append([pass_, step, step, text])
+        table = ["| pass | steps | what rank 0 issues, in order |", "|---|---|---|"] + [
+            f"| {p} | {a}{f'–{b}' if b > a else ''} | {text} |" for p, a, b, text in rows
+        ]
+        blocks.append(f"`{name}` ({strategy.summary}):\n\n" + "\n".join(table))
+    return "\n\n".join(blocks)
