@@ -154,8 +154,9 @@ def _pairing(logs: list[RankSchedule]) -> list[str]:
                 )
             else:
                 problems.append(
-                    f"rank {src} misses a send: {e.where(dst)} waits to receive message #{i + 1} "
-                    f"from it on {where} ({size:,} bytes), which rank {src} does not send ({counts})"
+                    f"rank {src} misses a send: {e.where(dst)} waits to receive message "
+                    f"#{i + 1} from it on {where} ({size:,} bytes), which rank {src} does not "
+                    f"send ({counts})"
                 )
             continue
         for (a, ea), (b, eb) in zip(out, into, strict=True):
