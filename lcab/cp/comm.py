@@ -16,6 +16,8 @@ all-gather and reduce-scatter, batch_isend_irecv), so the
 same code runs on CPU and GPU. Ranks that share a GPU talk over gloo, which cannot send a CUDA
 tensor point to point: those transfers go through host copies (`lcab.distributed.staging`; every
 transfer when forced, which is how tests run the staging path on CPU). Counts are the same.
+On a group of the schedule check (`lcab.cp.schedule.RecordedGroup`) every call is written into
+the rank's log instead, with buffers of the right shapes handed back: nothing is sent.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ def _group_size(group: Any) -> int:
 def _recorded(group: Any, kind: str, op: str, x: torch.Tensor, sent: int) -> bool:
     """Whether ``group`` is the schedule check's: then the collective is recorded, not run."""
     if isinstance(group, RecordedGroup):
-        group.log.collective(op, kind, group, x, sent)
+        group.log.issue(kind, op, group, [x], sent=sent)
     return isinstance(group, RecordedGroup)
 
 

@@ -72,11 +72,9 @@ class RankSchedule:
     pass_: str = "build"
     step: int = 0
 
-    def add(self, kind: str, **fields: Any) -> Event:
+    def add(self, kind: str, **fields: Any) -> None:
         """Append an event of ``kind`` at the current pass and step."""
-        event = Event(kind, self.pass_, self.step, **fields)
-        self.events.append(event)
-        return event
+        self.events.append(Event(kind, self.pass_, self.step, **fields))
 
     def start(self, pass_: str) -> None:
         """The next events belong to ``pass_``, counted from step 0."""
@@ -90,29 +88,19 @@ class RankSchedule:
     def post(
         self, op: str, group: RecordedGroup, dst: int, src: int, tensors: list[torch.Tensor]
     ) -> RecordedWork:
-        """An exchange posted: ``tensors`` sent to ``dst``, as many received from ``src``.
+        """An exchange: ``tensors`` to ``dst``, as many from ``src`` (the work records its wait)."""
+        self.issue("post", op, group, tensors, peer=dst, source=src, handle=len(self.events))
+        return RecordedWork(self, op, len(self.events) - 1)
 
-        The work returned records the wait for it.
-        """
-        sizes = tuple(t.numel() * t.element_size() for t in tensors)
-        handle = len(self.events)
-        dtype = str(tensors[0].dtype).removeprefix("torch.")
-        self.add(
-            "post", op=op, group=group.ranks, tag=group.tag, group_id=group.id, peer=dst,
-            source=src, sizes=sizes, sent=sum(sizes), dtype=dtype, handle=handle,
-        )  # fmt: skip
-        return RecordedWork(self, op, handle)
-
-    def collective(
-        self, op: str, kind: str, group: RecordedGroup, x: torch.Tensor, sent: int
+    def issue(
+        self, kind: str, op: str, group: RecordedGroup, tensors: list[torch.Tensor], **more: Any
     ) -> None:
-        """A blocking collective of ``kind`` (`COLLECTIVES`) over ``group`` with input ``x``."""
-        size = (x.numel() * x.element_size(),)
-        dtype = str(x.dtype).removeprefix("torch.")
-        self.add(
-            kind, op=op, group=group.ranks, tag=group.tag, group_id=group.id, sizes=size,
-            sent=sent, dtype=dtype,
-        )  # fmt: skip
+        """A post or a collective (``kind``) of ``tensors`` on ``group`` (``sent``: their bytes)."""
+        sizes = tuple(t.numel() * t.element_size() for t in tensors)
+        more.setdefault("sent", sum(sizes))
+        dtype = str(tensors[0].dtype).removeprefix("torch.")
+        self.add(kind, op=op, group=group.ranks, tag=group.tag, group_id=group.id, sizes=sizes,
+                 dtype=dtype, **more)  # fmt: skip
 
 
 @dataclass

@@ -96,11 +96,7 @@ def _collectives(logs: list[RankSchedule]) -> list[str]:
         first = by_rank[some.group[0]]
         for rank in some.group[1:]:
             for i, (a, b) in enumerate(zip_longest(by_rank[rank], first)):
-                if (
-                    a is None
-                    or b is None
-                    or (a.kind, a.sizes, a.dtype) != (b.kind, b.sizes, b.dtype)
-                ):
+                if _what(a) != _what(b):
                     said = [
                         f"rank {r} issues no collective #{i + 1} there"
                         if e is None
@@ -113,6 +109,11 @@ def _collectives(logs: list[RankSchedule]) -> list[str]:
                     )
                     break
     return problems
+
+
+def _what(e: Event | None) -> tuple[Any, ...] | None:
+    """What members must agree on of a collective: its kind, sizes and dtype."""
+    return None if e is None else (e.kind, e.sizes, e.dtype)
 
 
 def _messages(logs: list[RankSchedule]) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]]]:
