@@ -179,7 +179,7 @@ def _group_size(group: Any) -> int:
 def _recorded(group: Any, kind: str, op: str, x: torch.Tensor, sent: int) -> bool:
     """Whether ``group`` is the schedule check's: then the collective is recorded, not run."""
     if isinstance(group, RecordedGroup):
-        group.log.issue(kind, op, group, [x], sent=sent)
+        group.log.issue(kind, op, group, [x], sent)
     return isinstance(group, RecordedGroup)
 
 
