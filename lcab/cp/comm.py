@@ -16,20 +16,22 @@ all-gather and reduce-scatter, batch_isend_irecv), so the
 same code runs on CPU and GPU. Ranks that share a GPU talk over gloo, which cannot send a CUDA
 tensor point to point: those transfers go through host copies (`lcab.distributed.staging`; every
 transfer when forced, which is how tests run the staging path on CPU). Counts are the same.
+On a group of the schedule check (`lcab.cp.schedule.RecordedGroup`) every call is written into
+the rank's log instead, with buffers of the right shapes handed back: nothing is sent.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lcab.cp.phase_clock import phase_clock as phase_clock  # re-exported for the runner
 from lcab.cp.phase_clock import timed_phase
 from lcab.cp.phase_clock import traced_phases as traced_phases  # re-exported
+from lcab.cp.schedule import RecordedGroup
 from lcab.distributed import staging
 from lcab.lazy import lazy_module
 
@@ -86,14 +88,12 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-@contextmanager
-def phase(name: str) -> Iterator[None]:
+def phase(name: str) -> timed_phase:
     """Add the duration of the block to ``STATS.seconds[name]`` (compute, comm, wait, ...).
 
     On the phase clock (`lcab.cp.phase_clock`): the GPU's while a call is described on CUDA.
     """
-    with timed_phase(name, STATS.seconds):
-        yield
+    return timed_phase(name, STATS.seconds)
 
 
 def _count(op: str, sent: int) -> None:
@@ -138,15 +138,19 @@ def exchange(
     Returns immediately (the transfer overlaps whatever the caller computes next).
     """
     send = [t.contiguous() for t in send]
-    if staging.stages_p2p() and send:
+    recorded = isinstance(group, RecordedGroup)  # the schedule check: nothing is sent
+    if staging.stages_p2p() and send and not recorded:
         return _exchange_staged(send, dst, src, group, op)
     # contiguous buffers: empty_like would copy a non-contiguous tensor's strides, and the
     # transport writes raw memory
     received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in send]
-    ops = [dist.P2POp(dist.isend, t, dst, group) for t in send]
-    ops += [dist.P2POp(dist.irecv, t, src, group) for t in received]
-    with phase("comm"):
-        works = dist.batch_isend_irecv(ops)
+    if recorded:
+        works: list[Any] = [group.log.post(op, group, dst, src, send)]
+    else:
+        ops = [dist.P2POp(dist.isend, t, dst, group) for t in send]
+        ops += [dist.P2POp(dist.irecv, t, src, group) for t in received]
+        with phase("comm"):
+            works = dist.batch_isend_irecv(ops)
     _count(op, sum(nbytes(t) for t in send))
     return PendingExchange(works, received)
 
@@ -167,22 +171,34 @@ def _exchange_staged(
 
 # ---------------------------------------------------------------------------- collectives
 def _group_size(group: Any) -> int:
+    if isinstance(group, RecordedGroup):
+        return len(group.ranks)
     return int(dist.get_world_size(group))
+
+
+def _recorded(group: Any, kind: str, op: str, x: torch.Tensor, sent: int) -> bool:
+    """Whether ``group`` is the schedule check's: then the collective is recorded, not run."""
+    if isinstance(group, RecordedGroup):
+        group.log.issue(kind, op, group, [x], sent)
+    return isinstance(group, RecordedGroup)
 
 
 def all_to_all_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
     """all_to_all_single over dim 0 (equal splits), counted."""
     size = _group_size(group)
     x = x.contiguous()
+    sent = nbytes(x) * (size - 1) // size
     with phase("comm"):
-        if staging.stages_collectives():
+        if _recorded(group, "a2a", op, x, sent):
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        elif staging.stages_collectives():
             host = staging.host_like(x)
             dist.all_to_all_single(host, staging.to_host(x), group=group)
             out = staging.to_device(host, x)
         else:
             out = torch.empty_like(x, memory_format=torch.contiguous_format)
             dist.all_to_all_single(out, x, group=group)
-    _count(op, nbytes(x) * (size - 1) // size)
+    _count(op, sent)
     return out
 
 
@@ -233,7 +249,8 @@ def all_gather_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
     size = _group_size(group)
     out = torch.empty((size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     with phase("comm"):
-        all_gather_flat(out, x.contiguous(), group=group)
+        if not _recorded(group, "allgather", op, x, nbytes(x) * (size - 1)):
+            all_gather_flat(out, x.contiguous(), group=group)
     _count(op, nbytes(x) * (size - 1))
     return out
 
@@ -243,7 +260,9 @@ def reduce_scatter_raw(x: torch.Tensor, group: Any, op: str) -> torch.Tensor:
     size = _group_size(group)
     out = torch.empty((x.shape[0] // size, *x.shape[1:]), dtype=x.dtype, device=x.device)
     with phase("comm"):
-        if staging.stages_collectives():
+        if _recorded(group, "reduce_scatter", op, x, nbytes(out) * (size - 1)):
+            pass
+        elif staging.stages_collectives():
             host = staging.host_like(out)
             _flat_reduce_scatter()(host, staging.to_host(x), op=dist.ReduceOp.SUM, group=group)
             out.copy_(host)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
-from lcab.cp.base import Plan, Strategy, StrategyOptions, element_bytes
+from lcab.cp.base import Plan, Strategy, StrategyOptions
 from lcab.cp.prepared import CPPrepared
 from lcab.cp.ring import ring_steps
 from lcab.cp.ring_attention import RingSpec, Step, ring_attention_function
@@ -54,8 +54,8 @@ class UlyssesRing(Strategy):
     def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         out = self.ring_volume(plan, problem)
         if plan.ulysses > 1:
-            one_way = a2a_bytes(plan, problem, element_bytes(problem))
-            out |= {"a2a": one_way, "a2a_grad": one_way}
+            q, kv = a2a_bytes(plan, problem)
+            out |= {"a2a": 2 * q + 2 * kv, "a2a_grad": 2 * q + 2 * kv}
         return out
 
     @abstractmethod

@@ -56,7 +56,7 @@ class LoongTrain(UlyssesRing):
     def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
         w = plan.windows
         s = plan.ring // w
-        block = 2 * plan.shard_len * plan.ulysses * plan.heads.local_kv * problem.head_dim
+        block = plan.ring_block(problem.head_dim)
         kv, acc = block * element_bytes(problem), block * accumulator_bytes(problem)
         pairs = {
             "loong_outer_kv": (w - 1) * kv,

@@ -23,9 +23,9 @@ def merge_into(
     """In place: (out, lse) ← merge((out, lse), (part, part_lse)); out (S, H, D), lse (H, S)."""
     part_lse = part_lse.to(lse.dtype)
     new = torch.logaddexp(lse, part_lse)
-    finite = torch.isfinite(new)
-    w_old = torch.where(finite, torch.exp(lse - new), torch.zeros_like(new))
-    w_new = torch.where(finite, torch.exp(part_lse - new), torch.zeros_like(new))
+    # rows still empty on both sides: -inf - -inf is NaN, their weight 0
+    w_old = torch.exp(lse - new).nan_to_num_(0.0)
+    w_new = torch.exp(part_lse - new).nan_to_num_(0.0)
     out.mul_(w_old.t().unsqueeze(-1)).add_(part.to(out.dtype) * w_new.t().unsqueeze(-1))
     lse.copy_(new)
 

@@ -85,6 +85,10 @@ class Plan:
         """Local tokens per rank (padding included)."""
         return len(self.rank_layouts[0])
 
+    def ring_block(self, head_dim: int) -> int:
+        """Elements of the K and V block that travels a ring: a ring shard's tokens, my heads."""
+        return 2 * self.shard_len * self.ulysses * self.heads.local_kv * head_dim
+
     @property
     def padding_tokens(self) -> int:
         """Padding positions over all shards of the ring dimension."""

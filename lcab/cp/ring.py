@@ -63,9 +63,7 @@ def ring_bytes(plan: Plan, problem: Problem, prefix: str) -> dict[str, int]:
     r = plan.ring
     if r == 1:
         return {}
-    tokens = plan.shard_len * plan.ulysses  # tokens of one ring block
-    kv_heads = plan.heads.local_kv
-    block = 2 * tokens * kv_heads * problem.head_dim
+    block = plan.ring_block(problem.head_dim)
     kv = (r - 1) * block * element_bytes(problem)
     return {
         f"{prefix}_kv": kv,

@@ -108,12 +108,12 @@ class RingSpec:
         """A schedule from a list of steps (any order), keyed by their source position."""
         return cls(ranks, position, channels, {s.source: s for s in steps}, **kw)
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         """Ring size R."""
         return len(self.ranks)
 
-    @property
+    @functools.cached_property
     def window_size(self) -> int:
         """Ring positions per window."""
         return self.size // self.windows
@@ -121,12 +121,12 @@ class RingSpec:
     def _at(self, window: int, slot: int) -> int:
         return self.ranks[(window % self.windows) * self.window_size + slot % self.window_size]
 
-    @property
+    @functools.cached_property
     def window(self) -> int:
         """Window of this ring position."""
         return self.position // self.window_size
 
-    @property
+    @functools.cached_property
     def slot(self) -> int:
         """Position inside the window."""
         return self.position % self.window_size

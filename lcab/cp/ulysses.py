@@ -22,6 +22,7 @@ from lcab.cp.base import (
     Plan,
     Strategy,
     StrategyOptions,
+    element_bytes,
     register_strategy,
     step_mask,
 )
@@ -104,15 +105,18 @@ def local_call(
         return prepared.from_native(out), lse
 
 
-def a2a_bytes(plan: Plan, problem: Problem, elem: int) -> int:
-    """Bytes one rank sends in the four all-to-alls (q, k, v in; out back) of one direction."""
-    n, u, h = plan.shard_len, plan.ulysses, plan.heads
+def a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:
+    """(q-sized, kv-sized) bytes one rank sends in one all-to-all of its Ulysses group.
+
+    A direction's four (q, k, v in and out back; the backward's gradients) send 2q + 2kv.
+    """
+    n, u, h, elem = plan.shard_len, plan.ulysses, plan.heads, element_bytes(problem)
     per_call = [
         n * problem.heads_q * problem.head_dim * elem,
         n * h.heads_kv * h.kv_replication * problem.head_dim * elem,
     ]
-    q_bytes, kv_bytes = (b * (u - 1) // u for b in per_call)
-    return 2 * q_bytes + 2 * kv_bytes
+    q, kv = (b * (u - 1) // u for b in per_call)
+    return q, kv
 
 
 @dataclass
@@ -138,12 +142,10 @@ class Ulysses(Strategy):
 
     @override
     def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
-        from lcab.cp.base import element_bytes
-
         if plan.ulysses == 1:
             return {}
-        one_way = a2a_bytes(plan, problem, element_bytes(problem))
-        return {"a2a": one_way, "a2a_grad": one_way}
+        q, kv = a2a_bytes(plan, problem)
+        return {"a2a": 2 * q + 2 * kv, "a2a_grad": 2 * q + 2 * kv}
 
     def build(
         self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, dist: DistContext

@@ -156,13 +156,19 @@ class DistContext:
         if len(members) == 1:
             return None
         if members == tuple(range(self.world)) and not tag:
-            return dist.group.WORLD
+            return self._world_group()
         key = (tag, *members)
         if key not in self._groups:
-            self._groups[key] = dist.new_group(
-                list(members), backend=self.backend, **pg_options(self.backend, self.high_priority)
-            )
+            self._groups[key] = self._new_group(members, tag)
         return self._groups[key]
+
+    def _world_group(self) -> Any:
+        return dist.group.WORLD
+
+    def _new_group(self, members: tuple[int, ...], tag: str) -> Any:
+        """``new_group`` (the schedule check's context records the call instead)."""
+        options = pg_options(self.backend, self.high_priority)
+        return dist.new_group(list(members), backend=self.backend, **options)
 
     def barrier(self) -> None:
         """World barrier."""

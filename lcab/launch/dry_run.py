@@ -52,9 +52,12 @@ class JobRow:
     warning: str = ""
     """Why the job's lengths measure little on its ranks (`lcab.cell.few_tokens_warning`)."""
     refused: tuple[str, ...] = ()
-    """Why the job would end ``skipped`` wherever it runs (`lcab.launch.refusals`); such a job
-    is priced at zero and counted apart."""
+    """Why the job would end ``skipped`` wherever it runs (`lcab.launch.refusals`), or why its
+    schedule would hang or move other bytes than planned (`schedule`); such a job is priced at
+    zero and counted apart."""
     device: str = "cpu"
+    schedule: str = ""
+    """What the schedule check of a context-parallel job saw (`lcab.cp.schedule_check`)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -69,10 +72,12 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
     GPU, ``problem.device=auto`` is CUDA even on a login node without one (`job_device`).
     """
     jobs = [(job, cfg, resolve_cell(cfg)) for job, cfg in composed_jobs(overrides, multirun)]
-    refusals, predicted = _checks(expect, [(cfg, cell) for _, cfg, cell in jobs])
+    refusals, predicted, schedules = _checks(expect, [(cfg, cell) for _, cfg, cell in jobs])
     expectations = [None if why else value for why, value in zip(refusals, predicted, strict=True)]
     rows = []
-    for (job, cfg, cell), expectation, refused in zip(jobs, expectations, refusals, strict=True):
+    for (job, cfg, cell), expectation, refused, (schedule, wrong) in zip(
+        jobs, expectations, refusals, schedules, strict=True
+    ):
         if uses_slurm(cfg):
             launcher, settings = "slurm", composed_settings(cfg)
         else:
@@ -95,8 +100,9 @@ def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None
                 expectation,
                 per_rank,
                 few_tokens_warning(cell.seqlens, world, cell.device),
-                refused,
+                refused or wrong,
                 cell.device,
+                schedule,
             )
         )
     return rows
@@ -116,7 +122,27 @@ def _task(kind: str, index: int) -> Any:
     if kind == "refuse":
         slurm = frontier_problems(cell) if uses_slurm(cfg) else []
         return tuple(slurm + job_refusal(cell))
+    if kind == "schedule":
+        return _schedule(cell)
     return expect(cfg, cell) if expect is not None else None
+
+
+def _schedule(cell: Cell) -> tuple[str, tuple[str, ...]]:
+    """(what the schedule check saw, its refusal) of a context-parallel job (torch: loaded).
+
+    Every rank of the job's world run through the strategy's real code, nothing sent
+    (`lcab.cp.schedule_check`); a schedule that would hang or move other bytes than planned
+    refuses the job, so it never reaches the cluster.
+    """
+    if cell.cp == "none":
+        return "", ()
+    from lcab.cp.schedule_check import check_job
+
+    report = check_job(cell)
+    if isinstance(report, str):
+        return report, ()
+    problems = tuple(f"schedule check: {p}" for p in report.problems[:3])
+    return report.text(), problems
 
 
 def _task_in_worker(task: tuple[str, int]) -> Any:
@@ -128,44 +154,38 @@ def _task_in_worker(task: tuple[str, int]) -> Any:
 
 def _checks(
     expect: Expect | None, jobs: list[tuple[DictConfig, Cell]]
-) -> tuple[list[tuple[str, ...]], list[Any]]:
-    """Every job's refusal and the planner's expectation of it, side by side on every core.
+) -> tuple[list[tuple[str, ...]], list[Any], list[tuple[str, tuple[str, ...]]]]:
+    """Every job's refusal, schedule check and the planner's expectation, on every core.
 
-    Both are CPU-bound and independent: a 96-rank job's refusal lowers its kernel's mask for
-    each of 9,216 blocks while its expectation replays the plan, so even one job's two run in
-    two processes (`lcab.config.fork_map`: forked workers inherit every module and the jobs; a
-    worker that fails, dies or hangs is killed and its share done here). A task that raised in
-    a worker runs again here, so that its error is raised as in a single process. A refused
-    job's expectation is made but not shown. Not a `multiprocessing.Pool`: now and then in CI
-    its exit (terminate, then join a worker) waited for ever, its forked workers stuck in a
-    futex; fork_map bounds every wait and kills what is late.
+    All are CPU-bound and independent: a 96-rank job's refusal lowers its kernel's mask for
+    each of 9,216 blocks, its schedule check runs 96 ranks' code and its expectation replays
+    the plan, so even one job's three run in two processes (`lcab.config.fork_map`: forked
+    workers inherit every module and the jobs; a worker that fails, dies or hangs is killed and
+    its share done here). A task that raised in a worker runs again here, so that its error is
+    raised as in a single process. A refused job's expectation is made but not shown. Not a
+    `multiprocessing.Pool`: now and then in CI its exit (terminate, then join a worker) waited
+    for ever, its forked workers stuck in a futex; fork_map bounds every wait and kills what
+    is late.
     """
     global _JOBS
-    kinds = ("refuse", "expect") if expect is not None else ("refuse",)
-    # refusal and expectation of a job alternate between the workers' round-robin shares
-    tasks = [
-        (kinds[(i + k) % len(kinds)] if i % 2 else kinds[k], i)
-        for i in range(len(jobs))
-        for k in range(len(kinds))
-    ]
+    # the schedule check (the longest) second, so a round-robin of two gives it a worker alone
+    kinds = ("refuse", "schedule", "expect") if expect is not None else ("refuse", "schedule")
+    tasks = [(kind, i) for i in range(len(jobs)) for kind in kinds]
     _JOBS = (expect, jobs)
     try:
         answers = dict(zip(tasks, fork_map(_task_in_worker, tasks, usable_cores()), strict=True))
-        refusals = [
-            _task("refuse", i) if answers["refuse", i] is _FAILED else answers["refuse", i]
-            for i in range(len(jobs))
-        ]
-        expectations = [
-            None
-            if refusals[i] or expect is None  # a refused job's expectation is not shown
-            else _task("expect", i)
-            if answers["expect", i] is _FAILED
-            else answers["expect", i]
-            for i in range(len(jobs))
+
+        def answer(kind: str, i: int) -> Any:
+            return _task(kind, i) if answers[kind, i] is _FAILED else answers[kind, i]
+
+        refusals = [answer("refuse", i) for i in range(len(jobs))]
+        schedules = [answer("schedule", i) for i in range(len(jobs))]
+        expectations = [  # a refused job's expectation is not shown
+            None if refusals[i] or expect is None else answer("expect", i) for i in range(len(jobs))
         ]
     finally:
         _JOBS = None
-    return refusals, expectations
+    return refusals, expectations, schedules
 
 
 def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = None) -> int:
@@ -249,6 +269,10 @@ def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = Non
         f"total: {len(rows)} job(s){apart}, at most {bound} ({core_hours:.1f} CPU "
         "core-hours) from the time limits"
     )
+    checked = [f"  job {i}: {row.schedule}" for i, row in enumerate(rows) if row.schedule]
+    if checked:
+        print("schedules (every rank's own code at the job's world size, nothing sent):")
+        print("\n".join(checked))
     if expect is not None:
         what = _wall(expected * 3600) if on_cpu else f"{expected:.3g} GPU-hours"
         line = (

@@ -16,6 +16,7 @@ def _topics() -> dict[str, Callable[[], None]]:
         kernels,
         masks,
         predict,
+        schedule,
         startup,
         telemetry,
     )
@@ -29,6 +30,7 @@ def _topics() -> dict[str, Callable[[], None]]:
         "cp": cp.run,
         "predict": predict.run,
         "predict-more": predict.run_more,
+        "schedule": schedule.run,
         "startup": startup.run,
         "telemetry": telemetry.run,
     }

@@ -8,13 +8,15 @@ all-gather and reduce-scatter — with what each step overlaps. Step work comes 
 `lcab.plan.areas` (exact attended area of the step's shard pair), bytes from the plan's own
 per-operation volumes, so the replay moves exactly what the runner counts (tests check both).
 
-How the code overlaps, and so how the replay does (`lcab.cp.ring_attention`):
+How the code overlaps, and so how the replay does (`lcab.cp.ring_attention`; the schedule check's
+recording holds the two equal transfer by transfer, `tests/unit/test_cp_schedule_grid.py`):
 
 * a ring step posts the next K/V transfer before its compute and waits after it (overlapped);
-* in the backward, a step's dK/dV accumulator is sent after its compute and waited at once
-  (exposed), while the next K/V block travels during the compute;
+* in the backward, a step's dK/dV accumulator, sent after its compute, travels during the next
+  step's compute; the hop that brings a window's own block's accumulator home is waited at once
+  (exposed);
 * LoongTrain's next-window K/V travels during a whole window of inner steps; the window's dK/dV
-  accumulator moves on after the window (exposed);
+  accumulator moves on to the next window during its first step (the last one exposed);
 * all-to-alls, the all-gather and the reduce-scatter are blocking collectives (exposed).
 
 That is lcab's runner; another implementation of the same schedules (`lcab.plan.harness`)
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from lcab.cp.base import Plan, Strategy, accumulator_bytes, element_bytes
+from lcab.cp.ulysses import a2a_bytes
 from lcab.distributed.groups import Grid
 from lcab.flops import PASS_FACTORS
 from lcab.kernels import Problem
@@ -133,14 +136,6 @@ def _family(name: str) -> str:
     return families[name]
 
 
-def _a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:
-    """(q-sized, kv-sized) bytes one rank sends in one all-to-all of its Ulysses group."""
-    u, n, h, elem = plan.ulysses, plan.shard_len, plan.heads, element_bytes(problem)
-    q = n * problem.heads_q * problem.head_dim * elem * (u - 1) // u
-    kv = n * h.heads_kv * h.kv_replication * problem.head_dim * elem * (u - 1) // u
-    return q, kv
-
-
 def _ulysses_ends(
     plan: Plan, problem: Problem, links: Links, rank: int, bwd: bool, harness: Harness
 ) -> tuple[Stage, Stage]:
@@ -151,7 +146,7 @@ def _ulysses_ends(
     """
     grid = Grid(plan.world, plan.ulysses, rank)
     group = grid.my_ulysses_group()
-    q, kv = _a2a_bytes(plan, problem)
+    q, kv = a2a_bytes(plan, problem)
     op = "a2a_grad" if bwd else "a2a"
     before = [q] if bwd else [q, kv, kv]  # fwd: q, k, v in; bwd: dout in
     after = [q, kv, kv] if bwd else [q]  # fwd: out back; bwd: dq, dk, dv back
@@ -206,8 +201,7 @@ def _allgather(
     calls = len(row_sets) // plan.world
     call_work = CallWorks(pair_work(mask, row_sets, [everything], diagonal=diagonal), plan, problem)
     call = Call("allgather", harness, plan.shard_len // calls, len(everything), documents_of(mask))
-    shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
-    moved = 2 * (plan.ring - 1) * shard
+    moved = plan.comm_bytes.get("allgather_kv", 0)  # each way: K and V, all but one shard
     group = list(range(plan.world))
     whole = Elements(
         plan.shard_len * plan.heads.local_q * problem.head_dim,
@@ -263,7 +257,7 @@ def _ring(
     inner, outer = (f"{prefix}_inner", f"{prefix}_outer") if w > 1 else (prefix, prefix)
     if plan.strategy == "loongtrain" and w == 1:
         inner = outer = "loong_inner"
-    block = 2 * plan.shard_len * plan.ulysses * plan.heads.local_kv * problem.head_dim
+    block = plan.ring_block(problem.head_dim)
     kv = block * element_bytes(problem)
     acc_elem = accumulator_bytes(problem) if harness.dkv_in_accumulator else element_bytes(problem)
     acc = block * acc_elem

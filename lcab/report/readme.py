@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from lcab.config import CONF_DIR
+from lcab.cp.schedule_check import schedule_markdown
 from lcab.report.gpu_verification import (
     cp_verification_markdown,
     read_verification,
@@ -128,6 +129,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "kernel-matrix": kernel_matrix_markdown,
     "strategy-matrix": strategy_matrix_markdown,
     "gpu-strategy-matrix": gpu_strategy_matrix_markdown,
+    "cp-schedules": schedule_markdown,
     "gpu-verification": committed_gpu_table,
     "help": help_template,
 }

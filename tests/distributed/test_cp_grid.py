@@ -7,8 +7,11 @@ strategy's analytic volume. S = 101 is odd, so every balancer pads.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from lcab.cp import STRATEGIES
 from lcab.cp.balance import BALANCERS
 from lcab.masks import get_pattern, list_masks
 from tests.distributed.grid import Case, run_grid
@@ -40,13 +43,24 @@ def mask_params(name: str, heads_kv: int) -> tuple:
 
 
 def strategies(world: int) -> list[tuple[str, dict]]:
-    out = [("ulysses", {}), ("ring", {}), ("ring_allgather", {})]
-    for degree in sorted({2, world // 2} if world > 2 else {world}):
-        if world % degree == 0:
-            out.append(("usp", {"ulysses_degree": degree}))
-    out.append(("loongtrain", {"ulysses_degree": 1}))  # a double ring over every rank
-    if world >= 4:
-        out.append(("loongtrain", {"ulysses_degree": 2}))
+    """Every registered strategy; one with a Ulysses degree in 2-D layouts of ``world``.
+
+    Ulysses groups of 2 and of half the world; a strategy with windows instead a double ring
+    over every rank (degree 1) and groups of 2 — each with a ring of more than one rank.
+    """
+    out: list[tuple[str, dict]] = []
+    for name in STRATEGIES.names():
+        fields = {f.name for f in dataclasses.fields(STRATEGIES.get(name).options_cls)}
+        if "ulysses_degree" not in fields:
+            out.append((name, {}))
+            continue
+        windows = "window_count" in fields
+        degrees = {1, 2} if windows else {2, world // 2}
+        out += [
+            (name, {"ulysses_degree": d})
+            for d in sorted(degrees)
+            if world % d == 0 and (d < world if windows else d >= 2)
+        ]
     return out
 
 

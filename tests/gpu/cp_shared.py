@@ -23,6 +23,7 @@ cells once spent, so the step ends inside its share of the GPU check whatever co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -38,16 +39,29 @@ PARAMS: dict[str, dict[str, Any]] = {
     "causal_document": {"doc_source": "uniform", "min_doc_len": 37, "max_doc_len": 300},
     "sliding_window": {"window": 129},
 }
-CONFIGS: tuple[tuple[str, tuple[tuple[str, Any], ...], int], ...] = (
-    ("ulysses", (), 2),
-    ("ring", (), 2),
-    ("ring_allgather", (), 2),
-    ("usp", (("ulysses_degree", 2),), 4),  # 2 Ulysses groups x rings of 2
-    ("loongtrain", (("ulysses_degree", 1),), 4),  # a double ring: 2 windows of 2
-)
-"""(strategy, options, world): Ulysses and the rings at world 2; USP and LoongTrain at 4 only,
-with a ring of more than one rank — at world 2 their default Ulysses degree (the ranks of the
-node) leaves a ring of one, which is Ulysses again and verifies nothing of theirs."""
+
+
+def _configs() -> tuple[tuple[str, tuple[tuple[str, Any], ...], int], ...]:
+    """(strategy, options, world) of every registered strategy; see `CONFIGS`."""
+    from lcab.cp import STRATEGIES
+
+    out = []
+    for name in STRATEGIES.names():
+        fields = {f.name for f in dataclasses.fields(STRATEGIES.get(name).options_cls)}
+        if "window_count" in fields:
+            out.append((name, (("ulysses_degree", 1),), 4))  # a double ring: 2 windows of 2
+        elif "ulysses_degree" in fields:
+            out.append((name, (("ulysses_degree", 2),), 4))  # 2 Ulysses groups x rings of 2
+        else:
+            out.append((name, (), 2))
+    return tuple(out)
+
+
+CONFIGS = _configs()
+"""(strategy, options, world): one-dimensional strategies at world 2; those with a Ulysses
+degree at world 4 only, with a ring of more than one rank — at world 2 their default Ulysses
+degree (the ranks of the node) leaves a ring of one, which is Ulysses again and verifies
+nothing of theirs; with windows, as a double ring over every rank."""
 S, HQ, HKV, D = 1000, 8, 2, 64  # S not a multiple of 128, as in the kernel tier
 SKIPPED_KERNELS = ("reference",)
 """The fp64 reference is the yardstick, not a kernel under test."""
