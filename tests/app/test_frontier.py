@@ -94,8 +94,10 @@ def test_a_rank_the_cgroup_kills_is_an_oom_probe_not_the_end(tmp_path: Path) -> 
     assert all("the memory cgroup counted a kill" in p["reason"] for p in killed)  # evidence
     # no bench.memory_budget_gib: the planner's budget is the cgroup's limit, not the host's RAM
     assert record["frontier_budget_gib"] is None
-    assert record["frontier_predicted_budget_gib"] == pytest.approx(0.6, rel=1e-3)  # in pages
+    # the cgroup's limit less what lcab.main (torch imported) already holds there
+    assert 0.1 < record["frontier_predicted_budget_gib"] < 0.6
     assert "memory cgroup" in record["frontier_budget_limit"]
+    assert "less the" in record["frontier_budget_limit"]
     # the host's RAM put it ~100x too long; the cgroup's limit within a small factor (the
     # supervising process and the forkserver share it; 20,480 both, 2-core VM, 2026-12-07)
     assert record["frontier_predicted_ratio"] > 0.25
