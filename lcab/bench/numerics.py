@@ -18,7 +18,7 @@ import math
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from lcab.bench.inputs import BLOCK_TOKENS, SeededInputs
-from lcab.bench.job_memory import host_available
+from lcab.bench.job_memory import cgroup_room, host_available
 from lcab.cell import dtype_name
 from lcab.kernels import PreparedAttention, get_kernel
 from lcab.kernels.reference import STREAM_CHUNK_BYTES, streamed_rows
@@ -91,12 +91,17 @@ def reference_bytes(
 
 
 def memory_budget(device: torch.device) -> int:
-    """Bytes a numerics check may take: 90 % of the free GPU memory, half the host's available."""
+    """Bytes a numerics check may take: 90 % of the free GPU memory, half the host's available.
+
+    In a memory cgroup, half of the cgroup's room now if that is less: a check sized by the
+    host's memory killed the timed run of every frontier in a 0.75 GiB cgroup.
+    """
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * 0.9)
-    available = host_available()
-    return 1 << 62 if available is None else available // 2  # no reading: do not refuse
+    room = cgroup_room()
+    known = [b for b in (host_available(), room and room[0] - room[2]) if b is not None]
+    return min(known) // 2 if known else 1 << 62  # no reading: do not refuse
 
 
 class Reference:

@@ -122,3 +122,17 @@ def test_a_gpu_job_may_use_the_free_memory_of_its_gpus(emulated_nvml_dir: Path):
     done = run_with_nvml(emulated_nvml_dir, only1 + BUDGET.format('job_budget("cuda", 1)'))
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)[0][0] == pytest.approx(free1 / GIB)
+
+
+def test_a_numerics_check_in_a_memory_cgroup_is_sized_by_its_room_not_the_host_s():
+    # the check runs beside the kernel's tensors (here 0.25 GiB): half of what is left of 0.75
+    code = (
+        "held = bytearray(1 << 28); import torch; from lcab.bench.numerics import memory_budget;"
+        " print(memory_budget(torch.device('cpu')))"
+    )
+    with memory_cgroup(int(0.75 * GIB)) as inside:
+        done = subprocess.run(
+            [*inside, sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 0 < int(done.stdout) < (0.75 - 0.25) / 2 * GIB  # less torch's own pages too
