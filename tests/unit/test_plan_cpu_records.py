@@ -75,6 +75,10 @@ def test_the_shipped_ranges_rates_are_the_kernels_only_fit_of_these_records(tmp_
     assert done.returncode == 0, done.stderr
     fitted = yaml.safe_load(out.read_text())
     shipped = load_profile("cpu_gloo_local")
+    assert (
+        "plan_fit.py rates notebooks/data/plan_cpu_records.jsonl"
+        in shipped.sources["kernels.ranges"]
+    )
     rate = shipped.rate("ranges")
     assert rate.diagonal_rows == 128
     for name in ("fwd_tflops", "bwd_tflops", "half_keys", "bwd_half_keys"):

@@ -177,3 +177,17 @@ def test_the_shipped_profile_s_frontier_would_have_run_in_95_percent_of_the_meas
     points = frontier_points(read_records(DATA / f"{name}.jsonl"))
     checks = check_memory(points, load_profile("cpu_gloo_local"))
     assert _would_have_run(checks) >= 0.95 * len(checks)
+
+
+def test_the_shipped_memory_terms_are_the_fit_of_the_committed_records() -> None:
+    """`conf/hardware/cpu_gloo_local.yaml`'s ``kernel_memory`` and margin come back from the
+    records and the command its ``sources`` name."""
+    shipped = load_profile("cpu_gloo_local")
+    points = frontier_points(read_records(DATA / "frontier_cpu_fit_records.jsonl"))
+    fitted = fit_memory(points, dataclasses.replace(shipped, kernel_memory={})).hardware
+    assert fitted.kernel_memory == shipped.kernel_memory
+    assert fitted.memory_margin == shipped.memory_margin
+    assert (
+        "plan_fit.py memory notebooks/data/frontier_cpu_fit_records.jsonl"
+        in (shipped.sources["kernel_memory"])
+    )
