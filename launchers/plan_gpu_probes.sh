@@ -21,6 +21,7 @@ cd "$(dirname "$0")/.." || exit 1
 out=${1:-outputs/plan-gpu/$(date +%Y-%m-%d_%H-%M-%S)}
 mkdir -p "$out"
 python=${LCAB_PYTHON:-.venv/bin/python}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # lcab from this checkout, installed or not
 [ -n "${LCAB_PYTHON:-}" ] || [ -x "$python" ] || python=python3
 "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
   echo "plan_gpu_probes: no CUDA device visible to $python's torch; nothing to measure" >&2

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
 from lcab.plan.hardware import Hardware, load_profile
@@ -190,11 +189,6 @@ def run(argv: list[str]) -> int:
     return _check(points, hardware)
 
 
-def _console() -> Console:
-    """The terminal's width, or 120 columns off one."""
-    return console()
-
-
 def _check(points: list, hardware: Hardware) -> int:
     from lcab.plan.calibrate import check
 
@@ -210,10 +204,10 @@ def _check(points: list, hardware: Hardware) -> int:
             f"{r.predicted_ms:.2f}",
             f"{100 * r.error:+.0f}%",
         )
-    console = _console()
-    console.print(table)
+    out = console()
+    out.print(table)
     errors = np.abs([r.error for r in rows])
-    console.print(
+    out.print(
         f"{len(rows)} passes: median |error| {100 * np.median(errors):.0f} %, max "
         f"{100 * errors.max():.0f} %, within ±30 %: {int((errors <= 0.30).sum())}/{len(rows)}"
     )
@@ -224,7 +218,7 @@ def _published(hardware: Hardware) -> int:
     from lcab.plan.published import CP_SIZES, compare, ordering_agreement
 
     rows = compare(hardware)
-    console = _console()
+    out = console()
     table = Table(
         title=f"predicted/published per-GPU TFLOP/s (H100 blog table) on {hardware.name}, "
         "costing the code that was measured (harness=longca)"
@@ -241,14 +235,14 @@ def _published(hardware: Hardware) -> int:
             cp,
             *(f"{r.predicted:.0f}/{r.published:.0f} {100 * r.error:+.0f}%" for r in cells),
         )
-    console.print(table)
+    out.print(table)
     errors = np.abs([r.error for r in rows])
-    console.print(
+    out.print(
         f"{len(rows)} cells: median |error| {100 * np.median(errors):.0f} %, within ±25 %: "
         f"{int((errors <= 0.25).sum())}/{len(rows)}"
     )
     for (mask, pass_), (agree, total) in ordering_agreement(rows).items():
-        console.print(f"ordering {mask} {pass_}: {agree}/{total} strategy pairs as published")
+        out.print(f"ordering {mask} {pass_}: {agree}/{total} strategy pairs as published")
     return 0
 
 
@@ -289,7 +283,7 @@ def print_frontier_checks(points: list, hardware: Hardware) -> None:
             "-" if c.ratio is None else f"{c.ratio:.2f}",
             "yes" if c.safe else "[red]no[/]",
         )
-    screen = _console()
+    screen = console()
     screen.print(table)
     safe = sum(c.safe for c in checks)
     screen.print(
