@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
-"$bin/ruff" format --check lcab tests
-"$bin/ruff" check lcab tests
+"$bin/ruff" format --check lcab tests launchers
+"$bin/ruff" check lcab tests launchers
 "$bin/mypy"
 "$bin/lint-imports"

@@ -12,18 +12,18 @@ def _topics() -> dict[str, Callable[[], None]]:
         balance,
         cp,
         gpu_timer,
-        harness,
         kernels,
         masks,
         predict,
         schedule,
         startup,
         telemetry,
+        timer_overhead,
     )
 
     return {
         "masks": masks.run,
-        "harness": harness.run,
+        "timer-overhead": timer_overhead.run,
         "gpu-timer": gpu_timer.run,
         "kernels": kernels.run,
         "balance": balance.run,

@@ -9,9 +9,10 @@ Public API::
     prediction.fwd.tflops, prediction.fwd.comm_ms, prediction.memory_mib
 
 Layers inside: `areas` (exact work of shard pairs) → `replay` (the strategy's schedule, rank by
-rank) → `model` (time on a `hardware` profile) → `predict` / `recommend` / `calibrate` /
-`kernel_figures` (a profile's kernel rates from public single-GPU figures,
-``python -m lcab.plan.kernel_figures``) → `app` / `cli` (``python -m lcab.plan``).
+rank) → `model` (time on a `hardware` profile) → `predict` / `recommend` / `calibrate` (held to
+records) / `kernel_figures` (a profile's kernel rates from public single-GPU figures,
+``python -m lcab.plan.kernel_figures``) → `app` / `cli` (``python -m lcab.plan``). The lab tools
+that measure or fit a profile's numbers are ``launchers/plan_*.py``.
 """
 
 from __future__ import annotations

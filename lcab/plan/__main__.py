@@ -1,4 +1,4 @@
-"""``python -m lcab.plan``: Hydra predictions, or ``--calibrate`` / ``--check`` on records."""
+"""``python -m lcab.plan``: Hydra predictions, or ``--check`` / ``--check-memory`` on records."""
 
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ def app(cfg: DictConfig) -> None:
     if origin is not None:
         print(
             f"lcab plan: note: {origin} (own rates: {', '.join(hardware.kernels)}). Fit one "
-            "with `python -m lcab.plan --calibrate` on that kernel's records.",
+            "with `python launchers/plan_fit.py rates` on that kernel's records.",
             file=sys.stderr,
         )
     out_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -1,13 +1,12 @@
-"""Fit a profile's free parameters to measured records, and check predictions against records.
+"""The planner held to measured records: one point per measured pass, predicted beside it.
 
 Each measured record that ran ``ok`` gives one point per timed pass: the cell, the pass, and
 its p50 time (on the slowest rank under CP) — the quantity `lcab.plan.model` predicts. Records of
 single-device kernel runs (``cp=none``) are points too: one kernel call over the whole mask, so a
-GPU machine's own kernel sweep fits the profile's kernel rates, and CP records add the links.
-Replays depend only on the cell, so they are built once; the fit then varies the profile's free
-parameters (kernel plateau forward/backward, half-saturation length, call cost, link bandwidth
-and latency, memory bandwidth) in log space with `scipy.optimize.least_squares`
-on the log ratio predicted / measured, so a 2× miss weighs the same on a 1 ms and a 1 s cell.
+GPU machine's own kernel sweep checks (and fits) the profile's kernel rates, and CP records add
+the links. Replays depend only on the cell, so they are built once. ``python -m lcab.plan
+--check RECORDS`` prints each point beside its prediction; the fit of a profile's free
+parameters to the same points is a lab tool (``python launchers/plan_fit.py rates``).
 """
 
 from __future__ import annotations
@@ -150,19 +149,6 @@ def _head_mean(values: np.ndarray | None) -> float:
     return float(np.mean(values[:, 0, 0])) if values is not None else 0.0
 
 
-def free_parameters(hardware: Hardware, kernels: Iterable[str], links: bool = True) -> list[str]:
-    """Dotted names of the parameters a fit may change for these kernels (and the links)."""
-    names = []
-    for kernel in sorted({k if k in hardware.kernels else "default" for k in kernels}):
-        names += [
-            f"kernels.{kernel}.{p}"
-            for p in ("fwd_tflops", "bwd_tflops", "half_keys", "bwd_half_keys", "call_us")
-        ]
-    if links:
-        names += ["intra.gbps", "intra.latency_us", "memory_gbps"]
-    return names
-
-
 def start_value(hardware: Hardware, name: str) -> float:
     """Where a log-space fit starts a parameter: at its value.
 
@@ -177,51 +163,6 @@ def start_value(hardware: Hardware, name: str) -> float:
         node = parent[last.removeprefix("bwd_")]  # type: ignore[index]
     value = float(node)  # type: ignore[arg-type]
     return value if value > 0 else 1.0
-
-
-@dataclass(frozen=True)
-class Fit:
-    """A fitted profile and how well it fits its own points."""
-
-    hardware: Hardware
-    parameters: dict[str, float]
-    rms_log_error: float
-    points: int
-
-
-def calibrate(points: list[Point], hardware: Hardware, names: list[str] | None = None) -> Fit:
-    """Fit ``names`` (default `free_parameters`) of ``hardware`` to ``points``.
-
-    Raises:
-        ValueError: no points to fit.
-
-    """
-    from scipy.optimize import least_squares  # only the calibration needs scipy
-
-    if not points:
-        raise ValueError(
-            "no measured context-parallel passes to calibrate on (status ok, world >= 2)"
-        )
-    has_cp = any(p.replay is not None for p in points)
-    names = names or free_parameters(hardware, {p.cell.kernel for p in points}, links=has_cp)
-    start = np.log([start_value(hardware, n) for n in names])
-    measured = np.log([p.measured_ms for p in points])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        hw = hardware.with_values(dict(zip(names, np.exp(x).tolist(), strict=True)))
-        return np.log([p.predicted_ms(hw) for p in points]) - measured
-
-    result = least_squares(
-        residuals, start, bounds=(start - 12.0, start + 12.0), xtol=1e-10, ftol=1e-10, gtol=1e-10
-    )
-    fitted = dict(zip(names, np.exp(result.x).tolist(), strict=True))
-    sources = dict(hardware.sources)
-    for name in names:
-        sources[name] = f"fitted by lcab.plan --calibrate on {len(points)} measured passes"
-    hw = hardware.with_values(fitted)
-    hw = Hardware(**{**hw.__dict__, "sources": sources})
-    rms = float(np.sqrt(np.mean(result.fun**2)))
-    return Fit(hw, fitted, rms, len(points))
 
 
 @dataclass(frozen=True)

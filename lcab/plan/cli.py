@@ -1,16 +1,16 @@
-"""Command line of ``python -m lcab.plan``: Hydra predictions, or one of the record commands.
+"""Command line of ``python -m lcab.plan``: Hydra predictions, or the profile held to records.
 
-* ``--calibrate RECORDS [--hardware NAME|FILE] [--where KEY=V1,V2] [--out FILE]`` fits the
-  profile's free parameters to the measured passes and writes the fitted profile (YAML);
-* ``--check RECORDS [--hardware NAME|FILE] [--where ...]`` prints predicted vs measured per
-  record pass, and the error;
-* ``--published [--hardware NAME|FILE]`` compares with the published H100 figures;
-* ``--calibrate-memory RECORDS [--where ...] [--out FILE]`` fits the kernels' memory terms to
-  measured frontiers (``seqlen=frontier`` records) and prints each frontier beside the fitted
-  model's; ``--check-memory RECORDS`` prints them beside the profile's as it is
-  (`lcab.plan.calibrate_memory`).
+* ``--check RECORDS [--hardware NAME|FILE] [--where KEY=V1,V2]`` prints predicted vs measured
+  per record pass, and the error (`lcab.plan.calibrate`);
+* ``--check-memory RECORDS [...]`` prints every measured frontier (``seqlen=frontier``
+  records) beside the profile's, how many are within ±25 % and how many are safe (predicted ≤
+  measured: the planner's length would have run; `lcab.plan.frontier.check_memory`);
+* ``--published [--hardware NAME|FILE]`` compares with the published H100 figures.
 
 ``--set KEY=NUMBER`` (repeatable) changes one parameter of the profile first: a what-if.
+Fitting a profile to records is the lab tool ``python launchers/plan_fit.py rates|memory``,
+which reads records, profile and settings with this module's `record_options`, `records_for`
+and `profile_for`, and prints the frontiers with `print_frontier_checks`.
 
 Anything else is the Hydra app (`lcab.plan.app`). Bad input exits with code 2.
 """
@@ -23,8 +23,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
-from rich.console import Console
 from rich.table import Table
 
 from lcab.plan.hardware import Hardware, load_profile
@@ -32,7 +30,9 @@ from lcab.records.schema import RunRecord
 from lcab.records.sinks import read_records
 from lcab.records.table import console
 
-RECORD_COMMANDS = ("--calibrate", "--check", "--published", "--calibrate-memory", "--check-memory")
+RECORD_COMMANDS = ("--check", "--published", "--check-memory")
+FITS = {"--calibrate": "rates", "--calibrate-memory": "memory"}
+"""The fits, which ``launchers/plan_fit.py`` runs (the package only checks)."""
 
 #: The opening of ``python -m lcab.plan --help``; the config groups and the composed config
 #: follow, as in ``python -m lcab.main --help`` (`lcab.config.help`).
@@ -44,26 +44,16 @@ Same groups as the benchmark; `hardware` picks the profile.
   python -m lcab.plan                       # USP, causal_document, 8x8 H100
   python -m lcab.plan -m topology=2x8,4x8,8x8,12x8 cp=ulysses,ring,ring_allgather,usp,loongtrain
   python -m lcab.plan recommend=true mask=full_document topology=12x8
-  python -m lcab.plan --calibrate RECORDS.jsonl [--hardware NAME] [--kernels-only] [--out FILE]
-  python -m lcab.plan --check RECORDS.jsonl [--hardware FILE.yaml]
+  python -m lcab.plan --check RECORDS.jsonl [--hardware FILE.yaml] [--where KEY=V1,V2]
+  python -m lcab.plan --check-memory FRONTIER_RECORDS.jsonl [--hardware FILE.yaml]
   python -m lcab.plan --published           # against the published H100 figures
-  python -m lcab.plan --calibrate-memory FRONTIER_RECORDS.jsonl [--out FILE]
-  python -m lcab.plan --calibrate x --help  # the flags of the record commands
+  python -m lcab.plan --check x --help      # the flags of the record commands
+  python launchers/plan_fit.py rates|memory RECORDS.jsonl --out FILE   # fit a profile
 """
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lcab.plan", description=__doc__)
-    action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--calibrate", metavar="RECORDS", help="fit the profile to these records")
-    action.add_argument("--check", metavar="RECORDS", help="predicted vs measured per record")
-    action.add_argument("--published", action="store_true", help="compare with the H100 table")
-    action.add_argument(
-        "--calibrate-memory", metavar="RECORDS", help="fit the memory terms to frontier records"
-    )
-    action.add_argument(
-        "--check-memory", metavar="RECORDS", help="measured vs predicted frontier per record"
-    )
+def record_options(parser: argparse.ArgumentParser) -> None:
+    """The options every record command shares: the profile, a what-if, the records kept."""
     parser.add_argument("--hardware", help="profile name (conf/hardware) or YAML file")
     parser.add_argument(
         "--where",
@@ -72,12 +62,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=V1,V2",
         help="keep records whose field KEY is one of the values (repeatable)",
     )
-    parser.add_argument("--out", help="where --calibrate writes the fitted profile (YAML)")
-    parser.add_argument(
-        "--kernels-only",
-        action="store_true",
-        help="--calibrate fits the kernels' rates only (links and memory stay as they are)",
-    )
     parser.add_argument(
         "--set",
         action="append",
@@ -85,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=NUMBER",
         help="what-if: change one profile parameter (repeatable), e.g. kernels.fa3.call_us=500",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lcab.plan", description=__doc__)
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--check", metavar="RECORDS", help="predicted vs measured per record")
+    action.add_argument("--published", action="store_true", help="compare with the H100 table")
+    action.add_argument(
+        "--check-memory", metavar="RECORDS", help="measured vs predicted frontier per record"
+    )
+    record_options(parser)
     return parser
 
 
@@ -120,7 +115,16 @@ WHERE_FIELDS = (
 )
 
 
-def _filter(records: list[RunRecord], where: list[str]) -> list[RunRecord]:
+def records_for(path: Path, where: list[str]) -> list[RunRecord]:
+    """The records of ``path`` whose fields match every ``--where`` clause.
+
+    Raises:
+        ValueError: no such file, or a clause that is malformed or names no record field.
+
+    """
+    if not path.exists():
+        raise ValueError(f"records file {str(path)!r} does not exist")
+    records = read_records(path)
     for clause in where:
         key, _, values = clause.partition("=")
         if not values:
@@ -135,11 +139,12 @@ def _filter(records: list[RunRecord], where: list[str]) -> list[RunRecord]:
     return records
 
 
-def _hardware(name: str | None, records: list[RunRecord]) -> Hardware:
+def profile_for(name: str | None, records: list[RunRecord], settings: list[str]) -> Hardware:
+    """The named profile (default: the CPU one for CPU records, else the H100's), with ``--set``."""
     if name is None:
         cpu = all(r.device == "cpu" for r in records)
         name = "cpu_gloo_local" if cpu else "h100_nvlink_ib"
-    return load_profile(name)
+    return with_settings(load_profile(name), settings)
 
 
 def run(argv: list[str]) -> int:
@@ -148,6 +153,14 @@ def run(argv: list[str]) -> int:
 
     if fast_help_applies(argv):  # before torch and Hydra's walk over every config group
         return print_help("plan", argv, intro=HELP_INTRO)
+    fit = next((a.split("=")[0] for a in argv if a.split("=")[0] in FITS), None)
+    if fit is not None:
+        print(
+            f"lcab plan: {fit}: fits run as python launchers/plan_fit.py {FITS[fit]} RECORDS "
+            f"[--out FILE]; valid here: {', '.join(RECORD_COMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
     if not any(a.split("=")[0] in RECORD_COMMANDS for a in argv):
         from lcab.plan.app import main
 
@@ -157,15 +170,11 @@ def run(argv: list[str]) -> int:
         if args.published:
             hardware = with_settings(load_profile(args.hardware or "h100_nvlink_ib"), args.set)
             return _published(hardware)
-        path = Path(args.calibrate or args.check or args.calibrate_memory or args.check_memory)
-        if not path.exists():
-            raise ValueError(f"records file {str(path)!r} does not exist")
-        records = _filter(read_records(path), args.where)
-        hardware = with_settings(_hardware(args.hardware, records), args.set)
-        if args.calibrate_memory or args.check_memory:
-            from lcab.plan.memory_cli import memory_command
-
-            return memory_command(records, hardware, bool(args.calibrate_memory), args.out)
+        path = Path(args.check or args.check_memory)
+        records = records_for(path, args.where)
+        hardware = profile_for(args.hardware, records, args.set)
+        if args.check_memory:
+            return _check_memory(records, hardware)
         from lcab.plan.calibrate import points_of
 
         points = points_of(records)
@@ -177,40 +186,7 @@ def run(argv: list[str]) -> int:
     except ValueError as err:
         print(f"lcab plan: {err}", file=sys.stderr)
         return 2
-    if args.calibrate:
-        return _calibrate(points, hardware, args.out, args.kernels_only)
     return _check(points, hardware)
-
-
-def _console() -> Console:
-    """The terminal's width, or 120 columns off one."""
-    return console()
-
-
-def _calibrate(points: list, hardware: Hardware, out: str | None, kernels_only: bool) -> int:
-    from lcab.plan.calibrate import calibrate, free_parameters
-
-    kernels = {p.cell.kernel for p in points}
-    names = free_parameters(hardware, kernels, links=False) if kernels_only else None
-    fit = calibrate(points, hardware, names)
-    console = _console()
-    table = Table(title=f"calibrated {hardware.name} on {fit.points} measured passes")
-    table.add_column("parameter")
-    table.add_column("fitted", justify="right")
-    for name, value in fit.parameters.items():
-        table.add_row(name, f"{value:.4g}")
-    console.print(table)
-    console.print(
-        f"rms error (log ratio): {fit.rms_log_error:.3f} "
-        f"(~{100 * (np.exp(fit.rms_log_error) - 1):.0f} %)"
-    )
-    text = yaml.safe_dump(fit.hardware.to_dict(), sort_keys=False)
-    if out:
-        Path(out).write_text(text)
-        console.print(f"fitted profile -> {out}")
-    else:
-        print(text)
-    return 0
 
 
 def _check(points: list, hardware: Hardware) -> int:
@@ -228,10 +204,10 @@ def _check(points: list, hardware: Hardware) -> int:
             f"{r.predicted_ms:.2f}",
             f"{100 * r.error:+.0f}%",
         )
-    console = _console()
-    console.print(table)
+    out = console()
+    out.print(table)
     errors = np.abs([r.error for r in rows])
-    console.print(
+    out.print(
         f"{len(rows)} passes: median |error| {100 * np.median(errors):.0f} %, max "
         f"{100 * errors.max():.0f} %, within ±30 %: {int((errors <= 0.30).sum())}/{len(rows)}"
     )
@@ -242,7 +218,7 @@ def _published(hardware: Hardware) -> int:
     from lcab.plan.published import CP_SIZES, compare, ordering_agreement
 
     rows = compare(hardware)
-    console = _console()
+    out = console()
     table = Table(
         title=f"predicted/published per-GPU TFLOP/s (H100 blog table) on {hardware.name}, "
         "costing the code that was measured (harness=longca)"
@@ -259,12 +235,59 @@ def _published(hardware: Hardware) -> int:
             cp,
             *(f"{r.predicted:.0f}/{r.published:.0f} {100 * r.error:+.0f}%" for r in cells),
         )
-    console.print(table)
+    out.print(table)
     errors = np.abs([r.error for r in rows])
-    console.print(
+    out.print(
         f"{len(rows)} cells: median |error| {100 * np.median(errors):.0f} %, within ±25 %: "
         f"{int((errors <= 0.25).sum())}/{len(rows)}"
     )
     for (mask, pass_), (agree, total) in ordering_agreement(rows).items():
-        console.print(f"ordering {mask} {pass_}: {agree}/{total} strategy pairs as published")
+        out.print(f"ordering {mask} {pass_}: {agree}/{total} strategy pairs as published")
     return 0
+
+
+def _check_memory(records: list[RunRecord], hardware: Hardware) -> int:
+    """``--check-memory``: every frontier record beside the profile's frontier for it.
+
+    Raises:
+        ValueError: no record found a frontier under a budget.
+
+    """
+    from lcab.plan.frontier import frontier_points
+
+    points = frontier_points(records)
+    if not points:
+        raise ValueError(
+            "no frontier record with a budget and both ends of its bracket "
+            "(seqlen=frontier bench.memory_budget_gib=...)"
+        )
+    print_frontier_checks(points, hardware)
+    return 0
+
+
+def print_frontier_checks(points: list, hardware: Hardware) -> None:
+    """Each measured frontier beside ``hardware``'s, how many within ±25 %, how many safe."""
+    from lcab.plan.frontier import check_memory, within
+
+    checks = check_memory(points, hardware)
+    table = Table(title=f"memory frontier, measured vs predicted on {hardware.name}")
+    columns = ("cell", "measured", "did not fit", "predicted", "measured / predicted", "safe")
+    for name in columns:
+        table.add_column(name, justify="left" if name == "cell" else "right")
+    for c in checks:
+        table.add_row(
+            c.point.label(),
+            f"{c.point.fits:,}",
+            f"{c.point.fails:,}",
+            "-" if c.predicted is None else f"{c.predicted:,}",
+            "-" if c.ratio is None else f"{c.ratio:.2f}",
+            "yes" if c.safe else "[red]no[/]",
+        )
+    screen = console()
+    screen.print(table)
+    safe = sum(c.safe for c in checks)
+    screen.print(
+        f"{within(checks)} of {len(checks)} predicted within ±25 % of the measured; "
+        f"{safe} of {len(checks)} ({safe / len(checks):.0%}) safe: predicted ≤ measured "
+        f"(the predicted frontier would have run; margin {hardware.memory_margin:.0%})"
+    )

@@ -9,12 +9,14 @@ the memory of the fullest rank is within the budget less the profile's ``memory_
 holds q, k, v and out (and dout, dq, dk, dv with a backward pass); under CP the strategy's own
 plan gives each rank's shard, head split and buffers; the profile's kernel memory terms
 (`lcab.plan.hardware.KernelMemory`, fitted to measured frontiers by
-`lcab.plan.calibrate_memory`) add what the kernel and lcab's harness hold besides, and the
-dense masks a rank's prepared calls keep, counted on the strategy's own sub-masks
+``python launchers/plan_fit.py memory``) add what the kernel and lcab's harness hold besides,
+and the dense masks a rank's prepared calls keep, counted on the strategy's own sub-masks
 (`lcab.plan.memory.dense_positions`).
 
 A profile without those terms (the GPU profile, until a GPU frontier is measured) gives the
 tensors' frontier alone, an upper bound; the record and the table print both, with their ratio.
+Measured frontiers (`frontier_points`) are checked against the model by searching each again
+in it (`check_memory`; ``python -m lcab.plan --check-memory RECORDS``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from lcab.cell import TILE_TOKENS, Cell
 from lcab.plan.hardware import Hardware, KernelMemory
 from lcab.plan.memory import RankExtras, memory_terms, rank_extras, single_device_terms
 from lcab.plan.predict import PlanCell, cell_reasons, mask_for, strategy_for
+from lcab.records.schema import RunRecord
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,99 @@ def predict_cell_frontier(
         hardware,
         cell.device == "cuda" and cell.bench.flush_l2,
     )
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One measured frontier: the cell, its budget and the bracket around its limit."""
+
+    cell: PlanCell
+    """The cell at the first probe's length (where a search starts)."""
+    budget_mib: float
+    fits: int
+    fails: int
+    backward: bool
+    limit: int
+    resolution: int
+
+    @property
+    def middle(self) -> PlanCell:
+        """The cell at the middle of the bracket, where its memory is taken to be the budget."""
+        return dataclasses.replace(self.cell, seqlen=(self.fits + self.fails) // 2)
+
+    def label(self) -> str:
+        """Kernel, strategy, mask and budget, for tables."""
+        return (
+            f"{self.cell.kernel}/{self.cell.cp}/{self.cell.mask} @ {self.budget_mib / 1024:g} GiB"
+        )
+
+
+SEARCHED = ("ok", "numerics_mismatch", "oom")
+"""Probe statuses of a search that ran to its end (`lcab.bench.frontier`)."""
+
+
+def frontier_points(records: list[RunRecord]) -> list[FrontierPoint]:
+    """The records that found a limit under a stated budget, one per cell.
+
+    Both ends of the bracket known, every probe ``ok`` or ``oom``; a cell searched again under
+    the same budget and search counts once, at its shortest frontier (twice the weight
+    otherwise; the safe side).
+    """
+    points: dict[str, FrontierPoint] = {}
+    for r in records:
+        bracket = r.frontier_bracket or [None, None]
+        if r.frontier_budget_gib is None or None in bracket or not r.frontier_probes:
+            continue
+        if any(p.get("status") not in SEARCHED for p in r.frontier_probes):
+            continue  # the search stopped (a probe's error): its bracket is not the limit's
+        seqlen = dict(r.config.get("seqlen") or {})
+        start = int(r.frontier_probes[0]["seqlen"])
+        point = FrontierPoint(
+            cell=PlanCell.of_record(r).with_(seqlen=start),
+            budget_mib=float(r.frontier_budget_gib) * 1024,
+            fits=int(bracket[0]),  # type: ignore[arg-type]
+            fails=int(bracket[1]),  # type: ignore[arg-type]
+            backward=any(p != "fwd" for p in r.passes),
+            limit=int(seqlen.get("frontier_max") or 1 << 24),
+            resolution=int(seqlen.get("frontier_resolution") or 16),
+        )
+        same = repr(dataclasses.replace(point, fits=0, fails=0))
+        if same not in points or point.fits < points[same].fits:
+            points[same] = point
+    return list(points.values())
+
+
+@dataclass(frozen=True)
+class FrontierCheck:
+    """A measured frontier beside the one ``hardware``'s model finds for the same search."""
+
+    point: FrontierPoint
+    predicted: int | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured / predicted tokens."""
+        return self.point.fits / self.predicted if self.predicted else None
+
+    @property
+    def safe(self) -> bool:
+        """Predicted ≤ measured: the length the planner gives would have run."""
+        return self.predicted is None or self.predicted <= self.point.fits
+
+
+def check_memory(points: list[FrontierPoint], hardware: Hardware) -> list[FrontierCheck]:
+    """Each point's frontier searched in ``hardware``'s model from the same start."""
+    return [
+        FrontierCheck(
+            p,
+            predict_frontier(
+                p.cell, p.budget_mib, p.backward, p.limit, p.resolution, hardware
+            ).tokens,
+        )
+        for p in points
+    ]
+
+
+def within(checks: list[FrontierCheck], band: float = 0.25) -> int:
+    """How many checks have their predicted frontier within ``band`` of the measured one."""
+    return sum(1 for c in checks if c.ratio is not None and abs(c.ratio - 1) <= band)

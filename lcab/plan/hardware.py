@@ -5,8 +5,8 @@ reaches on long rows and how it falls for short ones; per link class (inside a n
 nodes) the bandwidth and latency one rank sees; and the efficiency of each collective relative
 to its link (a link may give its own for some kinds, where a source has one for that link).
 ``sources`` says where every number comes from — a public specification, a paper's
-single-GPU figure, or `lcab.plan.calibrate` fitted to named records — so a prediction can be
-traced to its assumptions.
+single-GPU figure, a lab tool's measurement or fit (``launchers/plan_*.py``) on named records,
+with the command — so a prediction can be traced to its assumptions.
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ class KernelRate:
 class KernelMemory:
     """What a rank running one kernel holds beyond the attention tensors `lcab.plan.memory` counts.
 
-    Fitted per profile from measured frontiers (``python -m lcab.plan --calibrate-memory``,
-    `lcab.plan.calibrate_memory`), as the rates are from timed records; all 0 where none were
+    Fitted per profile from measured frontiers (``python launchers/plan_fit.py memory``), as
+    the rates are from timed records (``rates``); all 0 where none were
     measured (the tensors alone). Each term is what the search's probes meet, so it includes
     lcab's harness around the kernel, not the kernel alone.
     """
@@ -175,10 +175,10 @@ class Hardware:
     """Memory bandwidth per device (GB/s): merges and accumulations outside the kernel."""
     gather_efficiency: float = 1.0
     """Fraction of ``memory_gbps`` that reads through an index reach (``torch.gather`` with an
-    expanded index: ``Work.gather_bytes``; measured by ``python -m lcab.plan.probe``)."""
+    expanded index: ``Work.gather_bytes``; measured by ``python launchers/plan_copies.py``)."""
     scatter_efficiency: float = 1.0
     """Fraction of ``memory_gbps`` that writes through an index reach (``scatter_`` into a
-    zeroed tensor: ``Work.scatter_bytes``; measured by ``python -m lcab.plan.probe``)."""
+    zeroed tensor: ``Work.scatter_bytes``; measured by ``python launchers/plan_copies.py``)."""
     matmul_tflops: float | None = None
     """Dense matrix-product rate (TFLOP/s) for work outside attention, such as a harness's
     projection gradients; None: the kernel's forward plateau."""
@@ -200,7 +200,7 @@ class Hardware:
     memory_margin: float = 0.0
     """Share of every memory budget the planner holds back (its frontier, the smallest world
     that fits), fitted with ``kernel_memory`` so that the model's frontier would have run in
-    95 % of the fit's cells (`lcab.plan.calibrate_memory.fit_margin`)."""
+    95 % of the fit's cells (``python launchers/plan_fit.py memory``)."""
 
     def usable_mib(self, budget_mib: float) -> float:
         """What the planner lets a rank fill of ``budget_mib`` (less `memory_margin`)."""

@@ -15,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcab.plan.calibrate import calibrate, check, points_of
+from lcab.plan.calibrate import check, points_of
 from lcab.plan.hardware import load_profile
 from lcab.records.sinks import read_records
+from plan_fit import fit_rates
 
-RECORDS = Path(__file__).resolve().parents[2] / "notebooks" / "data" / "plan_cpu_records.jsonl"
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / "notebooks" / "data" / "plan_cpu_records.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def test_every_cell_was_measured_in_three_runs():
     ids=["unseen-world-6", "unseen-mask-share_question"],
 )
 def test_calibrated_on_a_disjoint_subset_the_planner_predicts_the_rest(points, train, held_out):
-    fit = calibrate([p for p in points if train(p)], load_profile("cpu_gloo_local"))
+    fit = fit_rates([p for p in points if train(p)], load_profile("cpu_gloo_local"))
     rows = check([p for p in points if held_out(p)], fit.hardware)
     errors = np.abs([r.error for r in rows])
     assert len(rows) >= 30
@@ -66,13 +68,17 @@ def test_the_shipped_ranges_rates_are_the_kernels_only_fit_of_these_records(tmp_
 
     out = tmp_path / "fit.yaml"
     done = subprocess.run(
-        [sys.executable, "-m", "lcab.plan", "--calibrate", str(RECORDS),
+        [sys.executable, str(ROOT / "launchers" / "plan_fit.py"), "rates", str(RECORDS),
          "--hardware", "cpu_gloo_local", "--kernels-only", "--out", str(out)],
         capture_output=True, text=True, check=False, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     fitted = yaml.safe_load(out.read_text())
     shipped = load_profile("cpu_gloo_local")
+    assert (
+        "plan_fit.py rates notebooks/data/plan_cpu_records.jsonl"
+        in shipped.sources["kernels.ranges"]
+    )
     rate = shipped.rate("ranges")
     assert rate.diagonal_rows == 128
     for name in ("fwd_tflops", "bwd_tflops", "half_keys", "bwd_half_keys"):

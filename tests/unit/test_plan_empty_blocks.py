@@ -1,4 +1,5 @@
-"""The empty-block probe: its fit turns call times into the profile's SM-µs per empty block."""
+"""The empty-block probe (launchers/plan_empty_blocks.py): its fit turns call times into the
+profile's SM-µs per empty block."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import types
 import pytest
 import torch
 
-from lcab.plan.empty_blocks import EmptyBlockShape, main, us_per_block, varlen_call
+from plan_empty_blocks import EmptyBlockShape, main, us_per_block, varlen_call
 
 
 def test_the_slope_is_spread_over_the_added_blocks_and_multiplied_by_the_multiprocessors():

@@ -1,6 +1,6 @@
-"""The ring-step timer: its calls are the mask's blocks, its merge is the softmax merge, and its
-planner column splits the planner's own cost of the rank. (Timing needs a GPU; our side runs here
-with a plain-torch stand-in for the varlen kernel.)"""
+"""The ring-step timer (launchers/plan_ring_step.py): its calls are the mask's blocks, its merge
+is the softmax merge, and its planner column splits the planner's own cost of the rank. (Timing
+needs a GPU; our side runs here with a plain-torch stand-in for the varlen kernel.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from lcab.plan.model import CostModel
 from lcab.plan.predict import mask_for, strategy_for
 from lcab.plan.published import paper_cell
 from lcab.plan.replay import replay
-from lcab.plan.ring_step import (
+from plan_ring_step import (
     PARTS,
     correction,
     main,

@@ -5,7 +5,8 @@ Each command is taken from the ``bash`` blocks of README.md and of the guides be
 running long benchmarks: ``python -m lcab.main`` runs for real with ``dry_run=true`` (the same
 parsing, config composition and pre-flight checks as a run, nothing executed); the planner's
 Hydra commands compose every cell of their sweep; argparse entry points (``lcab.report``,
-``lcab.plan --published``, ``lcab.sweep``, ``lcab.perf``, pytest) get ``--help`` after the
+``lcab.plan --published``, ``lcab.sweep``, ``lcab.perf``, pytest, the lab tools
+``python launchers/NAME.py``) get ``--help`` after the
 command's own arguments, which must exit 0 and list every flag the command uses; shell scripts
 must exist and parse (``bash -n``) and know the subcommand given; ``pip install "lcab[x]"`` must
 name extras of pyproject.toml; ``python -c`` code must compile; shell plumbing is checked for its
@@ -118,8 +119,10 @@ def _flags(args: list[str]) -> list[str]:
 
 
 def _check_help(module: str, args: list[str], env: dict[str, str]) -> None:
-    """``python -m module args --help`` exits 0 and documents every flag ``args`` uses."""
-    result = _run([sys.executable, "-m", module, *args, "--help"], env)
+    """``python -m module args --help`` (or ``python FILE.py`` for a file) exits 0 and documents
+    every flag ``args`` uses."""
+    program = [module] if module.endswith(".py") else ["-m", module]
+    result = _run([sys.executable, *program, *args, "--help"], env)
     assert result.returncode == 0, result.stderr[-2000:]
     for flag in _flags(args):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", result.stdout), (
@@ -249,6 +252,8 @@ def check_command(command: str, sweep_dir: Path) -> None:
         wandb = Path(sys.executable).parent / "wandb"
         result = _run([str(wandb), *words[1:2], "--help"], env)
         assert result.returncode == 0, result.stderr[-2000:]
+    elif program in ("python", ".venv/bin/python") and re.fullmatch(r"launchers/\w+\.py", words[1]):
+        _check_help(words[1], words[2:], env)
     elif program in ("python", ".venv/bin/python") and words[1] == "-m":
         module, args = words[2], words[3:]
         if module in COMMITTED_INPUT:

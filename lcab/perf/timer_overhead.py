@@ -1,4 +1,4 @@
-"""Measurement-harness figures: overhead of ``measure``, agreement with torch's Timer, sampler cost.
+"""The timer's own cost (`lcab.bench.timing.measure`): overhead, agreement with torch's Timer.
 
 Targets: timing an empty function costs < 50 µs per repetition (wall time of ``measure`` / reps
 and the recorded median); the median of a ~10 ms CPU workload agrees with

@@ -23,14 +23,16 @@ documents' blocks) and causal ones (``causal``, ``causal_document``: step 0 a ca
 step on an earlier rank's K/V calls with the first half of them, one on a later rank's with the
 second half of the queries, each half extracted first, as ``thd_read_half_tensor`` does).
 
-    python -m lcab.plan.ring_step --cp 8                        # full_document, pack 0, rank 0
+    python launchers/plan_ring_step.py --cp 8      # full_document, pack 0, rank 0
+
+A lab tool, not part of the package; what it measured is in the planner guide
+(lcab/plan/README.md, "What is left").
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import itertools
 import sys
 import time
@@ -43,17 +45,16 @@ import torch
 
 from lcab.cp.base import HeadSplit, accumulator_bytes, element_bytes
 from lcab.kernels import Problem
-from lcab.kernels.torch_varlen import api_reasons
 from lcab.masks.core import AttnMask
 from lcab.plan.calls import attends_only_past, causal_half, ring_calls_halves
-from lcab.plan.empty_blocks import FLASH_MODULES, KERNELS, VarlenCall, varlen_call
 from lcab.plan.hardware import Hardware, list_profiles, load_profile
 from lcab.plan.harness import LONGCA, Elements
 from lcab.plan.model import CostModel
 from lcab.plan.predict import mask_for, strategy_for
-from lcab.plan.probe import merge_lse, pad, pad_lse, unpad
 from lcab.plan.published import paper_cell
 from lcab.plan.replay import replay, zigzag_halves
+from plan_copies import merge_lse, pad, pad_lse, unpad
+from plan_empty_blocks import KERNELS, VarlenCall, kernel_reasons, varlen_call
 
 MASKS = ("full_document", "full", "causal_document", "causal")
 PARTS = ("extract half", "unpad q, k, v", "kernel", "pad out", "pad lse", "merge after the ring")
@@ -319,18 +320,9 @@ def _on(call: StepCall, device: str) -> StepCall:
     )
 
 
-def _kernel_reasons(kernel: str) -> list[str]:
-    """Why ``kernel`` cannot be timed here (empty: it can)."""
-    if kernel == "torch_varlen":
-        return [r for r in api_reasons() if "enable_gqa" not in r]  # GQA: repeated K/V
-    module = FLASH_MODULES[kernel]
-    found = importlib.util.find_spec(module) is not None
-    return [] if found else [f"--kernel {kernel} needs {module}, not installed"]
-
-
 def main(argv: list[str]) -> int:
     """Print measured and planned ms per part (exit 2 on bad input or without a GPU)."""
-    parser = argparse.ArgumentParser(prog="python -m lcab.plan.ring_step", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python launchers/plan_ring_step.py", description=__doc__)
     parser.add_argument("--cp", type=int, default=8, help="ring size (the blog's cp)")
     parser.add_argument("--mask", default="full_document", choices=MASKS)
     parser.add_argument("--sample", type=int, default=0, help="blog pack (document masks)")
@@ -356,9 +348,9 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         bad.append("torch sees no CUDA device (this command times GPU kernels)")
     else:
-        bad += _kernel_reasons(args.kernel)
+        bad += kernel_reasons(args.kernel)
     if bad:
-        print(f"lcab ring_step: {'; '.join(bad)}", file=sys.stderr)
+        print(f"plan_ring_step: {'; '.join(bad)}", file=sys.stderr)
         return 2
     return _report(args)
 

@@ -12,7 +12,10 @@ the baselines script it, which fuses it) — on tensors of that step's shape, an
 measured time beside the time the planner gives it. (The output correction is TransformerEngine's
 fused kernel; it is not reproduced here.)
 
-    python -m lcab.plan.probe --device cuda        # a published ring step: 8K tokens, 64:8 x 128
+    python launchers/plan_copies.py --device cuda   # a published ring step: 8K tokens, 64:8 x 128
+
+A lab tool, not part of the package: its figures live in the profile
+(``conf/hardware/h100_nvlink_ib.yaml``, ``sources:`` names this command).
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ def probe(
 
 def main(argv: list[str]) -> int:
     """Print the probe's table (exit 2 on a device that is not available)."""
-    parser = argparse.ArgumentParser(prog="python -m lcab.plan.probe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python launchers/plan_copies.py", description=__doc__)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--hardware", default=None, help="profile (default: h100 on cuda)")
     parser.add_argument("--tokens", type=int, default=StepShape.tokens)
@@ -162,11 +165,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("lcab probe: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        print("plan_copies: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 2
     valid = args.valid or args.tokens
     if not 0 < valid <= args.tokens:
-        print(f"lcab probe: --valid={valid} must be in 1..--tokens={args.tokens}", file=sys.stderr)
+        print(f"plan_copies: --valid={valid} must be in 1..--tokens={args.tokens}", file=sys.stderr)
         return 2
     default = "h100_nvlink_ib" if args.device == "cuda" else "cpu_gloo_local"
     hardware = load_profile(args.hardware or default)

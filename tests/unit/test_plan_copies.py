@@ -1,4 +1,5 @@
-"""The ring-step probe: it runs the baselines' copies faithfully and costs them as the planner."""
+"""The copy probe (launchers/plan_copies.py): it runs the baselines' copies faithfully and costs
+them as the planner."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from lcab.plan.harness import LONGCA, Copies, Passes
-from lcab.plan.probe import PROBED_PASSES, StepShape, main, merge_lse, pad, pad_lse, probe, unpad
+from plan_copies import PROBED_PASSES, StepShape, main, merge_lse, pad, pad_lse, probe, unpad
 
 
 def test_probed_passes_are_the_harness_ring_step_and_the_correction_comes_after_the_ring():

@@ -14,8 +14,10 @@ the profile's unit. FA2's kernels, not FA3's: the same grid shape (key blocks ×
 heads, 128 keys per backward block at head dim 128) and the same early exit, but a different
 kernel; a number measured here is a Hopper figure for that mechanism, not FA3's own.
 
-    python -m lcab.plan.empty_blocks --device cuda     # 8K tokens, 64:8 heads x 128, bf16
-    python -m lcab.plan.empty_blocks --kernel fa3      # the same with FlashAttention-3
+    python launchers/plan_empty_blocks.py --device cuda   # 8K tokens, 64:8 heads x 128, bf16
+    python launchers/plan_empty_blocks.py --kernel fa3    # the same with FlashAttention-3
+
+A lab tool, not part of the package: its figure lives in the profile (``sources:`` names it).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from lcab.kernels.torch_varlen import MODULE, api_reasons
-from lcab.plan.probe import median_ms
+from plan_copies import median_ms
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,15 @@ def varlen_call(kernel: str) -> tuple[VarlenCall, bool]:
     return torch_varlen, gqa
 
 
+def kernel_reasons(kernel: str) -> list[str]:
+    """Why ``kernel`` cannot be timed here (empty: it can)."""
+    if kernel == "torch_varlen":
+        return [r for r in api_reasons() if "enable_gqa" not in r]  # GQA: see varlen_call
+    module = FLASH_MODULES[kernel]
+    found = importlib.util.find_spec(module) is not None
+    return [] if found else [f"--kernel {kernel} needs {module}, not installed"]
+
+
 def time_calls(
     shape: EmptyBlockShape, empty: int, repeats: int, kernel: str = "torch_varlen"
 ) -> tuple[float, float]:
@@ -154,7 +165,9 @@ def us_per_block(
 
 def main(argv: list[str]) -> int:
     """Print each call's time and the fitted cost per empty block (exit 2 without CUDA)."""
-    parser = argparse.ArgumentParser(prog="python -m lcab.plan.empty_blocks", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python launchers/plan_empty_blocks.py", description=__doc__
+    )
     parser.add_argument("--device", default="cuda", choices=["cuda"])
     parser.add_argument("--kernel", default="torch_varlen", choices=KERNELS)
     parser.add_argument("--tokens", type=int, default=EmptyBlockShape.tokens)
@@ -165,20 +178,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("lcab empty_blocks: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        print("plan_empty_blocks: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 2
-    if args.kernel == "torch_varlen":
-        reasons = [r for r in api_reasons() if "enable_gqa" not in r]  # GQA: see varlen_call
-    else:
-        module = FLASH_MODULES[args.kernel]
-        found = importlib.util.find_spec(module) is not None
-        reasons = [] if found else [f"--kernel {args.kernel} needs {module}, not installed"]
+    reasons = kernel_reasons(args.kernel)
     if reasons:
-        print(f"lcab empty_blocks: {'; '.join(reasons)}", file=sys.stderr)
+        print(f"plan_empty_blocks: {'; '.join(reasons)}", file=sys.stderr)
         return 2
     if args.tokens < 1 or len(set(args.empty)) < 2 or min(args.empty) < 0:
         print(
-            f"lcab empty_blocks: --tokens={args.tokens} must be >= 1 and --empty={args.empty} "
+            f"plan_empty_blocks: --tokens={args.tokens} must be >= 1 and --empty={args.empty} "
             "needs two or more distinct counts >= 0",
             file=sys.stderr,
         )
