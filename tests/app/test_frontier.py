@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.helpers.memory_cgroup import memory_cgroup
 
 RESOLUTION = 4
