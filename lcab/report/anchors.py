@@ -1,7 +1,7 @@
 """Published figures beside lcab's own: the matching, the side-by-side table, the command.
 
 ``python -m lcab.report anchors RECORDS...`` puts each published number of
-`lcab.report.anchor_data` beside every lcab row (`lcab.report.anchor_rows`: records measured,
+`lcab.records.published` beside every lcab row (`lcab.report.anchor_rows`: records measured,
 planner rows predicted) of the same problem, with the ratio lcab / published: above 1, lcab is
 faster (TFLOP/s) — or slower, for a figure in milliseconds.
 
@@ -34,8 +34,8 @@ import pandas as pd
 from rich import box
 from rich.table import Table
 
+from lcab.records.published import Published, load_published
 from lcab.records.table import console
-from lcab.report.anchor_data import Published, load_published
 from lcab.report.anchor_rows import MEASURED, LcabRow
 
 
@@ -306,7 +306,7 @@ TERMINAL = ("published figure", "setting", "published", "source", "lcab", "ratio
 
 def command(args: argparse.Namespace) -> int:
     """``python -m lcab.report anchors``: print the table; 2 on bad input (one line)."""
-    from lcab.report.anchor_data import BadPublishedError
+    from lcab.records.published import BadPublishedError
     from lcab.report.anchor_rows import PREDICTED, read_lcab_rows
     from lcab.report.frame import BadInputError
     from lcab.report.page import markdown_table
