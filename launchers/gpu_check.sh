@@ -157,7 +157,7 @@ if has numerics; then
     # the support matrix's GPU-verified marks are read from here: commit it with the README
     mkdir -p notebooks/data
     cp "$out/verification.jsonl" notebooks/data/gpu_verification.jsonl
-    echo "commit notebooks/data/gpu_verification.jsonl, then: python -m lcab.report readme"
+    echo "commit notebooks/data/gpu_verification.jsonl, then: python -m lcab.report docs"
   fi
 fi
 

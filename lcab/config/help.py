@@ -4,7 +4,7 @@ Hydra's own ``--help`` fills every placeholder of the help template whether the 
 or not; listing the config groups builds a config repository per group (about 150 with the
 ``schema/*`` ones) and deep-copies the stored configs each time: 5-8 s on 2 cores. lcab's
 template (``conf/hydra/help/lcab.yaml``) already carries the groups and options, generated from
-``conf/`` (``python -m lcab.report readme``; ``tests/unit/test_readme_help.py`` holds that list
+``conf/`` (``python -m lcab.report docs``; ``tests/unit/test_readme_help.py`` holds that list
 to the groups and options Hydra's own repository sees), and uses only ``$CONFIG``, the composed
 config. That one needs the registered schemas, which are generated from the kernel, mask and
 strategy registries and so load torch: it is composed once per (config, overrides) and kept in

@@ -1,8 +1,9 @@
 """The planner's plot: predicted per-GPU TFLOP/s against world size, one line per strategy.
 
-Measured points (records of the same masks and strategies) are drawn as markers on the same
+Measured points (records of the same masks and strategies) are drawn as crosses on the same
 axes, so a reader sees at once where a measurement leaves the prediction; records whose ranks
-shared a GPU (`RunRecord.timings_measured`) are not measurements and are left out.
+shared a GPU (`RunRecord.timings_measured`) are not measurements and are left out. It is an
+`lcab.plot.data` figure drawn by `lcab.plot.png`, the report's renderer.
 """
 
 from __future__ import annotations
@@ -10,11 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from lcab.plot.data import Axis, Line, LineFigure, Panel, log2_range, log2_ticks
 from lcab.records.schema import RunRecord
 from lcab.records.sinks import read_records
 
@@ -35,36 +32,48 @@ def measured_points(
     ]
 
 
-def plot_scaling(
-    rows: list[dict[str, Any]], path: Path, records: str | None = None, pass_: str = "fwd"
-) -> Path:
-    """Write the plot of ``rows`` (`CellPrediction.row` dicts) to ``path``; return it."""
-    masks = sorted({r["mask"] for r in rows})
-    fig, axes = plt.subplots(1, len(masks), figsize=(5.5 * len(masks), 4), squeeze=False)
-    measured = read_records(Path(records)) if records else []
-    for ax, mask in zip(axes[0], masks, strict=True):
+def scaling_figure(
+    rows: list[dict[str, Any]], records: list[RunRecord], pass_: str = "fwd"
+) -> LineFigure:
+    """A panel per mask of ``rows`` (`CellPrediction.row` dicts), with ``records`` measured."""
+    from matplotlib.colors import TABLEAU_COLORS  # matplotlib's own cycle, as before
+
+    strategies = sorted({r["cp"] for r in rows})
+    colours = dict(zip(strategies, [*TABLEAU_COLORS.values()] * len(strategies), strict=False))
+    panels = []
+    for mask in sorted({r["mask"] for r in rows}):
+        lines = []
         for cp in sorted({r["cp"] for r in rows if r["mask"] == mask}):
-            line = sorted(
+            ours = sorted(
                 (r["world"], r[f"{pass_}_tflops"])
                 for r in rows
                 if (r["mask"], r["cp"]) == (mask, cp)
             )
-            (handle,) = ax.plot(*zip(*line, strict=True), marker=".", label=f"{cp} (predicted)")
-            points = measured_points(measured, mask, cp, pass_)
-            if points:
-                ax.scatter(
-                    *zip(*points, strict=True),
-                    color=handle.get_color(),
-                    marker="x",
-                    label=f"{cp} (measured)",
-                )
-        ax.set_title(f"{mask}, {pass_}")
-        ax.set_xlabel("GPUs (world size)")
-        ax.set_ylabel("TFLOP/s per GPU")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+            theirs = sorted(measured_points(records, mask, cp, pass_))
+            for label, points, only in (
+                (f"{cp} (predicted)", ours, False),
+                (f"{cp} (measured)", theirs, True),
+            ):
+                if points:
+                    x, y = zip(*points, strict=True)
+                    lines.append(Line(label, cp, colours[cp], "solid", x, y, markers_only=only))
+        panels.append(Panel(f"{mask}, {pass_}", "TFLOP/s per GPU", False, tuple(lines)))
+    worlds = [x for p in panels for line in p.lines for x in line.x]
+    axis = Axis(
+        "GPUs (world size, log2 scale)", log2_ticks(worlds, label=False), log2_range(worlds)
+    )
+    measured = any(line.markers_only for p in panels for line in p.lines)
+    crosses = "; crosses: measured" if measured else ""
+    title = f"Predicted per-GPU throughput vs world size ({pass_}{crosses})"
+    return LineFigure("plan_scaling", "plan", title, axis, tuple(panels))
+
+
+def plot_scaling(
+    rows: list[dict[str, Any]], path: Path, records: str | None = None, pass_: str = "fwd"
+) -> Path:
+    """Write the plot of ``rows`` (`CellPrediction.row` dicts) to ``path``; return it."""
+    from lcab.plot.png import render_png
+
+    measured = read_records(Path(records)) if records else []
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return render_png(scaling_figure(rows, measured, pass_), path, dpi=120)

@@ -38,6 +38,7 @@ from lcab.plan.calibrate import start_value, whole_mask_call
 from lcab.plan.hardware import Hardware, KernelRate, load_profile
 from lcab.plan.model import CostModel
 from lcab.plan.steps import Work
+from lcab.records.published import published
 
 FIGURES_DIR = Path(__file__).resolve().parent / "figures"
 PARAMETERS = {"fwd": ("fwd_tflops", "half_keys"), "bwd": ("bwd_tflops", "bwd_half_keys")}
@@ -74,7 +75,8 @@ class Figures:
 
     reference: str
     default_from: str | None
-    sources: dict[str, str]
+    sources: dict[str, Any]
+    """Source name -> its citation, or ``{published: ID}`` (`lcab.records.published`)."""
     figures: list[Figure]
     saturation_from: dict[str, str] = field(default_factory=dict)
     """Kernels whose figures cannot place a saturation length (two long lengths, no short
@@ -88,16 +90,48 @@ class Figures:
 def load_figures(path: str | Path) -> Figures:
     """Read a figures file (see ``lcab/plan/figures/h100_nvlink_ib.yaml`` for the layout).
 
+    A series of a ``{published: ID}`` source takes its points from `lcab.records.published`.
+
     Raises:
-        ValueError: a series whose lengths and values differ in number, or an unknown source.
+        ValueError: a series whose lengths and values differ in number, an unknown source, or
+            a length the published source has not exactly one figure for.
 
     """
     data = yaml.safe_load(Path(path).read_text())
     sources = dict(data["sources"])
     figures = []
     for series in data["series"]:
-        if series["source"] not in sources:
+        source = sources.get(series["source"])
+        if source is None:
             raise ValueError(f"source={series['source']!r} is not listed; valid: {list(sources)}")
+        kernel, mask, pass_ = series["kernel"], series["mask"], series["pass"]
+        if isinstance(source, dict):
+            store = published(source["published"])
+            for seqlen in series["seqlen"]:
+                found = [
+                    p
+                    for p in store
+                    if kernel in p.kernels and (p.mask, p.pass_, p.seqlen) == (mask, pass_, seqlen)
+                ]
+                if len(found) != 1:
+                    raise ValueError(f"{len(found)} published figures for {series} at {seqlen}")
+                p = found[0]
+                figures.append(
+                    Figure(
+                        series["source"],
+                        kernel,
+                        mask,
+                        pass_,
+                        seqlen,
+                        p.value,
+                        p.heads_q,
+                        p.heads_kv,
+                        p.batch,
+                        p.head_dim,
+                        dict(p.mask_params),
+                    )
+                )
+            continue
         if len(series["seqlen"]) != len(series["tflops"]):
             raise ValueError(
                 f"series {series} has {len(series['seqlen'])} lengths, "
@@ -105,19 +139,16 @@ def load_figures(path: str | Path) -> Figures:
             )
         heads_q, heads_kv = series["heads"]
         for seqlen, tflops in zip(series["seqlen"], series["tflops"], strict=True):
-            tokens = series.get("tokens", seqlen)
             figures.append(
                 Figure(
                     series["source"],
-                    series["kernel"],
-                    series["mask"],
-                    series["pass"],
+                    kernel,
+                    mask,
+                    pass_,
                     int(seqlen),
                     float(tflops),
                     int(heads_q),
                     int(heads_kv),
-                    batch=max(int(tokens) // seqlen, 1),
-                    head_dim=int(series.get("head_dim", 128)),
                     params=dict(series.get("params") or {}),
                 )
             )

@@ -1,10 +1,10 @@
-"""The published H100 context-parallel figures the planner is checked against.
+"""The planner's predictions beside the published H100 context-parallel figures.
 
 Per-GPU TFLOP/s (max-rank-time convention) of Ulysses, Ring P2P, Ring All-Gather, USP and
 LoongTrain at cp = 8 / 16 / 32 / 64, H100, 8K tokens per GPU, GQA 64:8, head dim 128, bf16, FA3
-as the local kernel — read by eye (±10) from the MagiAttention cp_benchmark blog charts, as
-transcribed in ``../shared/reference/paper_digest.md`` §8.3 (the LongCA-bench paper gives no
-numbers for its CP figures). Facts, not code: the planner never reads them to set a parameter.
+as the local kernel: the MagiAttention cp_benchmark blog's charts, read off their pixels (±3),
+as `lcab.records.published` stores them (the LongCA-bench paper gives no numbers for its CP
+figures). Facts, not code: the planner never reads them to set a parameter.
 """
 
 from __future__ import annotations
@@ -22,45 +22,25 @@ from lcab.plan.blog_packs import PACKS, blog_packs
 from lcab.plan.hardware import Hardware
 from lcab.plan.harness import LONGCA
 from lcab.plan.predict import PlanCell, mask_for, predict
+from lcab.records.published import Published, published
 
 CP_SIZES = (8, 16, 32, 64)
-STRATEGY_ORDER = ("ulysses", "ring", "ring_allgather", "usp", "loongtrain")
-#: (mask, pass) -> strategy -> TFLOP/s per GPU at CP_SIZES.
-PUBLISHED: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
-    ("full", "fwd"): {
-        "ulysses": (605, 575, 583, 620),
-        "ring": (511, 535, 516, 513),
-        "ring_allgather": (605, 597, 590, 583),
-        "usp": (580, 602, 594, 606),
-        "loongtrain": (578, 601, 596, 604),
-    },
-    ("causal", "fwd"): {
-        "ulysses": (602, 557, 581, 585),
-        "ring": (420, 455, 452, 447),
-        "ring_allgather": (601, 590, 593, 583),
-        "usp": (592, 588, 594, 587),
-        "loongtrain": (594, 586, 583, 588),
-    },
-    ("full_document", "fwd"): {
-        "ulysses": (389, 305, 284, 259),
-        "ring": (159, 134, 92, 56),
-        "ring_allgather": (386, 386, 323, 248),
-        "usp": (373, 371, 373, 291),
-        "loongtrain": (370, 372, 314, 292),
-    },
-    ("causal_document", "bwd"): {
-        "ulysses": (332, 294, 276, 248),
-        "ring": (97, 86, 57, 29),
-        "ring_allgather": (179, 155, 104, 55),
-        "usp": (324, 309, 284, 194),
-        "loongtrain": (320, 253, 179, 171),
-    },
-}
-#: Reading error of the charts: differences below twice this are not an ordering.
-READING_ERROR = 10
+SOURCE = "magi-cp-h100"
+"""The published figures' source in `lcab.records.published`."""
+CHECKED = (("full", "fwd"), ("causal", "fwd"), ("full_document", "fwd"), ("causal_document", "bwd"))
+"""The (mask, pass) charts checked: the four the planner was first validated on (80 cells)."""
 #: The blog's document cells: each point the mean TFLOP/s of its sampler's first 20 packs
 #: (`lcab.plan.blog_packs`: ChatQA lengths cut at 1/4 of the pack, seed 42) — the same packs here.
 DOCUMENT_SAMPLES = PACKS
+
+
+def published_cells() -> dict[tuple[str, str], dict[str, dict[int, Published]]]:
+    """(mask, pass) -> strategy -> cp size -> the published figure, for `CHECKED`."""
+    out: dict[tuple[str, str], dict[str, dict[int, Published]]] = {key: {} for key in CHECKED}
+    for p in published(SOURCE):
+        if (p.mask, p.pass_) in out and p.world in CP_SIZES:
+            out[(p.mask, p.pass_)].setdefault(p.cp, {})[p.world] = p
+    return out
 
 
 @dataclass(frozen=True)
@@ -73,6 +53,8 @@ class Comparison:
     world: int
     published: float
     predicted: float
+    reading_error: float = 0.0
+    """How far the published figure may be off, as read (`Published.error`)."""
 
     @property
     def error(self) -> float:
@@ -118,7 +100,7 @@ def compare(
     """
     if not 1 <= samples <= PACKS:
         raise ValueError(f"samples={samples} must be in 1..{PACKS} (the blog's packs)")
-    jobs = [(key, world, hardware, samples) for key in PUBLISHED for world in worlds]
+    jobs = [(key, world, hardware, samples) for key in CHECKED for world in worlds]
     workers = min(workers or os.cpu_count() or 1, len(jobs))
     if workers <= 1:
         return [row for job in jobs for row in _compare_one(*job)]
@@ -131,17 +113,17 @@ def _compare_one(
 ) -> list[Comparison]:
     """The five strategies of one (mask, pass) at one cp size."""
     mask, pass_ = key
-    per_strategy = PUBLISHED[key]
+    per_strategy = published_cells()[key]
     tflops: dict[str, list[float]] = {cp: [] for cp in per_strategy}
     for sample in range(samples if "document" in mask else 1):
         built = mask_for(paper_cell(mask, "ulysses", world, sample))  # one mask, five plans
         for cp in per_strategy:
             theirs = predict(paper_cell(mask, cp, world, sample), hardware, built, LONGCA)
             tflops[cp].append(theirs.pass_(pass_).tflops)  # LONGCA: the code that was measured
-    published = {cp: values[CP_SIZES.index(world)] for cp, values in per_strategy.items()}
+    figures = {cp: by_world[world] for cp, by_world in per_strategy.items()}
     return [
-        Comparison(mask, pass_, cp, world, published[cp], float(np.mean(tflops[cp])))
-        for cp in per_strategy
+        Comparison(mask, pass_, cp, world, p.value, float(np.mean(tflops[cp])), p.error or 0.0)
+        for cp, p in figures.items()
     ]
 
 
@@ -149,16 +131,16 @@ def ordering_agreement(rows: list[Comparison]) -> dict[tuple[str, str], tuple[in
     """Per (mask, pass): (pairs ordered as published, pairs compared).
 
     Pairs are (strategy a, strategy b) at one cp size whose published values differ by more than
-    twice the reading error; the prediction agrees when it orders them the same way.
+    the two readings' errors together; the prediction agrees when it orders them the same way.
     """
     out: dict[tuple[str, str], tuple[int, int]] = {}
-    for key in PUBLISHED:
+    for key in CHECKED:
         agree = total = 0
         for world in CP_SIZES:
             cells = {r.cp: r for r in rows if (r.mask, r.pass_) == key and r.world == world}
             for a, b in combinations(sorted(cells), 2):
                 gap = cells[a].published - cells[b].published
-                if abs(gap) <= 2 * READING_ERROR:
+                if abs(gap) <= cells[a].reading_error + cells[b].reading_error:
                     continue
                 total += 1
                 agree += int(np.sign(cells[a].predicted - cells[b].predicted) == np.sign(gap))

@@ -2,7 +2,7 @@
 
 Commands:
   support                      print the support matrices (from the registries)
-  readme                       refresh the generated sections of the README, the guides and
+  docs                         rewrite the generated sections of the README, the guides and
                                the --help template
   build PATH... [--out DIR]    the report of sweeps, run folders or records files: an offline
                                HTML page, PNG plots, CSV and Markdown tables; NAME=PATH names
@@ -50,8 +50,8 @@ def _support(args: argparse.Namespace) -> int:
     return 0
 
 
-def _readme(args: argparse.Namespace) -> int:
-    from lcab.report.readme import GENERATED_FILES, update
+def _docs(args: argparse.Namespace) -> int:
+    from lcab.report.generated_docs import GENERATED_FILES, update
 
     changed = update()
     for path in GENERATED_FILES:
@@ -133,7 +133,7 @@ def _add_anchors(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "anchors",
         help="published figures beside lcab's records and planner rows",
         description="Put published attention figures (the LongCA-bench paper, FlashAttention-3, "
-        "cudnn-frontend, the MagiAttention benchmark: lcab/report/published_anchors.json) "
+        "cudnn-frontend, the MagiAttention benchmark: lcab/records/published.json) "
         "beside the lcab rows of the same problem, with the ratio lcab / published. Records "
         "are measured, the planner's plan.jsonl rows predicted.",
     )
@@ -190,8 +190,8 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m lcab.report")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("support", help="print the support matrices").set_defaults(run=_support)
-    commands.add_parser("readme", help="refresh the docs' generated sections").set_defaults(
-        run=_readme
+    commands.add_parser("docs", help="rewrite the generated sections of every doc").set_defaults(
+        run=_docs
     )
     _add_build(commands)
     _add_wandb_workspace(commands)

@@ -1,7 +1,7 @@
 """Published figures beside lcab's own: the matching, the side-by-side table, the command.
 
 ``python -m lcab.report anchors RECORDS...`` puts each published number of
-`lcab.report.anchor_data` beside every lcab row (`lcab.report.anchor_rows`: records measured,
+`lcab.records.published` beside every lcab row (`lcab.report.anchor_rows`: records measured,
 planner rows predicted) of the same problem, with the ratio lcab / published: above 1, lcab is
 faster (TFLOP/s) — or slower, for a figure in milliseconds.
 
@@ -29,13 +29,14 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import pandas as pd
 from rich import box
 from rich.table import Table
 
+from lcab.records.published import Published, load_published
 from lcab.records.table import console
-from lcab.report.anchor_data import Published, load_published
 from lcab.report.anchor_rows import MEASURED, LcabRow
 
 
@@ -64,22 +65,28 @@ class Check:
     why: Callable[[Published], str]
 
 
+def _equal(name: str, fields: str, why: Callable[[Published], str]) -> Check:
+    """A check that the lcab row and the published number agree on ``fields``."""
+    key = attrgetter(*fields.split())
+    return Check(name, lambda p, r: key(r) == key(p), why)
+
+
 CHECKS = (
-    Check("GPU", lambda p, r: r.gpu == p.gpu, lambda p: f"no lcab row on {p.gpu}"),
+    _equal("GPU", "gpu", lambda p: f"no lcab row on {p.gpu}"),
     Check("dtype", lambda p, r: r.dtype in p.dtypes, lambda p: f"no lcab {'/'.join(p.dtypes)} row"),
-    Check(
+    _equal(
         "heads",
-        lambda p, r: (r.heads_q, r.heads_kv, r.head_dim) == (p.heads_q, p.heads_kv, p.head_dim),
+        "heads_q heads_kv head_dim",
         lambda p: f"no lcab row with {p.heads_q}:{p.heads_kv} heads of dim {p.head_dim}",
     ),
-    Check(
+    _equal(
         "batch",
-        lambda p, r: r.batch == p.batch,
+        "batch",
         lambda p: f"batch {p.batch} x {_tokens(p.seqlen)}: lcab runs one sequence a call",
     ),
-    Check(
+    _equal(
         "CP",
-        lambda p, r: (r.cp, r.world) == (p.cp, p.world),
+        "cp world",
         lambda p: "no one-GPU lcab row" if p.cp == "none" else f"no lcab {p.cp} on {p.world} GPUs",
     ),
     Check(
@@ -87,7 +94,7 @@ CHECKS = (
         lambda p, r: p.gpus_per_node is None or r.gpus_per_node in (None, p.gpus_per_node),
         lambda p: f"no lcab row with {p.gpus_per_node} GPUs a node",
     ),
-    Check("mask", lambda p, r: r.mask == p.mask, lambda p: f"no lcab {p.mask} row"),
+    _equal("mask", "mask", lambda p: f"no lcab {p.mask} row"),
     Check(
         "mask parameters",
         lambda p, r: all(_same(r.mask_params.get(k), v) for k, v in p.mask_params.items()),
@@ -102,9 +109,7 @@ CHECKS = (
             else f"lcab has no kernel for {p.library}"
         ),
     ),
-    Check(
-        "tokens", lambda p, r: r.seqlen == p.seqlen, lambda p: f"no lcab row at {p.seqlen:,} tokens"
-    ),
+    _equal("tokens", "seqlen", lambda p: f"no lcab row at {p.seqlen:,} tokens"),
     Check(
         "pass",
         lambda p, r: p.pass_ in _values(r, p.unit),
@@ -244,11 +249,6 @@ def source_notes(pairs: Sequence[SideBySide]) -> list[str]:
     return lines
 
 
-def _fmt(column: str, value: float) -> str:
-    """A ratio to 2 decimals, a figure to 3 significant digits."""
-    return f"{value:.2f}" if column == "lcab/published" else f"{value:.3g}"
-
-
 def lcab_notes(pairs: Sequence[SideBySide]) -> list[str]:
     """One line per note lcab's rows carry (the planner's harness, assumed heads), with files."""
     files: dict[str, set[str]] = {}
@@ -306,7 +306,7 @@ TERMINAL = ("published figure", "setting", "published", "source", "lcab", "ratio
 
 def command(args: argparse.Namespace) -> int:
     """``python -m lcab.report anchors``: print the table; 2 on bad input (one line)."""
-    from lcab.report.anchor_data import BadPublishedError
+    from lcab.records.published import BadPublishedError
     from lcab.report.anchor_rows import PREDICTED, read_lcab_rows
     from lcab.report.frame import BadInputError
     from lcab.report.page import markdown_table

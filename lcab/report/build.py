@@ -98,8 +98,8 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
     png_dir = folder / PNG_DIR
     png_dir.mkdir(parents=True, exist_ok=True)
 
-    from lcab.report.interactive import figure_div, plotly_js
-    from lcab.report.png import render_png
+    from lcab.plot.html import figure_div, plotly_js
+    from lcab.plot.png import render_png
 
     drawn = {f.name for f in figures.figures}
     for stale in png_dir.glob("*.png"):

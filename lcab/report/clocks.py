@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -23,9 +24,10 @@ import numpy as np
 import pandas as pd
 
 from lcab.flops import PASSES
+from lcab.plot.data import EVENT_COLOUR, Axis, Line, LineFigure, Panel, name_stem, seqlen_label
 from lcab.report.frame import SERIES, VARIANT
-from lcab.report.plot_data import Omitted, TimeFigure, TimePanel, TimePoint, name_stem
-from lcab.report.plot_style import Styler, seqlen_label
+from lcab.report.plot_data import Omitted
+from lcab.report.plot_style import LineStyle, Styler
 
 SECTION = "telemetry"
 NOT_FLAGGED = frozenset({"GpuIdle"})
@@ -33,17 +35,23 @@ NOT_FLAGGED = frozenset({"GpuIdle"})
 hover still lists them)."""
 PASS_NAMES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
 X_LABEL = "minutes after the sweep's first record (when each length began)"
+PASS_SYMBOLS = {"fwd": "circle", "bwd": "square", "fwd_bwd": "diamond"}
+_ORDER = {p: i for i, p in enumerate(PASS_SYMBOLS)}
+PASS_NUDGE = {"fwd": -0.006, "bwd": 0.006, "fwd_bwd": 0.0}
+"""Offset of each pass's points, as a share of the sweep's time span."""
+RINGS = ("circle-open", "diamond-open", "hexagon-open", "pentagon-open", "star-open")
+"""Hollow rings around points a clock event flags, one per set of reasons (cycling)."""
 
 
-def clock_figures(frame: pd.DataFrame, styler: Styler) -> tuple[list[TimeFigure], list[Omitted]]:
-    """One `TimeFigure` per sweep with clock readings, and the sweeps left out with why.
+def clock_figures(frame: pd.DataFrame, styler: Styler) -> tuple[list[LineFigure], list[Omitted]]:
+    """One figure per sweep with clock readings (stacked panels), and those left out with why.
 
     Both lists are empty when no record has a clock reading (telemetry off, or records from
     before lcab read it): the page then has no clocks section.
     """
     if not any(_readings(row) for _, row in frame.iterrows()):
         return [], []
-    figures: list[TimeFigure] = []
+    figures: list[LineFigure] = []
     omitted: list[Omitted] = []
     for sweep, rows in frame.groupby("sweep_id", sort=True, dropna=False):
         name = f"sweep {sweep}" if sweep else "records without a sweep id"
@@ -55,7 +63,7 @@ def clock_figures(frame: pd.DataFrame, styler: Styler) -> tuple[list[TimeFigure]
     return figures, omitted
 
 
-def sweep_figure(rows: pd.DataFrame, styler: Styler, sweep: str) -> tuple[TimeFigure | None, str]:
+def sweep_figure(rows: pd.DataFrame, styler: Styler, sweep: str) -> tuple[LineFigure | None, str]:
     """The figure of one sweep's rows, or None and why it is not drawn."""
     clocked = [row for _, row in rows.iterrows() if _readings(row)]
     if not clocked:
@@ -69,8 +77,8 @@ def sweep_figure(rows: pd.DataFrame, styler: Styler, sweep: str) -> tuple[TimeFi
         return None, f"every record ran on a CPU at one steady clock ({values.pop():,.0f} MHz)"
     kind = "SM clock" if all(gpu) else "core clock" if not any(gpu) else "compute clock"
     first = min(starts)
-    clock_points: list[TimePoint] = []
-    power_points: list[TimePoint] = []
+    clock_points: list[_Point] = []
+    power_points: list[_Point] = []
     for row in sorted(clocked, key=lambda r: (_time(r) or first, int(r["seqlen"]))):
         when = _time(row)
         if when is None:
@@ -79,40 +87,107 @@ def sweep_figure(rows: pd.DataFrame, styler: Styler, sweep: str) -> tuple[TimeFi
         cp = str(row["cp"]) != "none"
         style = styler.line(str(row[SERIES]), int(row["world_size"]), str(row[VARIANT]), cp)
         for pass_, (low, median, high) in _readings(row).items():
-            events = clock_events(row, pass_)
-            common: dict[str, Any] = {
-                "x": minutes,
-                "series": style.series,
-                "label": style.label,
-                "colour": style.colour,
-                "pass_name": pass_,
-                "events": tuple(e for e in events if e not in NOT_FLAGGED),
-                "hover": _hover(row, pass_, minutes, kind),
-            }
-            clock_points.append(TimePoint(y=median, low=low, high=high, **common))
+            events = tuple(e for e in clock_events(row, pass_) if e not in NOT_FLAGGED)
+            hover = _hover(row, pass_, minutes, kind)
+            clock_points.append(_Point(minutes, pass_, style, median, low, high, events, hover))
             power = _value(row, f"{pass_}_power_w")
             if power is not None:
-                power_points.append(TimePoint(y=power, low=None, high=None, **common))
+                power_points.append(_Point(minutes, pass_, style, power, None, None, events, hover))
+    found = {p.events for p in clock_points if p.events}
+    rings = {
+        e: RINGS[i % len(RINGS)] for i, e in enumerate(sorted(found, key=lambda e: (len(e), e)))
+    }
+    xs = [p.minutes for p in clock_points]
+    span = (max(xs) - min(xs)) or 1.0
     panels = [
-        TimePanel(
+        _panel(
             f"{kind} per pass (marker: median over the repetitions, bar: lowest–highest)",
             f"{kind} (MHz)",
-            tuple(clock_points),
+            clock_points,
+            span,
+            rings,
         )
     ]
     if power_points:
-        panels.append(
-            TimePanel(
-                "mean power per device over the repetitions",
-                "power (W)",
-                tuple(power_points),
-            )
-        )
+        what = "mean power per device over the repetitions"
+        panels.append(_panel(what, "power (W)", power_points, span, rings))
     what = f"{kind} and power" if power_points else kind
     title = f"{what[0].upper()}{what[1:]} over the sweep: {sweep or 'records'}"
     title = " · ".join(t for t in (title, device_label(pd.DataFrame(clocked))) if t)
     name = f"clocks_{name_stem(sweep)}" if sweep else "clocks"
-    return TimeFigure(name, SECTION, title, X_LABEL, tuple(panels)), ""
+    axis = Axis(X_LABEL, (), None, log=False)
+    return LineFigure(name, SECTION, title, axis, tuple(panels), stacked=True), ""
+
+
+@dataclass(frozen=True)
+class _Point:
+    """One pass of one record at the time its length began, with the spread of its reading."""
+
+    minutes: float
+    pass_: str
+    style: LineStyle
+    y: float
+    low: float | None
+    high: float | None
+    events: tuple[str, ...]
+    """Clock-event reasons that flag it (`NOT_FLAGGED` left out); empty: not flagged."""
+    hover: str
+
+
+def _panel(
+    title: str, y_label: str, points: list[_Point], span: float, rings: dict[tuple[str, ...], str]
+) -> Panel:
+    """Markers per (series, pass), nudged apart by pass, and a ring per set of clock events.
+
+    A pass's markers are its series' colour in the pass's symbol (`PASS_SYMBOLS`); the passes
+    of one record sit side by side (``PASS_NUDGE`` of the sweep's ``span``: fwd left of bwd),
+    so neither hides the other's bar; the hover gives the time itself.
+    """
+    groups: dict[tuple[str, str], list[_Point]] = {}
+    for point in points:
+        groups.setdefault((point.style.label, point.pass_), []).append(point)
+    lines = []
+
+    def x(group: list[_Point]) -> tuple[float, ...]:
+        return tuple(p.minutes + PASS_NUDGE[p.pass_] * span for p in group)
+
+    for (label, pass_), group in sorted(groups.items(), key=lambda i: (i[0][0], _ORDER[i[0][1]])):
+        style, barred = group[0].style, any(p.low is not None for p in group)
+        lines.append(
+            Line(
+                f"{label} · {pass_}",
+                style.series,
+                style.colour,
+                "solid",
+                x(group),
+                tuple(p.y for p in group),
+                tuple(math.nan if p.low is None else p.low for p in group) if barred else None,
+                tuple(math.nan if p.high is None else p.high for p in group) if barred else None,
+                markers_only=True,
+                hover=tuple(p.hover for p in group),
+                symbol=PASS_SYMBOLS[pass_],
+                bars=True,
+                size=5.0,
+            )
+        )
+    for events, symbol in rings.items():
+        flagged = [p for p in points if p.events == events]
+        if flagged:
+            lines.append(
+                Line(
+                    f"clock events: {', '.join(events)}",
+                    "",
+                    EVENT_COLOUR,
+                    "solid",
+                    x(flagged),
+                    tuple(p.y for p in flagged),
+                    markers_only=True,
+                    hover=tuple(f"{p.style.label}: {p.hover}" for p in flagged),
+                    symbol=symbol,
+                    size=12.0,
+                )
+            )
+    return Panel(title, y_label, False, tuple(lines), from_zero=False)
 
 
 def device_label(rows: pd.DataFrame) -> str:

@@ -31,11 +31,21 @@ from typing import Any
 import pandas as pd
 
 from lcab.flops import PASSES
+from lcab.plot.data import (
+    Axis,
+    Line,
+    LineFigure,
+    Panel,
+    RefLine,
+    log2_range,
+    log2_ticks,
+    name_stem,
+    seqlen_label,
+)
 from lcab.records.table import console, duration
 from lcab.report.compare_stats import BASIS_QUANTILES, BASIS_REPS, PassTimes, compare_times
 from lcab.report.frame import SERIES, VARIANT, BadInputError, load_records, named_input
-from lcab.report.plot_data import Axis, Line, LineFigure, Panel, RefLine, name_stem
-from lcab.report.plot_style import Styler, hardware_label, log2_range, log2_ticks, seqlen_label
+from lcab.report.plot_style import Styler, hardware_label
 from lcab.report.provenance import provenance_table
 
 SECTION = "compare"
@@ -357,14 +367,14 @@ def command(args: argparse.Namespace) -> int:
     where = named_input(args.new)[1]
     folder = args.out or (where.parent if where.is_file() else where) / "compare"
     write(comparison, folder)
-    from lcab.report.png import render_png
+    from lcab.plot.png import render_png
 
     figures = compare_figures(comparison, pd.concat([old, new]))
     for figure in figures:
         render_png(figure, folder / "png" / f"{figure.name}.png")
     print(f"written: {folder}/compare.csv, compare.md and {len(figures)} figure(s) in png/")
     if args.wandb_report or args.wandb_dry_run:
-        status = wandb_report(args, comparison, markdown(comparison))
+        status = wandb_report(args, comparison.labels, markdown(comparison))
         if status:
             return status
     if args.fail_slower is None:

@@ -22,13 +22,10 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lcab.report.frame import named_input
 from lcab.report.workspace import DEFAULT_PROJECT, STEP, read_sweep
-
-if TYPE_CHECKING:
-    from lcab.report.compare import Comparison
 
 PREFIX = "wandb:"
 ARTIFACT_TYPE = "lcab-records"
@@ -93,8 +90,10 @@ def _where(given: str) -> tuple[str | None, str | None, str | None]:
     return runs.entity, runs.project, runs.group
 
 
-def build_report(args: argparse.Namespace, comparison: Comparison, text: str) -> Any:
-    """The comparison as a ``wandb_workspaces`` report (built only; ``save`` uploads).
+def build_report(args: argparse.Namespace, labels: tuple[str, str], text: str) -> Any:
+    """The comparison (its runs' ``labels``, old first) as a ``wandb_workspaces`` report.
+
+    Built only; ``save`` uploads it.
 
     Raises:
         ValueError: no entity (``--entity``, ``$WANDB_ENTITY``, a ``wandb:`` input or a
@@ -111,11 +110,11 @@ def build_report(args: argparse.Namespace, comparison: Comparison, text: str) ->
     if not entity:
         raise ValueError("no W&B entity: pass --entity or set WANDB_ENTITY")
     project = args.project or next((p for _, p, _ in places if p), None) or DEFAULT_PROJECT
-    old, new = comparison.labels
+    old, new = labels
     blocks: list[Any] = [wr.H1(f"lcab: {new} vs {old}"), wr.MarkdownBlock(text=text)]
     runsets = [
         wr.Runset(name=label, filters=[expr.Metric("Group") == group])
-        for label, (_, _, group) in zip(comparison.labels, places, strict=True)
+        for label, (_, _, group) in zip(labels, places, strict=True)
         if group
     ]
     if runsets:
@@ -129,10 +128,10 @@ def build_report(args: argparse.Namespace, comparison: Comparison, text: str) ->
     return wr.Report(entity=entity, project=project, title=f"lcab {new} vs {old}", blocks=blocks)
 
 
-def wandb_report(args: argparse.Namespace, comparison: Comparison, text: str) -> int:
+def wandb_report(args: argparse.Namespace, labels: tuple[str, str], text: str) -> int:
     """Write (``--wandb-dry-run``) or save (``--wandb-report``) the report; 0, else 1 or 2."""
     try:
-        report = build_report(args, comparison, text)
+        report = build_report(args, labels, text)
     except ValueError as err:
         print(f"lcab compare: {err}", file=sys.stderr)
         return 2

@@ -17,31 +17,26 @@ from typing import Any
 
 import pandas as pd
 
+from lcab.plot.data import (
+    Axis,
+    FailedPoint,
+    Heatmap,
+    Line,
+    LineFigure,
+    Panel,
+    RefLine,
+    log2_range,
+    log2_ticks,
+    name_stem,
+    seqlen_label,
+    severity,
+)
 from lcab.records.table import throughput_unit
 from lcab.report.clocks import clock_figures
 from lcab.report.frame import SERIES, VARIANT
 from lcab.report.frontier import frontier_figures
-from lcab.report.plot_data import (
-    Axis,
-    FailedPoint,
-    Figures,
-    Heatmap,
-    Line,
-    LineFigure,
-    Omitted,
-    Panel,
-    RefLine,
-    name_stem,
-)
-from lcab.report.plot_style import (
-    LineStyle,
-    Styler,
-    hardware_label,
-    log2_range,
-    log2_ticks,
-    seqlen_label,
-    severity,
-)
+from lcab.report.plot_data import Figures, Omitted
+from lcab.report.plot_style import LineStyle, Styler, hardware_label
 
 PLOT_PASSES = {"fwd": "forward", "bwd": "backward"}
 """Passes drawn as panels (fwd_bwd is their sum; the tables have it)."""

@@ -19,13 +19,23 @@ from typing import Any
 
 import pandas as pd
 
+from lcab.plot.data import (
+    Axis,
+    Line,
+    LineFigure,
+    Panel,
+    log2_range,
+    log2_ticks,
+    name_stem,
+    seqlen_label,
+)
 from lcab.report.frame import SERIES, VARIANT
-from lcab.report.plot_data import Axis, Line, LineFigure, Omitted, Panel, name_stem
-from lcab.report.plot_style import Styler, hardware_label, log2_range, log2_ticks, seqlen_label
+from lcab.report.plot_data import Omitted
+from lcab.report.plot_style import Styler, hardware_label
 
 SECTION = "frontier"
 PLANNER_DASHES = {"solid": "dash", "dash": "dot", "dot": "dashdot", "dashdot": "dash"}
-"""The planner's line beside a measured line of each dash (`lcab.report.plot_style.DASHES`)."""
+"""The planner's line beside a measured line of each dash (`lcab.plot.data.DASHES`)."""
 
 TABLE_COLUMNS = {
     "kernel": "kernel",

@@ -23,10 +23,10 @@ from typing import Any
 import pandas as pd
 
 from lcab.flops import PASSES
+from lcab.plot.data import severity
 from lcab.records.table import throughput_unit
 from lcab.report.clocks import implausible
 from lcab.report.plot_data import OPTIONAL_SECTIONS, SECTIONS, Figures
-from lcab.report.plot_style import severity
 
 SUMMARY_COLUMNS = (
     "mask",
@@ -363,7 +363,7 @@ class PageInputs:
     summary: pd.DataFrame
     reasons: pd.DataFrame
     divs: dict[str, str]
-    """Figure name -> its ``<div>`` and drawing script (`lcab.report.interactive`)."""
+    """Figure name -> its ``<div>`` and drawing script (`lcab.plot.html`)."""
     predictions: pd.DataFrame | None = None
     """`predictions_table` (None: no section)."""
     anchors: pd.DataFrame | None = None

@@ -12,7 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from lcab.plan.calibrate import points_of
-from lcab.plan.figure import measured_points
+from lcab.plan.figure import measured_points, scaling_figure
+from lcab.plot.png import draw
 from lcab.records.schema import TIMING_COLUMNS, RunRecord
 from lcab.records.sinks import RECORDS_FILE, write_records
 from lcab.records.summary import summarise_sweep
@@ -116,6 +117,22 @@ def test_the_sweep_summary_headline_shows_no_throughput_of_a_shared_record(tmp_p
 def test_the_planner_figure_plots_no_measured_point_of_a_shared_record():
     records = [_record(256, 3.0, False), _record(512, 100.0, True)]
     assert measured_points(records, "causal", "ring", "fwd") == [(2, 3.0)]
+    # drawn as crosses in the colour of the strategy's predicted line, on the report's renderer
+    rows = [
+        {"mask": "causal", "cp": cp, "world": w, "fwd_tflops": t}
+        for cp, t in (("ring", 5.0), ("usp", 6.0))
+        for w in (2, 4)
+    ]
+    figure = scaling_figure(rows, records)
+    (panel,) = figure.panels
+    lines = {line.label: line for line in panel.lines}
+    assert set(lines) == {"ring (predicted)", "ring (measured)", "usp (predicted)"}
+    measured, predicted = lines["ring (measured)"], lines["ring (predicted)"]
+    assert measured.markers_only and (measured.x, measured.y) == ((2,), (3.0,))
+    assert (predicted.x, predicted.y) == ((2, 4), (5.0, 5.0)) and not predicted.markers_only
+    assert measured.colour == predicted.colour != lines["usp (predicted)"].colour
+    legend = [t.get_text() for t in draw(figure).legends[0].get_texts()]
+    assert sorted(legend) == sorted(lines)
 
 
 def test_setup_times_are_timings_too():

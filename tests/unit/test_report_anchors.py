@@ -20,16 +20,16 @@ from lcab.cp import STRATEGIES
 from lcab.flops import PASSES
 from lcab.kernels import KERNELS
 from lcab.masks import list_masks
-from lcab.records.schema import PassResult, RunRecord
-from lcab.records.sinks import write_records
-from lcab.report.__main__ import main
-from lcab.report.anchor_data import (
+from lcab.records.published import (
     PUBLISHED_FILE,
     READS,
     BadPublishedError,
     load_published,
     parse_published,
 )
+from lcab.records.schema import PassResult, RunRecord
+from lcab.records.sinks import write_records
+from lcab.report.__main__ import main
 from lcab.report.anchor_rows import MEASURED, PREDICTED, gpu_model, read_lcab_rows
 from lcab.report.anchors import side_by_side
 from lcab.report.build import build_report
@@ -162,31 +162,22 @@ def group(**overrides: Any) -> dict[str, Any]:
 def test_a_bad_row_is_one_error_naming_the_row_and_field(
     overrides: dict[str, Any], says: str
 ) -> None:
-    with pytest.raises(BadPublishedError, match=r"^published_anchors\.json: group 1") as err:
+    with pytest.raises(BadPublishedError, match=r"^published\.json: group 1") as err:
         parse_published(group(**overrides))
     assert says in str(err.value)
 
 
-def test_the_planners_published_table_is_among_the_rows_within_the_reading_errors() -> None:
-    """`lcab.plan.published` (80 H100 cells, read by eye ±10) and the shared digitisation (±5)
-    agree with the data file's readings of the same charts."""
-    from lcab.plan.published import CP_SIZES, PUBLISHED, READING_ERROR
-
+def test_the_cp_charts_agree_with_the_shared_digitisation_within_the_reading_errors() -> None:
+    """The data file's readings of the H100 CP charts and the shared digitisation (±5) agree."""
     mine = {
         (p.cp, p.mask, p.pass_, p.world): p
         for p in load_published()
         if p.source_id == "magi-cp-h100"
     }
-    for (mask, pass_), strategies in PUBLISHED.items():
-        for cp, values in strategies.items():
-            for world, value in zip(CP_SIZES, values, strict=True):
-                p = mine[(cp, mask, pass_, world)]
-                assert p.tokens_per_gpu == 8192 and p.kernels == ("fa3",)
-                assert abs(p.value - value) <= READING_ERROR + (p.error or 0), (cp, mask, world)
     places = (ROOT.parent / "data", ROOT.parent / "shared" / "data", Path("/work/shared/data"))
     shared = next((d / DIGITIZED for d in places if (d / DIGITIZED).is_file()), None)
     if shared is None:
-        return  # the shared digitisation is beside some checkouts only
+        pytest.skip(f"{DIGITIZED} is beside some checkouts only")
     lines = shared.read_text().splitlines()[1:]  # line 1: its source
     names = {"ring_p2p": "ring", "varlen_causal": "causal_document"}
     checked = 0

@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from lcab.plot.data import Heatmap, Line, LineFigure, log_ticks, seqlen_label
+from lcab.plot.html import plotly_js, to_plotly
+from lcab.plot.png import draw
 from lcab.records.sinks import RECORDS_FILE, write_records
 from lcab.report.__main__ import main
 from lcab.report.build import BuiltReport, build_report
 from lcab.report.figures import build_figures, stacked
 from lcab.report.frame import load_records, record_files, variant_labels
-from lcab.report.interactive import plotly_js, to_plotly
 from lcab.report.page import reasons_table
-from lcab.report.plot_data import Figures, Heatmap, Line, LineFigure
-from lcab.report.plot_style import SERIES_COLOURS, log_ticks, palette, seqlen_label
-from lcab.report.png import draw
+from lcab.report.plot_data import Figures
+from lcab.report.plot_style import SERIES_COLOURS, palette
 from tests.helpers.synthetic_records import (
     LENGTHS,
     cp_jobs,

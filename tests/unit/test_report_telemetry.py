@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import csv
 import html
+import math
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from lcab.plot.data import LineFigure, Panel
+from lcab.plot.html import to_plotly
+from lcab.plot.png import draw
 from lcab.records.schema import PassResult, RunRecord
 from lcab.report.build import BuiltReport, build_report
 from lcab.report.figures import build_figures
 from lcab.report.frame import load_records
-from lcab.report.interactive import to_plotly
-from lcab.report.plot_data import TimeFigure
-from lcab.report.png import draw
 from tests.helpers.synthetic_records import LENGTHS, measured, write_sweep
 
 SWEEP = "h200-sweep"
@@ -118,9 +120,47 @@ def gpu_report(tmp_path_factory: pytest.TempPathFactory) -> BuiltReport:
     return build_report([sweep])
 
 
-def clock_figure(figures: list) -> TimeFigure:
-    (figure,) = [f for f in figures if isinstance(f, TimeFigure)]
+def clock_figure(figures: list) -> LineFigure:
+    (figure,) = [f for f in figures if f.section == "telemetry"]
+    assert isinstance(figure, LineFigure) and figure.stacked and not figure.x.log
     return figure
+
+
+RINGED = "clock events: "
+NUDGE = {"fwd": -0.006, "bwd": 0.006}
+"""Where each pass is drawn beside its minute, as a share of the sweep's span (fwd left)."""
+
+
+class Point(NamedTuple):
+    x: float
+    pass_name: str
+    y: float
+    low: float | None
+    high: float | None
+    events: tuple[str, ...]
+    hover: str
+
+
+def points(panel: Panel, span: float) -> list[Point]:
+    """A clock panel's markers as points at the minute their length began (nudge undone),
+    each with the events of the ring drawn around it (none: not ringed)."""
+    rings = {
+        (x, y): tuple(line.label.removeprefix(RINGED).split(", "))
+        for line in panel.lines
+        if line.label.startswith(RINGED)
+        for x, y in zip(line.x, line.y, strict=True)
+    }
+    out = []
+    for line in panel.lines:
+        if line.label.startswith(RINGED):
+            continue
+        pass_ = line.label.rsplit(" · ", 1)[1]
+        for i, (x, y) in enumerate(zip(line.x, line.y, strict=True)):
+            low = None if line.low is None or math.isnan(line.low[i]) else line.low[i]
+            high = None if line.high is None or math.isnan(line.high[i]) else line.high[i]
+            minute = round(x - NUDGE[pass_] * span, 9)
+            out.append(Point(minute, pass_, y, low, high, rings.get((x, y), ()), line.hover[i]))
+    return out
 
 
 def summary_rows(report: BuiltReport) -> dict[str, dict[str, str]]:
@@ -156,22 +196,22 @@ def test_the_clock_figure_is_drawn_as_a_png_and_on_the_page(gpu_report):
 def test_clock_points_are_the_records_readings_against_minutes_into_the_sweep():
     records = gpu_records()
     figure = clock_figure(build_figures(load_records_of(records)).figures)
-    assert "NVIDIA H200" in figure.title and figure.x_label.startswith("minutes")
-    clock, power = figure.panels
-    assert "MHz" in clock.y_label and "W" in power.y_label
+    assert "NVIDIA H200" in figure.title and figure.x.label.startswith("minutes")
+    assert "MHz" in figure.panels[0].y_label and "W" in figure.panels[1].y_label
+    clock, power = (points(panel, 2.0 * (STEPS - 1)) for panel in figure.panels)
     expected = sorted(
         (2.0 * step, p, r.pass_result(p)) for step, r in enumerate(records) for p in ("fwd", "bwd")
     )
-    got = sorted((pt.x, pt.pass_name, pt) for pt in clock.points)
+    got = sorted((pt.x, pt.pass_name, pt) for pt in clock)
     assert len(got) == len(expected) == 2 * STEPS
     for (x, pass_, result), (gx, gpass, point) in zip(expected, got, strict=True):
         assert (gx, gpass) == (x, pass_)
         assert point.y == result.clock_mhz_median
         assert (point.low, point.high) == (result.clock_mhz_min, result.clock_mhz_max)
     # the clock really falls 1,980 -> 1,755 MHz over the 14 minutes
-    fwd = sorted((p.x, p.y) for p in clock.points if p.pass_name == "fwd")
+    fwd = sorted((p.x, p.y) for p in clock if p.pass_name == "fwd")
     assert fwd[0] == (0.0, FIRST_MHZ) and fwd[-1] == (14.0, LAST_MHZ)
-    assert sorted((p.x, p.pass_name, p.y) for p in power.points) == sorted(
+    assert sorted((p.x, p.pass_name, p.y) for p in power) == sorted(
         (2.0 * s, p, r.pass_result(p).power_w)
         for s, r in enumerate(records)
         for p in ("fwd", "bwd")
@@ -188,15 +228,17 @@ def test_capped_passes_are_flagged_with_their_reason_and_idle_ones_are_not():
         if r.pass_result(p).clock_mhz_median < CAPPED_BELOW
     }
     assert 0 < len(capped) < 2 * STEPS
-    flagged = {(p.x, p.pass_name) for p in figure.panels[0].points if p.events}
+    clock = points(figure.panels[0], 2.0 * (STEPS - 1))
+    flagged = {(p.x, p.pass_name) for p in clock if p.events}
     assert flagged == capped
-    assert figure.event_sets == (("SwPowerCap",),)
+    assert {p.events for p in clock if p.events} == {("SwPowerCap",)}
     names = [t.name for t in to_plotly(figure).data]
     assert "clock events: SwPowerCap" in names
     legend = [t.get_text() for t in draw(figure).legends[0].get_texts()]
-    assert "clock events: SwPowerCap" in legend and "fwd" in legend and "bwd" in legend
+    assert "clock events: SwPowerCap" in legend
+    assert {t.rsplit(" · ", 1)[-1] for t in legend if " · " in t} == {"fwd", "bwd"}
     # every point's hover names its reasons, GpuIdle included
-    idle = [p for p in figure.panels[0].points if not p.events]
+    idle = [p for p in clock if not p.events]
     assert idle and all("clock events: GpuIdle" in p.hover for p in idle)
 
 
@@ -271,18 +313,19 @@ def test_a_cpu_at_one_steady_clock_is_left_out_and_a_moving_one_drawn():
         return records
 
     figures = build_figures(load_records_of(cpu(steady=True)))
-    assert not [f for f in figures.figures if isinstance(f, TimeFigure)]
+    assert not [f for f in figures.figures if f.section == "telemetry"]
     (why,) = [o.why for o in figures.omitted if o.section == "telemetry"]
     assert "one steady clock (2,450 MHz)" in why
     moving = clock_figure(build_figures(load_records_of(cpu(steady=False))).figures)
     assert "core clock" in moving.panels[0].y_label and len(moving.panels) == 1  # no power
-    assert sorted(p.y for p in moving.panels[0].points if p.pass_name == "fwd") == [
+    moved = points(moving.panels[0], 3.0)
+    assert sorted(p.y for p in moved if p.pass_name == "fwd") == [
         3200.0,
         3300.0,
         3400.0,
         3500.0,
     ]
-    assert [p.x for p in sorted(moving.panels[0].points, key=lambda p: p.x)][::2] == [
+    assert [p.x for p in sorted(moved, key=lambda p: p.x)][::2] == [
         0.0,
         1.0,
         2.0,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from lcab.plot.data import LineFigure
 from lcab.records.schema import RunRecord
 from lcab.report.build import build_report
 from lcab.report.figures import build_figures
 from lcab.report.frame import load_records
-from lcab.report.plot_data import LineFigure
 from tests.helpers.synthetic_records import measured, write_sweep
 
 

@@ -2,7 +2,7 @@
 
 The README and the guides beside the code (``lcab/*/README.md``) carry tables made from the
 registries, and ``python -m lcab.main --help`` lists the config groups a user picks; all of it
-is generated here, never typed. `python -m lcab.report readme` rewrites every section in every
+is generated here, never typed. `python -m lcab.report docs` rewrites every section in every
 file of `GENERATED_FILES`; a test fails when a committed file differs from what the code
 generates, so no table can go stale. A section may live in any of those files (Markdown files
 mark it with ``<!-- BEGIN generated:NAME -->``, YAML files with ``# BEGIN generated:NAME``), but

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lcab.kernels import get_kernel
-from lcab.report.readme import (
+from lcab.report.generated_docs import (
     GENERATED_FILES,
     ROOT,
     SECTIONS,
@@ -21,7 +21,7 @@ from lcab.report.support import kernel_verdict, strategy_kernels
 @pytest.mark.parametrize("path", GENERATED_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_generated_sections_are_current(path):
     text = path.read_text()
-    assert render(text, path) == text, f"{path} is stale: run `python -m lcab.report readme`"
+    assert render(text, path) == text, f"{path} is stale: run `python -m lcab.report docs`"
 
 
 def test_every_generated_section_has_a_place():

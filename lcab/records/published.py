@@ -1,8 +1,11 @@
-"""Published attention figures as data: `load_published` reads ``published_anchors.json``.
+"""Published attention figures, stored once: `load_published` reads ``published.json``.
 
 Every anchor lcab is compared with publishes pictures; nobody can check lcab against a bar
 chart without reading it. The data file holds those numbers once, each with where it comes from
-and how it was read, so `lcab.report.anchors` can put lcab's own rows beside them.
+and how it was read, and every reader takes them from here: the report puts lcab's rows beside
+them (`lcab.report.anchors`), the planner checks its context-parallel predictions against the
+MagiAttention H100 cells (`lcab.plan.published`) and fits its H100 kernel rates to the
+single-GPU charts (`lcab.plan.kernel_figures`). It lives in the records layer, below both.
 
 **Why JSON, in groups.** JSON reads with the standard library on every Python lcab supports
 (``tomllib`` is 3.11+, lcab runs on 3.10), and a group states what its numbers share once — the
@@ -11,7 +14,7 @@ row and each row on one line. A column ``mask.<name>`` is a mask parameter; an `
 column overrides the group's reading error for one row. ``kernels`` maps each library name the
 sources use to the lcab kernels that run it: cuDNN's fused attention runs under lcab's
 ``cudnn`` (TransformerEngine, as the sources ran it) and ``sdpa_cudnn`` (torch SDPA's cuDNN
-backend: the same cuDNN engine); the table names which one a match came from.
+backend: the same cuDNN engine).
 
 **What it holds, in this order** (964 numbers, TFLOP/s; per GPU, slowest rank, under CP):
 
@@ -26,8 +29,7 @@ backend: the same cuDNN engine); the table names which one a match came from.
 * ``magi-cp-h100``, ``magi-cp-b200`` — the MagiAttention CP benchmark (the companion blog of
   LongCA-bench, same authors, same baselines): per-GPU TFLOP/s of Ulysses, Ring P2P (lcab's
   ``ring``), Ring AllGather, USP and LoongTrain at 8-64 GPUs, every mask and pass it draws.
-  The 80 H100 cells of `lcab.plan.published` are among them (the tests hold the two to one
-  another); its hybrid and MagiAttention series are left out (no lcab strategy runs them).
+  Its hybrid and MagiAttention series are left out (no lcab strategy runs them).
 * ``magi-kernel-h100`` — the same blog's one-H100 kernel charts (FA2, FA3, cuDNN, Flex,
   FlashMask, SDPA, FFA on full, causal, document and sliding-window masks, 1K-32K). Its
   ``varlen block causal`` charts are left out: the blog gives no block size, so lcab's
@@ -35,7 +37,9 @@ backend: the same cuDNN engine); the table names which one a match came from.
 
 The MagiAttention charts were read from the PNGs' pixels at commit 2c641357: the centre of the
 line marker on each bar top against the gridlines, ±3 TFLOP/s (±5 where a crossing line hid the
-marker and the bar's own line was read). Bars under 5 TFLOP/s and those marked ✗ are left out.
+marker and the bar's own line was read), cross-checked against two earlier by-eye readings
+(``paper_digest.md`` §8.1 and §8.3, ±10), within 5. Bars under 5 TFLOP/s and those marked ✗ are
+left out.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from typing import Any
 
 from lcab.flops import PASSES
 
-PUBLISHED_FILE = Path(__file__).with_name("published_anchors.json")
+PUBLISHED_FILE = Path(__file__).with_name("published.json")
 READS = {
     "table": "table (printed number)",
     "label": "chart label (number printed on the bar)",
@@ -121,51 +125,37 @@ class Published:
 
 
 def _positive(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 def _text(value: Any) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+def _one_of(options: Any) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v in options), f"one of {', '.join(options)}"
 
 
-def _dtypes(value: Any) -> bool:
-    items = [value] if isinstance(value, str) else value
-    return isinstance(items, list) and bool(items) and all(_text(v) for v in items)
-
-
+_INTEGER = (lambda v: _positive(v) and isinstance(v, int), "a positive integer")
+_TEXT = (_text, "text")
 FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "id": (_text, "a short source name"),
+    **dict.fromkeys(("heads_q", "heads_kv", "head_dim", "batch", "seqlen", "world"), _INTEGER),
+    "gpus_per_node": _INTEGER,
+    **dict.fromkeys(("id", "figure", "library", "gpu", "cp", "mask", "published_mask"), _TEXT),
+    **dict.fromkeys(("docs", "note", "repo", "path"), _TEXT),
     "source": (_text, "the citation: paper or repository, figure or table"),
-    "figure": (_text, "the figure or table within the source"),
     "url": (lambda v: isinstance(v, str) and v.startswith("https://"), "an https:// address"),
-    "read": (lambda v: v in READS, f"one of {', '.join(READS)}"),
-    "error": (_number, "a reading error > 0"),
-    "unit": (lambda v: v in UNITS, f"one of {', '.join(UNITS)}"),
-    "library": (_text, "a library named in the file's kernels map"),
-    "gpu": (_text, "a GPU model"),
-    "dtype": (_dtypes, "a dtype name or a list of them"),
-    "heads_q": (_positive, "a positive integer"),
-    "heads_kv": (_positive, "a positive integer"),
-    "head_dim": (_positive, "a positive integer"),
-    "batch": (_positive, "a positive integer"),
-    "seqlen": (_positive, "a positive integer"),
-    "world": (_positive, "a positive integer"),
-    "gpus_per_node": (_positive, "a positive integer"),
-    "cp": (_text, "lcab's CP strategy name, or none"),
-    "mask": (_text, "lcab's mask name"),
+    "read": _one_of(READS),
+    "unit": _one_of(UNITS),
+    "pass": _one_of(PASSES),
+    "error": (_positive, "a reading error > 0"),
+    "value": (_positive, "a number > 0"),
+    "dtype": (
+        lambda v: _text(v) or (isinstance(v, list) and bool(v) and all(map(_text, v))),
+        "a dtype name or a list of them",
+    ),
     "mask_params": (lambda v: isinstance(v, dict), "an object of mask parameters"),
-    "published_mask": (_text, "the source's mask name"),
-    "docs": (_text, "how the source sampled documents"),
-    "pass": (lambda v: v in PASSES, f"one of {', '.join(PASSES)}"),
-    "value": (_number, "a number > 0"),
-    "note": (_text, "text"),
-    "repo": (_text, "owner/name"),
     "commit": (lambda v: isinstance(v, str) and len(v) == 40, "a 40-digit commit"),
-    "path": (_text, "a path in the repository"),
 }
 """Every field a group or row may set: its check and what it must be."""
 REQUIRED = (
@@ -176,21 +166,19 @@ REQUIRED = (
 
 def _published(where: str, data: dict[str, Any], kernels: dict[str, list[str]]) -> Published:
     """One row's fields (group defaults and row values merged) as a `Published`."""
-    for name in REQUIRED:
-        if name not in data:
-            raise BadPublishedError(f"{where}: field {name!r} is missing")
+    missing = [name for name in REQUIRED if name not in data]
+    if data.get("read") == "chart" and "error" not in data:
+        missing.append("error")  # a chart reading states its error
+    if missing:
+        raise BadPublishedError(f"{where}: field {missing[0]!r} is missing")
     for name, value in data.items():
         check, must = FIELDS[name]
         if not check(value):
             raise BadPublishedError(f"{where}: {name}={value!r}: must be {must}")
-    if data["read"] == "chart" and "error" not in data:
-        raise BadPublishedError(f"{where}: field 'error' is missing (a chart reading states it)")
     if data["library"] not in kernels:
         raise BadPublishedError(f"{where}: library={data['library']!r} is not in 'kernels'")
     if data["batch"] * data["seqlen"] % data["world"]:
-        raise BadPublishedError(
-            f"{where}: batch x seqlen does not split over world={data['world']}"
-        )
+        raise BadPublishedError(f"{where}: batch x seqlen does not split over {data['world']}")
     dtype = data.pop("dtype")
     return Published(
         source_id=data.pop("id"),
@@ -220,10 +208,9 @@ def parse_published(document: Any, name: str = PUBLISHED_FILE.name) -> list[Publ
         shared = {k: v for k, v in group.items() if k not in ("columns", "rows")}
         columns, rows = group.get("columns", []), group.get("rows", [])
         unknown = [k for k in [*shared, *columns] if k not in FIELDS and not k.startswith("mask.")]
-        if unknown:
-            raise BadPublishedError(f"{where}: unknown field {unknown[0]!r}")
-        if not rows:
-            raise BadPublishedError(f"{where}: no rows")
+        if unknown or not rows:
+            why = f"unknown field {unknown[0]!r}" if unknown else "no rows"
+            raise BadPublishedError(f"{where}: {why}")
         for index, row in enumerate(rows, 1):
             if not isinstance(row, list) or len(row) != len(columns):
                 raise BadPublishedError(f"{where} row {index}: expected {len(columns)} values")
@@ -250,3 +237,12 @@ def load_published(path: Path = PUBLISHED_FILE) -> tuple[Published, ...]:
     except json.JSONDecodeError as err:
         raise BadPublishedError(f"{path.name}: not JSON: {err}") from err
     return tuple(parse_published(document, path.name))
+
+
+def published(source_id: str) -> tuple[Published, ...]:
+    """The numbers of one source (``magi-cp-h100``), in file order (ValueError: no such source)."""
+    rows = tuple(p for p in load_published() if p.source_id == source_id)
+    if not rows:
+        known = sorted({p.source_id for p in load_published()})
+        raise ValueError(f"no published source {source_id!r}; known: {', '.join(known)}")
+    return rows

@@ -1,9 +1,9 @@
-"""The plotly renderer: the report's figures as interactive plots for the HTML page.
+"""The plotly renderer: `lcab.plot.data` figures as interactive plots for an HTML page.
 
-It draws the same `lcab.report.plot_data` figures as the PNG renderer, with the same colours,
-dashes and status markers, and adds hover text (the numbers, the band, why a length failed).
-The page inlines plotly.js once (`plotly_js`); each figure is a ``<div>`` plus the script that
-draws it (`figure_div`), so the page works offline. plotly is imported inside the functions.
+It draws the same figures as the PNG renderer, with the same colours, dashes and markers, and
+adds hover text (the numbers, the band, why a length failed). A page inlines plotly.js once
+(`plotly_js`); each figure is a ``<div>`` plus the script that draws it (`figure_div`), so the
+page works offline. plotly is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from lcab.report.plot_data import FigureData, Heatmap, Line, LineFigure, Panel, TimeFigure
-from lcab.report.plot_style import (
-    EVENT_COLOUR,
-    EVENT_MARKERS,
-    PASS_MARKERS,
+from lcab.plot.data import (
     STATUS_SEVERITY,
+    FigureData,
+    Heatmap,
+    Line,
+    LineFigure,
+    Panel,
     severity,
     status_style,
 )
@@ -28,10 +29,12 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 FAILED_NUDGE = 0.07
 """Octaves between failed points of different lines at one x (as in the PNGs)."""
 PANEL_HEIGHT = 470
-TIME_PANEL_HEIGHT = 330
-"""Pixels per stacked panel of a time figure."""
+STACKED_PANEL_HEIGHT = 330
+"""Pixels per panel of a stacked figure."""
 MAX_RIMS = 4
 """At most this many steps wider for a line covered by later ones (`Line.under`)."""
+PX_PER_POINT = 1.5
+"""A marker's size in pixels per point of `Line.marker_size`."""
 
 
 def plotly_js() -> str:
@@ -45,25 +48,17 @@ def figure_div(figure: FigureData) -> str:
     """``figure`` as an HTML ``<div>`` and the script drawing it (plotly.js not included)."""
     import plotly.io as pio
 
+    div_id = f"plot-{figure.name}"
     fig = to_plotly(figure)
-    return str(
-        pio.to_html(
-            fig,
-            full_html=False,
-            include_plotlyjs=False,
-            div_id=f"plot-{figure.name}",
-            config=PLOT_CONFIG,
-        )
+    html = pio.to_html(
+        fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG
     )
+    return str(html)
 
 
 def to_plotly(figure: FigureData) -> go.Figure:
     """The plotly figure of ``figure``."""
-    if isinstance(figure, Heatmap):
-        return _heatmap(figure)
-    if isinstance(figure, TimeFigure):
-        return _time_figure(figure)
-    return _line_figure(figure)
+    return _heatmap(figure) if isinstance(figure, Heatmap) else _line_figure(figure)
 
 
 def _rgba(colour: str, alpha: float) -> str:
@@ -78,43 +73,49 @@ def _html(text: str) -> str:
 def _line_figure(figure: LineFigure) -> go.Figure:
     from plotly.subplots import make_subplots
 
+    n = len(figure.panels)
     fig = make_subplots(
-        rows=1,
-        cols=len(figure.panels),
+        rows=n if figure.stacked else 1,
+        cols=1 if figure.stacked else n,
+        shared_xaxes=figure.stacked,
         subplot_titles=[p.title for p in figure.panels],
         horizontal_spacing=0.09,
+        vertical_spacing=0.12,
     )
     shown: set[str] = set()
-    for col, panel in enumerate(figure.panels, 1):
+    limits = figure.x.limits
+    if limits and figure.x.log:
+        limits = (math.log10(limits[0]), math.log10(limits[1]))
+    for i, panel in enumerate(figure.panels, 1):
+        where = {"row": i, "col": 1} if figure.stacked else {"row": 1, "col": i}
         for trace in _panel_traces(panel, figure, shown):
-            fig.add_trace(trace, row=1, col=col)
-        limits = figure.x.limits
+            fig.add_trace(trace, **where)
+        last = not figure.stacked or i == n
         fig.update_xaxes(
-            type="log",
-            tickvals=[t for t, _ in figure.x.ticks],
-            ticktext=[label for _, label in figure.x.ticks],
-            range=[math.log10(limits[0]), math.log10(limits[1])] if limits else None,
-            title_text=figure.x.label,
-            row=1,
-            col=col,
+            type="log" if figure.x.log else "linear",
+            tickvals=[t for t, _ in figure.x.ticks] or None,
+            ticktext=[label for _, label in figure.x.ticks] or None,
+            range=list(limits) if limits else None,
+            title_text=figure.x.label if last else None,
+            **where,
         )
         y_range = panel.y_range
         if y_range and panel.y_log:
             y_range = (math.log10(y_range[0]), math.log10(y_range[1]))
+        zero = panel.from_zero and not panel.y_log and not panel.failed
         fig.update_yaxes(
             type="log" if panel.y_log else "linear",
             # failed points sit at 0: "normal" leaves room so they clear the tick labels
-            rangemode="normal" if panel.y_log or panel.failed else "tozero",
+            rangemode="tozero" if zero else "normal",
             range=list(y_range) if y_range else None,
             title_text=panel.y_label,
             tickvals=[t for t, _ in panel.y_ticks] or None,
             ticktext=[label for _, label in panel.y_ticks] or None,
-            row=1,
-            col=col,
+            **where,
         )
     fig.update_layout(
         title={"text": figure.title, "x": 0.01},
-        height=PANEL_HEIGHT,
+        height=STACKED_PANEL_HEIGHT * n + 120 if figure.stacked else PANEL_HEIGHT,
         template="plotly_white",
         hovermode="closest",
         legend={"orientation": "v", "x": 1.02, "y": 1, "font": {"size": 11}},
@@ -135,7 +136,8 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
         return new
 
     for line in panel.lines:
-        if line.low is not None and line.high is not None:
+        banded = line.low is not None and line.high is not None
+        if banded and not line.bars:
             band = {"mode": "lines", "line": {"width": 0}, "hoverinfo": "skip", "showlegend": False}
             traces.append(go.Scatter(x=line.x, y=line.high, legendgroup=line.label, **band))
             traces.append(
@@ -175,15 +177,16 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
                 showlegend=line.in_legend and first(f"line:{line.label}"),
                 line={"color": line.colour, "dash": line.dash, "width": 2},
                 marker=_marker(line),
+                error_y=_bars(line) if banded and line.bars else None,
                 hovertext=[_html(h) for h in line.hover],
                 hovertemplate="%{hovertext}<extra>" + _html(line.label) + "</extra>",
             )
         )
-    limits = figure.x.limits or (min(figure.x.ticks)[0], max(figure.x.ticks)[0])
     for ref in panel.refs:
+        ends = figure.x.limits or (figure.x.ticks[0][0], figure.x.ticks[-1][0])
         traces.append(
             go.Scatter(
-                x=list(limits),
+                x=list(ends),
                 y=[ref.y, ref.y],
                 mode="lines",
                 name=ref.label,
@@ -195,7 +198,6 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
         )
     for status in sorted({f.status for f in panel.failed}, key=severity):
         points = [f for f in panel.failed if f.status == status]
-        look = status_style(status)
         traces.append(
             go.Scatter(
                 x=[f.x * 2 ** (FAILED_NUDGE * f.slot) for f in points],
@@ -205,7 +207,7 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
                 legendgroup=f"status:{status}",
                 showlegend=first(f"status:{status}"),
                 marker={
-                    "symbol": look.plotly_symbol,
+                    "symbol": status_style(status).symbol,
                     "size": 10,
                     "color": [f.colour for f in points],
                     "line": {"color": [f.colour for f in points], "width": 1.5},
@@ -219,21 +221,30 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
 
 
 def _marker(line: Line, extra: float = 0) -> dict[str, Any]:
-    """Point markers of a line (crosses for marker-only lines), ``extra`` px larger."""
+    """Point markers of a line in its symbol (`Line.marker`), ``extra`` px larger."""
+    size = line.marker_size * PX_PER_POINT + extra
+    marker: dict[str, Any] = {"symbol": line.marker, "size": size, "color": line.colour}
     if line.markers_only:
-        return {
-            "symbol": "x-thin-open",
-            "size": 9 + extra,
-            "color": line.colour,
-            "line": {"color": line.colour, "width": 2 + extra / 3},
-        }
-    return {"color": line.colour, "size": 6 + extra}
+        marker["line"] = {"color": line.colour, "width": 2 + extra / 3}
+    return marker
 
 
-def _label_then_pass(item: tuple[tuple[str, str], Any]) -> tuple[str, int]:
-    """Legend order of a time figure's traces: by series label, then fwd, bwd, fwd_bwd."""
-    (label, pass_), _ = item
-    return label, list(PASS_MARKERS).index(pass_)
+def _bars(line: Line) -> dict[str, Any]:
+    """A line's ``low``/``high`` as error bars (a missing end: none on that side)."""
+
+    def lengths(ends: tuple[float, ...] | None, sign: float) -> list[float]:
+        pairs = zip(line.y, ends or [math.nan] * len(line.y), strict=True)
+        return [0.0 if math.isnan(e) else max(0.0, sign * (e - y)) for y, e in pairs]
+
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": lengths(line.high, 1.0),
+        "arrayminus": lengths(line.low, -1.0),
+        "color": line.colour,
+        "thickness": 1,
+        "width": 3,
+    }
 
 
 def _wrap(text: str, width: int = 80) -> str:
@@ -276,8 +287,7 @@ def _heatmap(figure: Heatmap) -> go.Figure:
             hovertemplate="%{y} × %{x}<br>%{text}<extra></extra>",
         )
     )
-    present = sorted({s for row in figure.status for s in row if s}, key=severity)
-    for status in present:
+    for status in sorted({s for row in figure.status for s in row if s}, key=severity):
         fig.add_trace(
             go.Scatter(
                 x=[None],
@@ -296,99 +306,5 @@ def _heatmap(figure: Heatmap) -> go.Figure:
         yaxis={"title": {"text": figure.row_label}, "autorange": "reversed"},
         legend={"orientation": "h", "y": -0.15 if len(figure.rows) > 2 else -0.3},
         margin={"l": 60, "r": 20, "t": 60, "b": 60},
-    )
-    return fig
-
-
-def _time_figure(figure: TimeFigure) -> go.Figure:
-    """A `TimeFigure`: stacked panels over one time axis.
-
-    A trace per (series, pass), a ring trace per set of clock-event reasons (named in the
-    legend; each point's own readings in its hover).
-    """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(
-        rows=len(figure.panels),
-        cols=1,
-        shared_xaxes=True,
-        subplot_titles=[p.title for p in figure.panels],
-        vertical_spacing=0.12,
-    )
-    shown: set[str] = set()
-    rings = {e: EVENT_MARKERS[i % len(EVENT_MARKERS)] for i, e in enumerate(figure.event_sets)}
-    for row, panel in enumerate(figure.panels, 1):
-        groups: dict[tuple[str, str], list[Any]] = {}
-        for point in panel.points:
-            groups.setdefault((point.label, point.pass_name), []).append(point)
-        for (label, pass_), group in sorted(groups.items(), key=_label_then_pass):
-            name = f"{label} · {pass_}"
-            barred = any(p.low is not None and p.high is not None for p in group)
-            error_y = (
-                {
-                    "type": "data",
-                    "symmetric": False,
-                    "array": [0.0 if p.high is None else p.high - p.y for p in group],
-                    "arrayminus": [0.0 if p.low is None else p.y - p.low for p in group],
-                    "color": group[0].colour,
-                    "thickness": 1,
-                    "width": 3,
-                }
-                if barred
-                else None
-            )
-            fig.add_trace(
-                go.Scatter(
-                    x=[figure.drawn_x(p) for p in group],
-                    y=[p.y for p in group],
-                    mode="markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=name not in shown,
-                    marker={"symbol": PASS_MARKERS[pass_][1], "color": group[0].colour, "size": 8},
-                    error_y=error_y,
-                    hovertext=[_html(p.hover) for p in group],
-                    hovertemplate="%{hovertext}<extra>" + _html(label) + "</extra>",
-                ),
-                row=row,
-                col=1,
-            )
-            shown.add(name)
-        for events, (_, symbol) in rings.items():
-            flagged = [p for p in panel.points if p.events == events]
-            if not flagged:
-                continue
-            name = f"clock events: {', '.join(events)}"
-            fig.add_trace(
-                go.Scatter(
-                    x=[figure.drawn_x(p) for p in flagged],
-                    y=[p.y for p in flagged],
-                    mode="markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=name not in shown,
-                    marker={
-                        "symbol": symbol,
-                        "size": 17,
-                        "color": EVENT_COLOUR,
-                        "line": {"width": 1.5},
-                    },
-                    hovertext=[_html(f"{p.label}: {p.hover}") for p in flagged],
-                    hovertemplate="%{hovertext}<extra>" + _html(name) + "</extra>",
-                ),
-                row=row,
-                col=1,
-            )
-            shown.add(name)
-        fig.update_yaxes(title_text=panel.y_label, row=row, col=1)
-    fig.update_xaxes(title_text=figure.x_label, row=len(figure.panels), col=1)
-    fig.update_layout(
-        title={"text": figure.title, "x": 0.01},
-        height=TIME_PANEL_HEIGHT * len(figure.panels) + 120,
-        template="plotly_white",
-        hovermode="closest",
-        legend={"orientation": "v", "x": 1.02, "y": 1, "font": {"size": 11}},
-        margin={"l": 60, "r": 20, "t": 80, "b": 60},
     )
     return fig
