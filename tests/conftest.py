@@ -45,20 +45,6 @@ def pytest_configure(config: pytest.Config) -> None:
     from tests.helpers.slurm import SESSION_ENV
 
     os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        _probe_the_host_once()
-
-
-def _probe_the_host_once() -> None:
-    """Cache this host's speed probe before any CLI run (records predict with ``hardware=auto``).
-
-    A probe taken while the host is busy is not cached, and CI's two workers keep it busy, so
-    without this every ``lcab.main`` the tests start would probe again (about 1.5 s each).
-    Tests of the probe itself use folders of their own.
-    """
-    from lcab.plan.host_speed import cache_dir, host_figures
-
-    host_figures(fresh=not (cache_dir() / "host_probe.json").exists())
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -18,9 +18,17 @@ Failures are not memoized: a bad job raises on every call, with the caller's own
 The config files' newest modification time and count are in the key, so a file edited within a
 process (tests do) is composed afresh.
 
-Private Hydra API on purpose, like the pre-flight's sweep expansion: the hydra-core<1.4 pin in
-pyproject.toml keeps `ConfigLoaderImpl` stable, and tests/config/test_compose_cache.py holds the
-memo's answers to fresh compositions.
+What it buys (issue 60: ``LCAB_PERF_AGAINST=<a checkout whose install() returns at once>
+LCAB_PERF_RUNS=5 python -m lcab.perf startup``, medians of 5 alternating pairs on a shared 2-core
+AMD EPYC VM, load average 16 falling to 7): the README's 25-job planner sweep took 14.4 CPU-s
+with it and 32.0 without (wall 34 s and 85 s); the file-load memo and the shared store alone
+(`_memo_sources`) 14.4 against 18.4 CPU-s. The 96-GPU dry run (9.3 against 9.9 CPU-s) and the
+recommendation (7.0 against 7.5) compose once or twice and gain little.
+
+Private Hydra API on purpose, like the pre-flight's sweep expansion: Hydra's public API (its
+callbacks, `hydra.compose`) offers no way to hand one composition to its sweeper and launcher.
+The hydra-core<1.4 pin in pyproject.toml keeps `ConfigLoaderImpl` stable, and
+tests/config/test_compose_cache.py holds the memo's answers to fresh compositions.
 """
 
 from __future__ import annotations

@@ -5,11 +5,10 @@ The shipped CPU profile was fitted (``launchers/plan_cpu_measurements.sh``) on t
 cells outside that set — masks ``full`` and ``prefix_lm_causal``, 768 tokens per rank, Ulysses,
 Ring P2P and Ring All-Gather on 2 and 4 gloo ranks, the fit's heads (24:8 of dim 32) and kernel
 (``ranges``) and protocol (1 warm-up, 5 repetitions) — through ``python -m lcab.main
-hardware=auto``, so the predictions are the ones every record carries, after a fresh host probe
-(``python -m lcab.plan.host_probe --fresh``); the set runs 3 times (``$LCAB_PERF_RUNS``) and
-each pass is the median of its runs, as the profile's own points are. It prints each pass and
-how many are within ±30 % (|predicted / measured time − 1| ≤ 0.3; target ≥ 90 %), and the median
-ratio: the one speed factor left between this host and the scaled profile.
+hardware=auto``, so the predictions are the ones every record carries; the set runs 3 times
+(``$LCAB_PERF_RUNS``) and each pass is the median of its runs, as the profile's own points are.
+It prints each pass and how many are within ±30 % (|predicted / measured time − 1| ≤ 0.3;
+target ≥ 90 %), and the median ratio: the one speed factor between this host and the profile's.
 
 Wall-clock figures: run it on an otherwise idle machine (one run of the set: 4 min on 2 cores
 under a load average of 10, 11 min under 15-25; less when idle).
@@ -88,7 +87,7 @@ def runs() -> int:
 
 
 def run() -> None:
-    """Probe, run the unseen cells, print predicted vs measured per pass and the share within."""
+    """Run the unseen cells, print predicted vs measured per pass and the share within."""
     run_cells(CELLS)
 
 
@@ -98,14 +97,7 @@ def run_more() -> None:
 
 
 def run_cells(axes: list[str]) -> None:
-    """Probe, run the multirun ``axes``, print predicted vs measured and the share within."""
-    probe = subprocess.run(
-        [sys.executable, "-m", "lcab.plan.host_probe", "--fresh"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    print(probe.stdout.rstrip() or probe.stderr.rstrip())
+    """Run the multirun ``axes``, print predicted vs measured and the share within."""
     start = time.perf_counter()
     records: list[RunRecord] = []
     with tempfile.TemporaryDirectory(prefix="lcab-perf-predict-") as tmp:

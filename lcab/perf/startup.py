@@ -13,12 +13,18 @@ The sweep and the planner command are read from the guides (``lcab/launch/README
 ``README.md``) so the figure is for the command as documented. Processes run in a temporary
 folder (the planner writes its ``outputs/`` there). The machine should be otherwise idle: the
 load average is printed before the first run and after the last.
+
+``LCAB_PERF_AGAINST=DIR[:DIR...]`` times the `PAIRED` figures of this checkout and of each other
+checkout named (another branch, the same code with one piece taken out) side by side: each round
+runs every checkout once in a rotating order, so load that comes and goes on a shared host falls
+on all of them alike; medians over ``$LCAB_PERF_RUNS`` rounds (default 5), wall and CPU seconds.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
 import statistics
 import subprocess
@@ -90,11 +96,15 @@ def figures() -> list[Figure]:
     ]
 
 
-def wall_s(argv: tuple[str, ...], cwd: Path) -> float:
-    """Seconds ``argv`` took to run to completion (RuntimeError if it failed)."""
+def wall_s(argv: tuple[str, ...], cwd: Path, tree: Path | None = None) -> float:
+    """Seconds ``argv`` took to run to completion (RuntimeError if it failed).
+
+    ``tree``: a checkout whose ``lcab`` (and ``conf/``) the command imports instead of this one.
+    """
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
     start = time.perf_counter()
     done = subprocess.run(
-        argv, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+        argv, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, env=env
     )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
@@ -116,8 +126,47 @@ def _load() -> str:
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
 
 
+PAIRED = (
+    "python -m lcab.main --help",
+    "dry run of one 96-GPU cell",
+    "README's first planner command",
+    "README's recommendation",
+)
+"""The figures timed side by side (``$LCAB_PERF_AGAINST``)."""
+
+
+def run_pairs(trees: list[Path], rounds: int) -> None:
+    """Print the `PAIRED` figures of each checkout in ``trees``, timed in alternating rounds."""
+    print(f"start-up figures side by side, {rounds} rounds; {_load()}")
+    with tempfile.TemporaryDirectory(prefix="lcab-startup-") as folder:
+        for figure in (f for f in figures() if f.label in PAIRED):
+            runs: dict[Path, list[tuple[float, float]]] = {tree: [] for tree in trees}
+            for tree in trees * figure.warmup:
+                wall_s(figure.argv, Path(folder), tree)
+            for turn in range(rounds):
+                for tree in trees[turn % len(trees) :] + trees[: turn % len(trees)]:
+                    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    wall = wall_s(figure.argv, Path(folder), tree)
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpu_s = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+                    runs[tree].append((wall, cpu_s))
+            print(f"{figure.label}: {shlex.join(('python', *figure.argv[1:]))}")
+            for tree, pairs in runs.items():
+                walls = [wall for wall, _ in pairs]
+                print(
+                    f"    {tree}: {statistics.median(walls):.2f} s wall "
+                    f"({min(walls):.2f}-{max(walls):.2f}), "
+                    f"{statistics.median(cpu for _, cpu in pairs):.2f} CPU-s"
+                )
+    print(f"after: {_load()}")
+
+
 def run() -> None:
-    """Print every start-up figure against its target."""
+    """Print every start-up figure against its target (``$LCAB_PERF_AGAINST``: side by side)."""
+    if against := os.environ.get("LCAB_PERF_AGAINST"):
+        others = [Path(p).resolve() for p in against.split(os.pathsep)]
+        run_pairs([ROOT, *others], max(int(os.environ.get("LCAB_PERF_RUNS", "5")), 1))
+        return
     print(f"start-up figures, wall time of fresh processes; {_load()}")
     with tempfile.TemporaryDirectory(prefix="lcab-startup-") as folder:
         cwd = Path(folder)

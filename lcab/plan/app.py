@@ -32,7 +32,6 @@ from lcab.config import CONF_DIR, ConfigError, register_configs, resolve_cell
 from lcab.masks.doclens import auto_source
 from lcab.plan.hardware import Hardware, from_dict
 from lcab.plan.harness import HARNESSES, LCAB, Harness
-from lcab.plan.plot_ahead import BackgroundPlot
 from lcab.plan.predict import CellPrediction, PlanCell, predict_median
 from lcab.plan.recommend import recommend, step_ms
 from lcab.records.table import console
@@ -309,21 +308,15 @@ class PlanSummary(Callback):
     """At the end of a multirun: one table of its jobs, and the TFLOP/s-vs-world plot."""
 
     started: float | None = None
-    drawing: BackgroundPlot | None = None
 
     @override
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.started = time.time()
-        ahead = [p.row() for p in _AHEAD.values()]  # what the jobs are about to write
-        if len({r["world"] for r in ahead}) > 1:
-            path = Path(config.hydra.sweep.dir) / PLOT_FILE
-            self.drawing = BackgroundPlot(ahead, path, config.get("records"))
 
     @override
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
         rows = read_plan_rows(root, since=self.started)
-        drawn = self.drawing.finish(rows, root / PLOT_FILE) if self.drawing else None
         if not rows:
             return
         if all("frontier_tokens" in r for r in rows):
@@ -334,10 +327,9 @@ class PlanSummary(Callback):
         _console().print(predictions_table(rows, f"plan of {len(rows)} cells"))
         print(f"[lcab] each cell's rows: {root}/*/{PLAN_FILE}")
         if len({r["world"] for r in rows}) > 1:
-            if drawn is None:  # not drawn ahead, or not these rows
-                from lcab.plan.figure import plot_scaling
+            from lcab.plan.figure import plot_scaling
 
-                drawn = plot_scaling(rows, root / PLOT_FILE, config.get("records"))
+            drawn = plot_scaling(rows, root / PLOT_FILE, config.get("records"))
             print(f"[lcab] plot -> {drawn}")
 
 

@@ -18,11 +18,9 @@ from typing import Any
 
 import yaml
 
-from lcab.plan.host_speed import HostFigures, available_cores, host_figures
-
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
 CPU_PROFILE = "cpu_gloo_local"
-"""The CPU profile ``hardware=auto`` scales to the host."""
+"""The profile ``hardware=auto`` gives CPU cells (on this host's cores)."""
 GPU_PROFILE = "h100_nvlink_ib"
 """The profile ``hardware=auto`` gives CUDA cells."""
 
@@ -300,8 +298,8 @@ class Hardware:
 def from_dict(data: dict[str, Any]) -> Hardware:
     """A `Hardware` from plain data (a YAML file or a Hydra node).
 
-    ``conf/hardware/auto.yaml`` (``auto: true``) gives `auto_profile` for its ``device``: this
-    host's probed CPU profile, or the GPU profile for ``cuda``.
+    ``conf/hardware/auto.yaml`` (``auto: true``) gives `auto_profile` for its ``device``: the
+    CPU profile on this host's cores, or the GPU profile for ``cuda``.
     """
     data = dict(data)
     if is_auto(data):
@@ -345,69 +343,22 @@ def is_auto(data: dict[str, Any]) -> bool:
     return bool(data.get("auto"))
 
 
-def auto_profile(device: str | None = "cpu", fresh: bool = False) -> Hardware:
+def auto_profile(device: str | None = "cpu") -> Hardware:
     """``hardware=auto``: the profile that matches where a cell on ``device`` runs.
 
-    CUDA: `GPU_PROFILE` (no probe stands in for a GPU cluster's links). Otherwise `CPU_PROFILE`
-    scaled to this host by its probe (`lcab.plan.host_speed`, cached; ``fresh``: measure now).
+    CUDA: `GPU_PROFILE`. Otherwise `CPU_PROFILE` with this host's cores as its compute slots (the
+    ranks beyond them share the cores); its rates stay those of the host it was fitted on. No
+    probe of the host's speed scales them: one did until issue 60, which found that it bought no
+    accuracy (lcab/plan/README.md, "hardware=auto on CPU"); on another host, refit the profile.
     """
     if device == "cuda":
         return load_profile(GPU_PROFILE)
-    return scaled_cpu_profile(host_figures(fresh=fresh))
+    from lcab.config.fork_map import usable_cores
 
-
-def reference_figures(profile: str = CPU_PROFILE) -> HostFigures:
-    """The probe figures of the host ``profile`` was fitted on (its ``host_probe`` section).
-
-    Raises:
-        ValueError: the profile has no ``host_probe`` section.
-
-    """
-    data = yaml.safe_load((HARDWARE_DIR / f"{profile}.yaml").read_text())
-    section = data.get("host_probe")
-    if not isinstance(section, dict):
-        raise ValueError(f"hardware profile {profile!r} has no host_probe section to scale by")
-    names = {f.name for f in dataclasses.fields(HostFigures)}
-    return HostFigures(**{k: float(v) for k, v in section.items() if k in names})
-
-
-def factors(here: HostFigures, ref: HostFigures) -> dict[str, float]:
-    """Per probe figure: the figure ``here`` over the reference host's."""
-    return {f.name: getattr(here, f.name) / getattr(ref, f.name) for f in dataclasses.fields(here)}
-
-
-def scaled_cpu_profile(
-    here: HostFigures, profile: str = CPU_PROFILE, cores: int | None = None
-) -> Hardware:
-    """``profile`` scaled to a host whose probe figures are ``here``, with ``cores`` cores.
-
-    Kernel plateaus and ``matmul_tflops`` by the attention figure, ``memory_gbps`` by the copy
-    figure, the links' ``gbps`` by the loopback figure; ``compute_slots_per_node`` (the fit
-    host's core count) becomes this host's (``cores``; default: the cores this process may use).
-    Saturation lengths, latencies and efficiencies are shapes, not speeds, and stay as fitted.
-    """
-    base = load_profile(profile)
-    if base.compute_slots_per_node is not None:
-        base = dataclasses.replace(base, compute_slots_per_node=cores or available_cores())
-    scale = factors(here, reference_figures(profile))
-    compute, memory, link = (
-        scale["attention_gflops"],
-        scale["memory_gbps"],
-        scale["loopback_gbps"],
-    )
-    values: dict[str, float] = {"memory_gbps": base.memory_gbps * memory}
-    for name, rate in base.kernels.items():
-        values[f"kernels.{name}.fwd_tflops"] = rate.fwd_tflops * compute
-        values[f"kernels.{name}.bwd_tflops"] = rate.bwd_tflops * compute
-    if base.matmul_tflops is not None:
-        values["matmul_tflops"] = base.matmul_tflops * compute
-    for which in ("intra", "inter"):
-        values[f"{which}.gbps"] = getattr(base, which).gbps * link
-    scaled = base.with_values(values)
-    note = f"compute x{compute:.2f}, memory x{memory:.2f}, links x{link:.2f}"
+    base, cores = load_profile(CPU_PROFILE), usable_cores()
     return dataclasses.replace(
-        scaled,
-        name=f"{profile}@auto",
-        description=f"{base.description}; scaled to this host by its probe ({note})",
-        sources={**base.sources, "auto": f"python -m lcab.plan.host_probe: {note}"},
+        base,
+        name=f"{CPU_PROFILE}@auto",
+        description=f"{base.description}; on this host's {cores} cores",
+        compute_slots_per_node=cores,
     )

@@ -158,11 +158,7 @@ def attach(record: RunRecord, prediction: Any, band: tuple[float, float] = BAND)
                 f"{name} {ratio:.3g}x ({result.ms_p50:.4g} ms, {predicted_ms:.4g} predicted)"
             )
     if off and record.status == "ok":
-        # a busy host explains a slow run; a run faster than planned on a probed CPU profile
-        # points at the probe (taken while the host was busy, or on another machine)
-        why = busy_host(record) if slower else ""
-        if not slower and str(record.predicted_hardware).endswith("@auto"):
-            why = "; faster than this host's probe: `python -m lcab.plan.host_probe --fresh`"
+        why = busy_host(record) if slower else ""  # a busy host explains a slow run
         record.prediction_warning = (
             f"off the plan: {'; '.join(off)}: measured/predicted throughput outside "
             f"[{band[0]:g}, {band[1]:g}] on {record.predicted_hardware}"

@@ -34,7 +34,7 @@ def wandb_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {
         **env,
         "HOME": str(tmp_path / "home"),
-        # lcab's own caches (the host probe, --help) stay the caller's under a new HOME
+        # lcab's own caches (--help's) stay the caller's under a new HOME
         "LCAB_CACHE_DIR": os.environ.get("LCAB_CACHE_DIR", str(Path.home() / ".cache" / "lcab")),
         "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
         "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),

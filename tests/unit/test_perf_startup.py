@@ -69,3 +69,27 @@ def test_measure_runs_the_warmup_untimed_then_each_repeat(tmp_path):
     times = startup.measure(figure, tmp_path)
     assert len(times) == 3 and all(t > 0 for t in times)
     assert counter.read_text() == "x" * 5
+
+
+def test_checkouts_side_by_side_run_their_own_code_in_alternating_rounds(
+    tmp_path, monkeypatch, capsys
+):
+    log = tmp_path / "ran"
+    trees = []
+    for name in ("mine", "other"):
+        (tmp_path / name / "lcab").mkdir(parents=True)
+        (tmp_path / name / "lcab" / "__init__.py").write_text(
+            f"open({str(log)!r}, 'a').write({name!r} + ' ')\n"
+        )
+        trees.append(tmp_path / name)
+    label = startup.PAIRED[0]
+    figure = startup.Figure(label, (sys.executable, "-c", "import lcab"), 5, 1.0, warmup=1)
+    unpaired = startup.Figure("not paired", (sys.executable, "-c", "raise SystemExit(1)"), 1, 1.0)
+    monkeypatch.setattr(startup, "figures", lambda: [figure, unpaired])
+    startup.run_pairs(trees, rounds=3)
+    # one untimed run each, then rounds whose first checkout rotates
+    warmup, rounds = ["mine", "other"], ["mine", "other", "other", "mine", "mine", "other"]
+    assert log.read_text().split() == warmup + rounds
+    out = capsys.readouterr().out
+    assert "3 rounds" in out and "not paired" not in out
+    assert all(f"    {tree}: " in out for tree in trees)

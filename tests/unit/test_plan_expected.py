@@ -7,6 +7,7 @@ the planner's own predictions with those counts.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -83,3 +84,16 @@ def test_hardware_auto_in_a_dry_run_follows_the_job_s_device(compose):
 
     cfg = compose(["hardware=auto", "problem.device=cuda", "kernel=fa3", "cp=ring"])
     assert hardware_for(cfg, resolve_cell(cfg)).name == GPU_PROFILE  # not this CPU host's
+
+
+def test_hardware_auto_on_cpu_is_the_fitted_cpu_profile_on_this_hosts_cores(compose):
+    from lcab.plan.expected import hardware_for
+    from lcab.plan.hardware import CPU_PROFILE
+
+    cfg = compose(["hardware=auto", "problem.device=cpu", "kernel=ranges", "cp=ring"])
+    auto, fitted = hardware_for(cfg, resolve_cell(cfg)), load_profile(CPU_PROFILE)
+    assert auto.name == f"{CPU_PROFILE}@auto" and auto.device == "cpu"
+    assert (auto.kernels, auto.memory_gbps, auto.intra, auto.inter) == (
+        fitted.kernels, fitted.memory_gbps, fitted.intra, fitted.inter
+    )  # fmt: skip
+    assert auto.compute_slots_per_node == len(os.sched_getaffinity(0))

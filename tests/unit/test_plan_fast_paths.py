@@ -7,12 +7,6 @@ each config file once per process, and by replaying a recommendation's candidate
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import threading
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hydra import initialize_config_dir
@@ -123,48 +117,3 @@ def test_a_recommendation_on_every_core_ranks_as_one_process_would(monkeypatch):
     recommend(cell, hardware)
     assert calls == [recommend_module.usable_cores()]
     assert np.isfinite(step_ms(ranked[0]))
-
-
-def _rows(tflops: float) -> list[dict]:
-    return [
-        {"mask": "causal", "cp": "ring", "world": w, "fwd_tflops": tflops, "bwd_tflops": 1.0}
-        for w in (8, 16)
-    ]
-
-
-def test_the_sweep_plot_drawn_ahead_stands_only_for_the_rows_it_drew(tmp_path):
-    """In a process of one thread (as the planner's), the plot is drawn by a forked child."""
-    script = f"""
-import json, sys
-from pathlib import Path
-from lcab.plan.plot_ahead import BackgroundPlot
-rows = lambda t: [dict(mask="causal", cp="ring", world=w, fwd_tflops=t, bwd_tflops=1.0)
-                  for w in (8, 16)]
-path, other = Path({str(tmp_path)!r}) / "plan.png", Path({str(tmp_path)!r}) / "other.png"
-drawn = BackgroundPlot(rows(100.0), path, None)
-forked = drawn.pid is not None
-same = drawn.finish(rows(100.0), path)
-stale = BackgroundPlot(rows(100.0), other, None)
-print(json.dumps([forked, str(same), str(stale.finish(rows(99.0), other)), stale.pid]))
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    forked, same, stale, pid = json.loads(done.stdout.strip().splitlines()[-1])
-    assert forked  # the drawing ran beside the caller
-    assert same == str(tmp_path / "plan.png") and (tmp_path / "plan.png").stat().st_size > 10_000
-    assert stale == "None" and pid is None  # other rows: not kept, the child reaped
-
-
-def test_with_other_threads_alive_the_plot_is_left_to_the_caller(tmp_path):
-    """A fork would copy one thread (locks held by others stay held): none is made."""
-    from lcab.plan.plot_ahead import BackgroundPlot
-
-    stop = threading.Event()
-    helper = threading.Thread(target=stop.wait, daemon=True)
-    helper.start()
-    try:
-        drawn = BackgroundPlot(_rows(100.0), tmp_path / "plan.png", None)
-        assert drawn.pid is None and drawn.finish(_rows(100.0), tmp_path / "plan.png") is None
-    finally:
-        stop.set()
