@@ -20,13 +20,12 @@ second, and the support matrix in the README is generated from the same calls.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lcab.cell import dtype_name, torch_dtype
+from lcab.kernels.packages import PackageProbe, cuda_available, installed, probe_reasons
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import lowering_reason
@@ -107,14 +106,11 @@ class KernelCaps:
     """Whether a different mask per KV head (dynamic block-sparse) is accepted."""
     returns_lse: bool = True
     """Whether `run` returns the log-sum-exp (context parallelism needs it)."""
-    package: str | None = None
-    """Import name of the optional package it calls (checked without importing it)."""
-    pip_name: str | None = None
-    """How to install that package."""
+    requires: PackageProbe | None = None
+    """The optional package it calls, declared once: import name, distributions, how to
+    install it, what the adapter needs of it (checked by `Kernel.package_reasons`)."""
     min_compute_capability: tuple[int, int] | None = None
     """Lowest CUDA compute capability."""
-    adapter_ready: bool = True
-    """False while lcab's call into the package is not written yet (the reason says so)."""
     contract_tested: bool = False
     """A CUDA-only adapter whose whole call path is tested on CPU against a stand-in of the
     library's documented API (``tests/unit/test_adapter_*.py``) — evidence short of a GPU run,
@@ -122,6 +118,11 @@ class KernelCaps:
     stats_backward: bool = False
     """Whether `PreparedAttention.backward` works: gradients of one block of keys under the
     softmax statistics (out, lse) of the whole row, which ring-style CP merges need."""
+
+    @property
+    def package(self) -> str | None:
+        """Import name of the optional package it calls (None: torch's or lcab's own)."""
+        return self.requires.name if self.requires else None
 
 
 HALF_PRECISION = frozenset({"float16", "bfloat16"})
@@ -142,34 +143,6 @@ def cuda_adapter_caps(lowering: str, *, backward: bool = True, **fields: Any) ->
         "contract_tested": True,
     }
     return KernelCaps(lowering=lowering, **(defaults | fields))
-
-
-@functools.cache
-def no_nvidia_driver() -> bool:
-    """Whether this machine certainly has no CUDA device: no NVIDIA driver library loads.
-
-    NVML (``nvidia-ml-py``) comes with every driver install and costs 30 ms to fail where none
-    is; ``torch.cuda.is_available()`` costs loading torch, 2 s of a dry run on a login node
-    that checks its CUDA cells. False only says "ask torch". Cached: a driver does not appear
-    in a running process.
-    """
-    try:
-        import pynvml
-    except ImportError:
-        return False
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError_LibraryNotFound:
-        return True
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return False
-
-
-def cuda_available() -> bool:
-    """``torch.cuda.is_available()``, without loading torch on a machine with no NVIDIA driver."""
-    return not no_nvidia_driver() and torch.cuda.is_available()
 
 
 class PreparedAttention(ABC):
@@ -248,11 +221,18 @@ class PreparedAttention(ABC):
 
 
 class Kernel(ABC):
-    """A registered attention kernel. Subclasses set ``name``, ``caps`` and implement `prepare`."""
+    """A registered attention kernel: subclasses set ``name``, ``caps``, ``colour``, `prepare`."""
 
     name: ClassVar[str]
     caps: ClassVar[KernelCaps]
     summary: ClassVar[str] = ""
+    colour: ClassVar[str]
+    """Its line colour in every plot of every report (hex; one per kernel, checked on
+    registration), so a kernel looks the same from one report to the next."""
+    gpu_compared: ClassVar[bool] = False
+    """One of the dense kernels lcab's GPU checks compare: a column of the strategy x GPU kernel
+    matrix (`lcab.report.support`), a row of ``python -m lcab.perf gpu-timer``, and in
+    ``python -m lcab.kernels names --gpu-compared`` for the launchers."""
     options_cls: ClassVar[type | None] = None
     """Dataclass of the kernel's options (its Hydra config fields); None: no options."""
     rectangle_closed: ClassVar[bool] = True
@@ -273,6 +253,13 @@ class Kernel(ABC):
         resolved = dataclasses.asdict(self.options_cls(**options)) if self.options_cls else {}
         self.options: dict[str, Any] = resolved
 
+    @property
+    def module(self) -> str:
+        """The module the adapter imports from its package (``caps.requires``)."""
+        if self.caps.requires is None:
+            raise TypeError(f"kernel {self.name!r} calls no optional package")
+        return self.caps.requires.module
+
     # ---------------------------------------------------------------- capability checks
     def environment_reasons(self, device: torch.device | str) -> list[str]:
         """Reasons tied to this machine: package missing, no CUDA, compute capability.
@@ -283,9 +270,10 @@ class Kernel(ABC):
         cuda = (device if isinstance(device, str) else device.type) == "cuda"
         if cuda and not cuda_available():
             reasons.append("needs CUDA, and no CUDA device is visible on this machine")
-        if self.caps.package and importlib.util.find_spec(self.caps.package) is None:
-            how = f" (pip install {self.caps.pip_name})" if self.caps.pip_name else ""
-            reasons.append(f"needs package '{self.caps.package}', not installed{how}")
+        package = self.caps.requires
+        if package and not installed(package):
+            how = f" ({package.install})" if package.install else ""
+            reasons.append(f"needs package '{package.name}', not installed{how}")
         if (
             self.caps.min_compute_capability
             and cuda
@@ -294,8 +282,6 @@ class Kernel(ABC):
         ):
             major, minor = self.caps.min_compute_capability
             reasons.append(f"needs compute capability >= {major}.{minor}")
-        if not self.caps.adapter_ready and not reasons:
-            reasons.append(f"lcab's {self.name} adapter is not written yet")
         return reasons
 
     def not_supported_reasons(
@@ -330,6 +316,7 @@ class Kernel(ABC):
                 else "at all"
             )
             reasons.append(f"no backward pass on {device} (backward exists {where})")
+        reasons.extend(self.package_reasons(problem.device))
         reasons.extend(self.extra_reasons(problem, pass_))
         if mask is not None:
             if mask.num_heads > 1 and not caps.per_head_masks:
@@ -342,6 +329,10 @@ class Kernel(ABC):
                 reasons.extend(self.mask_reasons(mask))
         reasons.extend(self.environment_reasons(problem.device))
         return reasons
+
+    def package_reasons(self, device: torch.device | str) -> list[str]:
+        """Why the installed package does not fit the adapter (`lcab.kernels.packages`)."""
+        return probe_reasons(self.caps.requires, device) if self.caps.requires else []
 
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
         """Kernel-specific static limits beyond `KernelCaps` (override when needed)."""

@@ -62,7 +62,7 @@ from lcab.kernels.base import (
 )
 from lcab.kernels.fa2_window import fa2_spelling, fa2_window_reason
 from lcab.kernels.library_results import LseLayout, to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.lazy import lazy_module
@@ -211,15 +211,10 @@ class PreparedFA2(PreparedFlash):
         return spelled
 
 
-def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:
+def _fa_caps(package: PackageProbe, sm: tuple[int, int]) -> KernelCaps:
     """CUDA fwd + bwd in fp16/bf16, head dim ≤ 256, native GQA, LSE, backward from statistics."""
     return cuda_adapter_caps(
-        "varlen",
-        max_head_dim=256,
-        package=package,
-        pip_name=pip_name,
-        min_compute_capability=sm,
-        stats_backward=True,
+        "varlen", max_head_dim=256, requires=package, min_compute_capability=sm, stats_backward=True
     )
 
 
@@ -241,12 +236,8 @@ def _module_or_none(name: str) -> Any:
 class _FlashAttnKernel(Kernel):
     """Shared by FA2 and FA3: same keywords, same lowering, same LSE layouts."""
 
-    probe: ClassVar[PackageProbe]
     prepared_cls: ClassVar[type[PreparedFlash]] = PreparedFlash
-
-    @override
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.device)
+    gpu_compared = True
 
     def library_backward(self) -> StatsBackward | None:
         """The installed library's backward from merged statistics (None: not found)."""
@@ -266,7 +257,7 @@ class _FlashAttnKernel(Kernel):
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         prepared = self.prepared_cls(
             mask,
             problem,
@@ -284,15 +275,21 @@ class FA2Kernel(_FlashAttnKernel):
 
     name = "fa2"
     summary = "FlashAttention 2 (flash_attn), varlen + window"
-    caps = _fa_caps("flash_attn", "flash-attn", (8, 0))
-    prepared_cls = PreparedFA2
-    probe = PackageProbe(
-        module="flash_attn",
-        distributions=("flash-attn", "flash_attn"),
-        needs=_needs(),
-        min_version="2.8",
-        requirement=">= 2.8",
+    colour = "#1f77b4"
+    caps = _fa_caps(
+        PackageProbe(
+            module="flash_attn",
+            distributions=("flash-attn", "flash_attn"),
+            install="bash launchers/wheelhouse.sh build fa2",
+            note="the PyPI sdist, 24 min on 2 cores (keep the wheel); or FLASH_ATTN_CUDA_ARCHS=90 "
+            'pip install --no-build-isolation "lcab[fa2]"',
+            needs=_needs(),
+            min_version="2.8",
+            requirement=">= 2.8",
+        ),
+        (8, 0),
     )
+    prepared_cls = PreparedFA2
     rows = (fa_table.FA2_BACKWARD, fa_table.FA2_VARLEN_BACKWARD)
 
     @override
@@ -343,23 +340,27 @@ class FA3Kernel(_FlashAttnKernel):
     name = "fa3"
     options_cls = FA3Options
     summary = "FlashAttention 3 (flash_attn_interface, Hopper), varlen + window"
+    colour = "#ff7f0e"
     caps = _fa_caps(
-        "flash_attn_interface",
-        "flash-attn-3 (built from the flash-attention repo's hopper/ directory)",
+        PackageProbe(
+            module="flash_attn_interface",
+            distributions=("flash_attn_3", "flash-attn-3"),
+            install="bash launchers/wheelhouse.sh build fa3",
+            note="then `pip install --no-deps` the wheel: flash-attention's hopper/ build, made "
+            "[here](#building-the-papers-kernels-here-for-the-gpu-image) for torch 2.11.0+cu130, "
+            "sm_90a (5.6 min on 2 cores); elsewhere the same script with that machine's torch "
+            "pinned in it",
+            needs=_needs("sm_margin"),
+            min_version="3.0",
+            requirement="a hopper build from 2025-08-29 (203b9b3d) or later, whose calls take "
+            "return_attn_probs",
+        ),
         (9, 0),
-    )
-    probe = PackageProbe(
-        module="flash_attn_interface",
-        distributions=("flash_attn_3", "flash-attn-3"),
-        needs=_needs("sm_margin"),
-        min_version="3.0",
-        requirement="a hopper build from 2025-08-29 (203b9b3d) or later, whose calls take "
-        "return_attn_probs",
     )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = super().extra_reasons(problem, pass_)
+        reasons = []
         if problem.head_dim % 8:  # hopper flash_api.cpp L854-855: checked, never padded
             reasons.append(f"FA3 takes head dims in multiples of 8, not {problem.head_dim}")
         if problem.device_type == "cuda" and cuda_present():
@@ -372,7 +373,7 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward(self) -> StatsBackward | None:
-        module = _module_or_none(self.probe.module)
+        module = _module_or_none(self.module)
         fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
         row = flash_backward.fa3_generation(fn) if fn is not None else None
         if fn is None or row is None:
@@ -388,14 +389,14 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward_reasons(self) -> list[str]:
-        module = _module_or_none(self.probe.module)
+        module = _module_or_none(self.module)
         fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
         if fn is not None and flash_backward.fa3_generation(fn) is not None:
             return []
         rows = (fa_table.FA3_BACKWARD, fa_table.FA3_BACKWARD_AUG_2025)
         known = "; ".join(f"{row.source.split(':')[0]}: {', '.join(row.params)}" for row in rows)
         if module is None:
-            return [f"{self.probe.module} does not import"]
+            return [f"{self.module} does not import"]
         kind = flash_backward.callable_kind(fn)
         found = "none" if fn is None else ", ".join(flash_backward.parameters(fn))
         return [

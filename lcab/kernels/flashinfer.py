@@ -37,7 +37,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
@@ -57,7 +57,7 @@ from lcab.kernels.flashinfer_lowering import (
     variable_args,
 )
 from lcab.kernels.library_results import LseLayout, lse_to_lcab, to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flashinfer as upstream
 from lcab.kernels.upstream.facts import UpstreamFunction
@@ -235,6 +235,7 @@ class FlashInferSparseKernel(Kernel):
     """FlashInfer block-sparse attention (BSR + element masks, or per-head variable blocks)."""
 
     name = "sparse_flashinfer"
+    colour = "#a55194"
     summary = (
         "FlashInfer block-sparse wrappers (BSR + element masks; per-head variable blocks), fwd"
     )
@@ -244,23 +245,23 @@ class FlashInferSparseKernel(Kernel):
         backward=False,
         head_dims=frozenset({64, 128, 256}),
         per_head_masks=True,
-        package="flashinfer",
-        pip_name="flashinfer-python",
-        min_compute_capability=(8, 0),
-    )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module=upstream.MODULE,
-        distributions=(upstream.DISTRIBUTION, "flashinfer"),
-        needs=(
-            ApiNeed(upstream.BSR_INIT.name, ("backend",), positional=1),
-            ApiNeed(upstream.BSR_PLAN.name, BSR_PLAN_KWARGS, positional=1),
-            ApiNeed(upstream.BSR_RUN.name, ("return_lse",), positional=4),
-            ApiNeed(upstream.VARIABLE_INIT.name, ("backend",), positional=1),
-            ApiNeed(upstream.VARIABLE_PLAN.name, VARIABLE_PLAN_KWARGS, positional=1),
-            ApiNeed(upstream.VARIABLE_RUN.name, ("return_lse",), positional=4),
+        requires=PackageProbe(
+            module=upstream.MODULE,
+            distributions=(upstream.DISTRIBUTION, "flashinfer"),
+            install='pip install "lcab[flashinfer]"',
+            note="forward only; JIT-compiles with nvcc on first use",
+            needs=(
+                ApiNeed(upstream.BSR_INIT.name, ("backend",), positional=1),
+                ApiNeed(upstream.BSR_PLAN.name, BSR_PLAN_KWARGS, positional=1),
+                ApiNeed(upstream.BSR_RUN.name, ("return_lse",), positional=4),
+                ApiNeed(upstream.VARIABLE_INIT.name, ("backend",), positional=1),
+                ApiNeed(upstream.VARIABLE_PLAN.name, VARIABLE_PLAN_KWARGS, positional=1),
+                ApiNeed(upstream.VARIABLE_RUN.name, ("return_lse",), positional=4),
+            ),
+            min_version="0.2.7",
+            requirement=">= 0.2.7 (VariableBlockSparseAttentionWrapper)",
         ),
-        min_version="0.2.7",
-        requirement=">= 0.2.7 (VariableBlockSparseAttentionWrapper)",
+        min_compute_capability=(8, 0),
     )
 
     def __init__(self, **options: Any) -> None:
@@ -314,12 +315,8 @@ class FlashInferSparseKernel(Kernel):
         return None
 
     @override
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.device)
-
-    @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         if mask.num_heads > 1:
             return _PreparedVariable(module, mask, problem)
         return _PreparedBsr(module, mask, self.shared_table(mask), problem, self.block_size)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from typing_extensions import override
@@ -54,7 +54,7 @@ from lcab.kernels.base import (
     empty_rows,
 )
 from lcab.kernels.library_results import LseLayout, to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.flashmask import (
     DISTRIBUTION,
@@ -167,33 +167,32 @@ class FlashMaskKernel(Kernel):
 
     name = "flashmask"
     summary = "FlashMask V3 (torch build), column-wise row intervals"
+    colour = "#2ca02c"
+    gpu_compared = True
     caps = cuda_adapter_caps(
         "flashmask",
         max_head_dim=256,
         per_head_masks=True,
-        package=MODULE,
-        pip_name=(
-            f"{DISTRIBUTION}, the torch build of PaddlePaddle/flash-attention's "
-            "flashmask/flash_mask/flashmask_attention_v3/setup_torch.py (module "
-            f"{MODULE}); PyPI's paddlepaddle-gpu 2.6.2 predates FlashMask"
+        requires=PackageProbe(
+            module=MODULE,
+            distributions=(DISTRIBUTION,),
+            install="bash launchers/wheelhouse.sh build flashmask",
+            note="PaddlePaddle/flash-attention's PyTorch build (flashmask_attention_v3/"
+            "setup_torch.py), 20 min on 2 cores; the paddlepaddle-gpu on PyPI predates FlashMask",
+            needs=(
+                ApiNeed(FLASHMASK_ATTENTION.name, FLASHMASK_KWARGS, positional=3),
+                ApiNeed(FLASHMASK_BWD.name, BWD_KWARGS),
+            ),
+            min_version="3.0",
+            requirement=f"the torch build of FlashMask V3, {DISTRIBUTION} >= {VERSION}",
         ),
         min_compute_capability=(9, 0),
         stats_backward=True,
     )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module=MODULE,
-        distributions=(DISTRIBUTION,),
-        needs=(
-            ApiNeed(FLASHMASK_ATTENTION.name, FLASHMASK_KWARGS, positional=3),
-            ApiNeed(FLASHMASK_BWD.name, BWD_KWARGS),
-        ),
-        min_version="3.0",
-        requirement=f"the torch build of FlashMask V3, {DISTRIBUTION} >= {VERSION}",
-    )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
+        reasons = []
         if problem.head_dim % 8:
             reasons.append(
                 f"FlashMask needs head_dim % 8 == 0 and does not pad (head_dim {problem.head_dim})"
@@ -210,5 +209,5 @@ class FlashMaskKernel(Kernel):
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         return _PreparedFlashMask(mask, problem, module)

@@ -139,6 +139,8 @@ class FlexKernel(FlexFamily):
     """torch FlexAttention; options: compile (bool, default True), block_size (default 128)."""
 
     name = "flex"
+    colour = "#d62728"
+    gpu_compared = True
     summary = "FlexAttention, BlockMask from slices, compiled"
 
     @override

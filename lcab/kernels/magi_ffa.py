@@ -34,7 +34,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
@@ -48,7 +48,7 @@ from lcab.kernels.base import (
 )
 from lcab.kernels.flash_backward import ffa_backward, mismatch, takes
 from lcab.kernels.library_results import to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.magi_ffa import FFA_BACKWARD
 from lcab.lazy import lazy_module
@@ -168,27 +168,29 @@ class FFAKernel(Kernel):
     name = "ffa"
     options_cls = FFAOptions
     summary = "MagiAttention FFA (magi_attention), slices natively"
+    colour = "#9467bd"
+    gpu_compared = True
     caps = cuda_adapter_caps(
         "ffa",
         head_dims=frozenset({64, 128}),
-        package="magi_attention",
-        pip_name="magi_attention (source build, Hopper/Blackwell)",
+        requires=PackageProbe(
+            module="magi_attention.functional",
+            package="magi_attention",
+            distributions=("magi_attention", "magi-attention"),
+            install="bash launchers/wheelhouse.sh build ffa",
+            note="MagiAttention v1.1.1, 40 min on 2 cores; a cp312 extension",
+            needs=(ApiNeed("flex_flash_attn_func", FFA_KWARGS, positional=3),),
+            min_version="1.1",
+            requirement="a source build of v1.1 or later; PyPI's magi-attention 0.0.1 is an "
+            "empty placeholder",
+        ),
         min_compute_capability=(9, 0),
         stats_backward=True,
-    )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module="magi_attention.functional",
-        distributions=("magi_attention", "magi-attention"),
-        needs=(ApiNeed("flex_flash_attn_func", FFA_KWARGS, positional=3),),
-        min_version="1.1",
-        requirement=(
-            "a source build of v1.1 or later; PyPI's magi-attention 0.0.1 is an empty placeholder"
-        ),
     )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
+        reasons = []
         if problem.device_type == "cuda" and cuda_present():
             major, minor = torch.cuda.get_device_capability(problem.device)
             if major != 9:  # native FFA asserts sm90; other GPUs need its FA4 backend (not wired)
@@ -200,7 +202,7 @@ class FFAKernel(Kernel):
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         prepared = _PreparedFFA(mask, problem, module.flex_flash_attn_func, self._backward_fn())
         prepared.kwargs.update(self.options)  # the kernel's options are call keywords
         return prepared

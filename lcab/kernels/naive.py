@@ -65,6 +65,7 @@ class NaiveKernel(Kernel):
     """Explicit softmax(QKᵀ)V with a dense mask (the paper's "naive torch")."""
 
     name = "naive"
+    colour = "#8c564b"
     summary = "explicit softmax(QK^T)V with the dense mask, O(S^2) memory"
     caps = KernelCaps(
         devices=frozenset({"cpu", "cuda"}),

@@ -114,6 +114,7 @@ class RangesKernel(Kernel):
     """Slice-driven tiled attention; option ``tile`` (rows per work item, default 128)."""
 
     name = "ranges"
+    colour = "#e377c2"
     summary = "tiled attention planned from the slices (FFA-style), fwd+bwd, any device"
     options_cls = RangesOptions
     caps = tiled_caps("ranges")

@@ -133,6 +133,7 @@ class ReferenceKernel(Kernel):
     """fp64 dense oracle (chunked over queries); any mask, GQA, backward via autograd."""
 
     name = "reference"
+    colour = "#7f7f7f"
     summary = "fp64 dense oracle for numerics checks"
     caps = KernelCaps(
         devices=frozenset({"cpu", "cuda"}),

@@ -205,6 +205,7 @@ class SDPAKernel(Kernel):
     """torch SDPA, default backend choice; returns the LSE on CPU."""
 
     name = "sdpa"
+    colour = "#bcbd22"
     summary = "torch.nn.functional.scaled_dot_product_attention (is_causal or dense mask)"
     caps = KernelCaps(
         devices=frozenset({"cpu", "cuda"}),
@@ -247,8 +248,10 @@ def _pinned(
     backend_name: str,
     devices: frozenset[str],
     doc: str,
+    colour: str,
     base: type[SDPAKernel] = SDPAKernel,
     gqa: bool = True,
+    gpu_compared: bool = False,
 ) -> type[Kernel]:
     cls = type(
         f"SDPA{backend_name.title().replace('_', '')}Kernel",
@@ -258,6 +261,8 @@ def _pinned(
             "backend": backend_name,
             "summary": doc,
             "__doc__": doc,
+            "colour": colour,
+            "gpu_compared": gpu_compared,
             "caps": KernelCaps(
                 devices=devices,
                 dtypes=_FLOATS,
@@ -277,6 +282,7 @@ _pinned(
     "FLASH_ATTENTION",
     frozenset({"cuda"}),
     "SDPA pinned to its flash backend (full or causal only)",
+    "#17becf",
     _MaskFreeSDPA,
 )
 # No GQA: on an H200 with torch 2.11 the memory-efficient backend refused every enable_gqa call
@@ -288,6 +294,7 @@ _pinned(
     "EFFICIENT_ATTENTION",
     frozenset({"cuda"}),
     "SDPA pinned to its memory-efficient backend (no GQA)",
+    "#393b79",
     gqa=False,
 )
 _pinned(
@@ -295,5 +302,9 @@ _pinned(
     "CUDNN_ATTENTION",
     frozenset({"cuda"}),
     "SDPA pinned to cuDNN fused attention (no TransformerEngine)",
+    "#637939",
+    gpu_compared=True,
 )
-_pinned("sdpa_math", "MATH", frozenset({"cpu", "cuda"}), "SDPA pinned to its math backend")
+_pinned(
+    "sdpa_math", "MATH", frozenset({"cpu", "cuda"}), "SDPA pinned to its math backend", "#8c6d31"
+)

@@ -72,6 +72,7 @@ class SparseKernel(Kernel):
     """Block-sparse tiled attention over the block table; option ``block_size`` (default 128)."""
 
     name = "sparse"
+    colour = "#843c39"
     summary = "block-sparse tiles from the block table (full tiles unmasked), fwd+bwd"
     options_cls = SparseOptions
     caps = tiled_caps("block_table")

@@ -184,6 +184,8 @@ class TorchVarlenKernel(Kernel):
     """torch.nn.attention.varlen: torch's built-in FA2 on packed sequences (CPU contract-tested)."""
 
     name = "torch_varlen"
+    colour = "#3182bd"
+    gpu_compared = True
     summary = "torch.nn.attention.varlen (torch's FA2, no install), documents + windows"
     caps = cuda_adapter_caps(
         "varlen",

@@ -24,6 +24,7 @@ from lcab.report.gpu_verification import (
 from lcab.report.support import (
     VERIFICATION_FILE,
     gpu_strategy_matrix_markdown,
+    kernel_install_markdown,
     kernel_list_markdown,
     kernel_matrix_markdown,
     strategy_matrix_markdown,
@@ -125,6 +126,7 @@ def help_template() -> str:
 
 SECTIONS: dict[str, Callable[[], str]] = {
     "kernels": kernel_list_markdown,
+    "kernel-install": kernel_install_markdown,
     "kernel-matrix": kernel_matrix_markdown,
     "strategy-matrix": strategy_matrix_markdown,
     "gpu-strategy-matrix": gpu_strategy_matrix_markdown,

@@ -33,7 +33,7 @@ import pytest
 from lcab.kernels.block_sparse_attn import BlockSparseAttnKernel
 from lcab.kernels.fa4 import FA4Kernel
 from lcab.kernels.flashinfer import FlashInferSparseKernel
-from lcab.kernels.probe import ApiNeed, PackageProbe
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.te_cudnn import CudnnKernel
 from lcab.kernels.upstream import block_sparse_attn, cudnn, fa4, flashinfer, vsa
 from lcab.kernels.upstream.facts import UpstreamFunction
@@ -45,12 +45,12 @@ INSTALLED_TABLES = (fa4, flashinfer, cudnn)
 SOURCE_TABLES = (block_sparse_attn, vsa)
 #: Each adapter's probe and the table it is held to.
 PROBES: dict[str, tuple[PackageProbe, ModuleType]] = {
-    "fa4": (FA4Kernel.probe, fa4),
-    "sparse_flashinfer": (FlashInferSparseKernel.probe, flashinfer),
-    "cudnn": (CudnnKernel.probe, cudnn),
-    "sparse_fa2": (BlockSparseAttnKernel.probe, block_sparse_attn),
-    "sparse_vsa": (VSAThunderKittensKernel.probe, vsa),
-    "sparse_vsa_triton": (VSATritonKernel.probe, vsa),
+    "fa4": (FA4Kernel.caps.requires, fa4),
+    "sparse_flashinfer": (FlashInferSparseKernel.caps.requires, flashinfer),
+    "cudnn": (CudnnKernel.caps.requires, cudnn),
+    "sparse_fa2": (BlockSparseAttnKernel.caps.requires, block_sparse_attn),
+    "sparse_vsa": (VSAThunderKittensKernel.caps.requires, vsa),
+    "sparse_vsa_triton": (VSATritonKernel.caps.requires, vsa),
 }
 
 Signature = dict[str, Any]
