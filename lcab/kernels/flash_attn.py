@@ -220,8 +220,8 @@ def _fa_caps(package: PackageProbe, sm: tuple[int, int]) -> KernelCaps:
 
 def _needs(*extra: str) -> tuple[ApiNeed, ...]:
     return (
-        ApiNeed("flash_attn_func", (*CALL_KWARGS, *extra)),
-        ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS, *extra)),
+        ApiNeed("flash_attn_func", (*CALL_KWARGS, *extra), positional=3),
+        ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS, *extra), positional=3),
     )
 
 

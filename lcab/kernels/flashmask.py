@@ -181,7 +181,7 @@ class FlashMaskKernel(Kernel):
             "setup_torch.py), 20 min on 2 cores; the paddlepaddle-gpu on PyPI predates FlashMask",
             needs=(
                 ApiNeed(FLASHMASK_ATTENTION.name, FLASHMASK_KWARGS, positional=3),
-                ApiNeed(FLASHMASK_BWD.name, BWD_KWARGS),
+                ApiNeed(FLASHMASK_BWD.name, BWD_KWARGS, positional=0),
             ),
             min_version="3.0",
             requirement=f"the torch build of FlashMask V3, {DISTRIBUTION} >= {VERSION}",
