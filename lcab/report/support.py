@@ -16,6 +16,7 @@ drift from what the runner actually skips; tests keep the README copy current.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from lcab.kernels.base import proof_on_cpu
 from lcab.kernels.registry import gpu_compared
 from lcab.masks import get_pattern, list_masks, make_mask
 from lcab.masks.core import AttnMask
+from lcab.masks.patterns import MASK_PATTERNS
+from lcab.masks.patterns.base import DocParams
 
 MATRIX_SEQLEN = 8192
 """Length the masks are built at (block_causal_document's 1024-token blocks divide it)."""
@@ -280,6 +283,21 @@ def kernel_list_markdown() -> str:
         "shown here",
     ]
     return "\n".join(_table(header, rows))
+
+
+def mask_list_markdown() -> str:
+    """Markdown: every registered mask pattern, what it attends, its parameters (defaults)."""
+    shared = {f.name for f in dataclasses.fields(DocParams)}
+    rows = []
+    for name in list_masks():
+        pattern = get_pattern(name)
+        fields = [f for f in dataclasses.fields(pattern.params_cls) if f.name not in shared]
+        params = [f"`{f.name}`={f.default}" for f in fields]
+        params += ["document parameters"] if pattern.uses_documents else []
+        aliases = [a for a, canonical in MASK_PATTERNS.aliases().items() if canonical == name]
+        label = f"`{name}`" + "".join(f" (alias `{a}`)" for a in aliases)
+        rows.append([label, pattern.summary.replace("|", "\\|"), ", ".join(params) or "–"])
+    return "\n".join(_table(["name", "attends", "parameters (defaults)"], rows))
 
 
 def kernel_install_markdown() -> str:

@@ -14,35 +14,20 @@ import torch
 
 from lcab.kernels import KERNELS, Problem, get_kernel
 from lcab.kernels.base import proof_on_cpu
-from lcab.masks import list_masks, make_mask
+from lcab.masks import get_pattern, list_masks, make_mask
+from tests.helpers.mask_reference import reference_of
 
 S = 160
-PARAMS = {
-    "block_causal_document": {"block_size": 32},
-    "sliding_window": {"window": 23},
-    "sliding_window_causal": {"window": 23},
-    "global_sliding_window": {"window": 17, "global_tokens": 9},
-    "block_sparse": {"block_size": 24},
-    "varblock_sparse": {"avg_block_size": 40, "min_block_size": 16},
-    "prefix_lm_causal": {"prefix": 45},
-}
-DOCS = {"doc_source": "uniform", "min_doc_len": 5, "max_doc_len": 70}
 HEADS = [(4, 4), (4, 2)]  # MHA and GQA
 # Options that make a kernel testable on CPU in CI (compiling Flex takes ~30 s per shape).
 OPTIONS = {"flex": {"compile": False}, "sparse_flex": {"compile": False}}
 
 
 def mask_for(name: str, heads_kv: int):
-    params = dict(PARAMS.get(name, {}))
-    if "heads" in {
-        *__import__("lcab.masks", fromlist=["get_pattern"]).get_pattern(name).param_names()
-    }:
+    """The pattern's mid-sized example (`tests.helpers.mask_reference`), one mask per KV head."""
+    params = dict(reference_of(name).example)
+    if "heads" in get_pattern(name).param_names():
         params["heads"] = heads_kv
-    if (
-        "doc_source"
-        in __import__("lcab.masks", fromlist=["get_pattern"]).get_pattern(name).param_names()
-    ):
-        params.update(DOCS)
     return make_mask(name, S, seed=3, **params)
 
 

@@ -24,6 +24,7 @@ import importlib.metadata
 import json
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,22 @@ from lcab.kernels.upstream.facts import UpstreamFunction
 from tests.helpers.upstream_source import definition, kind_of, signature_of
 
 TARGET = Path(os.environ.get("LCAB_UPSTREAM_TARGET", Path(sys.prefix) / "lcab-upstream"))
-INSTALLED_TABLES = (fa4, flashinfer, cudnn)
+TABLES = [
+    importlib.import_module(f"{upstream.__name__}.{info.name}")
+    for info in pkgutil.iter_modules(upstream.__path__)
+]
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+_EXTRA = re.search(r"^upstream = \[(.*?)^\]", PYPROJECT.read_text(), re.M | re.S)
+#: The pins of pyproject.toml's ``upstream`` extra, which setup.sh installs into TARGET.
+PINNED = dict(re.findall(r'"([\w.-]+)==([^"]+)"', _EXTRA.group(1) if _EXTRA else ""))
+#: The tables of a library the upstream extra installs, at the version the table read.
+INSTALLED_TABLES = [t for t in TABLES if getattr(t, "DISTRIBUTION", None) in PINNED]
 SOURCE_TABLES = (block_sparse_attn, vsa)
 #: Every row of every table in lcab.kernels.upstream, by (module, name).
 ROWS: dict[tuple[str, str], UpstreamFunction] = {
     (row.module, row.name): row
-    for info in pkgutil.iter_modules(upstream.__path__)
-    for row in vars(importlib.import_module(f"{upstream.__name__}.{info.name}")).values()
+    for table in TABLES
+    for row in vars(table).values()
     if isinstance(row, UpstreamFunction)
 }
 #: Each registered kernel's package and the functions it needs (registry-driven).
