@@ -48,10 +48,9 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
 )
 from lcab.kernels.block_grid import partial_tile_reason
-from lcab.kernels.library_results import LseLayout, to_lcab_convention
+from lcab.kernels.library_results import LibraryCall, LseLayout
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import block_sparse_attn as upstream
@@ -143,15 +142,16 @@ def full_tile_reason(mask: AttnMask) -> str | None:
     return None if aligned_full_slices(mask) else partial_tile_reason(mask, BLOCK, BLOCK)
 
 
-class _PreparedBSA(PreparedAttention):
+class _PreparedBSA(LibraryCall):
     """The block mask and the call's keywords on the device, and the empty rows."""
 
-    layout = "shd"
+    library = "Block-Sparse-Attention"
+    follows = FOLLOWS
 
     def __init__(self, mask: AttnMask, problem: Problem, fn: Callable[..., Any]) -> None:
         device, hq = problem.device, problem.heads_q
         self.fn = fn
-        self.heads, self.seqlen = hq, problem.seqlen_q
+        self.expect(mask, problem)
         blocks = kept_blocks(mask)  # (mask heads, nqb, nkb)
         # one mask per query head: the kernel reads base_blockmask[:, head_mask_type[h] - 1]
         per_query_head = blocks.repeat_interleave(hq // blocks.shape[0], dim=0)
@@ -171,30 +171,13 @@ class _PreparedBSA(PreparedAttention):
             "is_causal": False,
             "return_attn_probs": True,
         }
-        empty = empty_rows(mask).to(device)  # (mask heads, Sq)
-        self.empty = (
-            empty[0]
-            if mask.num_heads == 1
-            else empty.repeat_interleave(hq // mask.num_heads, dim=0)
-        )
-        self.has_empty = bool(self.empty.any())
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, lse, _ = self.fn(q, k, v, **self.kwargs)
         # +inf on empty rows in the library (FA2 code): lcab's convention is out 0, lse -inf
-        return to_lcab_convention(
-            out,
-            lse.detach(),
-            LSE_LAYOUT,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library="Block-Sparse-Attention",
-            follows=FOLLOWS,
-        )
+        return self.convention(out, lse.detach(), LSE_LAYOUT, q.dtype)
 
 
 @register_kernel

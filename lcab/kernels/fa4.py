@@ -72,8 +72,8 @@ class PreparedFA4(PreparedFlash):
     lse_kwargs: ClassVar[dict[str, Any]] = {"return_lse": True}
     #: flash-attn-4 >= 4.0.0b5 passes the LSE's gradient (dlse) to its backward
     lse_grad = upstream.LSE.differentiable
-    library: ClassVar[str] = "FlashAttention 4"
-    follows: ClassVar[str] = "flash-attn-4 4.0.0b5+"
+    library = "FlashAttention 4"
+    follows = "flash-attn-4 4.0.0b5+"
 
     @staticmethod
     def window(left: int, right: int) -> tuple[int | None, int | None]:

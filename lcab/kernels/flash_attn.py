@@ -58,10 +58,9 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
 )
 from lcab.kernels.fa2_window import fa2_spelling, fa2_window_reason
-from lcab.kernels.library_results import LseLayout, to_lcab_convention
+from lcab.kernels.library_results import LibraryCall, LseLayout
 from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flash_attn as fa_table
@@ -84,7 +83,7 @@ CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_attn_probs")
 VARLEN_KWARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 
-class PreparedFlash(PreparedAttention):
+class PreparedFlash(LibraryCall):
     """The lowered call: dense or varlen, its keyword arguments, and the empty rows.
 
     Shared by every FlashAttention generation (FA2, FA3, and FA4 in `lcab.kernels.fa4`): they
@@ -93,12 +92,10 @@ class PreparedFlash(PreparedAttention):
     (`window`), which subclasses override.
     """
 
-    layout = "shd"
     #: Keyword arguments that make the library return its LSE.
     lse_kwargs: ClassVar[dict[str, Any]] = {"return_attn_probs": True}
-    #: The library and the API generation the adapter follows, for error messages.
-    library: ClassVar[str] = "FlashAttention"
-    follows: ClassVar[str] = "flash-attn 2.8 / FA3 hopper"
+    library = "FlashAttention"
+    follows = "flash-attn 2.8 / FA3 hopper"
 
     def __init__(
         self,
@@ -109,7 +106,7 @@ class PreparedFlash(PreparedAttention):
         stats_backward: StatsBackward | None = None,
     ) -> None:
         args = to_varlen(mask)
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.expect(mask, problem)
         self.stats_backward = stats_backward
         left, right = self.unswapped(args, problem)
         self.kwargs: dict[str, Any] = {
@@ -127,8 +124,6 @@ class PreparedFlash(PreparedAttention):
                 max_seqlen_q=int(args.max_seqlen_q),
                 max_seqlen_k=int(args.max_seqlen_k),
             )
-        self.empty = empty_rows(mask)[0].to(problem.device)  # (Sq,): one mask for all heads
-        self.has_empty = bool(self.empty.any())
         self.returned_lse_dtype: torch.dtype | None = None
 
     @staticmethod
@@ -178,24 +173,14 @@ class PreparedFlash(PreparedAttention):
             out, layout = result[0].squeeze(0), "bhs"
         self.returned_lse_dtype = result[1].dtype  # what its backward is given back
         # libraries disagree on empty rows (FA2 +inf, FA3/FA4 -inf): lcab's is out 0, lse -inf
-        return to_lcab_convention(
-            out,
-            result[1],
-            layout,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library=self.library,
-            follows=self.follows,
-        )
+        return self.convention(out, result[1], layout, q.dtype)
 
 
 class PreparedFA2(PreparedFlash):
     """FA2's call: the lowering's window spelled so that FA2 applies it exactly."""
 
-    library: ClassVar[str] = "FlashAttention 2"
-    follows: ClassVar[str] = "flash-attn 2.8.3"
+    library = "FlashAttention 2"
+    follows = "flash-attn 2.8.3"
 
     @override
     def unswapped(self, args: VarlenArgs, problem: Problem) -> tuple[int, int]:

@@ -46,7 +46,6 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
     lse_dtype,
 )
 from lcab.kernels.flashinfer_lowering import (
@@ -56,7 +55,7 @@ from lcab.kernels.flashinfer_lowering import (
     per_head_partition_reason,
     variable_args,
 )
-from lcab.kernels.library_results import LseLayout, lse_to_lcab, to_lcab_convention
+from lcab.kernels.library_results import LibraryCall, LseLayout
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flashinfer as upstream
@@ -107,17 +106,17 @@ class FlashInferOptions:
     """BSR block size R = C of head-shared masks (per-head masks use their own partitions)."""
 
 
-class _PreparedBsr(PreparedAttention):
+class _PreparedBsr(LibraryCall):
     """A planned ``BlockSparseAttentionWrapper``; inputs zero-padded to whole blocks."""
 
-    layout = "shd"
+    library = "FlashInfer BlockSparseAttentionWrapper"
+    follows = "flashinfer-python 0.7 (lse (M, num_qo_heads), log2)"
 
     def __init__(
         self, module: Any, mask: AttnMask, table: BlockTable, problem: Problem, block: int
     ):
-        self.block, self.heads, self.seqlen = block, problem.heads_q, problem.seqlen_q
-        empty = empty_rows(mask)[0].to(problem.device)  # (Sq,): one mask for all heads
-        self.empty = empty if bool(empty.any()) else None
+        self.block = block
+        self.expect(mask, problem)
         self.wrapper = None
         if len(table.kv_block) == 0:  # nothing attended: FlashInfer's plan cannot take nnz = 0
             return
@@ -161,26 +160,17 @@ class _PreparedBsr(PreparedAttention):
             return out, lse.to(lse_dtype(q.dtype))
         out, lse = self.wrapper.run(q, k, v, return_lse=True)
         factor, layout = BSR_LSE  # (M, Hq), log2
-        return to_lcab_convention(
-            out[: self.seqlen],
-            lse[: self.seqlen] * factor,
-            layout,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty,
-            dtype=q.dtype,
-            library="FlashInfer BlockSparseAttentionWrapper",
-            follows="flashinfer-python 0.7 (lse (M, num_qo_heads), log2)",
-        )
+        return self.convention(out[: self.seqlen], lse[: self.seqlen] * factor, layout, q.dtype)
 
 
-class _PreparedVariable(PreparedAttention):
+class _PreparedVariable(LibraryCall):
     """A planned ``VariableBlockSparseAttentionWrapper``: (H, S, D) tensors."""
 
+    library = "FlashInfer VariableBlockSparseAttentionWrapper"
+    follows = "flashinfer-python 0.7 (lse (num_qo_heads, qo_len), log2)"
+
     def __init__(self, module: Any, mask: AttnMask, problem: Problem) -> None:
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
-        empty = empty_rows(mask).repeat_interleave(problem.gqa_group, 0).to(problem.device)
-        self.empty = empty if bool(empty.any()) else None  # (Hq, Sq)
+        self.expect(mask, problem, per_query_head=True)
         self.wrapper = None
         if mask.num_slices == 0:  # nothing attended: plan cannot expand zero selected blocks
             return
@@ -215,18 +205,8 @@ class _PreparedVariable(PreparedAttention):
             return torch.zeros_like(q), lse.to(lse_dtype(q.dtype))
         out, lse = self.wrapper.run(q, k, v, return_lse=True)
         factor, layout = VARIABLE_LSE  # (Hq, S), log2
-        lse = lse_to_lcab(
-            lse * factor,
-            layout,
-            self.heads,
-            self.seqlen,
-            "FlashInfer VariableBlockSparseAttentionWrapper",
-            "flashinfer-python 0.7 (lse (num_qo_heads, qo_len), log2)",
-        ).to(lse_dtype(q.dtype))
-        if self.empty is not None:
-            out = out.masked_fill(self.empty[:, :, None], 0.0)
-            lse = lse.masked_fill(self.empty, float("-inf"))
-        return out, lse
+        out, lse = self.convention(out.transpose(0, 1), lse * factor, layout, q.dtype)
+        return out.transpose(0, 1), lse
 
 
 # ----------------------------------------------------------------------------- kernel

@@ -51,9 +51,8 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
 )
-from lcab.kernels.library_results import LseLayout, to_lcab_convention
+from lcab.kernels.library_results import LibraryCall, LseLayout
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.flashmask import (
@@ -89,10 +88,11 @@ def _deterministic() -> bool:
     return os.environ.get(DETERMINISTIC_FLAG, "0") == "1"
 
 
-class _PreparedFlashMask(PreparedAttention):
+class _PreparedFlashMask(LibraryCall):
     """The column indices on the device, the call's keywords, and the empty rows."""
 
-    layout = "shd"
+    library = "FlashMask"
+    follows = FOLLOWS
 
     def __init__(self, mask: AttnMask, problem: Problem, module: Any) -> None:
         args = to_flashmask(mask)
@@ -100,7 +100,7 @@ class _PreparedFlashMask(PreparedAttention):
         self.bwd = module
         for name in FLASHMASK_BWD.name.split("."):  # flashmask_cuda.bwd
             self.bwd = getattr(self.bwd, name)
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.expect(mask, problem, per_query_head=True)
         indices = torch.from_numpy(np.ascontiguousarray(args.startend_row_indices))
         self.kwargs: dict[str, Any] = {
             "startend_row_indices": indices.to(torch.int32).to(problem.device).contiguous(),
@@ -108,26 +108,12 @@ class _PreparedFlashMask(PreparedAttention):
             "return_softmax_lse": True,
             "softmax_scale": problem.head_dim**-0.5,
         }
-        empty = empty_rows(mask)  # (H_mask, Sq) → one row per query head
-        empty = empty.repeat_interleave(problem.heads_q // mask.num_heads, 0)
-        self.has_empty = bool(empty.any())  # on the host
-        self.empty = empty.to(problem.device)
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
-        return to_lcab_convention(
-            result[0].squeeze(0),
-            result[1],
-            LSE_LAYOUT,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library="FlashMask",
-            follows=FOLLOWS,
-        )
+        return self.convention(result[0].squeeze(0), result[1], LSE_LAYOUT, q.dtype)
 
     def backward(
         self,

@@ -43,11 +43,10 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
     lse_dtype,
 )
 from lcab.kernels.flash_backward import ffa_backward, mismatch, takes
-from lcab.kernels.library_results import to_lcab_convention
+from lcab.kernels.library_results import LibraryCall
 from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.magi_ffa import FFA_BACKWARD
@@ -81,10 +80,11 @@ def lse_of(result: Any) -> torch.Tensor:
     return lse
 
 
-class _PreparedFFA(PreparedAttention):
+class _PreparedFFA(LibraryCall):
     """The slices as device tensors, the call's keywords, and the empty rows."""
 
-    layout = "shd"
+    library = "FFA"
+    follows = FOLLOWS
 
     def __init__(
         self,
@@ -97,7 +97,7 @@ class _PreparedFFA(PreparedAttention):
         device = problem.device
         self.fn = fn
         self.backward_fn = backward_fn
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.expect(mask, problem)
         self.kwargs: dict[str, Any] = {
             "q_ranges": torch.from_numpy(args.q_ranges).to(device).contiguous(),
             "k_ranges": torch.from_numpy(args.k_ranges).to(device).contiguous(),
@@ -105,8 +105,6 @@ class _PreparedFFA(PreparedAttention):
             "softmax_scale": problem.head_dim**-0.5,
         }
         self.no_slices = args.attn_type_map.size == 0
-        self.empty = empty_rows(mask)[0].to(device)  # (Sq,): one mask for all heads
-        self.has_empty = bool(self.empty.any())
         self.returned_lse_dtype: torch.dtype | None = None
 
     def run(
@@ -117,17 +115,7 @@ class _PreparedFFA(PreparedAttention):
             return q * 0, lse.to(lse_dtype(q.dtype))
         result = self.fn(q, k, v, **self.kwargs)
         self.returned_lse_dtype = lse_of(result).dtype  # what its backward is given back
-        return to_lcab_convention(
-            result[0],
-            lse_of(result),
-            "th",
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library="FFA",
-            follows=FOLLOWS,
-        )
+        return self.convention(result[0], lse_of(result), "th", q.dtype)
 
     def backward(
         self,

@@ -32,11 +32,6 @@ CHUNK_BYTES = 256 << 20
 STREAM_CHUNK_BYTES = 64 << 20
 
 
-def _rows_mask(mask: AttnMask, rows: torch.Tensor, head: int = 0) -> torch.Tensor:
-    """Dense bool (len(rows), Sk) mask of the given query rows of one mask head."""
-    return RowWindow(mask, rows).allowed(head, 0, mask.seqlen_k)
-
-
 class RowWindow:
     """The attended intervals of some query rows, cut into dense key chunks on demand.
 
@@ -151,19 +146,6 @@ class ReferenceKernel(Kernel):
 
 KeyChunks: TypeAlias = "Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]"
 """``(start, stop) -> (k, v)`` of keys ``start:stop``: how the streamed reference sees K/V."""
-
-
-def reference_rows(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: AttnMask,
-    rows: torch.Tensor,
-    dout: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """fp64 (out, lse, dq) of the given query rows only, from whole q/k/v tensors."""
-    picked = None if dout is None else dout[rows]
-    return streamed_rows(q[rows], rows, mask, lambda a, b: (k[a:b], v[a:b]), k.shape[1], picked)
 
 
 def streamed_rows(

@@ -42,9 +42,8 @@ from lcab.kernels.base import (
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
 )
-from lcab.kernels.library_results import LseLayout, to_lcab_convention
+from lcab.kernels.library_results import LibraryCall, LseLayout
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.torch_attention import VARLEN_ATTN, VARLEN_BACKWARD_OP
 from lcab.lazy import lazy_module
@@ -96,10 +95,11 @@ def mask_reasons(mask: AttnMask) -> list[str]:
     return []
 
 
-class _PreparedTorchVarlen(PreparedAttention):
+class _PreparedTorchVarlen(LibraryCall):
     """The call's tensors and keywords, fixed in `prepare`, and the rows attending nothing."""
 
-    layout = "shd"
+    library = "varlen_attn"
+    follows = f"{VARLEN_ATTN.source} ({LSE_LAYOUT})"
 
     def __init__(self, mask: AttnMask, problem: Problem, varlen: Any) -> None:
         args = to_varlen(mask)
@@ -107,7 +107,7 @@ class _PreparedTorchVarlen(PreparedAttention):
         device = problem.device
         self.fn = getattr(varlen, VARLEN_ATTN.name)
         self.backward_op = getattr(varlen, VARLEN_BACKWARD_OP.name, None)  # the custom op
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.expect(mask, problem)
         self.positional = (
             torch.as_tensor(args.cu_seqlens_q, dtype=torch.int32).to(device).contiguous(),
             torch.as_tensor(args.cu_seqlens_k, dtype=torch.int32).to(device).contiguous(),
@@ -121,25 +121,12 @@ class _PreparedTorchVarlen(PreparedAttention):
             "window_size": (left, 0) if args.causal else (left, right),
             "enable_gqa": problem.heads_q != problem.heads_kv,
         }
-        empty = empty_rows(mask)[0]
-        self.has_empty = bool(empty.any())  # on the host: also on meta or fake devices
-        self.empty = empty.to(device)
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, lse = self.fn(q, k, v, *self.positional, **self.kwargs)
-        return to_lcab_convention(
-            out,
-            lse,
-            LSE_LAYOUT,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library="varlen_attn",
-            follows=f"{VARLEN_ATTN.source} ({LSE_LAYOUT})",
-        )
+        return self.convention(out, lse, LSE_LAYOUT, q.dtype)
 
     def backward(
         self,
