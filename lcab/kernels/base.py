@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 from lcab.cell import dtype_name, torch_dtype
 from lcab.kernels.packages import PackageProbe, cuda_available, installed, probe_reasons
@@ -32,10 +32,15 @@ from lcab.masks.lowering import lowering_reason
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
 Layout = Literal["shd", "bhsd"]
+Output: TypeAlias = "tuple[torch.Tensor, torch.Tensor | None]"
+"""What a prepared call returns: out in its layout, and the LSE (Hq, Sq) or None."""
+Grads: TypeAlias = "tuple[torch.Tensor, torch.Tensor, torch.Tensor]"
+"""(dq, dk, dv)."""
 
 
 @dataclass(frozen=True)
@@ -171,14 +176,8 @@ class PreparedAttention(ABC):
         return lse
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """(dq, dk, dv) of this block of keys when the row's result is (out, lse) overall.
 
         Native-layout tensors; ``out``/``lse`` are the merged results of every block, as in
@@ -214,9 +213,7 @@ class PreparedAttention(ABC):
         return grads[0], grads[1], grads[2]
 
     @abstractmethod
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         """(out, lse) for native-layout inputs; out in native layout, lse (Hq, Sq) float32."""
 
 

@@ -45,6 +45,7 @@ from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -63,6 +64,7 @@ from lcab.masks.lowering.blocks import block_table
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -172,9 +174,7 @@ class _PreparedBSA(LibraryCall):
             "return_attn_probs": True,
         }
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out, lse, _ = self.fn(q, k, v, **self.kwargs)
         # +inf on empty rows in the library (FA2 code): lcab's convention is out 0, lse -inf
         return self.convention(out, lse.detach(), LSE_LAYOUT, q.dtype)

@@ -53,8 +53,10 @@ from typing_extensions import override
 
 from lcab.kernels import flash_backward
 from lcab.kernels.base import (
+    Grads,
     Kernel,
     KernelCaps,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -70,6 +72,7 @@ from lcab.masks.lowering import VarlenArgs, to_varlen
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -136,14 +139,8 @@ class PreparedFlash(LibraryCall):
         return args.window_size
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """Gradients of this block under the merged (out, lse): the library's own backward.
 
         FA4 differentiates its LSE (`lse_grad`) and takes the generic route; FA2 and FA3 call
@@ -160,9 +157,7 @@ class PreparedFlash(LibraryCall):
         """cu_seqlens as FlashAttention wants them: contiguous int32 on the inputs' device."""
         return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         """One library call on packed tensors; (out, lse) in lcab's convention."""
         layout: LseLayout
         if self.varlen:

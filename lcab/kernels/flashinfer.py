@@ -43,6 +43,7 @@ from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -66,6 +67,7 @@ from lcab.masks.lowering.blocks import BlockTable, block_table
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -151,9 +153,7 @@ class _PreparedBsr(LibraryCall):
     def from_native(self, x: torch.Tensor) -> torch.Tensor:
         return x  # run already dropped the padded query rows
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.wrapper is None:
             out = q.new_zeros(self.seqlen, self.heads, q.shape[-1])
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
@@ -197,9 +197,7 @@ class _PreparedVariable(LibraryCall):
     def from_native(self, x: torch.Tensor) -> torch.Tensor:
         return x.transpose(0, 1)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.wrapper is None:
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return torch.zeros_like(q), lse.to(lse_dtype(q.dtype))

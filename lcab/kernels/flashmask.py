@@ -47,7 +47,9 @@ import numpy as np
 from typing_extensions import override
 
 from lcab.kernels.base import (
+    Grads,
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -68,6 +70,7 @@ from lcab.masks.lowering import to_flashmask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -109,21 +112,13 @@ class _PreparedFlashMask(LibraryCall):
             "softmax_scale": problem.head_dim**-0.5,
         }
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
         return self.convention(result[0].squeeze(0), result[1], LSE_LAYOUT, q.dtype)
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """(dq, dk, dv) of this block of keys under the merged (out, lse): FlashMask's own op.
 
         ``flashmask_cuda.bwd`` takes ``out`` and ``softmax_lse`` as given, so the merged

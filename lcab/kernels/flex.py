@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.base import Kernel, KernelCaps, Output, PreparedAttention, Problem, lse_dtype
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
@@ -32,6 +32,7 @@ from lcab.masks.lowering.flex import FLEX_BLOCK, flex_block_mask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -68,9 +69,7 @@ class PreparedFlex(PreparedAttention):
         self.with_lse = not (compiled and problem.device_type == "cpu")
 
     @override
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if q.device.type == "cpu":  # forward only on CPU; Flex refuses inputs that need grad
             q, k, v = q.detach(), k.detach(), v.detach()
         args = {"block_mask": self.block_mask, "scale": self.scale, "enable_gqa": self.gqa}

@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from lcab.kernels.base import (
+    Grads,
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -56,6 +58,7 @@ from lcab.masks.lowering import to_ffa
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -107,9 +110,7 @@ class _PreparedFFA(LibraryCall):
         self.no_slices = args.attn_type_map.size == 0
         self.returned_lse_dtype: torch.dtype | None = None
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.no_slices:  # a CP block attending nothing: no call (FFA's N = 0 is undocumented)
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return q * 0, lse.to(lse_dtype(q.dtype))
@@ -118,14 +119,8 @@ class _PreparedFFA(LibraryCall):
         return self.convention(result[0], lse_of(result), "th", q.dtype)
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """Gradients of this block under the merged (out, lse): FFA's own backward kernel."""
         if self.no_slices:
             return q * 0, k * 0, v * 0

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
+from lcab.kernels.base import Kernel, KernelCaps, Output, PreparedAttention, Problem
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -107,9 +108,7 @@ class _PreparedReference(PreparedAttention):
         per_row = problem.heads_q * mask.seqlen_k * 8
         self.chunk = max(1, CHUNK_BYTES // per_row)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         q, k, v = q.double(), k.double(), v.double()
         outs, lses = [], []
         for start in range(0, self.mask.seqlen_q, self.chunk):

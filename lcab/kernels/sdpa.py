@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from typing_extensions import override
 
 from lcab.kernels.base import (
+    Grads,
     Kernel,
     KernelCaps,
+    Output,
     PreparedAttention,
     Problem,
     empty_rows,
@@ -49,6 +51,7 @@ from lcab.masks.geometry import SliceKind
 if TYPE_CHECKING:
     import torch
     import torch.nn.functional as F
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
     F = lazy_module("torch.nn.functional", globals(), "F")
@@ -126,9 +129,7 @@ class _PreparedSDPA(PreparedAttention):
             self.backend_resolved_at = "first call"
         return self.choices[grad]
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.cpu_lse:
             if self.bias is not None and self.bias.shape[1] > 1 and self.group > 1:
                 k = k.repeat_interleave(self.group, dim=1)  # per-head bias needs matching heads
@@ -150,14 +151,8 @@ class _PreparedSDPA(PreparedAttention):
         return out.masked_fill(self.empty[None, :, :, None], 0.0) if self.has_empty else out
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """The CPU flash-attention backward, fed the merged (out, lse) of the whole rows."""
         if not self.cpu_lse:
             return super().backward(dout, q, k, v, out, lse)

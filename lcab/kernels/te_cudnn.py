@@ -42,6 +42,7 @@ from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -56,6 +57,7 @@ from lcab.masks.lowering import VarlenArgs, lowering_reason, to_varlen
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -152,9 +154,7 @@ class _PreparedTE(PreparedAttention):
         self.empty = empty_rows(mask)[0].to(device)
         self.has_empty = bool(self.empty.any())
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out = self.module(q, k, v, **self.kwargs)
         total = q.shape[0]
         if tuple(out.shape) not in ((total, self.heads * self.head_dim), tuple(q.shape)):

@@ -38,7 +38,9 @@ import numpy as np
 from typing_extensions import override
 
 from lcab.kernels.base import (
+    Grads,
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -52,6 +54,7 @@ from lcab.masks.lowering import lowering_reason, to_varlen
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -122,21 +125,13 @@ class _PreparedTorchVarlen(LibraryCall):
             "enable_gqa": problem.heads_q != problem.heads_kv,
         }
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out, lse = self.fn(q, k, v, *self.positional, **self.kwargs)
         return self.convention(out, lse, LSE_LAYOUT, q.dtype)
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """(dq, dk, dv) of this block of keys under the merged (out, lse): torch's own op.
 
         The arguments are those torch's ``_backward`` passes (``varlen.py`` L605-635) with the

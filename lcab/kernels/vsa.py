@@ -49,6 +49,7 @@ from typing_extensions import override
 from lcab.kernels.base import (
     Kernel,
     KernelCaps,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -67,6 +68,7 @@ from lcab.masks.lowering.blocks import BlockTable, block_table, uniform_bounds
 if TYPE_CHECKING:
     import torch
     import torch.nn.functional as F
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
     F = lazy_module("torch.nn.functional", globals(), "F")
@@ -151,9 +153,7 @@ class _PreparedVSA(PreparedAttention):
         self.empty_lse = empty if empty.shape[0] > 1 else empty[0]  # broadcasts over (Hq, Sq)
         self.empty_out = self.empty_lse.unsqueeze(-1).unsqueeze(0)  # over (1, Hq, Sq, D)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.pad_q:
             q = F.pad(q, (0, 0, 0, self.pad_q))
         if self.pad_k:  # padded keys are masked by variable_block_sizes

@@ -32,7 +32,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "lcab").glob("*/README.md"))]
 
 FIND = textwrap.dedent(
     """
-    import json, sys
+    import contextlib, io, json
     from tests.helpers import registry_plugin as plugin
     from lcab.kernels import list_kernels
     from lcab.kernels.__main__ import main as kernels_cli
@@ -44,19 +44,29 @@ FIND = textwrap.dedent(
     from tests.unit.test_registry_plugin import hand_typed_counts, registry_counts
 
     k, m = plugin.KERNEL, plugin.MASK
+    strategy = support.strategy_matrix_markdown()
     found = {
         "registered": k in list_kernels() and m in list_masks(),
         "kernel table": f"`{k}`" in support.kernel_list_markdown(),
-        "kernel matrix row": support.kernel_verdict(support.get_kernel(k), m).passes
+        # the kernel x mask matrix's cell (rendering all of it takes a minute)
+        "kernel matrix cell": support.kernel_verdict(support.get_kernel(k), m).passes
         == ("fwd", "bwd"),
-        "strategy x GPU kernel columns": k in gpu_compared(),
+        "strategy x mask matrix": f"`{m}`" in strategy and k in strategy,
+        "strategy x GPU kernel matrix": k in gpu_compared()
+        and support.gpu_strategy_cell("ulysses", k, [m]) == "✓ 1",
         "timer's kernels": k in gpu_compared(),
         "install table": plugin.INSTALL in support.kernel_install_markdown(),
         "masks guide": f"`{m}`" in SECTIONS["masks"](),
         "colour": palette([k])[k] == plugin.COLOUR,
         "docs' counts": hand_typed_counts(registry_counts()) == [],
     }
-    kernels_cli(["names", "--gpu-compared", "--sep", ","])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        kernels_cli(["packages"])
+        kernels_cli(["names", "--gpu-compared", "--sep", ","])
+    *packages, names = printed.getvalue().splitlines()
+    found["launchers' list"] = k in names.split(",")  # what launchers/gpu_check.sh can call
+    found["launchers' packages"] = f"{k}\tnumpy\t{plugin.INSTALL}" in packages
     print(json.dumps(found))
     """
 )
@@ -99,9 +109,8 @@ def test_the_guides_type_no_count_of_a_registry() -> None:
 def test_a_plugin_kernel_and_mask_are_in_every_derived_list() -> None:
     done = run("-c", FIND)
     assert done.returncode == 0, done.stderr[-3000:]
-    *cli, report = done.stdout.strip().splitlines()
-    assert {name: True for name in json.loads(report)} == json.loads(report)
-    assert "plugin_naive" in cli[-1].split(",")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {name: True for name in found} == found
 
 
 STRATEGY_CHECKS: list[str] = []
