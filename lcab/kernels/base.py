@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
-from lcab.cell import dtype_name, torch_dtype
+from lcab.cell import DTYPE_NAMES, dtype_name, torch_dtype
 from lcab.kernels.packages import PackageProbe, cuda_available, installed, probe_reasons
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
@@ -132,6 +132,22 @@ class KernelCaps:
 
 HALF_PRECISION = frozenset({"float16", "bfloat16"})
 """The dtypes of the CUDA attention libraries."""
+
+
+def torch_caps(lowering: str, **fields: Any) -> KernelCaps:
+    """Capabilities of a kernel made of plain torch ops (``lowering``: the mask form it reads).
+
+    Any device and float dtype, forward and backward, GQA, per-KV-head masks, the LSE and a
+    backward from merged statistics (autograd reaches the LSE); ``fields`` narrows them.
+    """
+    defaults: dict[str, Any] = {
+        "devices": frozenset({"cpu", "cuda"}),
+        "dtypes": frozenset(DTYPE_NAMES),
+        "backward_devices": frozenset({"cpu", "cuda"}),
+        "per_head_masks": True,
+        "stats_backward": True,
+    }
+    return KernelCaps(lowering=lowering, **(defaults | fields))
 
 
 def cuda_adapter_caps(lowering: str, *, backward: bool = True, **fields: Any) -> KernelCaps:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, Output, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.base import Kernel, Output, PreparedAttention, Problem, lse_dtype, torch_caps
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
@@ -89,14 +89,7 @@ class FlexOptions:
     """Tile size of the BlockMask (FlexAttention's default is 128)."""
 
 
-FLEX_CAPS = KernelCaps(
-    devices=frozenset({"cpu", "cuda"}),
-    dtypes=frozenset({"float32", "bfloat16", "float16", "float64"}),
-    lowering="flex",
-    backward_devices=frozenset({"cuda"}),
-    per_head_masks=True,
-    stats_backward=True,  # differentiable LSE (upstream.torch_flex); backward on CUDA only
-)
+FLEX_CAPS = torch_caps("flex", backward_devices=frozenset({"cuda"}))  # LSE differentiable
 """What FlexAttention runs: any device, any float dtype, backward on CUDA only."""
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, Output, PreparedAttention, Problem
+from lcab.kernels.base import Kernel, Output, PreparedAttention, Problem, torch_caps
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
@@ -66,14 +66,7 @@ class NaiveKernel(Kernel):
     name = "naive"
     colour = "#8c564b"
     summary = "explicit softmax(QK^T)V with the dense mask, O(S^2) memory"
-    caps = KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({"float32", "float64", "bfloat16", "float16"}),
-        lowering="dense",
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
-    )
+    caps = torch_caps("dense")
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, Output, PreparedAttention, Problem
+from lcab.kernels.base import Kernel, Output, PreparedAttention, Problem, torch_caps
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
@@ -129,14 +129,7 @@ class ReferenceKernel(Kernel):
     name = "reference"
     colour = "#7f7f7f"
     summary = "fp64 dense oracle for numerics checks"
-    caps = KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
-        lowering="dense",
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
-    )
+    caps = torch_caps("dense")
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

@@ -36,12 +36,12 @@ from typing_extensions import override
 from lcab.kernels.base import (
     Grads,
     Kernel,
-    KernelCaps,
     Output,
     PreparedAttention,
     Problem,
     empty_rows,
     lse_dtype,
+    torch_caps,
 )
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
     F = lazy_module("torch.nn.functional", globals(), "F")
-
-_FLOATS = frozenset({"float32", "bfloat16", "float16", "float64"})
 
 
 def whole_mask_kind(mask: AttnMask) -> str | None:
@@ -202,14 +200,7 @@ class SDPAKernel(Kernel):
     name = "sdpa"
     colour = "#bcbd22"
     summary = "torch.nn.functional.scaled_dot_product_attention (is_causal or dense mask)"
-    caps = KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=_FLOATS,
-        lowering="dense",
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
-    )
+    caps = torch_caps("dense")
     backend: ClassVar[str | None] = None
 
     def returns_lse(self, device_type: str) -> bool:
@@ -258,14 +249,13 @@ def _pinned(
             "__doc__": doc,
             "colour": colour,
             "gpu_compared": gpu_compared,
-            "caps": KernelCaps(
+            "caps": torch_caps(
+                "dense",
                 devices=devices,
-                dtypes=_FLOATS,
-                lowering="dense",
                 backward_devices=devices,
-                per_head_masks=True,
                 returns_lse=False,
                 gqa=gqa,
+                stats_backward=False,
             ),
         },
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from lcab.kernels.base import Grads, KernelCaps, Output, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.base import Grads, Output, PreparedAttention, Problem, lse_dtype
 from lcab.kernels.tiled.engine import plan_backward, tiled_attention
 from lcab.kernels.tiled.items import WorkItems
 from lcab.kernels.tiled.plan import TiledPlan
@@ -62,20 +62,4 @@ def plan_for(mask: AttnMask, problem: Problem, items: WorkItems) -> TiledPlan:
         heads_kv=problem.heads_kv,
         shared=mask.num_heads == 1,
         device=problem.torch_device,
-    )
-
-
-def tiled_caps(lowering: str) -> KernelCaps:
-    """Capabilities of a kernel on this engine (``lowering`` is the mask form it reads).
-
-    The engine is plain torch ops, so: any device and float dtype, forward and backward, GQA,
-    per-KV-head masks, and the lse.
-    """
-    return KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({"float32", "float64", "bfloat16", "float16"}),
-        lowering=lowering,
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
     )
