@@ -9,8 +9,9 @@ parametrisations; and a mask without its reference must fail the mask tests, not
 The docs type no count of a registry, so none goes stale (checked here for the registries as
 they are, and with the plugin's).
 
-Strategies: the hook is `STRATEGY_CHECKS` below (empty until lcab/cp derives its numerics grid
-from the registry; then the plugin module registers a strategy and this lists where to find it).
+Strategies, to come once lcab/cp derives its numerics grid from its registry: the plugin module
+registers a throw-away strategy, ``FIND`` adds where it must show (the marked line: the
+numerics grid, the strategy matrices, the palette) and the parametrisation test its test ids.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ FIND = textwrap.dedent(
     *packages, names = printed.getvalue().splitlines()
     found["launchers' list"] = k in names.split(",")  # what launchers/gpu_check.sh can call
     found["launchers' packages"] = f"{k}\tnumpy\t{plugin.INSTALL}" in packages
+    # strategies: found["numerics grid"] = ... (issue 60 item 1, after the CP rewrite)
     print(json.dumps(found))
     """
 )
@@ -111,10 +113,6 @@ def test_a_plugin_kernel_and_mask_are_in_every_derived_list() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert {name: True for name in found} == found
-
-
-STRATEGY_CHECKS: list[str] = []
-"""Where a plugin strategy must show (the numerics grid, the strategy matrices): to come."""
 
 
 def test_a_plugin_is_in_the_test_parametrisations() -> None:
