@@ -6,31 +6,14 @@ Public API::
     kernel = get_kernel("ranges")
     out, lse = kernel(q, k, v, mask)          # q (S, Hq, D), k/v (S, Hkv, D); lse (Hq, S) fp32
     kernel.not_supported_reasons(problem)      # [] or human-readable reasons
+
+Every module of this package is imported here, so a kernel registers by existing: a new
+adapter is one file (its checklist: README.md "Adding a kernel").
 """
 
-from lcab.kernels import (  # noqa: F401  (registration)
-    flash_attn,
-    flashmask,
-    flex,
-    magi_ffa,
-    naive,
-    ranges,
-    reference,
-    sdpa,
-    sparse,
-    te_cudnn,
-    torch_varlen,
-)
+import importlib
+import pkgutil
 
-# isort: split
-# Registered after the first group so the older kernels keep their table rows and colour slots.
-from lcab.kernels import (  # noqa: F401  (registration)
-    block_sparse_attn,
-    fa4,
-    flashinfer,
-    sparse_flex,
-    vsa,
-)
 from lcab.kernels.base import (
     Kernel,
     KernelCaps,
@@ -41,6 +24,10 @@ from lcab.kernels.base import (
     lse_dtype,
 )
 from lcab.kernels.registry import KERNELS, get_kernel, list_kernels, register_kernel
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "__main__":
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "KERNELS",

@@ -20,23 +20,27 @@ second, and the support matrix in the README is generated from the same calls.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
-from lcab.cell import dtype_name, torch_dtype
+from lcab.cell import DTYPE_NAMES, dtype_name, torch_dtype
+from lcab.kernels.packages import PackageProbe, cuda_available, installed, probe_reasons
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering import lowering_reason
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
 Layout = Literal["shd", "bhsd"]
+Output: TypeAlias = "tuple[torch.Tensor, torch.Tensor | None]"
+"""What a prepared call returns: out in its layout, and the LSE (Hq, Sq) or None."""
+Grads: TypeAlias = "tuple[torch.Tensor, torch.Tensor, torch.Tensor]"
+"""(dq, dk, dv)."""
 
 
 @dataclass(frozen=True)
@@ -107,14 +111,11 @@ class KernelCaps:
     """Whether a different mask per KV head (dynamic block-sparse) is accepted."""
     returns_lse: bool = True
     """Whether `run` returns the log-sum-exp (context parallelism needs it)."""
-    package: str | None = None
-    """Import name of the optional package it calls (checked without importing it)."""
-    pip_name: str | None = None
-    """How to install that package."""
+    requires: PackageProbe | None = None
+    """The optional package it calls, declared once: import name, distributions, how to
+    install it, what the adapter needs of it (checked by `Kernel.package_reasons`)."""
     min_compute_capability: tuple[int, int] | None = None
     """Lowest CUDA compute capability."""
-    adapter_ready: bool = True
-    """False while lcab's call into the package is not written yet (the reason says so)."""
     contract_tested: bool = False
     """A CUDA-only adapter whose whole call path is tested on CPU against a stand-in of the
     library's documented API (``tests/unit/test_adapter_*.py``) — evidence short of a GPU run,
@@ -123,9 +124,30 @@ class KernelCaps:
     """Whether `PreparedAttention.backward` works: gradients of one block of keys under the
     softmax statistics (out, lse) of the whole row, which ring-style CP merges need."""
 
+    @property
+    def package(self) -> str | None:
+        """Import name of the optional package it calls (None: torch's or lcab's own)."""
+        return self.requires.name if self.requires else None
+
 
 HALF_PRECISION = frozenset({"float16", "bfloat16"})
 """The dtypes of the CUDA attention libraries."""
+
+
+def torch_caps(lowering: str, **fields: Any) -> KernelCaps:
+    """Capabilities of a kernel made of plain torch ops (``lowering``: the mask form it reads).
+
+    Any device and float dtype, forward and backward, GQA, per-KV-head masks, the LSE and a
+    backward from merged statistics (autograd reaches the LSE); ``fields`` narrows them.
+    """
+    defaults: dict[str, Any] = {
+        "devices": frozenset({"cpu", "cuda"}),
+        "dtypes": frozenset(DTYPE_NAMES),
+        "backward_devices": frozenset({"cpu", "cuda"}),
+        "per_head_masks": True,
+        "stats_backward": True,
+    }
+    return KernelCaps(lowering=lowering, **(defaults | fields))
 
 
 def cuda_adapter_caps(lowering: str, *, backward: bool = True, **fields: Any) -> KernelCaps:
@@ -142,34 +164,6 @@ def cuda_adapter_caps(lowering: str, *, backward: bool = True, **fields: Any) ->
         "contract_tested": True,
     }
     return KernelCaps(lowering=lowering, **(defaults | fields))
-
-
-@functools.cache
-def no_nvidia_driver() -> bool:
-    """Whether this machine certainly has no CUDA device: no NVIDIA driver library loads.
-
-    NVML (``nvidia-ml-py``) comes with every driver install and costs 30 ms to fail where none
-    is; ``torch.cuda.is_available()`` costs loading torch, 2 s of a dry run on a login node
-    that checks its CUDA cells. False only says "ask torch". Cached: a driver does not appear
-    in a running process.
-    """
-    try:
-        import pynvml
-    except ImportError:
-        return False
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError_LibraryNotFound:
-        return True
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return False
-
-
-def cuda_available() -> bool:
-    """``torch.cuda.is_available()``, without loading torch on a machine with no NVIDIA driver."""
-    return not no_nvidia_driver() and torch.cuda.is_available()
 
 
 class PreparedAttention(ABC):
@@ -198,14 +192,8 @@ class PreparedAttention(ABC):
         return lse
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """(dq, dk, dv) of this block of keys when the row's result is (out, lse) overall.
 
         Native-layout tensors; ``out``/``lse`` are the merged results of every block, as in
@@ -241,18 +229,23 @@ class PreparedAttention(ABC):
         return grads[0], grads[1], grads[2]
 
     @abstractmethod
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         """(out, lse) for native-layout inputs; out in native layout, lse (Hq, Sq) float32."""
 
 
 class Kernel(ABC):
-    """A registered attention kernel. Subclasses set ``name``, ``caps`` and implement `prepare`."""
+    """A registered attention kernel: subclasses set ``name``, ``caps``, ``colour``, `prepare`."""
 
     name: ClassVar[str]
     caps: ClassVar[KernelCaps]
     summary: ClassVar[str] = ""
+    colour: ClassVar[str]
+    """Its line colour in every plot of every report (hex; one per kernel, checked on
+    registration), so a kernel looks the same from one report to the next."""
+    gpu_compared: ClassVar[bool] = False
+    """One of the dense kernels lcab's GPU checks compare: a column of the strategy x GPU kernel
+    matrix (`lcab.report.support`), a row of ``python -m lcab.perf gpu-timer``, and in
+    ``python -m lcab.kernels names --gpu-compared`` for the launchers."""
     options_cls: ClassVar[type | None] = None
     """Dataclass of the kernel's options (its Hydra config fields); None: no options."""
     rectangle_closed: ClassVar[bool] = True
@@ -273,6 +266,13 @@ class Kernel(ABC):
         resolved = dataclasses.asdict(self.options_cls(**options)) if self.options_cls else {}
         self.options: dict[str, Any] = resolved
 
+    @property
+    def module(self) -> str:
+        """The module the adapter imports from its package (``caps.requires``)."""
+        if self.caps.requires is None:
+            raise TypeError(f"kernel {self.name!r} calls no optional package")
+        return self.caps.requires.module
+
     # ---------------------------------------------------------------- capability checks
     def environment_reasons(self, device: torch.device | str) -> list[str]:
         """Reasons tied to this machine: package missing, no CUDA, compute capability.
@@ -283,9 +283,10 @@ class Kernel(ABC):
         cuda = (device if isinstance(device, str) else device.type) == "cuda"
         if cuda and not cuda_available():
             reasons.append("needs CUDA, and no CUDA device is visible on this machine")
-        if self.caps.package and importlib.util.find_spec(self.caps.package) is None:
-            how = f" (pip install {self.caps.pip_name})" if self.caps.pip_name else ""
-            reasons.append(f"needs package '{self.caps.package}', not installed{how}")
+        package = self.caps.requires
+        if package and not installed(package):
+            how = f" ({package.install})" if package.install else ""
+            reasons.append(f"needs package '{package.name}', not installed{how}")
         if (
             self.caps.min_compute_capability
             and cuda
@@ -294,8 +295,6 @@ class Kernel(ABC):
         ):
             major, minor = self.caps.min_compute_capability
             reasons.append(f"needs compute capability >= {major}.{minor}")
-        if not self.caps.adapter_ready and not reasons:
-            reasons.append(f"lcab's {self.name} adapter is not written yet")
         return reasons
 
     def not_supported_reasons(
@@ -330,6 +329,7 @@ class Kernel(ABC):
                 else "at all"
             )
             reasons.append(f"no backward pass on {device} (backward exists {where})")
+        reasons.extend(self.package_reasons(problem.device))
         reasons.extend(self.extra_reasons(problem, pass_))
         if mask is not None:
             if mask.num_heads > 1 and not caps.per_head_masks:
@@ -342,6 +342,10 @@ class Kernel(ABC):
                 reasons.extend(self.mask_reasons(mask))
         reasons.extend(self.environment_reasons(problem.device))
         return reasons
+
+    def package_reasons(self, device: torch.device | str) -> list[str]:
+        """Why the installed package does not fit the adapter (`lcab.kernels.packages`)."""
+        return probe_reasons(self.caps.requires, device) if self.caps.requires else []
 
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
         """Kernel-specific static limits beyond `KernelCaps` (override when needed)."""

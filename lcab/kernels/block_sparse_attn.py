@@ -38,22 +38,21 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from typing_extensions import override
 
-from lcab.kernels import probe as probe_module
 from lcab.kernels.base import (
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
 )
 from lcab.kernels.block_grid import partial_tile_reason
-from lcab.kernels.library_results import LseLayout, to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, distribution_version, probe_reasons, release
+from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import block_sparse_attn as upstream
 from lcab.kernels.upstream.facts import UpstreamFunction
@@ -65,6 +64,7 @@ from lcab.masks.lowering.blocks import block_table
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -144,15 +144,16 @@ def full_tile_reason(mask: AttnMask) -> str | None:
     return None if aligned_full_slices(mask) else partial_tile_reason(mask, BLOCK, BLOCK)
 
 
-class _PreparedBSA(PreparedAttention):
+class _PreparedBSA(LibraryCall):
     """The block mask and the call's keywords on the device, and the empty rows."""
 
-    layout = "shd"
+    library = "Block-Sparse-Attention"
+    follows = FOLLOWS
 
     def __init__(self, mask: AttnMask, problem: Problem, fn: Callable[..., Any]) -> None:
         device, hq = problem.device, problem.heads_q
         self.fn = fn
-        self.heads, self.seqlen = hq, problem.seqlen_q
+        self.expect(mask, problem)
         blocks = kept_blocks(mask)  # (mask heads, nqb, nkb)
         # one mask per query head: the kernel reads base_blockmask[:, head_mask_type[h] - 1]
         per_query_head = blocks.repeat_interleave(hq // blocks.shape[0], dim=0)
@@ -172,30 +173,11 @@ class _PreparedBSA(PreparedAttention):
             "is_causal": False,
             "return_attn_probs": True,
         }
-        empty = empty_rows(mask).to(device)  # (mask heads, Sq)
-        self.empty = (
-            empty[0]
-            if mask.num_heads == 1
-            else empty.repeat_interleave(hq // mask.num_heads, dim=0)
-        )
-        self.has_empty = bool(self.empty.any())
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out, lse, _ = self.fn(q, k, v, **self.kwargs)
         # +inf on empty rows in the library (FA2 code): lcab's convention is out 0, lse -inf
-        return to_lcab_convention(
-            out,
-            lse.detach(),
-            LSE_LAYOUT,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library="Block-Sparse-Attention",
-            follows=FOLLOWS,
-        )
+        return self.convention(out, lse.detach(), LSE_LAYOUT, q.dtype)
 
 
 @register_kernel
@@ -203,52 +185,23 @@ class BlockSparseAttnKernel(Kernel):
     """FA2 Sparse: whole 128x128 tiles from a per-head block mask (CPU contract-tested)."""
 
     name = "sparse_fa2"
+    colour = "#e7ba52"
     summary = "Block-Sparse-Attention (block_sparse_attn, FA2 Sparse), 128x128 full tiles"
     caps = cuda_adapter_caps(
         "block_table",
         head_dims=frozenset({32, 64, 128}),  # README; HEADDIM_SWITCH builds 32/64/128 only
         per_head_masks=True,
-        package="block_sparse_attn",
-        pip_name=(
-            "block_sparse_attn (source build of mit-han-lab/Block-Sparse-Attention, "
-            "BLOCK_SPARSE_ATTN_FORCE_BUILD=TRUE)"
+        requires=PackageProbe(
+            module=upstream.MODULE,
+            distributions=("block_sparse_attn", "block-sparse-attn"),
+            install="bash launchers/wheelhouse.sh build bsa",
+            note="mit-han-lab/Block-Sparse-Attention, 23 min on 2 cores",
+            needs=(ApiNeed(upstream.BLOCK_SPARSE_ATTN_FUNC.name, BSA_KWARGS, positional=3),),
+            min_version="0.0.2",
+            requirement=">= 0.0.2 (the Dec 2025 source tree with Hopper/Blackwell builds)",
         ),
         min_compute_capability=(8, 0),
     )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module=upstream.MODULE,
-        distributions=("block_sparse_attn", "block-sparse-attn"),
-        needs=(ApiNeed(upstream.BLOCK_SPARSE_ATTN_FUNC.name, BSA_KWARGS, positional=3),),
-        min_version="0.0.2",
-        requirement=">= 0.0.2 (the Dec 2025 source tree with Hopper/Blackwell builds)",
-    )
-
-    @override
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
-        if reasons or distribution_version(self.probe.distributions) is not None:
-            return reasons
-        return self._module_version_reasons(problem)
-
-    def _module_version_reasons(self, problem: Problem) -> list[str]:
-        """Without distribution metadata (a source tree on the path): ``__version__``.
-
-        Read only when the cell would run (CUDA problem, CUDA present, module importable), as
-        the probe's own import-time checks are.
-        """
-        if problem.device_type != "cuda" or not probe_module.cuda_present():
-            return []
-        try:
-            version = getattr(importlib.import_module(self.probe.module), "__version__", None)
-        except Exception:  # absent or broken: environment_reasons / the probe already say so
-            return []
-        minimum = self.probe.min_version or "0"
-        if isinstance(version, str) and release(version) < release(minimum):
-            return [
-                f"{self.probe.module} {version} is older than lcab's adapter supports "
-                f"(lcab needs {self.probe.requirement})"
-            ]
-        return []
 
     @override
     def not_supported_reasons(
@@ -266,5 +219,5 @@ class BlockSparseAttnKernel(Kernel):
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         return _PreparedBSA(mask, problem, getattr(module, upstream.BLOCK_SPARSE_ATTN_FUNC.name))

@@ -8,7 +8,7 @@ own, so a check built on it accepts any keyword for the other two and cannot fai
 kind is read from where its parameters live — the function a custom op wraps
 (``CustomOpDef._init_fn``), an operator's schema (its ``default`` overload: names, defaults,
 ``kwarg_only`` after ``*``) — as ``inspect.Parameter``s, so the version probe
-(`lcab.kernels.probe`) and the backward's signature check (`lcab.kernels.flash_backward`) read
+(`lcab.kernels.packages`) and the backward's signature check (`lcab.kernels.flash_backward`) read
 them alike.
 """
 

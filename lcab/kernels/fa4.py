@@ -27,35 +27,29 @@ reason: unconfirmed, and only ring-style CP would reach it).
 Architectures (source): forward sm80, sm90, sm100/110, sm120; backward sm90 and later only.
 Head dims 8..256 in multiples of 8 on sm90; on sm100/sm110 8..128 or exactly 256.
 
-Installing and probing: ``pip install --pre "flash-attn-4[cu13]"`` (pure-Python wheel plus
+Installing and probing: ``pip install "lcab[fa4]"`` (pure-Python wheel plus
 nvidia-cutlass-dsl). The version comes from the distribution ``flash-attn-4``
-(``flash_attn.cute.__version__`` reads a distribution named ``fa4`` and says 0.0.0). The wheel
-ships only ``flash_attn/cute``; when FA2 (``flash-attn``) is installed too, importing
-``flash_attn.cute`` first runs FA2's ``flash_attn/__init__.py``, which imports
-``flash_attn_2_cuda`` — a broken FA2 build then breaks FA4's import. That is why the package is
-looked up without importing its parent, and why a failing import (checked only where the cell
-would run: a CUDA problem with CUDA present) is reported as a reason naming the FA2 co-install.
+(``flash_attn.cute.__version__`` reads a distribution named ``fa4`` and says 0.0.0, which the
+probe takes as unknown); every release so far is a 4.0.0 beta, so the minimum is the beta
+4.0.0b5, compared as a pre-release. The wheel ships only ``flash_attn/cute``; when FA2
+(``flash-attn``) is installed too, importing ``flash_attn.cute`` first runs FA2's
+``flash_attn/__init__.py``, which imports ``flash_attn_2_cuda`` — a broken FA2 build then breaks
+FA4's import. The probe looks the package up without importing its parent
+(`lcab.kernels.packages.importable`), and a failing import (checked only where the cell would
+run) is a reason naming the FA2 co-install.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from packaging.version import InvalidVersion, Version
 from typing_extensions import override
 
-from lcab.kernels import probe
-from lcab.kernels.base import (
-    Kernel,
-    PreparedAttention,
-    Problem,
-    cuda_adapter_caps,
-    cuda_available,
-)
+from lcab.kernels import packages
+from lcab.kernels.base import Kernel, PreparedAttention, Problem, cuda_adapter_caps
 from lcab.kernels.flash_attn import VARLEN_KWARGS, PreparedFlash
-from lcab.kernels.probe import ApiNeed, PackageProbe, release
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import fa4 as upstream
 from lcab.lazy import lazy_module
@@ -66,12 +60,8 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
 
-MODULE = upstream.MODULE
-PIP_NAME = '--pre "flash-attn-4[cu13]"'
 #: Keywords the adapter passes to both calls.
 CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_lse")
-#: The first beta whose backward takes the gradient of the LSE (``dlse``).
-MIN_BETA = 5
 #: Compute capability majors flash-attn-4 dispatches to (its forward asserts the same).
 FORWARD_MAJORS = (8, 9, 10, 11, 12)
 
@@ -82,49 +72,13 @@ class PreparedFA4(PreparedFlash):
     lse_kwargs: ClassVar[dict[str, Any]] = {"return_lse": True}
     #: flash-attn-4 >= 4.0.0b5 passes the LSE's gradient (dlse) to its backward
     lse_grad = upstream.LSE.differentiable
-    library: ClassVar[str] = "FlashAttention 4"
-    follows: ClassVar[str] = "flash-attn-4 4.0.0b5+"
+    library = "FlashAttention 4"
+    follows = "flash-attn-4 4.0.0b5+"
 
     @staticmethod
     def window(left: int, right: int) -> tuple[int | None, int | None]:
         """-1 (the lowering's unbounded side) becomes None, FA4's only unbounded spelling."""
         return (None if left < 0 else left), (None if right < 0 else right)
-
-
-def _beta(version: str) -> int | None:
-    """The beta number of a 4.0.0 pre-release ("4.0.0b36" → 36); None for anything else."""
-    try:
-        parsed = Version(version)
-    except InvalidVersion:
-        return None
-    is_beta = parsed.release == (4, 0, 0) and parsed.pre is not None and parsed.pre[0] == "b"
-    return parsed.pre[1] if is_beta and parsed.pre is not None else None
-
-
-def version_reasons(version: str | None) -> list[str]:
-    """Why an installed flash-attn-4 ``version`` is too old (empty: fits, or unknown).
-
-    `lcab.kernels.probe.release` ignores pre-release tags, and every flash-attn-4 so far is a
-    4.0.0 beta, so the beta number is compared here. ``0.0.0`` is setuptools-scm's fallback for
-    a checkout without tags: unknown, left to the signature check.
-    """
-    if version is None or release(version) in ((), (0, 0, 0)):
-        return []
-    beta = _beta(version)
-    if release(version) >= (4, 0, 0) and (beta is None or beta >= MIN_BETA):
-        return []
-    return [
-        f"flash-attn-4 {version} is older than lcab's adapter supports (lcab needs >= "
-        f"4.0.0b{MIN_BETA}, the first release whose backward takes the gradient of the LSE)"
-    ]
-
-
-def _spec_found(module: str) -> bool:
-    """Whether ``module`` can be found, without letting a broken parent package raise."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except Exception:  # the parent flash_attn (FA2's __init__) is missing or fails to import
-        return False
 
 
 @register_kernel
@@ -133,83 +87,38 @@ class FA4Kernel(Kernel):
 
     name = "fa4"
     summary = "FlashAttention 4 (flash-attn-4, CuTe DSL), varlen + window"
+    colour = "#ad494a"
+    gpu_compared = True
     caps = cuda_adapter_caps(
         "varlen",
         # backward on sm90+ only: see extra_reasons
         max_head_dim=256,
-        package=MODULE,
-        pip_name=PIP_NAME,
+        requires=PackageProbe(
+            module=upstream.MODULE,
+            distributions=(upstream.DISTRIBUTION,),
+            install='pip install "lcab[fa4]"',
+            note="pure wheel + cutlass-dsl (~100 MB), no compilation",
+            needs=(
+                ApiNeed(upstream.FLASH_ATTN_FUNC.name, CALL_KWARGS, positional=3),
+                ApiNeed(
+                    upstream.FLASH_ATTN_VARLEN_FUNC.name,
+                    (*VARLEN_KWARGS, *CALL_KWARGS),
+                    positional=3,
+                ),
+            ),
+            min_version="4.0.0b5",
+            requirement="flash-attn-4 >= 4.0.0b5, the first release whose backward takes the "
+            "gradient of the LSE",
+        ),
         min_compute_capability=(8, 0),
         stats_backward=True,  # differentiable LSE; tested against the reference with a stand-in
     )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module=MODULE,
-        distributions=("flash-attn-4",),
-        needs=(
-            ApiNeed(upstream.FLASH_ATTN_FUNC.name, CALL_KWARGS, positional=3),
-            ApiNeed(
-                upstream.FLASH_ATTN_VARLEN_FUNC.name, (*VARLEN_KWARGS, *CALL_KWARGS), positional=3
-            ),
-        ),
-        min_version=f"4.0.0b{MIN_BETA}",
-        requirement=f"flash-attn-4 >= 4.0.0b{MIN_BETA}",
-    )
-
-    def installed(self) -> bool:
-        """flash-attn-4 is installed: its distribution, or a findable ``flash_attn.cute``."""
-        return probe.distribution_version(self.probe.distributions) is not None or _spec_found(
-            MODULE
-        )
 
     @override
-    def environment_reasons(self, device: torch.device | str) -> list[str]:
-        """The base checks, with the package looked up without importing FA2's ``flash_attn``.
-
-        The base class's ``find_spec("flash_attn.cute")`` imports the parent package, which
-        raises when FA2 is absent (ModuleNotFoundError) or broken; here that is a reason.
-        """
-        reasons = []
-        cuda = (device if isinstance(device, str) else device.type) == "cuda"
-        if cuda and not cuda_available():
-            reasons.append("needs CUDA, and no CUDA device is visible on this machine")
-        if not self.installed():
-            reasons.append(f"needs package '{MODULE}', not installed (pip install {PIP_NAME})")
-        if cuda and cuda_available() and torch.cuda.get_device_capability(device) < (8, 0):
-            reasons.append("needs compute capability >= 8.0")
-        return reasons
-
-    @override
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = []
-        d = problem.head_dim
-        if d < 8 or d % 8:
-            reasons.append(f"FA4 takes head dims 8..256 in multiples of 8, not {d}")
-        if problem.device_type == "cuda" and probe.cuda_present():
-            reasons += self._device_reasons(problem, pass_)
-            if self.installed():
-                api = self._api_reasons()
-                if api:  # the precise reason: what is missing, or why the import fails
-                    return reasons + api
-        version = probe.distribution_version(self.probe.distributions)
-        return reasons + version_reasons(version)
-
-    def _device_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        major, minor = torch.cuda.get_device_capability(problem.device)
-        sm = f"sm_{major}{minor}"
-        reasons = []
-        if major not in FORWARD_MAJORS:
-            reasons.append(f"flash-attn-4 has kernels for compute capability 8.x-12.x, not {sm}")
-        if pass_ in ("bwd", "fwd_bwd") and major < 9:
-            reasons.append(f"FA4's backward needs sm90 or later (this GPU is {sm})")
-        if major in (10, 11) and 128 < problem.head_dim < 256:
-            reasons.append(f"FA4 on {sm} takes head dims 8..128 or 256, not {problem.head_dim}")
-        return reasons
-
-    def _api_reasons(self) -> list[str]:
-        """Import ``flash_attn.cute`` and check the signatures; name the FA2 co-install."""
-        version = probe.distribution_version(self.probe.distributions)
-        reasons = probe.api_reasons(self.probe, version)
-        fa2 = probe.distribution_version(("flash-attn", "flash_attn"))
+    def package_reasons(self, device: torch.device | str) -> list[str]:
+        """The probe's reasons; a failing import names an installed FA2, which runs first."""
+        reasons = super().package_reasons(device)
+        fa2 = packages.distribution_version(("flash-attn", "flash_attn"))
         if fa2 is None:
             return reasons
         hint = (
@@ -219,8 +128,26 @@ class FA4Kernel(Kernel):
         return [r + hint if "fails to import" in r else r for r in reasons]
 
     @override
+    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
+        d = problem.head_dim
+        reasons = (
+            [f"FA4 takes head dims 8..256 in multiples of 8, not {d}"] if d < 8 or d % 8 else []
+        )
+        if problem.device_type != "cuda" or not packages.cuda_present():
+            return reasons
+        major, minor = torch.cuda.get_device_capability(problem.device)
+        sm = f"sm_{major}{minor}"
+        if major not in FORWARD_MAJORS:
+            reasons.append(f"flash-attn-4 has kernels for compute capability 8.x-12.x, not {sm}")
+        if pass_ in ("bwd", "fwd_bwd") and major < 9:
+            reasons.append(f"FA4's backward needs sm90 or later (this GPU is {sm})")
+        if major in (10, 11) and 128 < d < 256:
+            reasons.append(f"FA4 on {sm} takes head dims 8..128 or 256, not {d}")
+        return reasons
+
+    @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(MODULE)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         dense = getattr(module, upstream.FLASH_ATTN_FUNC.name)
         varlen = getattr(module, upstream.FLASH_ATTN_VARLEN_FUNC.name)
         return PreparedFA4(mask, problem, dense, varlen)

@@ -53,16 +53,17 @@ from typing_extensions import override
 
 from lcab.kernels import flash_backward
 from lcab.kernels.base import (
+    Grads,
     Kernel,
     KernelCaps,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
 )
 from lcab.kernels.fa2_window import fa2_spelling, fa2_window_reason
-from lcab.kernels.library_results import LseLayout, to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
+from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.lazy import lazy_module
@@ -71,6 +72,7 @@ from lcab.masks.lowering import VarlenArgs, to_varlen
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -84,7 +86,7 @@ CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_attn_probs")
 VARLEN_KWARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 
-class PreparedFlash(PreparedAttention):
+class PreparedFlash(LibraryCall):
     """The lowered call: dense or varlen, its keyword arguments, and the empty rows.
 
     Shared by every FlashAttention generation (FA2, FA3, and FA4 in `lcab.kernels.fa4`): they
@@ -93,12 +95,10 @@ class PreparedFlash(PreparedAttention):
     (`window`), which subclasses override.
     """
 
-    layout = "shd"
     #: Keyword arguments that make the library return its LSE.
     lse_kwargs: ClassVar[dict[str, Any]] = {"return_attn_probs": True}
-    #: The library and the API generation the adapter follows, for error messages.
-    library: ClassVar[str] = "FlashAttention"
-    follows: ClassVar[str] = "flash-attn 2.8 / FA3 hopper"
+    library = "FlashAttention"
+    follows = "flash-attn 2.8 / FA3 hopper"
 
     def __init__(
         self,
@@ -109,7 +109,7 @@ class PreparedFlash(PreparedAttention):
         stats_backward: StatsBackward | None = None,
     ) -> None:
         args = to_varlen(mask)
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.expect(mask, problem)
         self.stats_backward = stats_backward
         left, right = self.unswapped(args, problem)
         self.kwargs: dict[str, Any] = {
@@ -127,8 +127,6 @@ class PreparedFlash(PreparedAttention):
                 max_seqlen_q=int(args.max_seqlen_q),
                 max_seqlen_k=int(args.max_seqlen_k),
             )
-        self.empty = empty_rows(mask)[0].to(problem.device)  # (Sq,): one mask for all heads
-        self.has_empty = bool(self.empty.any())
         self.returned_lse_dtype: torch.dtype | None = None
 
     @staticmethod
@@ -141,14 +139,8 @@ class PreparedFlash(PreparedAttention):
         return args.window_size
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """Gradients of this block under the merged (out, lse): the library's own backward.
 
         FA4 differentiates its LSE (`lse_grad`) and takes the generic route; FA2 and FA3 call
@@ -165,9 +157,7 @@ class PreparedFlash(PreparedAttention):
         """cu_seqlens as FlashAttention wants them: contiguous int32 on the inputs' device."""
         return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         """One library call on packed tensors; (out, lse) in lcab's convention."""
         layout: LseLayout
         if self.varlen:
@@ -178,24 +168,14 @@ class PreparedFlash(PreparedAttention):
             out, layout = result[0].squeeze(0), "bhs"
         self.returned_lse_dtype = result[1].dtype  # what its backward is given back
         # libraries disagree on empty rows (FA2 +inf, FA3/FA4 -inf): lcab's is out 0, lse -inf
-        return to_lcab_convention(
-            out,
-            result[1],
-            layout,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library=self.library,
-            follows=self.follows,
-        )
+        return self.convention(out, result[1], layout, q.dtype)
 
 
 class PreparedFA2(PreparedFlash):
     """FA2's call: the lowering's window spelled so that FA2 applies it exactly."""
 
-    library: ClassVar[str] = "FlashAttention 2"
-    follows: ClassVar[str] = "flash-attn 2.8.3"
+    library = "FlashAttention 2"
+    follows = "flash-attn 2.8.3"
 
     @override
     def unswapped(self, args: VarlenArgs, problem: Problem) -> tuple[int, int]:
@@ -211,22 +191,17 @@ class PreparedFA2(PreparedFlash):
         return spelled
 
 
-def _fa_caps(package: str, pip_name: str, sm: tuple[int, int]) -> KernelCaps:
+def _fa_caps(package: PackageProbe, sm: tuple[int, int]) -> KernelCaps:
     """CUDA fwd + bwd in fp16/bf16, head dim ≤ 256, native GQA, LSE, backward from statistics."""
     return cuda_adapter_caps(
-        "varlen",
-        max_head_dim=256,
-        package=package,
-        pip_name=pip_name,
-        min_compute_capability=sm,
-        stats_backward=True,
+        "varlen", max_head_dim=256, requires=package, min_compute_capability=sm, stats_backward=True
     )
 
 
 def _needs(*extra: str) -> tuple[ApiNeed, ...]:
     return (
-        ApiNeed("flash_attn_func", (*CALL_KWARGS, *extra)),
-        ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS, *extra)),
+        ApiNeed("flash_attn_func", (*CALL_KWARGS, *extra), positional=3),
+        ApiNeed("flash_attn_varlen_func", (*VARLEN_KWARGS, *CALL_KWARGS, *extra), positional=3),
     )
 
 
@@ -241,12 +216,8 @@ def _module_or_none(name: str) -> Any:
 class _FlashAttnKernel(Kernel):
     """Shared by FA2 and FA3: same keywords, same lowering, same LSE layouts."""
 
-    probe: ClassVar[PackageProbe]
     prepared_cls: ClassVar[type[PreparedFlash]] = PreparedFlash
-
-    @override
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.device)
+    gpu_compared = True
 
     def library_backward(self) -> StatsBackward | None:
         """The installed library's backward from merged statistics (None: not found)."""
@@ -266,7 +237,7 @@ class _FlashAttnKernel(Kernel):
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         prepared = self.prepared_cls(
             mask,
             problem,
@@ -284,15 +255,21 @@ class FA2Kernel(_FlashAttnKernel):
 
     name = "fa2"
     summary = "FlashAttention 2 (flash_attn), varlen + window"
-    caps = _fa_caps("flash_attn", "flash-attn", (8, 0))
-    prepared_cls = PreparedFA2
-    probe = PackageProbe(
-        module="flash_attn",
-        distributions=("flash-attn", "flash_attn"),
-        needs=_needs(),
-        min_version="2.8",
-        requirement=">= 2.8",
+    colour = "#1f77b4"
+    caps = _fa_caps(
+        PackageProbe(
+            module="flash_attn",
+            distributions=("flash-attn", "flash_attn"),
+            install="bash launchers/wheelhouse.sh build fa2",
+            note="the PyPI sdist, 24 min on 2 cores (keep the wheel); or FLASH_ATTN_CUDA_ARCHS=90 "
+            'pip install --no-build-isolation "lcab[fa2]"',
+            needs=_needs(),
+            min_version="2.8",
+            requirement=">= 2.8",
+        ),
+        (8, 0),
     )
+    prepared_cls = PreparedFA2
     rows = (fa_table.FA2_BACKWARD, fa_table.FA2_VARLEN_BACKWARD)
 
     @override
@@ -343,23 +320,27 @@ class FA3Kernel(_FlashAttnKernel):
     name = "fa3"
     options_cls = FA3Options
     summary = "FlashAttention 3 (flash_attn_interface, Hopper), varlen + window"
+    colour = "#ff7f0e"
     caps = _fa_caps(
-        "flash_attn_interface",
-        "flash-attn-3 (built from the flash-attention repo's hopper/ directory)",
+        PackageProbe(
+            module="flash_attn_interface",
+            distributions=("flash_attn_3", "flash-attn-3"),
+            install="bash launchers/wheelhouse.sh build fa3",
+            note="then `pip install --no-deps` the wheel: flash-attention's hopper/ build, made "
+            "[here](#building-the-papers-kernels-here-for-the-gpu-image) for torch 2.11.0+cu130, "
+            "sm_90a (5.6 min on 2 cores); elsewhere the same script with that machine's torch "
+            "pinned in it",
+            needs=_needs("sm_margin"),
+            min_version="3.0",
+            requirement="a hopper build from 2025-08-29 (203b9b3d) or later, whose calls take "
+            "return_attn_probs",
+        ),
         (9, 0),
-    )
-    probe = PackageProbe(
-        module="flash_attn_interface",
-        distributions=("flash_attn_3", "flash-attn-3"),
-        needs=_needs("sm_margin"),
-        min_version="3.0",
-        requirement="a hopper build from 2025-08-29 (203b9b3d) or later, whose calls take "
-        "return_attn_probs",
     )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = super().extra_reasons(problem, pass_)
+        reasons = []
         if problem.head_dim % 8:  # hopper flash_api.cpp L854-855: checked, never padded
             reasons.append(f"FA3 takes head dims in multiples of 8, not {problem.head_dim}")
         if problem.device_type == "cuda" and cuda_present():
@@ -372,7 +353,7 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward(self) -> StatsBackward | None:
-        module = _module_or_none(self.probe.module)
+        module = _module_or_none(self.module)
         fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
         row = flash_backward.fa3_generation(fn) if fn is not None else None
         if fn is None or row is None:
@@ -388,14 +369,14 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward_reasons(self) -> list[str]:
-        module = _module_or_none(self.probe.module)
+        module = _module_or_none(self.module)
         fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
         if fn is not None and flash_backward.fa3_generation(fn) is not None:
             return []
         rows = (fa_table.FA3_BACKWARD, fa_table.FA3_BACKWARD_AUG_2025)
         known = "; ".join(f"{row.source.split(':')[0]}: {', '.join(row.params)}" for row in rows)
         if module is None:
-            return [f"{self.probe.module} does not import"]
+            return [f"{self.module} does not import"]
         kind = flash_backward.callable_kind(fn)
         found = "none" if fn is None else ", ".join(flash_backward.parameters(fn))
         return [

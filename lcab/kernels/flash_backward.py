@@ -26,8 +26,9 @@ follow:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
+from lcab.kernels.base import Grads
 from lcab.kernels.callables import (  # callable_kind: re-exported, adapters ask here
     callable_kind,
     missing_default_overload,
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
     F = lazy_module("torch.nn.functional", globals(), "F")
-
-Grads: TypeAlias = "tuple[torch.Tensor, torch.Tensor, torch.Tensor]"
 
 
 def library_lse(lse: torch.Tensor, layout: LseLayout, dtype: torch.dtype) -> torch.Tensor:

@@ -37,16 +37,16 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
     lse_dtype,
 )
 from lcab.kernels.flashinfer_lowering import (
@@ -56,8 +56,8 @@ from lcab.kernels.flashinfer_lowering import (
     per_head_partition_reason,
     variable_args,
 )
-from lcab.kernels.library_results import LseLayout, lse_to_lcab, to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
+from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flashinfer as upstream
 from lcab.kernels.upstream.facts import UpstreamFunction
@@ -67,6 +67,7 @@ from lcab.masks.lowering.blocks import BlockTable, block_table
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -107,17 +108,17 @@ class FlashInferOptions:
     """BSR block size R = C of head-shared masks (per-head masks use their own partitions)."""
 
 
-class _PreparedBsr(PreparedAttention):
+class _PreparedBsr(LibraryCall):
     """A planned ``BlockSparseAttentionWrapper``; inputs zero-padded to whole blocks."""
 
-    layout = "shd"
+    library = "FlashInfer BlockSparseAttentionWrapper"
+    follows = "flashinfer-python 0.7 (lse (M, num_qo_heads), log2)"
 
     def __init__(
         self, module: Any, mask: AttnMask, table: BlockTable, problem: Problem, block: int
     ):
-        self.block, self.heads, self.seqlen = block, problem.heads_q, problem.seqlen_q
-        empty = empty_rows(mask)[0].to(problem.device)  # (Sq,): one mask for all heads
-        self.empty = empty if bool(empty.any()) else None
+        self.block = block
+        self.expect(mask, problem)
         self.wrapper = None
         if len(table.kv_block) == 0:  # nothing attended: FlashInfer's plan cannot take nnz = 0
             return
@@ -152,35 +153,24 @@ class _PreparedBsr(PreparedAttention):
     def from_native(self, x: torch.Tensor) -> torch.Tensor:
         return x  # run already dropped the padded query rows
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.wrapper is None:
             out = q.new_zeros(self.seqlen, self.heads, q.shape[-1])
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return out, lse.to(lse_dtype(q.dtype))
         out, lse = self.wrapper.run(q, k, v, return_lse=True)
         factor, layout = BSR_LSE  # (M, Hq), log2
-        return to_lcab_convention(
-            out[: self.seqlen],
-            lse[: self.seqlen] * factor,
-            layout,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty,
-            dtype=q.dtype,
-            library="FlashInfer BlockSparseAttentionWrapper",
-            follows="flashinfer-python 0.7 (lse (M, num_qo_heads), log2)",
-        )
+        return self.convention(out[: self.seqlen], lse[: self.seqlen] * factor, layout, q.dtype)
 
 
-class _PreparedVariable(PreparedAttention):
+class _PreparedVariable(LibraryCall):
     """A planned ``VariableBlockSparseAttentionWrapper``: (H, S, D) tensors."""
 
+    library = "FlashInfer VariableBlockSparseAttentionWrapper"
+    follows = "flashinfer-python 0.7 (lse (num_qo_heads, qo_len), log2)"
+
     def __init__(self, module: Any, mask: AttnMask, problem: Problem) -> None:
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
-        empty = empty_rows(mask).repeat_interleave(problem.gqa_group, 0).to(problem.device)
-        self.empty = empty if bool(empty.any()) else None  # (Hq, Sq)
+        self.expect(mask, problem, per_query_head=True)
         self.wrapper = None
         if mask.num_slices == 0:  # nothing attended: plan cannot expand zero selected blocks
             return
@@ -207,26 +197,14 @@ class _PreparedVariable(PreparedAttention):
     def from_native(self, x: torch.Tensor) -> torch.Tensor:
         return x.transpose(0, 1)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.wrapper is None:
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return torch.zeros_like(q), lse.to(lse_dtype(q.dtype))
         out, lse = self.wrapper.run(q, k, v, return_lse=True)
         factor, layout = VARIABLE_LSE  # (Hq, S), log2
-        lse = lse_to_lcab(
-            lse * factor,
-            layout,
-            self.heads,
-            self.seqlen,
-            "FlashInfer VariableBlockSparseAttentionWrapper",
-            "flashinfer-python 0.7 (lse (num_qo_heads, qo_len), log2)",
-        ).to(lse_dtype(q.dtype))
-        if self.empty is not None:
-            out = out.masked_fill(self.empty[:, :, None], 0.0)
-            lse = lse.masked_fill(self.empty, float("-inf"))
-        return out, lse
+        out, lse = self.convention(out.transpose(0, 1), lse * factor, layout, q.dtype)
+        return out.transpose(0, 1), lse
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -235,6 +213,7 @@ class FlashInferSparseKernel(Kernel):
     """FlashInfer block-sparse attention (BSR + element masks, or per-head variable blocks)."""
 
     name = "sparse_flashinfer"
+    colour = "#a55194"
     summary = (
         "FlashInfer block-sparse wrappers (BSR + element masks; per-head variable blocks), fwd"
     )
@@ -244,23 +223,23 @@ class FlashInferSparseKernel(Kernel):
         backward=False,
         head_dims=frozenset({64, 128, 256}),
         per_head_masks=True,
-        package="flashinfer",
-        pip_name="flashinfer-python",
-        min_compute_capability=(8, 0),
-    )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module=upstream.MODULE,
-        distributions=(upstream.DISTRIBUTION, "flashinfer"),
-        needs=(
-            ApiNeed(upstream.BSR_INIT.name, ("backend",), positional=1),
-            ApiNeed(upstream.BSR_PLAN.name, BSR_PLAN_KWARGS, positional=1),
-            ApiNeed(upstream.BSR_RUN.name, ("return_lse",), positional=4),
-            ApiNeed(upstream.VARIABLE_INIT.name, ("backend",), positional=1),
-            ApiNeed(upstream.VARIABLE_PLAN.name, VARIABLE_PLAN_KWARGS, positional=1),
-            ApiNeed(upstream.VARIABLE_RUN.name, ("return_lse",), positional=4),
+        requires=PackageProbe(
+            module=upstream.MODULE,
+            distributions=(upstream.DISTRIBUTION, "flashinfer"),
+            install='pip install "lcab[flashinfer]"',
+            note="forward only; JIT-compiles with nvcc on first use",
+            needs=(
+                ApiNeed(upstream.BSR_INIT.name, ("backend",), positional=1),
+                ApiNeed(upstream.BSR_PLAN.name, BSR_PLAN_KWARGS, positional=1),
+                ApiNeed(upstream.BSR_RUN.name, ("return_lse",), positional=4),
+                ApiNeed(upstream.VARIABLE_INIT.name, ("backend",), positional=1),
+                ApiNeed(upstream.VARIABLE_PLAN.name, VARIABLE_PLAN_KWARGS, positional=1),
+                ApiNeed(upstream.VARIABLE_RUN.name, ("return_lse",), positional=4),
+            ),
+            min_version="0.2.7",
+            requirement=">= 0.2.7 (VariableBlockSparseAttentionWrapper)",
         ),
-        min_version="0.2.7",
-        requirement=">= 0.2.7 (VariableBlockSparseAttentionWrapper)",
+        min_compute_capability=(8, 0),
     )
 
     def __init__(self, **options: Any) -> None:
@@ -314,12 +293,8 @@ class FlashInferSparseKernel(Kernel):
         return None
 
     @override
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.device)
-
-    @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         if mask.num_heads > 1:
             return _PreparedVariable(module, mask, problem)
         return _PreparedBsr(module, mask, self.shared_table(mask), problem, self.block_size)

@@ -41,20 +41,21 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from typing_extensions import override
 
 from lcab.kernels.base import (
+    Grads,
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
 )
-from lcab.kernels.library_results import LseLayout, to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
+from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.flashmask import (
     DISTRIBUTION,
@@ -69,6 +70,7 @@ from lcab.masks.lowering import to_flashmask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -89,10 +91,11 @@ def _deterministic() -> bool:
     return os.environ.get(DETERMINISTIC_FLAG, "0") == "1"
 
 
-class _PreparedFlashMask(PreparedAttention):
+class _PreparedFlashMask(LibraryCall):
     """The column indices on the device, the call's keywords, and the empty rows."""
 
-    layout = "shd"
+    library = "FlashMask"
+    follows = FOLLOWS
 
     def __init__(self, mask: AttnMask, problem: Problem, module: Any) -> None:
         args = to_flashmask(mask)
@@ -100,7 +103,7 @@ class _PreparedFlashMask(PreparedAttention):
         self.bwd = module
         for name in FLASHMASK_BWD.name.split("."):  # flashmask_cuda.bwd
             self.bwd = getattr(self.bwd, name)
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.expect(mask, problem, per_query_head=True)
         indices = torch.from_numpy(np.ascontiguousarray(args.startend_row_indices))
         self.kwargs: dict[str, Any] = {
             "startend_row_indices": indices.to(torch.int32).to(problem.device).contiguous(),
@@ -108,36 +111,14 @@ class _PreparedFlashMask(PreparedAttention):
             "return_softmax_lse": True,
             "softmax_scale": problem.head_dim**-0.5,
         }
-        empty = empty_rows(mask)  # (H_mask, Sq) → one row per query head
-        empty = empty.repeat_interleave(problem.heads_q // mask.num_heads, 0)
-        self.has_empty = bool(empty.any())  # on the host
-        self.empty = empty.to(problem.device)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
-        return to_lcab_convention(
-            result[0].squeeze(0),
-            result[1],
-            LSE_LAYOUT,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library="FlashMask",
-            follows=FOLLOWS,
-        )
+        return self.convention(result[0].squeeze(0), result[1], LSE_LAYOUT, q.dtype)
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """(dq, dk, dv) of this block of keys under the merged (out, lse): FlashMask's own op.
 
         ``flashmask_cuda.bwd`` takes ``out`` and ``softmax_lse`` as given, so the merged
@@ -167,33 +148,32 @@ class FlashMaskKernel(Kernel):
 
     name = "flashmask"
     summary = "FlashMask V3 (torch build), column-wise row intervals"
+    colour = "#2ca02c"
+    gpu_compared = True
     caps = cuda_adapter_caps(
         "flashmask",
         max_head_dim=256,
         per_head_masks=True,
-        package=MODULE,
-        pip_name=(
-            f"{DISTRIBUTION}, the torch build of PaddlePaddle/flash-attention's "
-            "flashmask/flash_mask/flashmask_attention_v3/setup_torch.py (module "
-            f"{MODULE}); PyPI's paddlepaddle-gpu 2.6.2 predates FlashMask"
+        requires=PackageProbe(
+            module=MODULE,
+            distributions=(DISTRIBUTION,),
+            install="bash launchers/wheelhouse.sh build flashmask",
+            note="PaddlePaddle/flash-attention's PyTorch build (flashmask_attention_v3/"
+            "setup_torch.py), 20 min on 2 cores; the paddlepaddle-gpu on PyPI predates FlashMask",
+            needs=(
+                ApiNeed(FLASHMASK_ATTENTION.name, FLASHMASK_KWARGS, positional=3),
+                ApiNeed(FLASHMASK_BWD.name, BWD_KWARGS, positional=0),
+            ),
+            min_version="3.0",
+            requirement=f"the torch build of FlashMask V3, {DISTRIBUTION} >= {VERSION}",
         ),
         min_compute_capability=(9, 0),
         stats_backward=True,
     )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module=MODULE,
-        distributions=(DISTRIBUTION,),
-        needs=(
-            ApiNeed(FLASHMASK_ATTENTION.name, FLASHMASK_KWARGS, positional=3),
-            ApiNeed(FLASHMASK_BWD.name, BWD_KWARGS),
-        ),
-        min_version="3.0",
-        requirement=f"the torch build of FlashMask V3, {DISTRIBUTION} >= {VERSION}",
-    )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
+        reasons = []
         if problem.head_dim % 8:
             reasons.append(
                 f"FlashMask needs head_dim % 8 == 0 and does not pad (head_dim {problem.head_dim})"
@@ -210,5 +190,5 @@ class FlashMaskKernel(Kernel):
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         return _PreparedFlashMask(mask, problem, module)

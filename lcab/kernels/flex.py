@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.base import Kernel, Output, PreparedAttention, Problem, lse_dtype, torch_caps
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
@@ -32,6 +32,7 @@ from lcab.masks.lowering.flex import FLEX_BLOCK, flex_block_mask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -68,9 +69,7 @@ class PreparedFlex(PreparedAttention):
         self.with_lse = not (compiled and problem.device_type == "cpu")
 
     @override
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if q.device.type == "cpu":  # forward only on CPU; Flex refuses inputs that need grad
             q, k, v = q.detach(), k.detach(), v.detach()
         args = {"block_mask": self.block_mask, "scale": self.scale, "enable_gqa": self.gqa}
@@ -90,14 +89,7 @@ class FlexOptions:
     """Tile size of the BlockMask (FlexAttention's default is 128)."""
 
 
-FLEX_CAPS = KernelCaps(
-    devices=frozenset({"cpu", "cuda"}),
-    dtypes=frozenset({"float32", "bfloat16", "float16", "float64"}),
-    lowering="flex",
-    backward_devices=frozenset({"cuda"}),
-    per_head_masks=True,
-    stats_backward=True,  # differentiable LSE (upstream.torch_flex); backward on CUDA only
-)
+FLEX_CAPS = torch_caps("flex", backward_devices=frozenset({"cuda"}))  # LSE differentiable
 """What FlexAttention runs: any device, any float dtype, backward on CUDA only."""
 
 
@@ -139,6 +131,8 @@ class FlexKernel(FlexFamily):
     """torch FlexAttention; options: compile (bool, default True), block_size (default 128)."""
 
     name = "flex"
+    colour = "#d62728"
+    gpu_compared = True
     summary = "FlexAttention, BlockMask from slices, compiled"
 
     @override

@@ -2,17 +2,18 @@
 
 Libraries return the log-sum-exp in their own layout — (B, H, S), (H, total), (total, H) — and
 disagree on rows that attend no key (+inf, -inf, or undocumented). Each adapter states its
-library's layout; `to_lcab_convention` turns any of them into lcab's (Hq, Sq) in lcab's LSE dtype
-and sets the empty rows from the mask (out 0, lse -inf), so CP merges never see a library's
-convention.
+library's layout; `LibraryCall.convention` turns any of them into lcab's (Hq, Sq) in lcab's LSE
+dtype and sets the empty rows from the mask (out 0, lse -inf), so CP merges never see a
+library's convention.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from lcab.kernels.base import lse_dtype
+from lcab.kernels.base import PreparedAttention, Problem, empty_rows, lse_dtype
 from lcab.lazy import lazy_module
+from lcab.masks.core import AttnMask
 
 if TYPE_CHECKING:
     import torch
@@ -64,22 +65,39 @@ def lcab_empty_rows(
     return out.masked_fill(rows, 0.0), lse
 
 
-def to_lcab_convention(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    layout: LseLayout,
-    *,
-    heads: int,
-    seqlen: int,
-    empty: torch.Tensor | None,
-    dtype: torch.dtype,
-    library: str,
-    follows: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A library's (out, lse) in lcab's convention: (Hq, Sq) LSE in lcab's dtype, empty rows set.
+class LibraryCall(PreparedAttention):
+    """A library's prepared call, whose result `convention` puts in lcab's convention.
 
-    ``empty`` is the mask's rows attending nothing (see `lcab_empty_rows`), or None when it has
-    none; ``dtype`` is the inputs' dtype (it decides lcab's LSE dtype).
+    Subclasses name the library and the API generation they follow (for the errors), call
+    `expect` in their constructor and return ``self.convention(...)`` from `run`.
     """
-    lse = lse_to_lcab(lse, layout, heads, seqlen, library, follows).to(lse_dtype(dtype))
-    return (out, lse) if empty is None else lcab_empty_rows(out, lse, empty)
+
+    library: ClassVar[str]
+    follows: ClassVar[str]
+
+    def expect(self, mask: AttnMask, problem: Problem, per_query_head: bool = False) -> None:
+        """Note the result's shape and the mask's rows attending nothing.
+
+        The empty rows are (Sq,) for a mask shared by all heads, else (Hq, Sq) (each mask
+        head's rows repeated over its query group); whether there are any is read on the host,
+        so a meta or fake device works too.
+        """
+        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        empty = empty_rows(mask)  # (mask heads, Sq)
+        if mask.num_heads == 1 and not per_query_head:
+            empty = empty[0]
+        else:
+            empty = empty.repeat_interleave(problem.heads_q // mask.num_heads, 0)
+        self.has_empty = bool(empty.any())
+        self.empty = empty.to(problem.device)
+
+    def convention(
+        self, out: torch.Tensor, lse: torch.Tensor, layout: LseLayout, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The library's (out, lse) in lcab's convention: (Hq, Sq) LSE, empty rows 0 / -inf.
+
+        ``out`` is packed (Sq, Hq, D); the LSE takes lcab's dtype for inputs of ``dtype``.
+        """
+        lse = lse_to_lcab(lse, layout, self.heads, self.seqlen, self.library, self.follows)
+        lse = lse.to(lse_dtype(dtype))
+        return lcab_empty_rows(out, lse, self.empty) if self.has_empty else (out, lse)

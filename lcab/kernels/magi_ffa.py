@@ -34,21 +34,22 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
 from lcab.kernels.base import (
+    Grads,
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
     lse_dtype,
 )
 from lcab.kernels.flash_backward import ffa_backward, mismatch, takes
-from lcab.kernels.library_results import to_lcab_convention
-from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
+from lcab.kernels.library_results import LibraryCall
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.magi_ffa import FFA_BACKWARD
 from lcab.lazy import lazy_module
@@ -57,6 +58,7 @@ from lcab.masks.lowering import to_ffa
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -81,10 +83,11 @@ def lse_of(result: Any) -> torch.Tensor:
     return lse
 
 
-class _PreparedFFA(PreparedAttention):
+class _PreparedFFA(LibraryCall):
     """The slices as device tensors, the call's keywords, and the empty rows."""
 
-    layout = "shd"
+    library = "FFA"
+    follows = FOLLOWS
 
     def __init__(
         self,
@@ -97,7 +100,7 @@ class _PreparedFFA(PreparedAttention):
         device = problem.device
         self.fn = fn
         self.backward_fn = backward_fn
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.expect(mask, problem)
         self.kwargs: dict[str, Any] = {
             "q_ranges": torch.from_numpy(args.q_ranges).to(device).contiguous(),
             "k_ranges": torch.from_numpy(args.k_ranges).to(device).contiguous(),
@@ -105,39 +108,19 @@ class _PreparedFFA(PreparedAttention):
             "softmax_scale": problem.head_dim**-0.5,
         }
         self.no_slices = args.attn_type_map.size == 0
-        self.empty = empty_rows(mask)[0].to(device)  # (Sq,): one mask for all heads
-        self.has_empty = bool(self.empty.any())
         self.returned_lse_dtype: torch.dtype | None = None
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.no_slices:  # a CP block attending nothing: no call (FFA's N = 0 is undocumented)
             lse = torch.full((self.heads, self.seqlen), float("-inf"), device=q.device)
             return q * 0, lse.to(lse_dtype(q.dtype))
         result = self.fn(q, k, v, **self.kwargs)
         self.returned_lse_dtype = lse_of(result).dtype  # what its backward is given back
-        return to_lcab_convention(
-            result[0],
-            lse_of(result),
-            "th",
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library="FFA",
-            follows=FOLLOWS,
-        )
+        return self.convention(result[0], lse_of(result), "th", q.dtype)
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """Gradients of this block under the merged (out, lse): FFA's own backward kernel."""
         if self.no_slices:
             return q * 0, k * 0, v * 0
@@ -168,27 +151,29 @@ class FFAKernel(Kernel):
     name = "ffa"
     options_cls = FFAOptions
     summary = "MagiAttention FFA (magi_attention), slices natively"
+    colour = "#9467bd"
+    gpu_compared = True
     caps = cuda_adapter_caps(
         "ffa",
         head_dims=frozenset({64, 128}),
-        package="magi_attention",
-        pip_name="magi_attention (source build, Hopper/Blackwell)",
+        requires=PackageProbe(
+            module="magi_attention.functional",
+            package="magi_attention",
+            distributions=("magi_attention", "magi-attention"),
+            install="bash launchers/wheelhouse.sh build ffa",
+            note="MagiAttention v1.1.1, 40 min on 2 cores; a cp312 extension",
+            needs=(ApiNeed("flex_flash_attn_func", FFA_KWARGS, positional=3),),
+            min_version="1.1",
+            requirement="a source build of v1.1 or later; PyPI's magi-attention 0.0.1 is an "
+            "empty placeholder",
+        ),
         min_compute_capability=(9, 0),
         stats_backward=True,
-    )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module="magi_attention.functional",
-        distributions=("magi_attention", "magi-attention"),
-        needs=(ApiNeed("flex_flash_attn_func", FFA_KWARGS, positional=3),),
-        min_version="1.1",
-        requirement=(
-            "a source build of v1.1 or later; PyPI's magi-attention 0.0.1 is an empty placeholder"
-        ),
     )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
+        reasons = []
         if problem.device_type == "cuda" and cuda_present():
             major, minor = torch.cuda.get_device_capability(problem.device)
             if major != 9:  # native FFA asserts sm90; other GPUs need its FA4 backend (not wired)
@@ -200,7 +185,7 @@ class FFAKernel(Kernel):
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         prepared = _PreparedFFA(mask, problem, module.flex_flash_attn_func, self._backward_fn())
         prepared.kwargs.update(self.options)  # the kernel's options are call keywords
         return prepared

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
+from lcab.kernels.base import Kernel, Output, PreparedAttention, Problem, torch_caps
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -40,9 +41,7 @@ class _PreparedNaive(PreparedAttention):
         self.group = problem.gqa_group
         self.scale = 1.0 / math.sqrt(problem.head_dim)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.group > 1:
             k = k.repeat_interleave(self.group, dim=1)
             v = v.repeat_interleave(self.group, dim=1)
@@ -65,15 +64,9 @@ class NaiveKernel(Kernel):
     """Explicit softmax(QKᵀ)V with a dense mask (the paper's "naive torch")."""
 
     name = "naive"
+    colour = "#8c564b"
     summary = "explicit softmax(QK^T)V with the dense mask, O(S^2) memory"
-    caps = KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({"float32", "float64", "bfloat16", "float16"}),
-        lowering="dense",
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
-    )
+    caps = torch_caps("dense")
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

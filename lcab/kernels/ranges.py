@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, PreparedAttention, Problem
+from lcab.kernels.base import Kernel, PreparedAttention, Problem, torch_caps
 from lcab.kernels.registry import register_kernel
-from lcab.kernels.tiled import PreparedTiled, WorkItems, plan_for, tiled_caps
+from lcab.kernels.tiled import PreparedTiled, WorkItems, plan_for
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import kind_bands
 
@@ -114,9 +114,10 @@ class RangesKernel(Kernel):
     """Slice-driven tiled attention; option ``tile`` (rows per work item, default 128)."""
 
     name = "ranges"
+    colour = "#e377c2"
     summary = "tiled attention planned from the slices (FFA-style), fwd+bwd, any device"
     options_cls = RangesOptions
-    caps = tiled_caps("ranges")
+    caps = torch_caps("ranges")  # the tiled engine is plain torch ops
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, KernelCaps, PreparedAttention, Problem
+from lcab.kernels.base import Kernel, Output, PreparedAttention, Problem, torch_caps
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -30,11 +31,6 @@ else:
 CHUNK_BYTES = 256 << 20
 #: Bytes of one key chunk of the streamed row reference (scores and K/V).
 STREAM_CHUNK_BYTES = 64 << 20
-
-
-def _rows_mask(mask: AttnMask, rows: torch.Tensor, head: int = 0) -> torch.Tensor:
-    """Dense bool (len(rows), Sk) mask of the given query rows of one mask head."""
-    return RowWindow(mask, rows).allowed(head, 0, mask.seqlen_k)
 
 
 class RowWindow:
@@ -112,9 +108,7 @@ class _PreparedReference(PreparedAttention):
         per_row = problem.heads_q * mask.seqlen_k * 8
         self.chunk = max(1, CHUNK_BYTES // per_row)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         q, k, v = q.double(), k.double(), v.double()
         outs, lses = [], []
         for start in range(0, self.mask.seqlen_q, self.chunk):
@@ -133,15 +127,9 @@ class ReferenceKernel(Kernel):
     """fp64 dense oracle (chunked over queries); any mask, GQA, backward via autograd."""
 
     name = "reference"
+    colour = "#7f7f7f"
     summary = "fp64 dense oracle for numerics checks"
-    caps = KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
-        lowering="dense",
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
-    )
+    caps = torch_caps("dense")
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
@@ -150,19 +138,6 @@ class ReferenceKernel(Kernel):
 
 KeyChunks: TypeAlias = "Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]"
 """``(start, stop) -> (k, v)`` of keys ``start:stop``: how the streamed reference sees K/V."""
-
-
-def reference_rows(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: AttnMask,
-    rows: torch.Tensor,
-    dout: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """fp64 (out, lse, dq) of the given query rows only, from whole q/k/v tensors."""
-    picked = None if dout is None else dout[rows]
-    return streamed_rows(q[rows], rows, mask, lambda a, b: (k[a:b], v[a:b]), k.shape[1], picked)
 
 
 def streamed_rows(

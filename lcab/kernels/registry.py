@@ -1,8 +1,8 @@
-"""The kernel registry: name → Kernel class (tests and the support matrix iterate over it)."""
+"""The kernel registry: name → Kernel class (tests, tables and lists iterate over it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 from typing import Any
 
 from lcab.kernels.base import Kernel
@@ -12,7 +12,18 @@ KERNELS: Registry[type[Kernel]] = Registry("kernel")
 
 
 def register_kernel(cls: type[Kernel]) -> type[Kernel]:
-    """Class decorator: register ``cls`` under ``cls.name``."""
+    """Class decorator: register ``cls`` under ``cls.name``.
+
+    Raises:
+        ValueError: its ``colour`` is missing, not ``#rrggbb``, or another kernel's.
+
+    """
+    colour = getattr(cls, "colour", None)
+    taken = {KERNELS.get(n).colour: n for n in KERNELS.names()}
+    if not isinstance(colour, str) or not re.fullmatch(r"#[0-9a-f]{6}", colour):
+        raise ValueError(f"kernel {cls.name!r}: colour={colour!r}, need '#rrggbb' (lower case)")
+    if colour in taken:
+        raise ValueError(f"kernel {cls.name!r}: colour {colour} is kernel {taken[colour]!r}'s")
     KERNELS.add(cls.name, cls)
     return cls
 
@@ -32,4 +43,7 @@ def list_kernels() -> list[str]:
     return KERNELS.names()
 
 
-KernelFactory = Callable[..., Kernel]
+def gpu_compared() -> list[str]:
+    """The kernels of lcab's GPU comparisons (`Kernel.gpu_compared`): torch's own first."""
+    names = [n for n in KERNELS.names() if KERNELS.get(n).gpu_compared]
+    return sorted(names, key=lambda n: KERNELS.get(n).caps.requires is not None)

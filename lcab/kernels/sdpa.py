@@ -34,12 +34,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from typing_extensions import override
 
 from lcab.kernels.base import (
+    Grads,
     Kernel,
-    KernelCaps,
+    Output,
     PreparedAttention,
     Problem,
     empty_rows,
     lse_dtype,
+    torch_caps,
 )
 from lcab.kernels.registry import register_kernel
 from lcab.lazy import lazy_module
@@ -49,11 +51,10 @@ from lcab.masks.geometry import SliceKind
 if TYPE_CHECKING:
     import torch
     import torch.nn.functional as F
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
     F = lazy_module("torch.nn.functional", globals(), "F")
-
-_FLOATS = frozenset({"float32", "bfloat16", "float16", "float64"})
 
 
 def whole_mask_kind(mask: AttnMask) -> str | None:
@@ -126,9 +127,7 @@ class _PreparedSDPA(PreparedAttention):
             self.backend_resolved_at = "first call"
         return self.choices[grad]
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.cpu_lse:
             if self.bias is not None and self.bias.shape[1] > 1 and self.group > 1:
                 k = k.repeat_interleave(self.group, dim=1)  # per-head bias needs matching heads
@@ -150,14 +149,8 @@ class _PreparedSDPA(PreparedAttention):
         return out.masked_fill(self.empty[None, :, :, None], 0.0) if self.has_empty else out
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """The CPU flash-attention backward, fed the merged (out, lse) of the whole rows."""
         if not self.cpu_lse:
             return super().backward(dout, q, k, v, out, lse)
@@ -205,15 +198,9 @@ class SDPAKernel(Kernel):
     """torch SDPA, default backend choice; returns the LSE on CPU."""
 
     name = "sdpa"
+    colour = "#bcbd22"
     summary = "torch.nn.functional.scaled_dot_product_attention (is_causal or dense mask)"
-    caps = KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=_FLOATS,
-        lowering="dense",
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
-    )
+    caps = torch_caps("dense")
     backend: ClassVar[str | None] = None
 
     def returns_lse(self, device_type: str) -> bool:
@@ -247,8 +234,10 @@ def _pinned(
     backend_name: str,
     devices: frozenset[str],
     doc: str,
+    colour: str,
     base: type[SDPAKernel] = SDPAKernel,
     gqa: bool = True,
+    gpu_compared: bool = False,
 ) -> type[Kernel]:
     cls = type(
         f"SDPA{backend_name.title().replace('_', '')}Kernel",
@@ -258,14 +247,15 @@ def _pinned(
             "backend": backend_name,
             "summary": doc,
             "__doc__": doc,
-            "caps": KernelCaps(
+            "colour": colour,
+            "gpu_compared": gpu_compared,
+            "caps": torch_caps(
+                "dense",
                 devices=devices,
-                dtypes=_FLOATS,
-                lowering="dense",
                 backward_devices=devices,
-                per_head_masks=True,
                 returns_lse=False,
                 gqa=gqa,
+                stats_backward=False,
             ),
         },
     )
@@ -277,6 +267,7 @@ _pinned(
     "FLASH_ATTENTION",
     frozenset({"cuda"}),
     "SDPA pinned to its flash backend (full or causal only)",
+    "#17becf",
     _MaskFreeSDPA,
 )
 # No GQA: on an H200 with torch 2.11 the memory-efficient backend refused every enable_gqa call
@@ -288,6 +279,7 @@ _pinned(
     "EFFICIENT_ATTENTION",
     frozenset({"cuda"}),
     "SDPA pinned to its memory-efficient backend (no GQA)",
+    "#393b79",
     gqa=False,
 )
 _pinned(
@@ -295,5 +287,9 @@ _pinned(
     "CUDNN_ATTENTION",
     frozenset({"cuda"}),
     "SDPA pinned to cuDNN fused attention (no TransformerEngine)",
+    "#637939",
+    gpu_compared=True,
 )
-_pinned("sdpa_math", "MATH", frozenset({"cpu", "cuda"}), "SDPA pinned to its math backend")
+_pinned(
+    "sdpa_math", "MATH", frozenset({"cpu", "cuda"}), "SDPA pinned to its math backend", "#8c6d31"
+)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from typing_extensions import override
 
-from lcab.kernels.base import Kernel, PreparedAttention, Problem
+from lcab.kernels.base import Kernel, PreparedAttention, Problem, torch_caps
 from lcab.kernels.registry import register_kernel
-from lcab.kernels.tiled import PreparedTiled, WorkItems, plan_for, tiled_caps
+from lcab.kernels.tiled import PreparedTiled, WorkItems, plan_for
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import INF
 from lcab.masks.lowering.blocks import block_table
@@ -72,9 +72,10 @@ class SparseKernel(Kernel):
     """Block-sparse tiled attention over the block table; option ``block_size`` (default 128)."""
 
     name = "sparse"
+    colour = "#843c39"
     summary = "block-sparse tiles from the block table (full tiles unmasked), fwd+bwd"
     options_cls = SparseOptions
-    caps = tiled_caps("block_table")
+    caps = torch_caps("block_table")  # the tiled engine is plain torch ops
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

@@ -114,6 +114,7 @@ class SparseFlexKernel(FlexFamily):
     """FlexAttention on full tiles only (block-sparse); options: compile, block_size (128)."""
 
     name = "sparse_flex"
+    colour = "#6b6ecf"
     summary = "FlexAttention block-sparse: full tiles from the block table, no mask_mod"
     caps = dataclasses.replace(FLEX_CAPS, lowering="block_table")
 

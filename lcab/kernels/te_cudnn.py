@@ -35,19 +35,20 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from typing_extensions import override
 
 from lcab.kernels.base import (
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
     empty_rows,
 )
-from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import cudnn as upstream
 from lcab.lazy import lazy_module
@@ -56,6 +57,7 @@ from lcab.masks.lowering import VarlenArgs, lowering_reason, to_varlen
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -152,9 +154,7 @@ class _PreparedTE(PreparedAttention):
         self.empty = empty_rows(mask)[0].to(device)
         self.has_empty = bool(self.empty.any())
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out = self.module(q, k, v, **self.kwargs)
         total = q.shape[0]
         if tuple(out.shape) not in ((total, self.heads * self.head_dim), tuple(q.shape)):
@@ -174,28 +174,31 @@ class CudnnKernel(Kernel):
 
     name = "cudnn"
     summary = "cuDNN fused attention via TransformerEngine, varlen + window"
+    colour = "#7b4173"
+    gpu_compared = True
     caps = cuda_adapter_caps(
         "varlen",
         max_head_dim=128,
         returns_lse=False,
-        package="transformer_engine",
-        pip_name="transformer-engine[pytorch]",
-        min_compute_capability=(8, 0),
-    )
-    probe: ClassVar[PackageProbe] = PackageProbe(
-        module=upstream.MODULE,
-        distributions=("transformer_engine", upstream.DISTRIBUTION),
-        needs=(
-            ApiNeed(upstream.DOT_PRODUCT_ATTENTION.name, INIT_KWARGS, positional=0),
-            ApiNeed(upstream.DOT_PRODUCT_ATTENTION_FORWARD.name, CALL_KWARGS, positional=4),
+        requires=PackageProbe(
+            module=upstream.MODULE,
+            package="transformer_engine",
+            distributions=("transformer_engine", upstream.DISTRIBUTION),
+            install='pip install "lcab[te]"',
+            note="276 MB core wheel + an extension built from sdist",
+            needs=(
+                ApiNeed(upstream.DOT_PRODUCT_ATTENTION.name, INIT_KWARGS, positional=0),
+                ApiNeed(upstream.DOT_PRODUCT_ATTENTION_FORWARD.name, CALL_KWARGS, positional=4),
+            ),
+            min_version="2.0",
+            requirement=">= 2.0 (written against 2.20)",
         ),
-        min_version="2.0",
-        requirement=">= 2.0 (written against 2.20)",
+        min_compute_capability=(8, 0),
     )
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = probe_reasons(self.probe, problem.device)
+        reasons = []
         if problem.head_dim % 8:
             reasons.append(f"head_dim {problem.head_dim} is not a multiple of 8 (cuDNN)")
         for name, value in BACKEND_ENV.items():
@@ -212,6 +215,6 @@ class CudnnKernel(Kernel):
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
-        module = importlib.import_module(self.probe.module)  # lazily: CUDA-only package
+        module = importlib.import_module(self.module)  # lazily: CUDA-only package
         os.environ.update(BACKEND_ENV)  # cuDNN or an error, never another backend
         return _PreparedTE(mask, problem, module)

@@ -38,13 +38,14 @@ import numpy as np
 from typing_extensions import override
 
 from lcab.kernels.base import (
+    Grads,
     Kernel,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
-    empty_rows,
 )
-from lcab.kernels.library_results import LseLayout, to_lcab_convention
+from lcab.kernels.library_results import LibraryCall, LseLayout
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.torch_attention import VARLEN_ATTN, VARLEN_BACKWARD_OP
 from lcab.lazy import lazy_module
@@ -53,6 +54,7 @@ from lcab.masks.lowering import lowering_reason, to_varlen
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -96,10 +98,11 @@ def mask_reasons(mask: AttnMask) -> list[str]:
     return []
 
 
-class _PreparedTorchVarlen(PreparedAttention):
+class _PreparedTorchVarlen(LibraryCall):
     """The call's tensors and keywords, fixed in `prepare`, and the rows attending nothing."""
 
-    layout = "shd"
+    library = "varlen_attn"
+    follows = f"{VARLEN_ATTN.source} ({LSE_LAYOUT})"
 
     def __init__(self, mask: AttnMask, problem: Problem, varlen: Any) -> None:
         args = to_varlen(mask)
@@ -107,7 +110,7 @@ class _PreparedTorchVarlen(PreparedAttention):
         device = problem.device
         self.fn = getattr(varlen, VARLEN_ATTN.name)
         self.backward_op = getattr(varlen, VARLEN_BACKWARD_OP.name, None)  # the custom op
-        self.heads, self.seqlen = problem.heads_q, problem.seqlen_q
+        self.expect(mask, problem)
         self.positional = (
             torch.as_tensor(args.cu_seqlens_q, dtype=torch.int32).to(device).contiguous(),
             torch.as_tensor(args.cu_seqlens_k, dtype=torch.int32).to(device).contiguous(),
@@ -121,35 +124,14 @@ class _PreparedTorchVarlen(PreparedAttention):
             "window_size": (left, 0) if args.causal else (left, right),
             "enable_gqa": problem.heads_q != problem.heads_kv,
         }
-        empty = empty_rows(mask)[0]
-        self.has_empty = bool(empty.any())  # on the host: also on meta or fake devices
-        self.empty = empty.to(device)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out, lse = self.fn(q, k, v, *self.positional, **self.kwargs)
-        return to_lcab_convention(
-            out,
-            lse,
-            LSE_LAYOUT,
-            heads=self.heads,
-            seqlen=self.seqlen,
-            empty=self.empty if self.has_empty else None,
-            dtype=q.dtype,
-            library="varlen_attn",
-            follows=f"{VARLEN_ATTN.source} ({LSE_LAYOUT})",
-        )
+        return self.convention(out, lse, LSE_LAYOUT, q.dtype)
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """(dq, dk, dv) of this block of keys under the merged (out, lse): torch's own op.
 
         The arguments are those torch's ``_backward`` passes (``varlen.py`` L605-635) with the
@@ -184,6 +166,8 @@ class TorchVarlenKernel(Kernel):
     """torch.nn.attention.varlen: torch's built-in FA2 on packed sequences (CPU contract-tested)."""
 
     name = "torch_varlen"
+    colour = "#3182bd"
+    gpu_compared = True
     summary = "torch.nn.attention.varlen (torch's FA2, no install), documents + windows"
     caps = cuda_adapter_caps(
         "varlen",

@@ -49,6 +49,7 @@ from typing_extensions import override
 from lcab.kernels.base import (
     Kernel,
     KernelCaps,
+    Output,
     PreparedAttention,
     Problem,
     cuda_adapter_caps,
@@ -56,7 +57,7 @@ from lcab.kernels.base import (
     lse_dtype,
 )
 from lcab.kernels.block_grid import partial_tile_reason
-from lcab.kernels.probe import ApiNeed, PackageProbe, cuda_present, probe_reasons
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import vsa as upstream
 from lcab.kernels.upstream.facts import UpstreamFunction
@@ -67,6 +68,7 @@ from lcab.masks.lowering.blocks import BlockTable, block_table, uniform_bounds
 if TYPE_CHECKING:
     import torch
     import torch.nn.functional as F
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
     F = lazy_module("torch.nn.functional", globals(), "F")
@@ -75,7 +77,6 @@ else:
 VSA_BLOCK = 64
 #: The module whose autograd ops lcab calls.
 VSA_MODULE = upstream.MODULE
-PIP_NAME = "fastvideo-kernel --no-deps (0.3.x; 0.3.5 would pull torch 2.12)"
 
 
 def vsa_indices(
@@ -152,9 +153,7 @@ class _PreparedVSA(PreparedAttention):
         self.empty_lse = empty if empty.shape[0] > 1 else empty[0]  # broadcasts over (Hq, Sq)
         self.empty_out = self.empty_lse.unsqueeze(-1).unsqueeze(0)  # over (1, Hq, Sq, D)
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         if self.pad_q:
             q = F.pad(q, (0, 0, 0, self.pad_q))
         if self.pad_k:  # padded keys are masked by variable_block_sizes
@@ -176,26 +175,25 @@ class _PreparedVSA(PreparedAttention):
         return out, lse
 
 
-def _vsa_caps(min_cc: tuple[int, int]) -> KernelCaps:
+def _vsa_caps(min_cc: tuple[int, int], op: UpstreamFunction) -> KernelCaps:
+    package = PackageProbe(
+        module=op.module,
+        package="fastvideo_kernel",
+        distributions=(upstream.DISTRIBUTION, "fastvideo_kernel"),
+        install='pip install --no-deps "fastvideo-kernel==0.3.4"',
+        note="0.3.5 pins torch==2.12.0",
+        needs=(ApiNeed(op.name, (), positional=len(op.params)),),
+        min_version="0.3.0",
+        requirement=">= 0.3.0, whose block-sparse ops take q2k_idx/q2k_num",
+    )
     return cuda_adapter_caps(
         "block_table",
         dtypes=frozenset({"bfloat16"}),
         head_dims=frozenset({64, 128}),
         gqa=False,
         per_head_masks=True,
-        package="fastvideo_kernel",
-        pip_name=PIP_NAME,
+        requires=package,
         min_compute_capability=min_cc,
-    )
-
-
-def _probe(op: UpstreamFunction) -> PackageProbe:
-    return PackageProbe(
-        module=op.module,
-        distributions=(upstream.DISTRIBUTION, "fastvideo_kernel"),
-        needs=(ApiNeed(op.name, (), positional=len(op.params)),),
-        min_version="0.3.0",
-        requirement=">= 0.3.0, whose block-sparse ops take q2k_idx/q2k_num",
     )
 
 
@@ -204,11 +202,6 @@ class _VSAKernel(Kernel):
 
     op_name: ClassVar[str]
     thunderkittens: ClassVar[bool]
-    probe: ClassVar[PackageProbe]
-
-    @override
-    def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        return probe_reasons(self.probe, problem.device)
 
     @override
     def not_supported_reasons(
@@ -249,16 +242,17 @@ class VSAThunderKittensKernel(_VSAKernel):
 
     name = "sparse_vsa"
     summary = "VSA block-sparse 64x64 (fastvideo-kernel, ThunderKittens sm90a)"
-    caps = _vsa_caps((9, 0))
+    colour = "#9c9ede"
+    caps = _vsa_caps((9, 0), upstream.BLOCK_SPARSE_ATTN_SM90)
     op_name = upstream.BLOCK_SPARSE_ATTN_SM90.name
     thunderkittens = True
-    probe = _probe(upstream.BLOCK_SPARSE_ATTN_SM90)
 
     @override
     def extra_reasons(self, problem: Problem, pass_: str) -> list[str]:
-        reasons = super().extra_reasons(problem, pass_)
-        if reasons or problem.device_type != "cuda" or not cuda_present():
-            return reasons
+        if problem.device_type != "cuda" or not cuda_present():
+            return []
+        if self.package_reasons(problem.device):  # reported once, by the base class
+            return []
         major, minor = torch.cuda.get_device_capability(problem.device)
         if (major, minor) != (9, 0):
             return [
@@ -274,7 +268,7 @@ class VSATritonKernel(_VSAKernel):
 
     name = "sparse_vsa_triton"
     summary = "VSA block-sparse 64x64 (fastvideo-kernel, Triton)"
-    caps = _vsa_caps((8, 0))
+    colour = "#cedb9c"
+    caps = _vsa_caps((8, 0), upstream.BLOCK_SPARSE_ATTN_TRITON)
     op_name = upstream.BLOCK_SPARSE_ATTN_TRITON.name
     thunderkittens = False
-    probe = _probe(upstream.BLOCK_SPARSE_ATTN_TRITON)

@@ -44,6 +44,15 @@ class SliceKind(IntEnum):
     BI_CAUSAL = 3
 
 
+def expand(counts: IntArray) -> tuple[IntArray, IntArray]:
+    """For counts c_n: (owner index n, position 0..c_n-1) of every expanded element."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    pos = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts
+    )
+    return owner, pos
+
+
 def kind_bands(
     q_start: IntArray, q_end: IntArray, k_start: IntArray, k_end: IntArray, kind: IntArray
 ) -> tuple[IntArray, IntArray]:

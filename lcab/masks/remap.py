@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lcab.masks.core import AttnMask
-from lcab.masks.geometry import INF, IntArray, canonical_slices, kind_bands
+from lcab.masks.geometry import INF, IntArray, canonical_slices, expand, kind_bands
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,6 @@ def _overlap_range(seg: Segments, lo: IntArray, hi: IntArray) -> tuple[IntArray,
     return first, np.maximum(last, first)
 
 
-def _expand(counts: IntArray) -> tuple[IntArray, IntArray]:
-    owner = np.repeat(np.arange(len(counts)), counts)
-    pos = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
-        np.cumsum(counts) - counts, counts
-    )
-    return owner, pos
-
-
 def _remap_slices(slices: IntArray, rows: Segments, cols: Segments) -> IntArray:
     s = np.asarray(slices, dtype=np.int64).reshape(-1, 5)
     if len(s) == 0 or len(rows.global_start) == 0 or len(cols.global_start) == 0:
@@ -79,9 +71,9 @@ def _remap_slices(slices: IntArray, rows: Segments, cols: Segments) -> IntArray:
     c0, c1 = _overlap_range(cols, s[:, 2], s[:, 3])
     nr, nc = r1 - r0, c1 - c0
     # (slice, row segment) pairs, then (slice, row segment, col segment) pieces
-    sid, rpos = _expand(nr)
+    sid, rpos = expand(nr)
     rseg = r0[sid] + rpos
-    pid, cpos = _expand(nc[sid])
+    pid, cpos = expand(nc[sid])
     sid, rseg = sid[pid], rseg[pid]
     cseg = c0[sid] + cpos
     # the piece in global coordinates

@@ -14,7 +14,8 @@ SM clock is sampled beside each timer (`lcab.bench.telemetry`, NVML; never insid
 call) and printed per round, lcab's / the reference's median, with any clock-event reasons: a
 ratio off 1 is then read against the clock it ran at.
 
-Cells: `KERNELS` (those not installed are printed with the reason) × ``causal``,
+Cells: the GPU-compared kernels (`lcab.kernels.registry.gpu_compared`: torch's own first, then
+the libraries; those not installed are printed with the reason) × ``causal``,
 ``causal_document`` × 8K, 32K tokens, the paper's dense problem (bf16, 64:8 heads × 128).
 ``LCAB_GPU_TIMER_KERNELS=a,b`` narrows the kernels; ``LCAB_GPU_TIMER_OUT=FILE`` also writes one
 JSON line per cell. Without CUDA the same machinery
@@ -41,10 +42,9 @@ from lcab.bench.runner import pass_callable
 from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, l2_flush_buffer, measure
 from lcab.kernels import Problem, get_kernel
+from lcab.kernels.registry import gpu_compared
 from lcab.masks import make_mask
 
-KERNELS = ("sdpa_cudnn", "flex", "fa4", "cudnn", "fa3", "torch_varlen")
-"""Torch's cuDNN and Flex first (always there on CUDA), then the libraries that may be installed."""
 MASKS = ("causal", "causal_document")
 LENGTHS = (8192, 32768)
 PASSES = ("fwd", "bwd")
@@ -207,7 +207,7 @@ def run() -> None:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     chosen = os.environ.get("LCAB_GPU_TIMER_KERNELS")
-    kernels = tuple(chosen.split(",")) if chosen else KERNELS if cuda else ("ranges",)
+    kernels = tuple(chosen.split(",")) if chosen else tuple(gpu_compared()) if cuda else ("ranges",)
     lengths = LENGTHS if cuda else (512, 1024)
     where = torch.cuda.get_device_name(0) if cuda else "CPU (host clocks only: not a GPU figure)"
     print(f"harness vs reference clock on {where}; target |lcab/reference - 1| <= {TARGET:.0%}")

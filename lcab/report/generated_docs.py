@@ -25,8 +25,10 @@ from lcab.report.gpu_verification import (
 from lcab.report.support import (
     VERIFICATION_FILE,
     gpu_strategy_matrix_markdown,
+    kernel_install_markdown,
     kernel_list_markdown,
     kernel_matrix_markdown,
+    mask_list_markdown,
     strategy_matrix_markdown,
 )
 
@@ -38,6 +40,7 @@ HELP_TEMPLATE = CONF_DIR / "hydra" / "help" / "lcab.yaml"
 GENERATED_FILES: tuple[Path, ...] = (
     README,
     ROOT / "lcab" / "kernels" / "README.md",
+    ROOT / "lcab" / "masks" / "README.md",
     ROOT / "lcab" / "cp" / "README.md",
     HELP_TEMPLATE,
 )
@@ -126,6 +129,8 @@ def help_template() -> str:
 
 SECTIONS: dict[str, Callable[[], str]] = {
     "kernels": kernel_list_markdown,
+    "kernel-install": kernel_install_markdown,
+    "masks": mask_list_markdown,
     "kernel-matrix": kernel_matrix_markdown,
     "strategy-matrix": strategy_matrix_markdown,
     "gpu-strategy-matrix": gpu_strategy_matrix_markdown,

@@ -51,35 +51,41 @@ SERIES_COLOURS = (
     "#d6616b",
     "#8ca252",
 )
-"""Qualitative colours: one slot per registered kernel and CP strategy (see `palette`)."""
+"""Qualitative colours: the kernels declare theirs (`Kernel.colour`); CP strategies and series
+the registries do not know take the rest (see `palette`)."""
 
 
-def _preferred_colour(series: str) -> int | None:
-    """A series' own colour slot: its kernel's (or CP strategy's) place in the registries.
+def _preferred_colour(series: str) -> str | None:
+    """A series' own colour: its kernel's (`Kernel.colour`) or its CP strategy's.
 
-    Slots come from the registries, not from what a report holds, so ``ranges`` keeps its colour
-    from one report (or README figure) to the next.
+    Colours come from the registries, not from what a report holds, so ``ranges`` keeps its
+    colour from one report (or README figure) to the next. A strategy takes, in registration
+    order, the colours of `SERIES_COLOURS` that no kernel declares.
     """
     from lcab.cp import STRATEGIES
-    from lcab.kernels import list_kernels
+    from lcab.kernels import KERNELS
 
-    known = [*list_kernels(), *STRATEGIES.names()]
     key = series.split("/", 1)[0]  # "<cp>/<kernel>": coloured by the strategy
-    return known.index(key) % len(SERIES_COLOURS) if key in known else None
+    if key in KERNELS:
+        return KERNELS.get(key).colour
+    declared = {KERNELS.get(name).colour for name in KERNELS.names()}
+    free = [c for c in SERIES_COLOURS if c not in declared] or list(SERIES_COLOURS)
+    strategies = STRATEGIES.names()
+    return free[strategies.index(key) % len(free)] if key in strategies else None
 
 
 def palette(names: Iterable[str]) -> dict[str, str]:
     """One distinct colour per series name, the same whatever else the report holds.
 
-    Each series gets its preferred slot (`_preferred_colour`) unless a series before it in
+    Each series gets its preferred colour (`_preferred_colour`) unless a series before it in
     sorted order took that colour; those, and names the registries do not know, take the first
     colours still free (cycling once all are used).
     """
     colours: dict[str, str] = {}
     for name in sorted(set(names)):
-        slot = _preferred_colour(name)
-        if slot is not None and SERIES_COLOURS[slot] not in colours.values():
-            colours[name] = SERIES_COLOURS[slot]
+        colour = _preferred_colour(name)
+        if colour is not None and colour not in colours.values():
+            colours[name] = colour
     for name in sorted(set(names) - colours.keys()):
         free = [c for c in SERIES_COLOURS if c not in colours.values()]
         colours[name] = free[0] if free else SERIES_COLOURS[len(colours) % len(SERIES_COLOURS)]

@@ -16,6 +16,7 @@ drift from what the runner actually skips; tests keep the README copy current.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,11 @@ from lcab.config.resolve import CPU_PROBLEM, GPU_PROBLEM
 from lcab.cp.base import STRATEGIES
 from lcab.kernels import KERNELS, Kernel, Problem, get_kernel
 from lcab.kernels.base import proof_on_cpu
+from lcab.kernels.registry import gpu_compared
 from lcab.masks import get_pattern, list_masks, make_mask
 from lcab.masks.core import AttnMask
+from lcab.masks.patterns import MASK_PATTERNS
+from lcab.masks.patterns.base import DocParams
 
 MATRIX_SEQLEN = 8192
 """Length the masks are built at (block_causal_document's 1024-token blocks divide it)."""
@@ -165,7 +169,7 @@ def kernel_matrix_markdown() -> str:
     for name in KERNELS.names():
         kernel = get_kernel(name)
         home = "CPU" if "cpu" in kernel.caps.devices else "GPU"
-        label = f"`{name}` ({home}{'*' if not kernel.caps.adapter_ready else ''})"
+        label = f"`{name}` ({home})"
         verdicts = {m: kernel_verdict(kernel, m) for m in masks}
         cells = [
             f"{SYMBOLS.get(v.passes, '?')} {evidence(kernel, m, v, gpu)}".strip()
@@ -208,12 +212,6 @@ def kernel_matrix_markdown() -> str:
         "",
         *notes,
     ]
-    if any(not get_kernel(name).caps.adapter_ready for name in KERNELS.names()):
-        out += [
-            "",
-            "`*` capability declared, adapter not written yet: its cells end as `skipped` "
-            "naming what is missing.",
-        ]
     return "\n".join(out)
 
 
@@ -269,8 +267,7 @@ def kernel_list_markdown() -> str:
                 "yes" if caps.per_head_masks else "no",
                 "/".join(d for d in ("cpu", "cuda") if d in caps.devices and kernel.returns_lse(d))
                 or "–",
-                f"`{caps.pip_name or caps.package}`" if caps.package else "torch",
-                "yes" if caps.adapter_ready else "not yet",
+                f"`{caps.package}`" if caps.package else "torch",
                 proof_on_cpu(caps),
             ]
         )
@@ -283,14 +280,39 @@ def kernel_list_markdown() -> str:
         "per-head masks",
         "LSE on",
         "needs",
-        "adapter",
         "shown here",
     ]
     return "\n".join(_table(header, rows))
 
 
-GPU_CP_KERNELS = ("fa2", "fa3", "fa4", "ffa", "flex", "cudnn", "flashmask", "torch_varlen")
-"""The GPU kernels of the strategy x kernel matrix: the dense ones the paper runs under CP."""
+def mask_list_markdown() -> str:
+    """Markdown: every registered mask pattern, what it attends, its parameters (defaults)."""
+    shared = {f.name for f in dataclasses.fields(DocParams)}
+    rows = []
+    for name in list_masks():
+        pattern = get_pattern(name)
+        fields = [f for f in dataclasses.fields(pattern.params_cls) if f.name not in shared]
+        params = [f"`{f.name}`={f.default}" for f in fields]
+        params += ["document parameters"] if pattern.uses_documents else []
+        aliases = [a for a, canonical in MASK_PATTERNS.aliases().items() if canonical == name]
+        label = f"`{name}`" + "".join(f" (alias `{a}`)" for a in aliases)
+        rows.append([label, pattern.summary.replace("|", "\\|"), ", ".join(params) or "–"])
+    return "\n".join(_table(["name", "attends", "parameters (defaults)"], rows))
+
+
+def kernel_install_markdown() -> str:
+    """Markdown: how to install each optional package, with its kernels; wheels before builds."""
+    by_package: dict[str, list[str]] = {}
+    for name in KERNELS.names():
+        by_package.setdefault(KERNELS.get(name).caps.package or "", []).append(name)
+    rows = [[", ".join(f"`{n}`" for n in by_package.pop("", [])), "torch", "nothing", "—"]]
+    for package, names in by_package.items():
+        requires = KERNELS.get(names[0]).caps.requires
+        assert requires is not None  # grouped by it
+        kernels = ", ".join(f"`{n}`" for n in names)
+        rows.append([kernels, f"`{package}`", f"`{requires.install}`", requires.note])
+    rows[1:] = sorted(rows[1:], key=lambda row: not row[2].startswith("`pip"))
+    return "\n".join(_table(["kernels", "package", "install", "note"], rows))
 
 
 def gpu_strategy_cell(strategy: str, kernel_name: str, masks: list[str]) -> str:
@@ -323,9 +345,9 @@ def gpu_strategy_cell(strategy: str, kernel_name: str, masks: list[str]) -> str:
 
 
 def gpu_strategy_matrix_markdown() -> str:
-    """Markdown: strategies (rows) x GPU kernels (columns); masks of 14 each pass runs."""
+    """Markdown: strategies (rows) x the GPU-compared kernels (columns); masks each pass runs."""
     masks = list_masks()
-    kernels = [k for k in GPU_CP_KERNELS if k in KERNELS.names()]
+    kernels = gpu_compared()
     rows = [
         [f"`{s}`", *(gpu_strategy_cell(s, k, masks) for k in kernels)] for s in STRATEGIES.names()
     ]

@@ -274,7 +274,7 @@ def _row(cell: CPCell, pass_: str, ctx: Any, device: str, fields: dict[str, Any]
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "package": kernel.caps.package,
-        "package_version": _version(kernel.caps.package, getattr(kernel, "probe", None)),
+        "package_version": _version(kernel.caps.package, kernel.caps.requires),
         "python": platform.python_version(),
     }
 

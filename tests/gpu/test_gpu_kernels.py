@@ -106,7 +106,7 @@ def _record(kernel_name: str, mask_name: str, pass_: str, verdict: str, **fields
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "package": package,
-        "package_version": _version(package, getattr(kernel, "probe", None)),
+        "package_version": _version(package, kernel.caps.requires),
         "python": platform.python_version(),
         **fields,
     }

@@ -21,20 +21,15 @@ Mask sources:
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, list_masks, make_mask
-from tests.helpers.mask_reference import EXACT_PATTERNS, SPARSE_PATTERNS, pattern_params
+from tests.helpers.mask_reference import pattern_params
 
 ALL_PATTERNS = list_masks()
-
-#: Patterns the shared parameter strategy knows; any other registered pattern uses its defaults.
-KNOWN_PATTERNS = EXACT_PATTERNS | SPARSE_PATTERNS
 
 
 #: Multiply every example budget, e.g. LCAB_LOWERING_EXAMPLES=50 for a long bug hunt.
@@ -80,21 +75,11 @@ def from_dense(dense: np.ndarray) -> AttnMask:
 
 
 # ----------------------------------------------------------------------------- pattern masks
-def build_pattern(name: str, seqlen: int, params: dict[str, Any], seed: int) -> AttnMask:
-    """make_mask, skipping (only) unknown patterns whose defaults do not fit small lengths."""
-    try:
-        return make_mask(name, seqlen, seed=seed, **params)
-    except ValueError:
-        if name in KNOWN_PATTERNS:
-            raise
-        pytest.skip(f"{name}: default parameters are not valid at seqlen={seqlen}")
-
-
 @st.composite
 def pattern_masks(draw: st.DrawFn, name: str, max_seqlen: int = 200) -> AttnMask:
     """A mask of registered pattern ``name`` with random small parameters and seed."""
     S, params = draw(pattern_params(name, max_seqlen))
-    return build_pattern(name, S, params, draw(st.integers(0, 2**16)))
+    return make_mask(name, S, seed=draw(st.integers(0, 2**16)), **params)
 
 
 @st.composite

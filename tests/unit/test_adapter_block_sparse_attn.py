@@ -27,10 +27,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcab.kernels import Problem, get_kernel, probe
+from lcab.kernels import Problem, get_kernel, packages
 from lcab.kernels.block_grid import partial_tile_reason
 from lcab.kernels.block_sparse_attn import aligned_full_slices, kept_blocks
-from lcab.kernels.probe import probe_reasons
 from lcab.kernels.upstream import block_sparse_attn as bsa_table
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering.blocks import block_table
@@ -299,27 +298,26 @@ def test_caps_and_static_reasons() -> None:
 def test_reasons_on_this_machine_name_cuda_and_the_package() -> None:
     kernel = get_kernel(KERNEL)
     text = " ".join(kernel.not_supported_reasons(CUDA_BF16, bs(384, 2), "fwd_bwd"))
-    assert "CUDA" in text and "block_sparse_attn" in text and "not written" not in text
+    assert "CUDA" in text and "block_sparse_attn" in text
 
 
 @pytest.fixture
 def on_cuda(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Pretend CUDA is present, so the probe's import-time checks run (they need it)."""
-    monkeypatch.setattr(probe, "cuda_present", lambda: True)
+    monkeypatch.setattr(packages, "cuda_present", lambda: True)
     return monkeypatch
 
 
 def version(mp: pytest.MonkeyPatch, found: str | None) -> None:
-    mp.setattr(probe, "distribution_version", lambda names: found)
-    mp.setattr("lcab.kernels.block_sparse_attn.distribution_version", lambda names: found)
+    mp.setattr(packages, "distribution_version", lambda names: found)
 
 
 def test_probe_accepts_the_documented_api(on_cuda) -> None:
     install(on_cuda)
     version(on_cuda, "0.0.2")
-    assert get_kernel(KERNEL).extra_reasons(CUDA_BF16, "fwd_bwd") == []
+    assert get_kernel(KERNEL).package_reasons(CUDA_BF16.device) == []
     version(on_cuda, None)  # no metadata: the module's __version__ 0.0.2 is read instead
-    assert get_kernel(KERNEL).extra_reasons(CUDA_BF16, "fwd_bwd") == []
+    assert get_kernel(KERNEL).package_reasons(CUDA_BF16.device) == []
 
 
 def test_probe_old_version_from_metadata(monkeypatch) -> None:
@@ -334,14 +332,14 @@ def test_probe_old_version_from_metadata(monkeypatch) -> None:
 def test_probe_old_version_from_module_without_metadata(on_cuda) -> None:
     install(on_cuda, version="0.0.1")
     version(on_cuda, None)
-    (reason,) = get_kernel(KERNEL).extra_reasons(CUDA_BF16, "fwd")
+    (reason,) = get_kernel(KERNEL).package_reasons(CUDA_BF16.device)
     assert reason.startswith("block_sparse_attn 0.0.1 is older than lcab's adapter supports")
 
 
 def test_probe_missing_keyword(on_cuda) -> None:
     install(on_cuda, block_sparse_attn_func=standin.block_sparse_attn_func_without_lse)
     version(on_cuda, "0.0.2")
-    (reason,) = probe_reasons(get_kernel(KERNEL).probe, CUDA_BF16.device)
+    (reason,) = get_kernel(KERNEL).package_reasons(CUDA_BF16.device)
     assert reason.startswith(
         "block_sparse_attn 0.0.2 has no return_attn_probs in block_sparse_attn_func"
     )
@@ -352,7 +350,7 @@ def test_probe_missing_function(on_cuda) -> None:
     del mod.block_sparse_attn_func
     on_cuda.setitem(sys.modules, "block_sparse_attn", mod)
     version(on_cuda, "0.0.2")
-    (reason,) = get_kernel(KERNEL).extra_reasons(CUDA_BF16, "fwd")
+    (reason,) = get_kernel(KERNEL).package_reasons(CUDA_BF16.device)
     assert reason.startswith("block_sparse_attn 0.0.2 has no block_sparse_attn_func")
 
 

@@ -27,8 +27,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lcab.cp.merge import merge_into
-from lcab.kernels import Problem, get_kernel, probe
-from lcab.kernels.fa4 import PreparedFA4, version_reasons
+from lcab.kernels import Problem, get_kernel, packages
+from lcab.kernels.fa4 import PreparedFA4
 from lcab.kernels.upstream import fa4 as fa4_table
 from lcab.kernels.upstream import flash_attn as flash_table
 from lcab.masks import AttnMask, make_mask
@@ -255,16 +255,16 @@ CUDA_BF16 = Problem(256, 256, 8, 2, 64, torch.bfloat16, torch.device("cuda"))
 
 def test_reasons_on_this_machine_name_cuda_and_the_package() -> None:
     k = get_kernel("fa4")
-    assert k.caps.adapter_ready and k.caps.returns_lse and k.caps.stats_backward
+    assert k.caps.returns_lse and k.caps.stats_backward
     for problem in (CUDA_BF16, Problem(256, 256, 8, 2, 64)):
         text = " ".join(k.not_supported_reasons(problem))
-        assert "CUDA" in text and "flash_attn.cute" in text and "flash-attn-4" in text
+        assert "CUDA" in text and "flash_attn.cute" in text and "lcab[fa4]" in text
 
 
 def test_missing_or_broken_parent_package_is_a_reason_not_a_crash(monkeypatch) -> None:
     """find_spec('flash_attn.cute') imports the parent; without it the kernel still answers."""
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # importing flash_attn now fails
-    monkeypatch.setattr(probe, "distribution_version", lambda names: None)
+    monkeypatch.setattr(packages, "distribution_version", lambda names: None)
     reasons = get_kernel("fa4").not_supported_reasons(CUDA_BF16)
     assert any(r.startswith("needs package 'flash_attn.cute', not installed") for r in reasons)
 
@@ -282,20 +282,23 @@ def test_missing_or_broken_parent_package_is_a_reason_not_a_crash(monkeypatch) -
         (None, False),
     ],
 )
-def test_version_reasons_compare_the_beta_number(version, too_old) -> None:
-    reasons = version_reasons(version)
+def test_version_reasons_compare_the_beta_number(version, too_old, monkeypatch) -> None:
+    """The minimum is a beta, so the probe compares pre-releases (`packages.older_than`)."""
+    versions(monkeypatch, version)
+    reasons = get_kernel("fa4").package_reasons(CUDA_BF16.device)
     assert bool(reasons) == too_old
     if too_old:
         assert reasons == [
-            f"flash-attn-4 {version} is older than lcab's adapter supports (lcab needs >= "
-            "4.0.0b5, the first release whose backward takes the gradient of the LSE)"
+            f"flash_attn.cute {version} is older than lcab's adapter supports (lcab needs "
+            "flash-attn-4 >= 4.0.0b5, the first release whose backward takes the gradient of "
+            "the LSE)"
         ]
 
 
 @pytest.fixture
 def on_gpu(monkeypatch: pytest.MonkeyPatch):
     """Pretend CUDA is present on an sm_XY GPU, so the import-time checks run."""
-    monkeypatch.setattr(probe, "cuda_present", lambda: True)
+    monkeypatch.setattr(packages, "cuda_present", lambda: True)
 
     def gpu(capability: tuple[int, int]) -> pytest.MonkeyPatch:
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
@@ -306,13 +309,14 @@ def on_gpu(monkeypatch: pytest.MonkeyPatch):
 
 def versions(mp: pytest.MonkeyPatch, fa4: str | None, fa2: str | None = None) -> None:
     found = {"flash-attn-4": fa4, "flash-attn": fa2}
-    mp.setattr(probe, "distribution_version", lambda names: found.get(names[0]))
+    mp.setattr(packages, "distribution_version", lambda names: found.get(names[0]))
 
 
 def test_probe_accepts_the_documented_api_on_hopper(on_gpu) -> None:
     mp = on_gpu((9, 0))
     standin.install(mp)
     versions(mp, "4.0.0b36")
+    assert get_kernel("fa4").package_reasons(CUDA_BF16.device) == []
     assert get_kernel("fa4").extra_reasons(CUDA_BF16, "fwd_bwd") == []
 
 
@@ -320,23 +324,23 @@ def test_probe_missing_return_lse(on_gpu) -> None:
     mp = on_gpu((9, 0))
     standin.install(mp, flash_attn_func=standin.flash_attn_func_before_return_lse)
     versions(mp, None)
-    assert get_kernel("fa4").extra_reasons(CUDA_BF16, "fwd") == [
-        "flash_attn.cute (version unknown) has no return_lse in flash_attn_func "
-        "(lcab needs flash-attn-4 >= 4.0.0b5)"
+    assert get_kernel("fa4").package_reasons(CUDA_BF16.device) == [
+        "flash_attn.cute (version unknown) has no return_lse in flash_attn_func (lcab needs "
+        "flash-attn-4 >= 4.0.0b5, the first release whose backward takes the gradient of the LSE)"
     ]
 
 
 def test_probe_old_beta_without_import(monkeypatch) -> None:
     versions(monkeypatch, "4.0.0b3")
     reasons = get_kernel("fa4").not_supported_reasons(CUDA_BF16)
-    assert any(r.startswith("flash-attn-4 4.0.0b3 is older than") for r in reasons)
+    assert any(r.startswith("flash_attn.cute 4.0.0b3 is older than") for r in reasons)
 
 
 def test_probe_failing_import_names_the_fa2_co_install(on_gpu) -> None:
     mp = on_gpu((9, 0))
     mp.setitem(sys.modules, "flash_attn", None)  # FA2's flash_attn/__init__ fails
     versions(mp, "4.0.0b36", fa2="2.8.3")
-    (reason,) = get_kernel("fa4").extra_reasons(CUDA_BF16, "fwd")
+    (reason,) = get_kernel("fa4").package_reasons(CUDA_BF16.device)
     assert reason.startswith("flash_attn.cute 4.0.0b36 is installed but fails to import: ")
     assert reason.endswith(
         "; flash-attn 2.8.3 (FA2) is installed too and its flash_attn/__init__.py runs first: "
@@ -373,8 +377,8 @@ def test_head_dims_outside_8_to_256_in_eights_are_refused(head_dim) -> None:
 def test_probe_skips_import_checks_without_cuda(monkeypatch) -> None:
     standin.install(monkeypatch, flash_attn_func=standin.flash_attn_func_before_return_lse)
     versions(monkeypatch, "4.0.0b36")
-    monkeypatch.setattr(probe, "cuda_present", lambda: False)
-    assert get_kernel("fa4").extra_reasons(CUDA_BF16, "fwd") == []
+    monkeypatch.setattr(packages, "cuda_present", lambda: False)
+    assert get_kernel("fa4").package_reasons(CUDA_BF16.device) == []
 
 
 # ----------------------------------------------------------------------------- upstream rows

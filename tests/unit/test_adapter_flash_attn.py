@@ -24,9 +24,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcab.kernels import Problem, get_kernel, probe
+from lcab.kernels import Problem, get_kernel, packages
 from lcab.kernels.library_results import lse_to_lcab
-from lcab.kernels.probe import ApiNeed, PackageProbe, probe_reasons, release
+from lcab.kernels.packages import ApiNeed, PackageProbe, probe_reasons, release
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason, to_varlen
 from tests.helpers import standin_flash_attn as standin
@@ -230,28 +230,28 @@ def test_release_parses_the_numeric_part() -> None:
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_reasons_on_this_machine_name_cuda_and_the_package(kernel) -> None:
     k = get_kernel(kernel)
-    assert k.caps.adapter_ready and k.caps.returns_lse and k.caps.stats_backward
+    assert k.caps.returns_lse and k.caps.stats_backward
     for problem in (CUDA_BF16, Problem(256, 256, 8, 2, 64)):
         text = " ".join(k.not_supported_reasons(problem))
-        assert "CUDA" in text and k.caps.package in text and "not written" not in text
+        assert "CUDA" in text and k.caps.package in text
 
 
 @pytest.fixture
 def on_cuda(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Pretend CUDA is present, so the probe's import-time checks run (they need it)."""
-    monkeypatch.setattr(probe, "cuda_present", lambda: True)
+    monkeypatch.setattr(packages, "cuda_present", lambda: True)
     return monkeypatch
 
 
 def version(mp: pytest.MonkeyPatch, found: str | None) -> None:
-    mp.setattr(probe, "distribution_version", lambda names: found)
+    mp.setattr(packages, "distribution_version", lambda names: found)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_probe_accepts_the_documented_api(kernel, on_cuda) -> None:
     install(on_cuda, kernel)
     version(on_cuda, "2.8.3" if kernel == "fa2" else "3.0.0")
-    assert probe_reasons(get_kernel(kernel).probe, CUDA_BF16.device) == []
+    assert get_kernel(kernel).package_reasons(CUDA_BF16.device) == []
 
 
 def test_probe_old_version_without_window_size(on_cuda) -> None:
@@ -276,7 +276,7 @@ def test_probe_old_version_alone_is_a_reason(monkeypatch) -> None:
 def test_probe_missing_keyword_with_unknown_version(on_cuda) -> None:
     install(on_cuda, "fa3", flash_attn_func=standin.fa3_flash_attn_func_before_july_2025)
     version(on_cuda, None)
-    (reason,) = probe_reasons(get_kernel("fa3").probe, CUDA_BF16.device)
+    (reason,) = get_kernel("fa3").package_reasons(CUDA_BF16.device)
     assert reason.startswith(
         "flash_attn_interface (version unknown) has no return_attn_probs in flash_attn_func"
     )
@@ -288,11 +288,11 @@ def test_probe_missing_function_and_failing_import(on_cuda) -> None:
     del mod.flash_attn_func
     on_cuda.setitem(sys.modules, "flash_attn", mod)
     version(on_cuda, "2.8.3")
-    assert probe_reasons(get_kernel("fa2").probe, CUDA_BF16.device) == [
+    assert get_kernel("fa2").package_reasons(CUDA_BF16.device) == [
         "flash_attn 2.8.3 has no flash_attn_func (lcab needs >= 2.8)"
     ]
     broken = PackageProbe("lcab_no_such_module", ("x",), (ApiNeed("f", ()),))
-    on_cuda.setattr(probe, "_importable", lambda name: True)
+    on_cuda.setattr(packages, "importable", lambda name: True)
     (reason,) = probe_reasons(broken, CUDA_BF16.device)
     assert "fails to import: ModuleNotFoundError" in reason
 
@@ -301,7 +301,7 @@ def test_probe_skips_import_checks_without_cuda(monkeypatch) -> None:
     """On a CPU problem or without CUDA the broken stand-in is never imported or inspected."""
     install(monkeypatch, "fa2", flash_attn_varlen_func=standin.fa2_varlen_without_window)
     version(monkeypatch, "2.8.3")
-    fa2 = get_kernel("fa2").probe
+    fa2 = get_kernel("fa2").caps.requires
     assert probe_reasons(fa2, torch.device("cpu")) == []
-    monkeypatch.setattr(probe, "cuda_present", lambda: False)
+    monkeypatch.setattr(packages, "cuda_present", lambda: False)
     assert probe_reasons(fa2, CUDA_BF16.device) == []

@@ -25,10 +25,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcab.kernels import Problem, get_kernel, probe
+from lcab.kernels import Problem, get_kernel, packages
 from lcab.kernels import flashinfer as sparse_flashinfer
 from lcab.kernels.flashinfer_lowering import refine
-from lcab.kernels.probe import probe_reasons
 from lcab.kernels.upstream import flashinfer as fi_table
 from lcab.masks import AttnMask, make_mask
 from tests.helpers import standin_flashinfer as standin
@@ -306,28 +305,28 @@ def test_reasons_on_this_machine_name_cuda_and_the_package() -> None:
     assert k.caps.returns_lse and not k.caps.backward_devices and k.caps.per_head_masks
     for problem in (CUDA_BF16, Problem(256, 256, 8, 2, 64)):
         text = " ".join(k.not_supported_reasons(problem))
-        assert "CUDA" in text and "flashinfer" in text and "pip install flashinfer-python" in text
+        assert "CUDA" in text and "flashinfer" in text and "lcab[flashinfer]" in text
 
 
 @pytest.fixture
 def on_cuda(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Pretend CUDA is present, so the probe's import-time checks run (they need it)."""
-    monkeypatch.setattr(probe, "cuda_present", lambda: True)
+    monkeypatch.setattr(packages, "cuda_present", lambda: True)
     return monkeypatch
 
 
 def version(mp: pytest.MonkeyPatch, found: str | None) -> None:
-    mp.setattr(probe, "distribution_version", lambda names: found)
+    mp.setattr(packages, "distribution_version", lambda names: found)
 
 
 def test_probe_accepts_the_documented_api(on_cuda) -> None:
     install(on_cuda)
     version(on_cuda, "0.7.2.post1")
-    assert probe_reasons(get_kernel(NAME).probe, CUDA) == []
+    assert get_kernel(NAME).package_reasons(CUDA) == []
 
 
 def test_probe_reads_the_flashinfer_python_distribution() -> None:
-    assert get_kernel(NAME).probe.distributions[0] == "flashinfer-python"
+    assert get_kernel(NAME).caps.requires.distributions[0] == "flashinfer-python"
 
 
 def test_probe_old_version_alone_is_a_reason(monkeypatch) -> None:
@@ -342,7 +341,7 @@ def test_probe_old_version_alone_is_a_reason(monkeypatch) -> None:
 def test_probe_missing_keyword_and_missing_wrapper(on_cuda) -> None:
     install(on_cuda, BlockSparseAttentionWrapper=standin.OldBlockSparseAttentionWrapper)
     version(on_cuda, "0.2.3")
-    (reason,) = probe_reasons(get_kernel(NAME).probe, CUDA)
+    (reason,) = get_kernel(NAME).package_reasons(CUDA)
     assert reason.startswith(
         "flashinfer 0.2.3 has no return_lse in BlockSparseAttentionWrapper.run"
     )
@@ -350,7 +349,7 @@ def test_probe_missing_keyword_and_missing_wrapper(on_cuda) -> None:
     del mod.VariableBlockSparseAttentionWrapper
     on_cuda.setitem(sys.modules, "flashinfer", mod)
     version(on_cuda, None)
-    reasons = probe_reasons(get_kernel(NAME).probe, CUDA)
+    reasons = get_kernel(NAME).package_reasons(CUDA)
     assert reasons[0].startswith(
         "flashinfer (version unknown) has no VariableBlockSparseAttentionWrapper"
     )
@@ -359,9 +358,9 @@ def test_probe_missing_keyword_and_missing_wrapper(on_cuda) -> None:
 def test_probe_skips_import_checks_without_cuda(monkeypatch) -> None:
     install(monkeypatch, BlockSparseAttentionWrapper=standin.OldBlockSparseAttentionWrapper)
     version(monkeypatch, "0.7.2")
-    assert probe_reasons(get_kernel(NAME).probe, torch.device("cpu")) == []
-    monkeypatch.setattr(probe, "cuda_present", lambda: False)
-    assert probe_reasons(get_kernel(NAME).probe, CUDA) == []
+    assert get_kernel(NAME).package_reasons(torch.device("cpu")) == []
+    monkeypatch.setattr(packages, "cuda_present", lambda: False)
+    assert get_kernel(NAME).package_reasons(CUDA) == []
 
 
 # ----------------------------------------------------------------------------- upstream rows

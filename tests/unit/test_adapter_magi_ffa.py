@@ -23,9 +23,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcab.kernels import Problem, get_kernel, probe
+from lcab.kernels import Problem, get_kernel, packages
 from lcab.kernels.library_results import lse_to_lcab
-from lcab.kernels.probe import probe_reasons
 from lcab.masks import AttnMask, make_mask
 from lcab.masks.lowering import lowering_reason
 from tests.helpers import standin_magi_ffa as standin
@@ -190,10 +189,10 @@ CUDA_BF16 = Problem(256, 256, 8, 2, 128, torch.bfloat16, torch.device("cuda"))
 
 def test_reasons_on_this_machine_name_cuda_and_the_package() -> None:
     k = get_kernel("ffa")
-    assert k.caps.adapter_ready and k.caps.returns_lse and k.caps.stats_backward
+    assert k.caps.returns_lse and k.caps.stats_backward
     for problem in (CUDA_BF16, Problem(256, 256, 8, 2, 128)):
         text = " ".join(k.not_supported_reasons(problem))
-        assert "CUDA" in text and "magi_attention" in text and "not written" not in text
+        assert "CUDA" in text and "magi_attention" in text
     assert "head_dim 96 not in [64, 128]" in k.not_supported_reasons(
         Problem(256, 256, 8, 2, 96, torch.bfloat16, torch.device("cuda"))
     )
@@ -202,14 +201,14 @@ def test_reasons_on_this_machine_name_cuda_and_the_package() -> None:
 @pytest.fixture
 def on_hopper(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Pretend CUDA (sm90) is present, so the probe's import-time checks run (they need it)."""
-    monkeypatch.setattr(probe, "cuda_present", lambda: True)
+    monkeypatch.setattr(packages, "cuda_present", lambda: True)
     monkeypatch.setattr("lcab.kernels.magi_ffa.cuda_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     return monkeypatch
 
 
 def version(mp: pytest.MonkeyPatch, found: str | None) -> None:
-    mp.setattr(probe, "distribution_version", lambda names: found)
+    mp.setattr(packages, "distribution_version", lambda names: found)
 
 
 def test_probe_accepts_the_documented_api(on_hopper) -> None:
@@ -220,7 +219,7 @@ def test_probe_accepts_the_documented_api(on_hopper) -> None:
 
 def test_probe_pypi_placeholder_is_too_old(monkeypatch) -> None:
     version(monkeypatch, "0.0.1")
-    (reason,) = probe_reasons(get_kernel("ffa").probe, CUDA_BF16.device)
+    (reason,) = get_kernel("ffa").package_reasons(CUDA_BF16.device)
     assert reason.startswith("magi_attention.functional 0.0.1 is older than lcab's adapter")
     assert "empty placeholder" in reason
 
@@ -228,7 +227,7 @@ def test_probe_pypi_placeholder_is_too_old(monkeypatch) -> None:
 def test_probe_refuses_the_api_needing_max_seqlen(on_hopper) -> None:
     install(on_hopper, flex_flash_attn_func=standin.flex_flash_attn_func_before_v1_1)
     version(on_hopper, "1.0.4")
-    (reason,) = probe_reasons(get_kernel("ffa").probe, CUDA_BF16.device)
+    (reason,) = get_kernel("ffa").package_reasons(CUDA_BF16.device)
     assert reason.startswith(
         "magi_attention.functional 1.0.4's flex_flash_attn_func requires max_seqlen_q, "
         "max_seqlen_k, which lcab's adapter does not pass"

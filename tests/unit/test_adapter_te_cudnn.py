@@ -22,8 +22,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcab.kernels import Problem, get_kernel, probe
-from lcab.kernels.probe import probe_reasons
+from lcab.kernels import Problem, get_kernel, packages
 from lcab.kernels.te_cudnn import BACKEND_ENV
 from lcab.kernels.upstream import cudnn as te_table
 from lcab.masks import AttnMask, make_mask
@@ -153,10 +152,10 @@ def reasons_of(mask: AttnMask) -> list[str]:
 
 def test_reasons_on_this_machine_and_caps() -> None:
     k = get_kernel("cudnn")
-    assert k.caps.adapter_ready and not k.caps.returns_lse and not k.caps.stats_backward
+    assert not k.caps.returns_lse and not k.caps.stats_backward
     for problem in (CUDA_BF16, Problem(256, 256, 8, 2, 128)):
         text = " ".join(k.not_supported_reasons(problem))
-        assert "CUDA" in text and "transformer_engine" in text and "not written" not in text
+        assert "CUDA" in text and "transformer_engine" in text
     odd = Problem(256, 256, 8, 2, 100, torch.bfloat16, torch.device("cuda"))
     assert "head_dim 100 is not a multiple of 8 (cuDNN)" in k.not_supported_reasons(odd)
 
@@ -177,20 +176,20 @@ def test_backend_switch_set_against_cudnn_is_a_reason(monkeypatch) -> None:
 
 @pytest.fixture
 def on_cuda(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    monkeypatch.setattr(probe, "cuda_present", lambda: True)
+    monkeypatch.setattr(packages, "cuda_present", lambda: True)
     return monkeypatch
 
 
 def test_probe_accepts_the_documented_api(on_cuda) -> None:
     install(on_cuda)
-    on_cuda.setattr(probe, "distribution_version", lambda names: "2.20.2")
-    assert probe_reasons(get_kernel("cudnn").probe, CUDA_BF16.device) == []
+    on_cuda.setattr(packages, "distribution_version", lambda names: "2.20.2")
+    assert get_kernel("cudnn").package_reasons(CUDA_BF16.device) == []
 
 
 def test_probe_refuses_an_older_module(on_cuda) -> None:
     install(on_cuda, DotProductAttention=standin.DotProductAttentionBefore2)
-    on_cuda.setattr(probe, "distribution_version", lambda names: "1.9.0")
-    reasons = probe_reasons(get_kernel("cudnn").probe, CUDA_BF16.device)
+    on_cuda.setattr(packages, "distribution_version", lambda names: "1.9.0")
+    reasons = get_kernel("cudnn").package_reasons(CUDA_BF16.device)
     assert reasons == [
         "transformer_engine.pytorch 1.9.0 has no window_size, softmax_scale in "
         "DotProductAttention (lcab needs >= 2.0 (written against 2.20))",
@@ -200,8 +199,8 @@ def test_probe_refuses_an_older_module(on_cuda) -> None:
 
 
 def test_probe_old_version(monkeypatch) -> None:
-    monkeypatch.setattr(probe, "distribution_version", lambda names: "1.13.0")
-    (reason,) = probe_reasons(get_kernel("cudnn").probe, CUDA_BF16.device)
+    monkeypatch.setattr(packages, "distribution_version", lambda names: "1.13.0")
+    (reason,) = get_kernel("cudnn").package_reasons(CUDA_BF16.device)
     assert "1.13.0 is older than lcab's adapter supports" in reason
 
 

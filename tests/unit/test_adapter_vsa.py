@@ -26,8 +26,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcab.kernels import Problem, get_kernel, probe, vsa
-from lcab.kernels.probe import probe_reasons
+from lcab.kernels import Problem, get_kernel, packages, vsa
 from lcab.kernels.upstream import vsa as vsa_table
 from lcab.masks import AttnMask, make_mask
 from tests.helpers import standin_vsa as standin
@@ -279,20 +278,21 @@ def test_static_refusals(kernel) -> None:
 @pytest.fixture
 def on_cuda(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Pretend CUDA (an sm_90 GPU) is present, so the import-time checks run."""
-    monkeypatch.setattr(probe, "cuda_present", lambda: True)
+    monkeypatch.setattr(packages, "cuda_present", lambda: True)
     monkeypatch.setattr(vsa, "cuda_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     return monkeypatch
 
 
 def version(mp: pytest.MonkeyPatch, found: str | None) -> None:
-    mp.setattr(probe, "distribution_version", lambda names: found)
+    mp.setattr(packages, "distribution_version", lambda names: found)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_probe_accepts_the_documented_api(kernel, on_cuda) -> None:
     install(on_cuda)
     version(on_cuda, "0.3.2")
+    assert get_kernel(kernel).package_reasons(CUDA_BF16.device) == []
     assert get_kernel(kernel).extra_reasons(CUDA_BF16, "fwd_bwd") == []
 
 
@@ -313,7 +313,7 @@ def test_probe_old_version_alone_is_a_reason(kernel, monkeypatch) -> None:
 def test_probe_missing_op(kernel, op, on_cuda) -> None:
     install(on_cuda, **{op: None})
     version(on_cuda, "0.2.6")
-    assert probe_reasons(get_kernel(kernel).probe, CUDA_BF16.device) == [
+    assert get_kernel(kernel).package_reasons(CUDA_BF16.device) == [
         f"fastvideo_kernel.block_sparse_attn 0.2.6 has no {op} (lcab needs >= 0.3.0, whose "
         "block-sparse ops take q2k_idx/q2k_num)"
     ]
@@ -322,7 +322,7 @@ def test_probe_missing_op(kernel, op, on_cuda) -> None:
 def test_probe_op_of_another_generation(on_cuda) -> None:
     install(on_cuda, block_sparse_attn_triton=standin.block_sparse_attn_triton_with_block_size)
     version(on_cuda, None)
-    (reason,) = get_kernel("sparse_vsa_triton").extra_reasons(CUDA_BF16, "fwd")
+    (reason,) = get_kernel("sparse_vsa_triton").package_reasons(CUDA_BF16.device)
     assert reason.startswith(
         "fastvideo_kernel.block_sparse_attn (version unknown)'s block_sparse_attn_triton "
         "requires block_size, which lcab's adapter does not pass"

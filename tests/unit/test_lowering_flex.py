@@ -279,22 +279,8 @@ def test_flex_attention_end_to_end(mask: AttnMask, block: int, group: int, seed:
 @pytest.mark.parametrize("name", ALL_PATTERNS)
 def test_flex_attention_end_to_end_patterns(name: str) -> None:
     """One mid-sized example of every pattern (S = 200, default tile size 128)."""
-    from tests.helpers.masks import build_pattern
+    from tests.helpers.mask_reference import reference_of
 
-    params = {
-        "full_document": {"doc_lengths": [70, 30, 100]},
-        "causal_document": {"doc_lengths": [70, 30, 100]},
-        "share_question": {"doc_lengths": [70, 30, 100]},
-        "causal_blockwise": {"doc_lengths": [70, 30, 100]},
-        "prefix_lm_document": {"doc_lengths": [70, 30, 100], "prefix": 20},
-        "block_causal_document": {"block_size": 20},
-        "prefix_lm_causal": {"prefix": 37},
-        "block_sparse": {"block_size": 32, "density": 0.4, "heads": 2},
-        "varblock_sparse": {"avg_block_size": 40, "min_block_size": 10, "heads": 2},
-        "sliding_window": {"window": 20},
-        "sliding_window_causal": {"window": 20},
-        "global_sliding_window": {"window": 10, "global_tokens": 12},
-    }.get(name, {})
-    mask = build_pattern(name, 200, params, seed=3)
+    mask = make_mask(name, 200, seed=3, **reference_of(name).example)
     check_end_to_end(mask, 128, 2, seed=0)
     check_flex(mask, 128, 2)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, list_masks, make_mask
-from tests.helpers.mask_reference import EXACT_PATTERNS, SPARSE_PATTERNS, pattern_params
+from tests.helpers.mask_reference import pattern_params
 from tests.helpers.masks import rectangles
 
 FAST = settings(max_examples=60, deadline=None)
@@ -95,12 +95,7 @@ def as3d(mask: AttnMask) -> np.ndarray:
 
 def make_pattern(name: str, data: st.DataObject, seed: int) -> AttnMask:
     seqlen, params = data.draw(pattern_params(name, max_seqlen=100), label="seqlen, params")
-    try:
-        return make_mask(name, seqlen, seed=seed, **params)
-    except ValueError:
-        if name in EXACT_PATTERNS or name in SPARSE_PATTERNS:
-            raise
-        pytest.skip(f"{name}: defaults are not valid at seqlen={seqlen}")
+    return make_mask(name, seqlen, seed=seed, **params)
 
 
 # ----------------------------------------------------------------------------- slice kinds

@@ -1,7 +1,8 @@
 """Every registered mask pattern against an independent brute-force definition of its set.
 
-Parametrised over ``list_masks()`` so a newly registered pattern is picked up automatically (for
-patterns without a reference predicate here, at least the generic invariants are checked).
+Parametrised over ``list_masks()`` so a newly registered pattern is picked up automatically; its
+reference (`tests.helpers.mask_reference.REFERENCES`: the attended set, or the structure of a
+random pattern) must be registered too, or its cases fail naming what is missing.
 """
 
 from __future__ import annotations
@@ -16,26 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lcab.masks import AttnMask, get_pattern, list_masks, make_mask
-from tests.helpers.mask_reference import (
-    DOC_PATTERNS,
-    EXACT_PATTERNS,
-    SPARSE_PATTERNS,
-    kept_blocks_expected,
-    pattern_params,
-    reference_dense,
-)
+from tests.helpers.mask_reference import check_doc_lengths, reference_of
 
 ALL = list_masks()
 FAST = settings(max_examples=40, deadline=None)
-
-
-def build(name: str, seqlen: int, params: dict[str, Any], seed: int) -> AttnMask:
-    try:
-        return make_mask(name, seqlen, seed=seed, **params)
-    except ValueError:
-        if name in EXACT_PATTERNS or name in SPARSE_PATTERNS:
-            raise  # the strategies only draw valid parameters for known patterns
-        pytest.skip(f"{name}: defaults are not valid at seqlen={seqlen}")
 
 
 def dense_np(mask: AttnMask) -> np.ndarray:
@@ -44,28 +29,8 @@ def dense_np(mask: AttnMask) -> np.ndarray:
     return dense if dense.ndim == 3 else dense[None]
 
 
-def check_doc_lengths(mask: AttnMask, seqlen: int, params: dict[str, Any]) -> None:
-    """The mask's documents obey the document parameters it was made with."""
-    lengths = mask.doc_lengths
-    assert lengths is not None
-    assert lengths.sum() == seqlen and (lengths >= 1).all()
-    assert np.array_equal(mask.doc_boundaries, np.concatenate([[0], np.cumsum(lengths)]))
-    if "doc_lengths" in params:
-        assert lengths.tolist() == params["doc_lengths"]
-    elif params.get("doc_source") == "fixed":
-        n = params["doc_len"]
-        expected = [n] * (seqlen // n) + ([seqlen % n] if seqlen % n else [])
-        assert lengths.tolist() == expected
-    elif params.get("doc_source") == "uniform":
-        lo, hi = params["min_doc_len"], params["max_doc_len"]
-        assert ((lengths[:-1] >= lo) & (lengths[:-1] <= hi)).all()
-        assert lengths[-1] <= hi
-
-
 # ----------------------------------------------------------------------------- registry
-def test_registry_lists_expected_patterns_and_alias() -> None:
-    expected = EXACT_PATTERNS | SPARSE_PATTERNS
-    assert expected <= set(ALL)
+def test_registry_has_the_alias() -> None:
     assert "document" not in ALL  # alias, not a canonical name
     assert len(ALL) == len(set(ALL))
     doc = make_mask("document", 300, seed=3, doc_source="uniform", min_doc_len=5, max_doc_len=50)
@@ -77,8 +42,9 @@ def test_registry_lists_expected_patterns_and_alias() -> None:
     assert get_pattern("document").param_names() == get_pattern("causal_document").param_names()
 
 
-@pytest.mark.parametrize("name", sorted(DOC_PATTERNS))
+@pytest.mark.parametrize("name", ALL)
 def test_document_patterns_share_document_params(name: str) -> None:
+    """The reference's view (built from packed documents) is the pattern's own."""
     shared = {
         "doc_source",
         "doc_lengths",
@@ -91,7 +57,9 @@ def test_document_patterns_share_document_params(name: str) -> None:
         "histogram_file",
         "histogram_name",
     }
-    assert shared <= set(get_pattern(name).param_names())
+    documents = reference_of(name).documents
+    assert documents == get_pattern(name).uses_documents
+    assert (shared <= set(get_pattern(name).param_names())) == documents
 
 
 # ----------------------------------------------------------------------------- semantics
@@ -99,8 +67,9 @@ def test_document_patterns_share_document_params(name: str) -> None:
 @FAST
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_pattern_matches_definition(name: str, data: st.DataObject, seed: int) -> None:
-    seqlen, params = data.draw(pattern_params(name), label="seqlen, params")
-    mask = build(name, seqlen, params, seed)
+    reference = reference_of(name)
+    seqlen, params = data.draw(reference.params(160), label="seqlen, params")
+    mask = make_mask(name, seqlen, seed=seed, **params)
     dense = dense_np(mask)
     H = dense.shape[0]
 
@@ -113,68 +82,18 @@ def test_pattern_matches_definition(name: str, data: st.DataObject, seed: int) -
     assert math.isclose(mask.density(), dense.sum() / (H * seqlen * seqlen))
     assert mask.name == name and mask.seed == seed
 
-    if name in EXACT_PATTERNS:
+    if reference.documents:
+        check_doc_lengths(mask, seqlen, params)
+    if reference.dense is not None:
         assert H == 1
-        if name in DOC_PATTERNS or name == "block_causal_document":
-            assert mask.doc_lengths is not None
-        if name in DOC_PATTERNS:
-            check_doc_lengths(mask, seqlen, params)
-        if name in ("prefix_lm_causal", "prefix_lm_document"):
-            prefix = mask.params["prefix"]
-            assert isinstance(prefix, (int, np.integer)) and 0 <= prefix <= seqlen
-            if params["prefix"] is not None:
-                assert prefix == params["prefix"]
-        expected = reference_dense(name, seqlen, mask.params, mask.doc_lengths)
+        expected = reference.dense(seqlen, mask.params, mask.doc_lengths)
+        expected = np.broadcast_to(expected, (seqlen, seqlen))
         mismatch = np.argwhere(expected != dense[0])
         assert len(mismatch) == 0, f"first mismatching (i, j): {mismatch[:5].tolist()}"
         assert mask.area() == int(expected.sum())
-
-    if name == "block_causal_document":
-        B = params["block_size"]
-        blocks = mask.doc_lengths // B
-        assert (mask.doc_lengths % B == 0).all()
-        # Every document, the last one included, has min_blocks..max_blocks blocks.
-        assert (blocks >= params["min_blocks"]).all() and (blocks <= params["max_blocks"]).all()
-
-    if name == "block_sparse":
-        check_block_sparse(dense, seqlen, params)
-    if name == "varblock_sparse":
-        check_varblock_sparse(dense, seqlen, params)
-
-
-def check_block_sparse(dense: np.ndarray, seqlen: int, params: dict[str, Any]) -> None:
-    B, H = params["block_size"], params["heads"]
-    assert dense.shape[0] == H
-    n_blocks = -(-seqlen // B)
-    block_of = np.arange(seqlen) // B
-    first = block_of * B  # first token of each token's block
-    # Constant on every block: each token pair equals the pair of its blocks' first tokens.
-    assert np.array_equal(dense, dense[:, first][:, :, first])
-    kept = dense[:, ::B, ::B]  # (H, nQ, nK) block picks
-    assert kept.shape == (H, n_blocks, n_blocks)
-    want = kept_blocks_expected(round(params["density"] * 100), n_blocks)
-    assert (kept.sum(axis=-1) == want).all(), kept.sum(axis=-1)
-    sizes = np.bincount(block_of, minlength=n_blocks)
-    area = np.einsum("hqk,q,k->h", kept.astype(np.int64), sizes, sizes)
-    assert area.tolist() == dense.sum(axis=(1, 2)).tolist()
-
-
-def run_lengths(changes: np.ndarray, n: int) -> np.ndarray:
-    """Lengths of the maximal runs of a sequence of n items, given where item x != item x-1."""
-    bounds = np.concatenate([[0], np.flatnonzero(changes) + 1, [n]])
-    return np.diff(bounds)
-
-
-def check_varblock_sparse(dense: np.ndarray, seqlen: int, params: dict[str, Any]) -> None:
-    assert dense.shape[0] == params["heads"]
-    minimum = min(params["min_block_size"], seqlen)
-    for head in dense:
-        # A grid of row blocks x column blocks, each block of >= min_block_size tokens, each
-        # fully kept or dropped: maximal runs of identical rows (columns) are whole blocks.
-        row_runs = run_lengths((head[1:] != head[:-1]).any(axis=1), seqlen)
-        col_runs = run_lengths((head[:, 1:] != head[:, :-1]).any(axis=0), seqlen)
-        assert row_runs.min() >= minimum and col_runs.min() >= minimum
-        assert head.any(axis=1).all()  # every query block keeps at least one key block
+    if reference.check is not None:
+        reference.check(mask, dense, seqlen, params)
+    assert reference.dense is not None or reference.check is not None, "a reference checks"
 
 
 @pytest.mark.parametrize(("density", "heads"), [(0.2, 2), (0.5, 1), (0.8, 3)])
@@ -315,8 +234,8 @@ def test_block_causal_document_unsplittable_rejected(
 def test_same_inputs_same_mask_and_replay_from_params(
     name: str, data: st.DataObject, seed: int
 ) -> None:
-    seqlen, params = data.draw(pattern_params(name), label="seqlen, params")
-    a = build(name, seqlen, params, seed)
+    seqlen, params = data.draw(reference_of(name).params(160), label="seqlen, params")
+    a = make_mask(name, seqlen, seed=seed, **params)
     b = make_mask(name, seqlen, seed=seed, **params)
     assert a == b
     assert np.array_equal(a.slices, b.slices) and np.array_equal(a.head_ptr, b.head_ptr)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from lcab.kernels.probe import ApiNeed, PackageProbe, api_reasons
+from lcab.kernels.packages import ApiNeed, PackageProbe, api_reasons
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ def test_rows_name_the_commit_and_the_module_the_torch_build_installs() -> None:
     for row in table.ROWS:
         assert row.source.startswith(f"{table.COMMIT}:{table.FM3}/"), row.qualname
         assert row.module == "interface_torch"
-    assert adapter.FlashMaskKernel.probe.module == table.MODULE
+    assert adapter.FlashMaskKernel.caps.requires.module == table.MODULE
     assert adapter.FlashMaskKernel.caps.package == table.MODULE
 
 
@@ -47,7 +47,7 @@ def test_the_adapter_passes_only_what_the_rows_define() -> None:
     assert set(adapter.FLASHMASK_KWARGS) <= set(call.params[3:])
     assert set(adapter.BWD_KWARGS) <= set(bwd.params)
     assert call.lse is not None and call.lse.layout == "bhs" and not call.lse.differentiable
-    needs = {need.function for need in adapter.FlashMaskKernel.probe.needs}
+    needs = {need.function for need in adapter.FlashMaskKernel.caps.requires.needs}
     assert needs == {call.name, bwd.name}
 
 

@@ -6,8 +6,8 @@
 their defaults and keyword-only marks — read with ``inspect.signature`` in a subprocess where
 the package imports without a GPU (flashinfer), and from the installed file's AST where it does
 not (flash-attn-4 needs ``cutlass``; TE's wheel without its 276 MB core raises on import) — and
-cite lines of that file that hold the definition. Every adapter's probe must ask only for
-functions and keywords its table states.
+cite lines of that file that hold the definition. Every registered kernel's probe must ask only
+for functions and keywords a table states.
 
 Block-Sparse-Attention and fastvideo-kernel do not install on a CPU machine (a CUDA source
 build; fastvideo-kernel's only wheel is CPython 3.12 pinning torch 2.12). Their rows are held to
@@ -19,9 +19,12 @@ their sources by the same AST comparison when ``LCAB_UPSTREAM_SOURCES`` names a 
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.metadata
 import json
 import os
+import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,28 +33,38 @@ from typing import Any
 
 import pytest
 
-from lcab.kernels.block_sparse_attn import BlockSparseAttnKernel
-from lcab.kernels.fa4 import FA4Kernel
-from lcab.kernels.flashinfer import FlashInferSparseKernel
-from lcab.kernels.probe import ApiNeed, PackageProbe
-from lcab.kernels.te_cudnn import CudnnKernel
+from lcab.kernels import KERNELS, upstream
+from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.upstream import block_sparse_attn, cudnn, fa4, flashinfer, vsa
 from lcab.kernels.upstream.facts import UpstreamFunction
-from lcab.kernels.vsa import VSAThunderKittensKernel, VSATritonKernel
 from tests.helpers.upstream_source import definition, kind_of, signature_of
 
 TARGET = Path(os.environ.get("LCAB_UPSTREAM_TARGET", Path(sys.prefix) / "lcab-upstream"))
-INSTALLED_TABLES = (fa4, flashinfer, cudnn)
+TABLES = [
+    importlib.import_module(f"{upstream.__name__}.{info.name}")
+    for info in pkgutil.iter_modules(upstream.__path__)
+]
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+_EXTRA = re.search(r"^upstream = \[(.*?)^\]", PYPROJECT.read_text(), re.M | re.S)
+#: The pins of pyproject.toml's ``upstream`` extra, which setup.sh installs into TARGET.
+PINNED = dict(re.findall(r'"([\w.-]+)==([^"]+)"', _EXTRA.group(1) if _EXTRA else ""))
+#: The tables of a library the upstream extra installs, at the version the table read.
+INSTALLED_TABLES = [t for t in TABLES if getattr(t, "DISTRIBUTION", None) in PINNED]
 SOURCE_TABLES = (block_sparse_attn, vsa)
-#: Each adapter's probe and the table it is held to.
-PROBES: dict[str, tuple[PackageProbe, ModuleType]] = {
-    "fa4": (FA4Kernel.probe, fa4),
-    "sparse_flashinfer": (FlashInferSparseKernel.probe, flashinfer),
-    "cudnn": (CudnnKernel.probe, cudnn),
-    "sparse_fa2": (BlockSparseAttnKernel.probe, block_sparse_attn),
-    "sparse_vsa": (VSAThunderKittensKernel.probe, vsa),
-    "sparse_vsa_triton": (VSATritonKernel.probe, vsa),
+#: Every row of every table in lcab.kernels.upstream, by (module, name).
+ROWS: dict[tuple[str, str], UpstreamFunction] = {
+    (row.module, row.name): row
+    for table in TABLES
+    for row in vars(table).values()
+    if isinstance(row, UpstreamFunction)
 }
+#: Each registered kernel's package and the functions it needs (registry-driven).
+NEEDS = [
+    (name, kernel.caps.requires, need)
+    for name, kernel in ((n, KERNELS.get(n)) for n in KERNELS.names())
+    if kernel.caps.requires is not None
+    for need in kernel.caps.requires.needs
+]
 
 Signature = dict[str, Any]
 """{"params": [...], "defaults": {name: repr}, "keyword_only": [...]}."""
@@ -261,17 +274,14 @@ def test_row_matches_the_cited_source(row: UpstreamFunction) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kernel", "need"),
-    [(name, need) for name, (probe, _) in PROBES.items() for need in probe.needs],
-    ids=lambda c: c if isinstance(c, str) else c.function,
+    ("kernel", "package", "need"), NEEDS, ids=[f"{k}-{need.function}" for k, _, need in NEEDS]
 )
-def test_each_probe_asks_only_what_its_table_states(kernel: str, need: ApiNeed) -> None:
+def test_each_probe_asks_only_what_its_table_states(
+    kernel: str, package: PackageProbe, need: ApiNeed
+) -> None:
     """The function is a row; its keywords are the row's; nothing required goes unpassed."""
-    probe, table = PROBES[kernel]
-    rows = {row.name: row for row in table.ROWS}
-    assert need.function in rows, f"{kernel} probes {need.function}, not in its table"
-    row = rows[need.function]
-    assert probe.module == row.module
+    row = ROWS.get((package.module, need.function))
+    assert row is not None, f"{kernel} probes {package.module}.{need.function}: in no table"
     assert set(need.params) <= set(row.params), set(need.params) - set(row.params)
     assert need.positional is not None, "state how many arguments go by position"
     by_position = [p for p in row.params if p not in row.keyword_only][: need.positional]

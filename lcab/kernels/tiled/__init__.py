@@ -8,7 +8,7 @@ time, `engine` runs a plan forward and backward on single-threaded `workers` ove
 from lcab.kernels.tiled.engine import tiled_attention, tiled_attention_function
 from lcab.kernels.tiled.items import WorkItems
 from lcab.kernels.tiled.plan import TiledPlan
-from lcab.kernels.tiled.prepared import PreparedTiled, plan_for, tiled_caps
+from lcab.kernels.tiled.prepared import PreparedTiled, plan_for
 
 __all__ = [
     "PreparedTiled",
@@ -17,5 +17,4 @@ __all__ = [
     "plan_for",
     "tiled_attention",
     "tiled_attention_function",
-    "tiled_caps",
 ]

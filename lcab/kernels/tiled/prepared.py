@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from lcab.kernels.base import KernelCaps, PreparedAttention, Problem, lse_dtype
+from lcab.kernels.base import Grads, Output, PreparedAttention, Problem, lse_dtype
 from lcab.kernels.tiled.engine import plan_backward, tiled_attention
 from lcab.kernels.tiled.items import WorkItems
 from lcab.kernels.tiled.plan import TiledPlan
@@ -18,6 +18,7 @@ from lcab.masks.core import AttnMask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
@@ -30,21 +31,13 @@ class PreparedTiled(PreparedAttention):
     def __init__(self, plan: TiledPlan) -> None:
         self.plan = plan
 
-    def run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         """(out, lse) of packed q/k/v; autograd runs the engine's own backward."""
         return tiled_attention(self.plan, q, k, v)
 
     def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
         """The engine's backward under merged statistics (out, lse) of whole rows (ring CP).
 
         It is the same backward as after this plan's own forward, fed the merged result
@@ -69,20 +62,4 @@ def plan_for(mask: AttnMask, problem: Problem, items: WorkItems) -> TiledPlan:
         heads_kv=problem.heads_kv,
         shared=mask.num_heads == 1,
         device=problem.torch_device,
-    )
-
-
-def tiled_caps(lowering: str) -> KernelCaps:
-    """Capabilities of a kernel on this engine (``lowering`` is the mask form it reads).
-
-    The engine is plain torch ops, so: any device and float dtype, forward and backward, GQA,
-    per-KV-head masks, and the lse.
-    """
-    return KernelCaps(
-        devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({"float32", "float64", "bfloat16", "float16"}),
-        lowering=lowering,
-        backward_devices=frozenset({"cpu", "cuda"}),
-        per_head_masks=True,
-        stats_backward=True,
     )

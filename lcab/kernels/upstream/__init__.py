@@ -9,5 +9,6 @@ stand-ins in ``tests/helpers`` build their signatures from them, and the tests h
 to the real thing wherever it exists on a CPU machine (torch's own kernels, packages that
 install without a GPU, the sources in a library's sdist).
 
-`facts` holds the row types; each other module is one library's table.
+`facts` holds the row types; each other module is one library's table, its rows written with
+`facts.upstream_function`: the parameter list as the source's ``def`` writes it.
 """

@@ -13,7 +13,7 @@ backward (``ctx`` keeps it; ``backward(ctx, dout, *args)``).
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, upstream_function
 
 VERSION = "49d6c39"
 MODULE = "block_sparse_attn"
@@ -21,34 +21,14 @@ _FILE = (
     f"mit-han-lab/Block-Sparse-Attention@{VERSION}:block_sparse_attn/block_sparse_attn_interface.py"
 )
 
-BLOCK_SPARSE_ATTN_FUNC = UpstreamFunction(
+BLOCK_SPARSE_ATTN_FUNC = upstream_function(
     module=MODULE,
     name="block_sparse_attn_func",
-    params=(
-        "q",
-        "k",
-        "v",
-        "cu_seqlens_q",
-        "cu_seqlens_k",
-        "head_mask_type",
-        "streaming_info",
-        "base_blockmask",
-        "max_seqlen_q_",
-        "max_seqlen_k_",
-        "p_dropout",
-        "deterministic",
-        "softmax_scale",
-        "is_causal",
-        "exact_streaming",
-        "return_attn_probs",
+    signature=(
+        "q, k, v, cu_seqlens_q, cu_seqlens_k, head_mask_type, streaming_info, base_blockmask, "
+        "max_seqlen_q_, max_seqlen_k_, p_dropout, deterministic=False, softmax_scale=None, "
+        "is_causal=False, exact_streaming=False, return_attn_probs=False"
     ),
-    defaults={
-        "deterministic": False,
-        "softmax_scale": None,
-        "is_causal": False,
-        "exact_streaming": False,
-        "return_attn_probs": False,
-    },
     returns=("out", "softmax_lse", "S_dmask"),
     lse=LseFact("bhs", empty_rows="+inf"),
     alignment="n/a: whole 128x128 blocks (is_causal=False)",

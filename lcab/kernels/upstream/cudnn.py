@@ -16,7 +16,7 @@ switches ``NVTE_FUSED_ATTN``/``NVTE_FLASH_ATTN``/``NVTE_UNFUSED_ATTN`` are read 
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import UpstreamFunction
+from lcab.kernels.upstream.facts import upstream_function
 
 DISTRIBUTION = "transformer-engine"
 VERSION = "2.20.2"
@@ -29,137 +29,36 @@ _ALIGNMENT = (
     "bottom_right_diagonal=None: top-left for causal/padding_causal, bottom-right otherwise"
 )
 
-DOT_PRODUCT_ATTENTION = UpstreamFunction(
+DOT_PRODUCT_ATTENTION = upstream_function(
     module=MODULE,
     name="DotProductAttention",
-    params=(
-        "num_attention_heads",
-        "kv_channels",
-        "num_gqa_groups",
-        "attention_dropout",
-        "qkv_format",
-        "attn_mask_type",
-        "window_size",
-        "bottom_right_diagonal",
-        "softcap",
-        "sequence_parallel",
-        "tp_size",
-        "get_rng_state_tracker",
-        "tp_group",
-        "layer_number",
-        "attention_type",
-        "cp_group",
-        "cp_global_ranks",
-        "cp_stream",
-        "cp_comm_type",
-        "softmax_scale",
-        "softmax_type",
-        "return_max_logit",
-        "name",
+    signature=(
+        "num_attention_heads, kv_channels, num_gqa_groups=None, attention_dropout=0.0, "
+        "qkv_format='sbhd', attn_mask_type='causal', window_size=None, "
+        "bottom_right_diagonal=None, softcap=0.0, sequence_parallel=False, tp_size=1, "
+        "get_rng_state_tracker=None, tp_group=None, layer_number=None, attention_type='self', "
+        "cp_group=None, cp_global_ranks=None, cp_stream=None, cp_comm_type='p2p', "
+        "softmax_scale=None, softmax_type='vanilla', return_max_logit=False, name=None"
     ),
-    defaults={
-        "num_gqa_groups": None,
-        "attention_dropout": 0.0,
-        "qkv_format": "sbhd",
-        "attn_mask_type": "causal",
-        "window_size": None,
-        "bottom_right_diagonal": None,
-        "softcap": 0.0,
-        "sequence_parallel": False,
-        "tp_size": 1,
-        "get_rng_state_tracker": None,
-        "tp_group": None,
-        "layer_number": None,
-        "attention_type": "self",
-        "cp_group": None,
-        "cp_global_ranks": None,
-        "cp_stream": None,
-        "cp_comm_type": "p2p",
-        "softmax_scale": None,
-        "softmax_type": "vanilla",
-        "return_max_logit": False,
-        "name": None,
-    },
     alignment=_ALIGNMENT,
     source=f"{_FILE}:L854-879",
 )
 
-DOT_PRODUCT_ATTENTION_FORWARD = UpstreamFunction(
+DOT_PRODUCT_ATTENTION_FORWARD = upstream_function(
     module=MODULE,
     name="DotProductAttention.forward",
-    params=(
-        "self",
-        "query_layer",
-        "key_layer",
-        "value_layer",
-        "attention_mask",
-        "qkv_format",
-        "cu_seqlens_q",
-        "cu_seqlens_kv",
-        "cu_seqlens_q_padded",
-        "cu_seqlens_kv_padded",
-        "max_seqlen_q",
-        "max_seqlen_kv",
-        "attn_mask_type",
-        "window_size",
-        "bottom_right_diagonal",
-        "softcap",
-        "checkpoint_core_attention",
-        "core_attention_bias_type",
-        "core_attention_bias",
-        "alibi_slopes",
-        "fast_zero_fill",
-        "inference_params",
-        "pad_between_seqs",
-        "fp8_output",
-        "bf16_backward",
-        "num_splits",
-        "score_mod",
-        "score_mod_bprop",
-        "score_mod_tensors",
-        "score_mod_bprop_tensors",
-        "qkv_layer",
-        "kv_layer",
-        "qkv_interleave_dim",
-        "thd_attention_policies",
-        "thd_attention_policy_dispatch",
+    signature=(
+        "self, query_layer=None, key_layer=None, value_layer=None, attention_mask=None, "
+        "qkv_format=None, cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None, "
+        "cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type=None, "
+        "window_size=None, bottom_right_diagonal=None, softcap=None, "
+        "checkpoint_core_attention=False, core_attention_bias_type='no_bias', "
+        "core_attention_bias=None, alibi_slopes=None, fast_zero_fill=True, "
+        "inference_params=None, pad_between_seqs=None, fp8_output=False, bf16_backward=False, "
+        "num_splits=1, score_mod=None, score_mod_bprop=None, score_mod_tensors=None, "
+        "score_mod_bprop_tensors=None, qkv_layer=None, kv_layer=None, qkv_interleave_dim=-3, "
+        "thd_attention_policies=None, thd_attention_policy_dispatch='auto'"
     ),
-    defaults={
-        "query_layer": None,
-        "key_layer": None,
-        "value_layer": None,
-        "attention_mask": None,
-        "qkv_format": None,
-        "cu_seqlens_q": None,
-        "cu_seqlens_kv": None,
-        "cu_seqlens_q_padded": None,
-        "cu_seqlens_kv_padded": None,
-        "max_seqlen_q": None,
-        "max_seqlen_kv": None,
-        "attn_mask_type": None,
-        "window_size": None,
-        "bottom_right_diagonal": None,
-        "softcap": None,
-        "checkpoint_core_attention": False,
-        "core_attention_bias_type": "no_bias",
-        "core_attention_bias": None,
-        "alibi_slopes": None,
-        "fast_zero_fill": True,
-        "inference_params": None,
-        "pad_between_seqs": None,
-        "fp8_output": False,
-        "bf16_backward": False,
-        "num_splits": 1,
-        "score_mod": None,
-        "score_mod_bprop": None,
-        "score_mod_tensors": None,
-        "score_mod_bprop_tensors": None,
-        "qkv_layer": None,
-        "kv_layer": None,
-        "qkv_interleave_dim": -3,
-        "thd_attention_policies": None,
-        "thd_attention_policy_dispatch": "auto",
-    },
     returns=("out",),
     alignment=_ALIGNMENT,
     source=f"{_FILE}:L1935-1972",

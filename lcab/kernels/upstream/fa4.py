@@ -15,7 +15,7 @@ gradient is needed — and their backward passes ``dlse`` on when ``return_lse=T
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, upstream_function
 
 DISTRIBUTION = "flash-attn-4"
 VERSION = "4.0.0b36"
@@ -26,56 +26,17 @@ _FILE = f"Dao-AILab/flash-attention@{VERSION}:flash_attn/cute/interface.py"
 LSE = LseFact("bhs", empty_rows="-inf", differentiable=True)
 _ALIGNMENT = "bottom-right; None = unbounded side; two negative ints = no window"
 
-FLASH_ATTN_FUNC = UpstreamFunction(
+FLASH_ATTN_FUNC = upstream_function(
     module=MODULE,
     name="flash_attn_func",
-    params=(
-        "q",
-        "k",
-        "v",
-        "qv",
-        "gather_kv_indices",
-        "softmax_scale",
-        "causal",
-        "window_size",
-        "learnable_sink",
-        "softcap",
-        "num_splits",
-        "pack_gqa",
-        "deterministic",
-        "score_mod",
-        "score_mod_bwd",
-        "mask_mod",
-        "aux_tensors",
-        "aux_scalars",
-        "block_sparse_tensors",
-        "block_sparse_tensors_bwd",
-        "return_lse",
-        "gather_bwd_recompute_p",
-        "gather_bwd_token_chunk",
+    signature=(
+        "q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False, "
+        "window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, "
+        "pack_gqa=None, deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, "
+        "aux_tensors=None, aux_scalars=None, block_sparse_tensors=None, "
+        "block_sparse_tensors_bwd=None, return_lse=False, gather_bwd_recompute_p=False, "
+        "gather_bwd_token_chunk=None"
     ),
-    defaults={
-        "qv": None,
-        "gather_kv_indices": None,
-        "softmax_scale": None,
-        "causal": False,
-        "window_size": (None, None),
-        "learnable_sink": None,
-        "softcap": 0.0,
-        "num_splits": 1,
-        "pack_gqa": None,
-        "deterministic": False,
-        "score_mod": None,
-        "score_mod_bwd": None,
-        "mask_mod": None,
-        "aux_tensors": None,
-        "aux_scalars": None,
-        "block_sparse_tensors": None,
-        "block_sparse_tensors_bwd": None,
-        "return_lse": False,
-        "gather_bwd_recompute_p": False,
-        "gather_bwd_token_chunk": None,
-    },
     returns=("out", "lse"),
     lse=LSE,
     alignment=_ALIGNMENT,
@@ -83,76 +44,19 @@ FLASH_ATTN_FUNC = UpstreamFunction(
     notes="q/k/v (B, S, H, D); lse (B, H, Sq)",
 )
 
-FLASH_ATTN_VARLEN_FUNC = UpstreamFunction(
+FLASH_ATTN_VARLEN_FUNC = upstream_function(
     module=MODULE,
     name="flash_attn_varlen_func",
-    params=(
-        "q",
-        "k",
-        "v",
-        "qv",
-        "cu_seqlens_q",
-        "cu_seqlens_k",
-        "max_seqlen_q",
-        "max_seqlen_k",
-        "min_seqlen_k",
-        "seqused_q",
-        "seqused_k",
-        "gather_kv_indices",
-        "page_table",
-        "softmax_scale",
-        "causal",
-        "window_size",
-        "learnable_sink",
-        "softcap",
-        "num_splits",
-        "pack_gqa",
-        "deterministic",
-        "score_mod",
-        "score_mod_bwd",
-        "mask_mod",
-        "block_sparse_tensors",
-        "aux_tensors",
-        "aux_scalars",
-        "return_lse",
-        "scheduler_metadata",
-        "seqlen_k_per_split",
-        "disable_scheduler_metadata",
-        "gather_bwd_recompute_p",
-        "gather_bwd_token_chunk",
+    signature=(
+        "q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, "
+        "max_seqlen_k=None, min_seqlen_k=None, seqused_q=None, seqused_k=None, "
+        "gather_kv_indices=None, page_table=None, softmax_scale=None, causal=False, "
+        "window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, "
+        "pack_gqa=None, deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, "
+        "block_sparse_tensors=None, aux_tensors=None, aux_scalars=None, return_lse=False, "
+        "scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False, "
+        "gather_bwd_recompute_p=False, gather_bwd_token_chunk=None"
     ),
-    defaults={
-        "qv": None,
-        "cu_seqlens_q": None,
-        "cu_seqlens_k": None,
-        "max_seqlen_q": None,
-        "max_seqlen_k": None,
-        "min_seqlen_k": None,
-        "seqused_q": None,
-        "seqused_k": None,
-        "gather_kv_indices": None,
-        "page_table": None,
-        "softmax_scale": None,
-        "causal": False,
-        "window_size": (None, None),
-        "learnable_sink": None,
-        "softcap": 0.0,
-        "num_splits": 1,
-        "pack_gqa": None,
-        "deterministic": False,
-        "score_mod": None,
-        "score_mod_bwd": None,
-        "mask_mod": None,
-        "block_sparse_tensors": None,
-        "aux_tensors": None,
-        "aux_scalars": None,
-        "return_lse": False,
-        "scheduler_metadata": None,
-        "seqlen_k_per_split": None,
-        "disable_scheduler_metadata": False,
-        "gather_bwd_recompute_p": False,
-        "gather_bwd_token_chunk": None,
-    },
     returns=("out", "lse"),
     lse=LseFact("ht", empty_rows="-inf", differentiable=True),
     alignment=_ALIGNMENT,

@@ -9,6 +9,7 @@ downloaded source file).
 
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -115,3 +116,33 @@ class UpstreamFunction:
         bound = self.signature().bind(*args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)
+
+
+def upstream_function(
+    module: str, name: str, signature: str, source: str, **facts: Any
+) -> UpstreamFunction:
+    """A row whose parameters are written as the source writes them, so they read as its ``def``.
+
+    ``signature`` is a parameter list, ``"q, k, v, causal=False, *, scale=None"``: names in
+    order, literal defaults (`ast.literal_eval`), a bare ``*`` before keyword-only ones.
+    """
+    tree = ast.parse(f"def f({signature}): pass").body[0]
+    assert isinstance(tree, ast.FunctionDef)
+    args = tree.args
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    keyword_only = tuple(a.arg for a in args.kwonlyargs)
+    defaults = dict(
+        zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True)
+    )
+    defaults |= {
+        a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
+    }
+    return UpstreamFunction(
+        module,
+        name,
+        (*positional, *keyword_only),
+        source,
+        defaults={key: ast.literal_eval(node) for key, node in defaults.items()},
+        keyword_only=keyword_only,
+        **facts,
+    )

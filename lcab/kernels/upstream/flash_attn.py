@@ -39,7 +39,7 @@ Facts beyond the signatures, with their lines:
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, upstream_function
 
 FA2_SOURCE = "Dao-AILab/flash-attention@v2.8.3 (PyPI flash-attn 2.8.3.post2 sdist)"
 FA3_HEAD = "Dao-AILab/flash-attention@0251105a (2026-08-15)"
@@ -54,66 +54,42 @@ FA3_LSE = LseFact(
     layout="bhs", varlen_layout="ht", empty_rows="-inf", differentiable=False, dtype="float32"
 )
 
-_FA2_CALL_TAIL = (
-    "dropout_p",
-    "softmax_scale",
-    "causal",
-    "window_size",
-    "softcap",
-    "alibi_slopes",
-    "deterministic",
-    "return_attn_probs",
-)
-_FA2_CALL_DEFAULTS = {
-    "dropout_p": 0.0,
-    "softmax_scale": None,
-    "causal": False,
-    "window_size": (-1, -1),
-    "softcap": 0.0,
-    "alibi_slopes": None,
-    "deterministic": False,
-    "return_attn_probs": False,
-}
 VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
-FA2_FUNC = UpstreamFunction(
+FA2_FUNC = upstream_function(
     module="flash_attn",
     name="flash_attn_func",
-    params=("q", "k", "v", *_FA2_CALL_TAIL),
-    defaults=_FA2_CALL_DEFAULTS,
+    signature=(
+        "q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), "
+        "softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False"
+    ),
     returns=("out", "softmax_lse", "S_dmask"),
     lse=FA2_LSE,
     alignment="bottom-right",
     source=f"{FA2_SOURCE}:{FA2_FILE}:L1135-1147",
     notes="returns out alone unless return_attn_probs; (out, lse, S_dmask) with it",
 )
-FA2_VARLEN_FUNC = UpstreamFunction(
+FA2_VARLEN_FUNC = upstream_function(
     module="flash_attn",
     name="flash_attn_varlen_func",
-    params=("q", "k", "v", *VARLEN_ARGS, *_FA2_CALL_TAIL, "block_table"),
-    defaults=_FA2_CALL_DEFAULTS | {"block_table": None},
+    signature=(
+        "q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, "
+        "softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, "
+        "deterministic=False, return_attn_probs=False, block_table=None"
+    ),
     returns=("out", "softmax_lse", "S_dmask"),
     lse=FA2_LSE,
     alignment="bottom-right",
     source=f"{FA2_SOURCE}:{FA2_FILE}:L1370-1387",
 )
-_FA2_BWD_HEAD = ("dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv")
-_FA2_BWD_TAIL = (
-    "dropout_p",
-    "softmax_scale",
-    "causal",
-    "window_size_left",
-    "window_size_right",
-    "softcap",
-    "alibi_slopes",
-    "deterministic",
-    "rng_state",
-)
-FA2_BACKWARD = UpstreamFunction(
+FA2_BACKWARD = upstream_function(
     module="flash_attn.flash_attn_interface",
     name="_flash_attn_backward",
-    params=(*_FA2_BWD_HEAD, *_FA2_BWD_TAIL),
-    defaults={"rng_state": None},
+    signature=(
+        "dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal, "
+        "window_size_left, window_size_right, softcap, alibi_slopes, deterministic, "
+        "rng_state=None"
+    ),
     returns=("softmax_d",),
     lse=FA2_LSE,
     alignment="bottom-right",
@@ -124,11 +100,14 @@ FA2_BACKWARD = UpstreamFunction(
     op="flash_attn::_flash_attn_backward",
     mutates=("dq", "dk", "dv"),
 )
-FA2_VARLEN_BACKWARD = UpstreamFunction(
+FA2_VARLEN_BACKWARD = upstream_function(
     module="flash_attn.flash_attn_interface",
     name="_flash_attn_varlen_backward",
-    params=(*_FA2_BWD_HEAD, *VARLEN_ARGS, *_FA2_BWD_TAIL, "zero_tensors"),
-    defaults={"rng_state": None, "zero_tensors": False},
+    signature=(
+        "dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
+        "max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right, "
+        "softcap, alibi_slopes, deterministic, rng_state=None, zero_tensors=False"
+    ),
     returns=("softmax_d",),
     lse=FA2_LSE,
     alignment="bottom-right",
@@ -139,98 +118,43 @@ FA2_VARLEN_BACKWARD = UpstreamFunction(
     mutates=("dq", "dk", "dv"),
 )
 
-_FA3_CALL_TAIL = (
-    "softmax_scale",
-    "causal",
-    "qv",
-    "q_descale",
-    "k_descale",
-    "v_descale",
-    "window_size",
-    "attention_chunk",
-    "softcap",
-    "num_splits",
-    "pack_gqa",
-    "deterministic",
-    "sm_margin",
-    "return_attn_probs",
-)
-_FA3_CALL_DEFAULTS = {
-    "softmax_scale": None,
-    "causal": False,
-    "qv": None,
-    "q_descale": None,
-    "k_descale": None,
-    "v_descale": None,
-    "window_size": (-1, -1),
-    "attention_chunk": 0,
-    "softcap": 0.0,
-    "num_splits": 1,
-    "pack_gqa": None,
-    "deterministic": False,
-    "sm_margin": 0,
-    "return_attn_probs": False,
-}
-FA3_FUNC = UpstreamFunction(
+FA3_FUNC = upstream_function(
     module="flash_attn_interface",
     name="flash_attn_func",
-    params=("q", "k", "v", *_FA3_CALL_TAIL),
-    defaults=_FA3_CALL_DEFAULTS,
+    signature=(
+        "q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None, "
+        "v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1, "
+        "pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False"
+    ),
     returns=("out", "softmax_lse"),
     lse=FA3_LSE,
     alignment="bottom-right",
     source=f"{FA3_HEAD}:{FA3_FILE}:L809-825 (same at 203b9b3d L507-523)",
     notes="returns out alone unless return_attn_probs (from 203b9b3d on)",
 )
-FA3_VARLEN_FUNC = UpstreamFunction(
+FA3_VARLEN_FUNC = upstream_function(
     module="flash_attn_interface",
     name="flash_attn_varlen_func",
-    params=("q", "k", "v", *VARLEN_ARGS, "seqused_q", "seqused_k", *_FA3_CALL_TAIL),
-    defaults=_FA3_CALL_DEFAULTS | {"seqused_q": None, "seqused_k": None},
+    signature=(
+        "q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None, "
+        "seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, "
+        "k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, "
+        "num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False"
+    ),
     returns=("out", "softmax_lse"),
     lse=FA3_LSE,
     alignment="bottom-right",
     source=f"{FA3_HEAD}:{FA3_FILE}:L890-912 (same at 203b9b3d L588-610)",
 )
-_FA3_BWD_HEAD = (
-    "dout",
-    "q",
-    "k",
-    "v",
-    "out",
-    "softmax_lse",
-    "cu_seqlens_q",
-    "cu_seqlens_k",
-    "sequed_q",
-    "sequed_k",
-    "max_seqlen_q",
-    "max_seqlen_k",
-    "dq",
-    "dk",
-    "dv",
-    "softmax_scale",
-)
-FA3_BACKWARD = UpstreamFunction(
+FA3_BACKWARD = upstream_function(
     module="flash_attn_interface",
     name="_flash_attn_backward",
-    params=(
-        *_FA3_BWD_HEAD,
-        "is_causal",
-        "window_size_left",
-        "window_size_right",
-        "softcap",
-        "deterministic",
-        "sm_margin",
+    signature=(
+        "dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None, sequed_q=None, "
+        "sequed_k=None, max_seqlen_q=None, max_seqlen_k=None, dq=None, dk=None, dv=None, "
+        "softmax_scale=None, is_causal=False, window_size_left=-1, window_size_right=-1, "
+        "softcap=0.0, deterministic=False, sm_margin=0"
     ),
-    defaults={name: None for name in _FA3_BWD_HEAD[6:]}
-    | {
-        "is_causal": False,
-        "window_size_left": -1,
-        "window_size_right": -1,
-        "softcap": 0.0,
-        "deterministic": False,
-        "sm_margin": 0,
-    },
     returns=("softmax_d",),
     lse=FA3_LSE,
     alignment="bottom-right",
@@ -242,11 +166,14 @@ FA3_BACKWARD = UpstreamFunction(
     op="flash_attn_3::_flash_attn_backward",
     mutates=("dq", "dk", "dv"),
 )
-FA3_BACKWARD_AUG_2025 = UpstreamFunction(
+FA3_BACKWARD_AUG_2025 = upstream_function(
     module="flash_attn_interface",
     name="_flash_attn_backward",
-    params=(*_FA3_BWD_HEAD, "causal", "window_size", "softcap", "deterministic", "sm_margin"),
-    defaults={"window_size": (-1, -1), "softcap": 0.0, "deterministic": False, "sm_margin": 0},
+    signature=(
+        "dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequed_q, sequed_k, "
+        "max_seqlen_q, max_seqlen_k, dq, dk, dv, softmax_scale, causal, window_size=(-1, -1), "
+        "softcap=0.0, deterministic=False, sm_margin=0"
+    ),
     returns=("dq", "dk", "dv", "softmax_d"),
     lse=FA3_LSE,
     alignment="bottom-right",

@@ -17,7 +17,7 @@ The causal flag of the BSR plan is bottom-right aligned per row block over its g
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, upstream_function
 
 DISTRIBUTION = "flashinfer-python"
 VERSION = "0.7.2.post1"
@@ -28,162 +28,66 @@ BSR = "BlockSparseAttentionWrapper"
 VARIABLE = "VariableBlockSparseAttentionWrapper"
 _NOT_DIFFERENTIABLE = "no autograd (forward only)"
 
-BSR_INIT = UpstreamFunction(
+BSR_INIT = upstream_function(
     module=MODULE,
     name=BSR,
-    params=("float_workspace_buffer", "backend"),
-    defaults={"backend": "auto"},
+    signature="float_workspace_buffer, backend='auto'",
     source=f"{_FILE}:L409-413",
 )
 
-BSR_PLAN = UpstreamFunction(
+BSR_PLAN = upstream_function(
     module=MODULE,
     name=f"{BSR}.plan",
-    params=(
-        "self",
-        "indptr",
-        "indices",
-        "M",
-        "N",
-        "R",
-        "C",
-        "num_qo_heads",
-        "num_kv_heads",
-        "head_dim",
-        "mask",
-        "packed_mask",
-        "causal",
-        "pos_encoding_mode",
-        "use_fp16_qk_reduction",
-        "logits_soft_cap",
-        "sm_scale",
-        "rope_scale",
-        "rope_theta",
-        "q_data_type",
-        "kv_data_type",
-        "o_data_type",
-        "non_blocking",
-        "block_mask",
-        "kv_block_lens",
-        "q2k_indices",
-        "q2k_num",
-        "kv_splits",
-        "use_clc",
-        "q_scale",
-        "k_scale",
-        "v_scale",
+    signature=(
+        "self, indptr, indices, M, N, R, C, num_qo_heads, num_kv_heads, head_dim, mask=None, "
+        "packed_mask=None, causal=False, pos_encoding_mode='NONE', use_fp16_qk_reduction=False, "
+        "logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None, "
+        "q_data_type='float16', kv_data_type=None, o_data_type='float16', non_blocking=True, "
+        "block_mask=None, kv_block_lens=None, q2k_indices=None, q2k_num=None, kv_splits=None, "
+        "use_clc=None, q_scale=None, k_scale=None, v_scale=None"
     ),
-    defaults={
-        "mask": None,
-        "packed_mask": None,
-        "causal": False,
-        "pos_encoding_mode": "NONE",
-        "use_fp16_qk_reduction": False,
-        "logits_soft_cap": None,
-        "sm_scale": None,
-        "rope_scale": None,
-        "rope_theta": None,
-        "q_data_type": "float16",
-        "kv_data_type": None,
-        "o_data_type": "float16",
-        "non_blocking": True,
-        "block_mask": None,
-        "kv_block_lens": None,
-        "q2k_indices": None,
-        "q2k_num": None,
-        "kv_splits": None,
-        "use_clc": None,
-        "q_scale": None,
-        "k_scale": None,
-        "v_scale": None,
-    },
     alignment="causal: bottom-right within each row block's gathered keys",
     source=f"{_FILE}:L503-538",
     notes="mask: (nnz, R, C) bool element mask; N must be divisible by C",
 )
 
-BSR_RUN = UpstreamFunction(
+BSR_RUN = upstream_function(
     module=MODULE,
     name=f"{BSR}.run",
-    params=(
-        "self",
-        "q",
-        "k",
-        "v",
-        "scale_q",
-        "scale_k",
-        "scale_v",
-        "out",
-        "lse",
-        "return_lse",
-        "enable_pdl",
+    signature=(
+        "self, q, k, v, scale_q=None, scale_k=None, scale_v=None, out=None, lse=None, "
+        "return_lse=False, enable_pdl=None"
     ),
-    defaults={
-        "scale_q": None,
-        "scale_k": None,
-        "scale_v": None,
-        "out": None,
-        "lse": None,
-        "return_lse": False,
-        "enable_pdl": None,
-    },
     returns=("out", "lse"),
     lse=LseFact("th", base="2"),
     source=f"{_FILE}:L1351-1362",
     notes=f"q (M, Hq, D), k/v (N, Hkv, D); lse (M, Hq); {_NOT_DIFFERENTIABLE}",
 )
 
-VARIABLE_INIT = UpstreamFunction(
+VARIABLE_INIT = upstream_function(
     module=MODULE,
     name=VARIABLE,
-    params=("float_workspace_buffer", "backend"),
-    defaults={"backend": "auto"},
+    signature="float_workspace_buffer, backend='auto'",
     source=f"{_FILE}:L1682-1686",
 )
 
-VARIABLE_PLAN = UpstreamFunction(
+VARIABLE_PLAN = upstream_function(
     module=MODULE,
     name=f"{VARIABLE}.plan",
-    params=(
-        "self",
-        "block_mask_map",
-        "block_row_sz",
-        "block_col_sz",
-        "num_qo_heads",
-        "num_kv_heads",
-        "head_dim",
-        "causal",
-        "pos_encoding_mode",
-        "use_fp16_qk_reduction",
-        "logits_soft_cap",
-        "sm_scale",
-        "rope_scale",
-        "rope_theta",
-        "non_blocking",
-        "q_data_type",
-        "kv_data_type",
+    signature=(
+        "self, block_mask_map, block_row_sz, block_col_sz, num_qo_heads, num_kv_heads, head_dim, "
+        "causal=False, pos_encoding_mode='NONE', use_fp16_qk_reduction=False, "
+        "logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None, "
+        "non_blocking=True, q_data_type='float16', kv_data_type=None"
     ),
-    defaults={
-        "causal": False,
-        "pos_encoding_mode": "NONE",
-        "use_fp16_qk_reduction": False,
-        "logits_soft_cap": None,
-        "sm_scale": None,
-        "rope_scale": None,
-        "rope_theta": None,
-        "non_blocking": True,
-        "q_data_type": "float16",
-        "kv_data_type": None,
-    },
     source=f"{_FILE}:L1771-1789",
     notes="block_mask_map (Hkv, MB, NB) bool; block_row_sz (Hkv, MB), block_col_sz (Hkv, NB)",
 )
 
-VARIABLE_RUN = UpstreamFunction(
+VARIABLE_RUN = upstream_function(
     module=MODULE,
     name=f"{VARIABLE}.run",
-    params=("self", "q", "k", "v", "out", "lse", "return_lse", "enable_pdl"),
-    defaults={"out": None, "lse": None, "return_lse": False, "enable_pdl": None},
+    signature="self, q, k, v, out=None, lse=None, return_lse=False, enable_pdl=None",
     returns=("out", "lse"),
     lse=LseFact("ht", base="2"),
     source=f"{_FILE}:L2081-2090",

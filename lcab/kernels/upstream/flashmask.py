@@ -37,7 +37,7 @@ Facts beyond the signatures, with their lines:
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, UpstreamFunction, upstream_function
 
 COMMIT = "PaddlePaddle/flash-attention@9985af538d20bd7a56c7a5f5ea13294d454a011a (2026-08-17)"
 FM3 = "flashmask/flash_mask/flashmask_attention_v3"
@@ -49,38 +49,15 @@ EXTENSION = "flashmask._C"
 
 FLASHMASK_LSE = LseFact(layout="bhs", empty_rows="-inf", differentiable=False, dtype="float32")
 
-_CALL_KW = (
-    "dropout",
-    "causal",
-    "window_size",
-    "return_softmax_lse",
-    "return_seed_offset",
-    "fixed_seed_offset",
-    "rng_name",
-    "training",
-    "name",
-    "softmax_scale",
-    "block_mask",
-)
-FLASHMASK_ATTENTION = UpstreamFunction(
+FLASHMASK_ATTENTION = upstream_function(
     module=MODULE,
     name="flashmask_attention",
-    params=("query", "key", "value", "startend_row_indices", *_CALL_KW),
-    defaults={
-        "startend_row_indices": None,
-        "dropout": 0.0,
-        "causal": False,
-        "window_size": None,
-        "return_softmax_lse": False,
-        "return_seed_offset": False,
-        "fixed_seed_offset": None,
-        "rng_name": "",
-        "training": True,
-        "name": None,
-        "softmax_scale": None,
-        "block_mask": None,
-    },
-    keyword_only=_CALL_KW,
+    signature=(
+        "query, key, value, startend_row_indices=None, *, dropout=0.0, causal=False, "
+        "window_size=None, return_softmax_lse=False, return_seed_offset=False, "
+        "fixed_seed_offset=None, rng_name='', training=True, name=None, softmax_scale=None, "
+        "block_mask=None"
+    ),
     returns=("out", "softmax_lse"),
     lse=FLASHMASK_LSE,
     alignment="startend_row_indices: absolute rows; causal: bottom-right",
@@ -89,78 +66,18 @@ FLASHMASK_ATTENTION = UpstreamFunction(
     "return_softmax_lse (then [out, lse]); softmax_scale None = D**-0.5",
 )
 
-_VARLEN_NONE = ("cu_seqlens_q", "cu_seqlens_k")
-FLASHMASK_FWD = UpstreamFunction(
+FLASHMASK_FWD = upstream_function(
     module=MODULE,
     name="flashmask_cuda.fwd",
-    params=(
-        "q",
-        "k",
-        "v",
-        "k_new",
-        "v_new",
-        "q_v",
-        "out",
-        *_VARLEN_NONE,
-        "cu_seqlens_k_new",
-        "seqused_q",
-        "seqused_k",
-        "max_seqlen_q",
-        "max_seqlen_k",
-        "page_table",
-        "kv_batch_idx",
-        "leftpad_k",
-        "rotary_cos",
-        "rotary_sin",
-        "q_descale",
-        "k_descale",
-        "v_descale",
-        "softmax_scale",
-        "is_causal",
-        "window_size_left",
-        "window_size_right",
-        "softcap",
-        "startend_row_indices",
-        "block_mask",
-        "is_rotary_interleaved",
-        "scheduler_metadata",
-        "num_splits",
-        "pack_gqa",
-        "sm_margin",
+    signature=(
+        "q, k, v, k_new=None, v_new=None, q_v=None, out=None, cu_seqlens_q=None, "
+        "cu_seqlens_k=None, cu_seqlens_k_new=None, seqused_q=None, seqused_k=None, "
+        "max_seqlen_q=0, max_seqlen_k=0, page_table=None, kv_batch_idx=None, leftpad_k=None, "
+        "rotary_cos=None, rotary_sin=None, q_descale=None, k_descale=None, v_descale=None, "
+        "softmax_scale=0.0, is_causal=False, window_size_left=-1, window_size_right=-1, "
+        "softcap=0.0, startend_row_indices=None, block_mask=None, is_rotary_interleaved=True, "
+        "scheduler_metadata=None, num_splits=1, pack_gqa=False, sm_margin=0"
     ),
-    defaults={
-        "k_new": None,
-        "v_new": None,
-        "q_v": None,
-        "out": None,
-        "cu_seqlens_q": None,
-        "cu_seqlens_k": None,
-        "cu_seqlens_k_new": None,
-        "seqused_q": None,
-        "seqused_k": None,
-        "max_seqlen_q": 0,
-        "max_seqlen_k": 0,
-        "page_table": None,
-        "kv_batch_idx": None,
-        "leftpad_k": None,
-        "rotary_cos": None,
-        "rotary_sin": None,
-        "q_descale": None,
-        "k_descale": None,
-        "v_descale": None,
-        "softmax_scale": 0.0,
-        "is_causal": False,
-        "window_size_left": -1,
-        "window_size_right": -1,
-        "softcap": 0.0,
-        "startend_row_indices": None,
-        "block_mask": None,
-        "is_rotary_interleaved": True,
-        "scheduler_metadata": None,
-        "num_splits": 1,
-        "pack_gqa": False,
-        "sm_margin": 0,
-    },
     returns=("out", "softmax_lse"),
     lse=FLASHMASK_LSE,
     alignment="startend_row_indices: absolute rows; causal: bottom-right",
@@ -170,54 +87,16 @@ FLASHMASK_FWD = UpstreamFunction(
     op="flashmask::fwd",
     mutates=("k_new", "v_new", "out"),
 )
-FLASHMASK_BWD = UpstreamFunction(
+FLASHMASK_BWD = upstream_function(
     module=MODULE,
     name="flashmask_cuda.bwd",
-    params=(
-        "dout",
-        "q",
-        "k",
-        "v",
-        "out",
-        "softmax_lse",
-        "dq",
-        "dk",
-        "dv",
-        *_VARLEN_NONE,
-        "seqused_q",
-        "seqused_k",
-        "startend_row_indices",
-        "block_mask",
-        "max_seqlen_q",
-        "max_seqlen_k",
-        "softmax_scale",
-        "is_causal",
-        "window_size_left",
-        "window_size_right",
-        "softcap",
-        "deterministic",
-        "sm_margin",
+    signature=(
+        "dout, q, k, v, out, softmax_lse, dq=None, dk=None, dv=None, cu_seqlens_q=None, "
+        "cu_seqlens_k=None, seqused_q=None, seqused_k=None, startend_row_indices=None, "
+        "block_mask=None, max_seqlen_q=None, max_seqlen_k=None, softmax_scale=0.0, "
+        "is_causal=False, window_size_left=-1, window_size_right=-1, softcap=0.0, "
+        "deterministic=False, sm_margin=0"
     ),
-    defaults={
-        "dq": None,
-        "dk": None,
-        "dv": None,
-        "cu_seqlens_q": None,
-        "cu_seqlens_k": None,
-        "seqused_q": None,
-        "seqused_k": None,
-        "startend_row_indices": None,
-        "block_mask": None,
-        "max_seqlen_q": None,
-        "max_seqlen_k": None,
-        "softmax_scale": 0.0,
-        "is_causal": False,
-        "window_size_left": -1,
-        "window_size_right": -1,
-        "softcap": 0.0,
-        "deterministic": False,
-        "sm_margin": 0,
-    },
     returns=("dq", "dk", "dv"),
     lse=FLASHMASK_LSE,
     alignment="startend_row_indices: absolute rows; causal: bottom-right",

@@ -18,112 +18,40 @@ Read from ``SandAI-org/MagiAttention`` at tag v1.1.1 (d7ea8afd, 2026-05-21),
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, upstream_function
 
 SOURCE = "SandAI-org/MagiAttention@v1.1.1 (d7ea8afd)"
 FILE = "magi_attention/functional/flex_flash_attn.py"
 
 FFA_LSE = LseFact(layout="th", empty_rows="-inf", differentiable=False, dtype="float32")
 
-_FUNC_KEYWORDS = (
-    "index_attn_indices",
-    "q_block_size",
-    "k_block_size",
-    "sink",
-    "sink_layout",
-    "softmax_scale",
-    "softcap",
-    "deterministic",
-    "sm_margin",
-    "disable_fwd_atomic_reduction",
-    "disable_bwd_dkv_atomic_reduction",
-    "ref_block_size",
-    "max_seqlen_q",
-    "auto_range_merge",
-    "swap_ab",
-    "pack_gqa",
-    "cat_gqa",
-    "sparse_load",
-    "index_attn",
-    "swap_bwd_qk_loop",
-    "return_max_logits",
-)
-FFA_FUNC = UpstreamFunction(
+FFA_FUNC = upstream_function(
     module="magi_attention.functional",
     name="flex_flash_attn_func",
-    params=("q", "k", "v", "q_ranges", "k_ranges", "attn_type_map", *_FUNC_KEYWORDS),
-    keyword_only=_FUNC_KEYWORDS,
-    defaults={
-        "q_ranges": None,
-        "k_ranges": None,
-        "attn_type_map": None,
-        "index_attn_indices": None,
-        "q_block_size": 1,
-        "k_block_size": 1,
-        "sink": None,
-        "sink_layout": "sh",
-        "softmax_scale": None,
-        "softcap": 0.0,
-        "deterministic": False,
-        "sm_margin": 0,
-        "disable_fwd_atomic_reduction": False,
-        "disable_bwd_dkv_atomic_reduction": False,
-        "ref_block_size": None,
-        "max_seqlen_q": None,
-        "auto_range_merge": False,
-        "swap_ab": False,
-        "pack_gqa": False,
-        "cat_gqa": False,
-        "sparse_load": False,
-        "index_attn": False,
-        "swap_bwd_qk_loop": False,
-        "return_max_logits": False,
-    },
+    signature=(
+        "q, k, v, q_ranges=None, k_ranges=None, attn_type_map=None, *, index_attn_indices=None, "
+        "q_block_size=1, k_block_size=1, sink=None, sink_layout='sh', softmax_scale=None, "
+        "softcap=0.0, deterministic=False, sm_margin=0, disable_fwd_atomic_reduction=False, "
+        "disable_bwd_dkv_atomic_reduction=False, ref_block_size=None, max_seqlen_q=None, "
+        "auto_range_merge=False, swap_ab=False, pack_gqa=False, cat_gqa=False, "
+        "sparse_load=False, index_attn=False, swap_bwd_qk_loop=False, return_max_logits=False"
+    ),
     returns=("out", "meta"),
     lse=FFA_LSE,
     alignment="causal bottom-right, inv_causal top-left, bi_causal both (kind codes 0-3)",
     source=f"{SOURCE}:{FILE}:L1059-1088",
     notes="the LSE is meta.lse",
 )
-_BWD_REQUIRED = (
-    "dout",
-    "q",
-    "k",
-    "v",
-    "sink",
-    "sink_layout",
-    "out",
-    "lse",
-    "dq",
-    "dk",
-    "dv",
-    "dsink",
-    "q_ranges",
-    "k_ranges",
-    "attn_type_map",
-    "softmax_scale",
-    "softcap",
-    "dq_type",
-    "dk_type",
-    "dv_type",
-    "disable_bwd_dkv_atomic_reduction",
-    "deterministic",
-    "sm_margin",
-)
-_BWD_OPTIONAL = {
-    "auto_range_merge": False,
-    "merge_k_ranges": None,
-    "bwd_kq_map": None,
-    "bwd_unique_count": None,
-    "swap_bwd_qk_loop": False,
-    "pack_gqa": False,
-    "cat_gqa": False,
-}
-FFA_BACKWARD = UpstreamFunction(
+FFA_BACKWARD = upstream_function(
     module="magi_attention.functional.flex_flash_attn",
     name="_flex_flash_attn_backward",
-    params=(*_BWD_REQUIRED, *_BWD_OPTIONAL),
-    defaults=_BWD_OPTIONAL,
+    signature=(
+        "dout, q, k, v, sink, sink_layout, out, lse, dq, dk, dv, dsink, q_ranges, k_ranges, "
+        "attn_type_map, softmax_scale, softcap, dq_type, dk_type, dv_type, "
+        "disable_bwd_dkv_atomic_reduction, deterministic, sm_margin, auto_range_merge=False, "
+        "merge_k_ranges=None, bwd_kq_map=None, bwd_unique_count=None, swap_bwd_qk_loop=False, "
+        "pack_gqa=False, cat_gqa=False"
+    ),
     returns=("dq", "dk", "dv", "dsink"),
     lse=FFA_LSE,
     alignment="as flex_flash_attn_func",

@@ -26,7 +26,7 @@ Facts beyond the signatures, with their lines:
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, UpstreamFunction, upstream_function
 
 TORCH = "pytorch/pytorch@v2.13.0 (cf30153c)"
 VARLEN_FILE = "torch/nn/attention/varlen.py"
@@ -37,197 +37,96 @@ NATIVE_FUNCTIONS = "aten/src/ATen/native/native_functions.yaml (schema as regist
 VARLEN_LSE = LseFact(layout="ht", empty_rows="undocumented", differentiable=False)
 """(H_q, total_q), natural log, float32; its backward ignores the LSE's gradient."""
 
-_VARLEN_KW = ("return_aux", "scale", "window_size", "enable_gqa", "seqused_k", "block_table",
-              "num_splits")  # fmt: skip
-VARLEN_ATTN = UpstreamFunction(
+VARLEN_ATTN = upstream_function(
     module="torch.nn.attention.varlen",
     name="varlen_attn",
-    params=("query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", *_VARLEN_KW),
-    defaults={
-        "return_aux": None,
-        "scale": None,
-        "window_size": (-1, -1),
-        "enable_gqa": False,
-        "seqused_k": None,
-        "block_table": None,
-        "num_splits": None,
-    },
-    keyword_only=_VARLEN_KW,
+    signature=(
+        "query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, "
+        "window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, "
+        "num_splits=None"
+    ),
     returns=("output", "lse"),
     lse=VARLEN_LSE,
     alignment="undocumented for unequal lengths",
     source=f"{TORCH}:{VARLEN_FILE}:L176-326",
     notes="returns output alone unless return_aux=AuxRequest(lse=True); window (-1, 0) = causal",
 )
-VARLEN_AUX_REQUEST = UpstreamFunction(
+VARLEN_AUX_REQUEST = upstream_function(
     module="torch.nn.attention.varlen",
     name="AuxRequest",
-    params=("lse",),
-    defaults={"lse": False},
+    signature="lse=False",
     source=f"{TORCH}:{VARLEN_FILE}:L35-42",
     notes="a NamedTuple",
 )
-VARLEN_OP = UpstreamFunction(
+VARLEN_OP = upstream_function(
     module="torch.ops.torch_attn",
     name="_varlen_attn",
-    params=(
-        "query",
-        "key",
-        "value",
-        "cu_seq_q",
-        "cu_seq_k",
-        "max_q",
-        "max_k",
-        "is_causal",
-        "scale",
-        "window_size",
-        "enable_gqa",
-        "seqused_k",
-        "block_table",
-        "num_splits",
+    signature=(
+        "query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None, "
+        "window_size=None, enable_gqa=False, seqused_k=None, block_table=None, num_splits=None"
     ),
-    defaults={
-        "is_causal": False,
-        "scale": None,
-        "window_size": None,
-        "enable_gqa": False,
-        "seqused_k": None,
-        "block_table": None,
-        "num_splits": None,
-    },
     returns=("output", "softmax_lse", "rng_state"),
     lse=VARLEN_LSE,
     source=f"{TORCH}:{VARLEN_FILE}:L45-173",
     notes="custom op behind varlen_attn; calls aten::_flash_attention_forward on CUDA",
 )
-VARLEN_BACKWARD_OP = UpstreamFunction(
+VARLEN_BACKWARD_OP = upstream_function(
     module="torch.ops.torch_attn",
     name="_varlen_attn_backward",
-    params=(
-        "grad_out",
-        "query",
-        "key",
-        "value",
-        "out",
-        "lse",
-        "cu_seq_q",
-        "cu_seq_k",
-        "max_q",
-        "max_k",
-        "is_causal",
-        "rng_state",
-        "scale",
-        "window_size",
+    signature=(
+        "grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, "
+        "rng_state, scale=None, window_size=None"
     ),
-    defaults={"scale": None, "window_size": None},
     returns=("grad_query", "grad_key", "grad_value"),
     lse=VARLEN_LSE,
     source=f"{TORCH}:{VARLEN_FILE}:L507-635",
     notes="takes out and lse as given: what _backward passes (its grad_lse is unused)",
 )
-FLASH_FORWARD = UpstreamFunction(
+FLASH_FORWARD = upstream_function(
     module="torch.ops.aten",
     name="_flash_attention_forward",
-    params=(
-        "query",
-        "key",
-        "value",
-        "cum_seq_q",
-        "cum_seq_k",
-        "max_q",
-        "max_k",
-        "dropout_p",
-        "is_causal",
-        "return_debug_mask",
-        "scale",
-        "window_size_left",
-        "window_size_right",
-        "seqused_k",
-        "alibi_slopes",
-        "block_table",
-        "num_splits",
-    ),
-    defaults={
-        "scale": None,
-        "window_size_left": None,
-        "window_size_right": None,
-        "seqused_k": None,
-        "alibi_slopes": None,
-        "block_table": None,
-        "num_splits": None,
-    },
-    keyword_only=(
-        "scale",
-        "window_size_left",
-        "window_size_right",
-        "seqused_k",
-        "alibi_slopes",
-        "block_table",
-        "num_splits",
+    signature=(
+        "query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, "
+        "return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None, "
+        "seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None"
     ),
     returns=("output", "softmax_logsumexp", "rng_state", "unused", "debug_attn_mask"),
     lse=LseFact(layout="bhs", varlen_layout="ht"),
     source=f"{TORCH}:{META_FILE}:L6634-6709 + {NATIVE_FUNCTIONS}",
 )
-FLASH_BACKWARD = UpstreamFunction(
+FLASH_BACKWARD = upstream_function(
     module="torch.ops.aten",
     name="_flash_attention_backward",
-    params=(
-        "grad_out",
-        "query",
-        "key",
-        "value",
-        "out",
-        "logsumexp",
-        "cum_seq_q",
-        "cum_seq_k",
-        "max_q",
-        "max_k",
-        "dropout_p",
-        "is_causal",
-        "rng_state",
-        "unused",
-        "scale",
-        "window_size_left",
-        "window_size_right",
+    signature=(
+        "grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, "
+        "dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None, "
+        "window_size_right=None"
     ),
-    defaults={"scale": None, "window_size_left": None, "window_size_right": None},
-    keyword_only=("scale", "window_size_left", "window_size_right"),
     returns=("grad_query", "grad_key", "grad_value"),
     lse=LseFact(layout="bhs", varlen_layout="ht"),
     source=f"{TORCH}:{META_FILE}:L6801 + {NATIVE_FUNCTIONS}",
 )
 
-SDPA = UpstreamFunction(
+SDPA = upstream_function(
     module="torch.nn.functional",
     name="scaled_dot_product_attention",
-    params=("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
-    defaults={
-        "attn_mask": None,
-        "dropout_p": 0.0,
-        "is_causal": False,
-        "scale": None,
-        "enable_gqa": False,
-    },
-    keyword_only=("scale", "enable_gqa"),
+    signature=(
+        "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, "
+        "enable_gqa=False"
+    ),
     returns=("output",),
     alignment="top-left",
     source=f"{TORCH}:{FUNCTIONAL_FILE}:L6341-6480 (aten::scaled_dot_product_attention schema)",
     notes="no LSE; a row whose bias is all -inf: NaN in the documented reference, 0 from the "
     "math backend's safe softmax, undocumented for the fused CUDA backends",
 )
-FUSED_SDP_CHOICE = UpstreamFunction(
+FUSED_SDP_CHOICE = upstream_function(
     module="torch",
     name="_fused_sdp_choice",
-    params=("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
-    defaults={
-        "attn_mask": None,
-        "dropout_p": 0.0,
-        "is_causal": False,
-        "scale": None,
-        "enable_gqa": False,
-    },
-    keyword_only=("scale", "enable_gqa"),
+    signature=(
+        "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, "
+        "enable_gqa=False"
+    ),
     returns=("backend",),
     source=f"{TORCH}:{NATIVE_FUNCTIONS} (aten::_fused_sdp_choice)",
     notes="an int, SDPBackend's value; on CUDA tensors the CUDA chooser; on meta tensors the "
@@ -235,34 +134,22 @@ FUSED_SDP_CHOICE = UpstreamFunction(
     "2.11.0+cu130, where the real tensors chose cuDNN; a CPU-only build raises), so lcab asks "
     "on the call's real tensors",
 )
-SDPA_FLASH_CPU = UpstreamFunction(
+SDPA_FLASH_CPU = upstream_function(
     module="torch.ops.aten",
     name="_scaled_dot_product_flash_attention_for_cpu",
-    params=("query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"),
-    defaults={"dropout_p": 0.0, "is_causal": False, "attn_mask": None, "scale": None},
-    keyword_only=("attn_mask", "scale"),
+    signature="query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None",
     returns=("output", "logsumexp"),
     lse=LseFact(layout="bhs", empty_rows="0", differentiable=False),
     alignment="top-left",
     source=f"{TORCH}:{NATIVE_FUNCTIONS} (aten::_scaled_dot_product_flash_attention_for_cpu)",
 )
-SDPA_FLASH_CPU_BACKWARD = UpstreamFunction(
+SDPA_FLASH_CPU_BACKWARD = upstream_function(
     module="torch.ops.aten",
     name="_scaled_dot_product_flash_attention_for_cpu_backward",
-    params=(
-        "grad_out",
-        "query",
-        "key",
-        "value",
-        "out",
-        "logsumexp",
-        "dropout_p",
-        "is_causal",
-        "attn_mask",
-        "scale",
+    signature=(
+        "grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, "
+        "scale=None"
     ),
-    defaults={"attn_mask": None, "scale": None},
-    keyword_only=("attn_mask", "scale"),
     returns=("grad_query", "grad_key", "grad_value"),
     lse=LseFact(layout="bhs"),
     source=f"{TORCH}:{NATIVE_FUNCTIONS} (aten::_scaled_dot_product_flash_attention_for_cpu_"

@@ -17,37 +17,19 @@ Read from the installed torch 2.13.0 (``torch/nn/attention/flex_attention.py`` a
 
 from __future__ import annotations
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, upstream_function
 
 SOURCE = "pytorch/pytorch@v2.13.0 (the installed wheel)"
 
 FLEX_LSE = LseFact(layout="bhs", empty_rows="-inf", differentiable=True, dtype="float32")
 
-FLEX_ATTENTION = UpstreamFunction(
+FLEX_ATTENTION = upstream_function(
     module="torch.nn.attention.flex_attention",
     name="flex_attention",
-    params=(
-        "query",
-        "key",
-        "value",
-        "score_mod",
-        "block_mask",
-        "scale",
-        "enable_gqa",
-        "return_lse",
-        "kernel_options",
-        "return_aux",
+    signature=(
+        "query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False, "
+        "return_lse=False, kernel_options=None, *, return_aux=None"
     ),
-    keyword_only=("return_aux",),
-    defaults={
-        "score_mod": None,
-        "block_mask": None,
-        "scale": None,
-        "enable_gqa": False,
-        "return_lse": False,
-        "kernel_options": None,
-        "return_aux": None,
-    },
     returns=("out", "aux"),
     lse=FLEX_LSE,
     alignment="n/a (the BlockMask / mask_mod states every pair)",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from lcab.kernels.upstream.facts import LseFact, UpstreamFunction
+from lcab.kernels.upstream.facts import LseFact, upstream_function
 
 DISTRIBUTION = "fastvideo-kernel"
 VERSION = "0.3.5"
@@ -28,13 +28,12 @@ _FILE = (
     f"hao-ai-lab/FastVideo@fastvideo-kernel-{VERSION}:"
     "fastvideo-kernel/python/fastvideo_kernel/block_sparse_attn.py"
 )
-_INDICES = ("q2k_idx", "q2k_num", "variable_block_sizes")
 _NOTES = "q/k/v (1, H, S, D) bf16, S % 64 == 0; q2k_idx (1, H, nQb, max_kv) int32"
 
-BLOCK_SPARSE_ATTN_TRITON = UpstreamFunction(
+BLOCK_SPARSE_ATTN_TRITON = upstream_function(
     module=MODULE,
     name="block_sparse_attn_triton",
-    params=("q", "k", "v", *_INDICES),
+    signature="q, k, v, q2k_idx, q2k_num, variable_block_sizes",
     returns=("o", "M"),
     lse=LseFact("bhs", base="2"),
     alignment="n/a: whole 64x64 blocks",
@@ -42,10 +41,10 @@ BLOCK_SPARSE_ATTN_TRITON = UpstreamFunction(
     notes=_NOTES,
 )
 
-BLOCK_SPARSE_ATTN_SM90 = UpstreamFunction(
+BLOCK_SPARSE_ATTN_SM90 = upstream_function(
     module=MODULE,
     name="block_sparse_attn_sm90",
-    params=("q_padded", "k_padded", "v_padded", *_INDICES),
+    signature="q_padded, k_padded, v_padded, q2k_idx, q2k_num, variable_block_sizes",
     returns=("o_padded", "lse_padded"),
     lse=LseFact("bhs1", empty_rows="undefined: the kernel reads entry q2k_num - 1"),
     alignment="n/a: whole 64x64 blocks",

@@ -1,20 +1,11 @@
 """Lowerings: every kernel family's form of a mask, derived from the slices.
 
 Each lowering is a pure function of an `AttnMask` (no kernel package needed) and is tested
-against `AttnMask.to_dense`. Kernels declare the lowering they consume; `lowering_reason`
-tells whether a mask is expressible in it, which is how unsupported (kernel, mask) cells are
-found without running anything.
-
-=============  ====================================================  =============================
-name           form                                                  used by
-=============  ====================================================  =============================
-dense          boolean (Sq, Sk) mask                                 naive, sdpa, reference
-ranges         slices as (q_ranges, k_ranges, attn_type_map)          ranges (lcab), ffa
-flex           FlexAttention BlockMask + compact mask_mod              flex
-varlen         cu_seqlens, max_seqlen, causal, window_size           fa2, fa3, cudnn
-flashmask      column-wise startend_row_indices + causal              flashmask
-block_table    per query block: key blocks, full vs partial           sparse, block-sparse kernels
-=============  ====================================================  =============================
+against `AttnMask.to_dense`. Kernels declare the lowering they consume (`KernelCaps.lowering`;
+which kernel takes which is the "mask form" column of the kernels guide's generated table);
+`lowering_reason` tells whether a mask is expressible in it, which is how unsupported
+(kernel, mask) cells are found without running anything. The forms are listed in the masks
+guide ("Lowerings").
 """
 
 from __future__ import annotations

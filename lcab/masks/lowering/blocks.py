@@ -18,7 +18,7 @@ import numpy as np
 
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
-from lcab.masks.geometry import IntArray, band_area, kind_bands
+from lcab.masks.geometry import IntArray, band_area, expand, kind_bands
 
 if TYPE_CHECKING:
     import torch
@@ -32,15 +32,6 @@ def uniform_bounds(length: int, block: int) -> IntArray:
         raise ValueError(f"block size {block} must be >= 1")
     n = -(-length // block)
     return np.minimum(np.arange(n + 1, dtype=np.int64) * block, length)
-
-
-def _expand(counts: IntArray) -> tuple[IntArray, IntArray]:
-    """For counts c_n: (owner index n, position 0..c_n-1) of every expanded element."""
-    owner = np.repeat(np.arange(len(counts)), counts)
-    pos = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
-        np.cumsum(counts) - counts, counts
-    )
-    return owner, pos
 
 
 @dataclass(frozen=True)
@@ -124,7 +115,7 @@ class BlockTable:
             lo, hi = kind_bands(*s.T)
             r_start = np.maximum(s[:, 0], q0)
             r_stop = np.minimum(s[:, 1], self.q_bounds[row % self.num_q_blocks + 1])
-            owner, pos = _expand(np.maximum(r_stop - r_start, 0))
+            owner, pos = expand(np.maximum(r_stop - r_start, 0))
             rows = r_start[owner] + pos
             first = np.maximum.reduce([s[owner, 2], rows + lo[owner], k0[owner]])
             last = np.minimum.reduce([s[owner, 3] - 1, rows + hi[owner], k1[owner] - 1])
@@ -199,7 +190,7 @@ def tile_runs(mask: AttnMask, qb_arr: IntArray, kb_arr: IntArray) -> TileRuns:
     # (slice, query block) pairs.
     qb0 = np.searchsorted(qb_arr, s[:, 0], side="right") - 1
     qb1 = np.searchsorted(qb_arr, s[:, 1] - 1, side="right") - 1
-    sid, pos = _expand(qb1 - qb0 + 1)
+    sid, pos = expand(qb1 - qb0 + 1)
     qb = qb0[sid] + pos
     r0, r1 = qb_arr[qb], qb_arr[qb + 1]
     # Non-empty rows of the slice inside this query block.
@@ -229,8 +220,8 @@ def tile_runs(mask: AttnMask, qb_arr: IntArray, kb_arr: IntArray) -> TileRuns:
     # Partial contributions: [kb0, fb0) and (fb1, kb1].
     left_n = np.where(has_full, fb0 - kb0, kb1 - kb0 + 1)
     right_n = np.where(has_full, kb1 - fb1, 0)
-    l_owner, l_pos = _expand(left_n)
-    r_owner, r_pos = _expand(right_n)
+    l_owner, l_pos = expand(left_n)
+    r_owner, r_pos = expand(right_n)
     p_owner = np.concatenate([l_owner, r_owner])
     p_kb = np.concatenate([kb0[l_owner] + l_pos, fb1[r_owner] + 1 + r_pos])
     p_area = band_area(

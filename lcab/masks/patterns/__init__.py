@@ -1,6 +1,15 @@
-"""Every registered mask pattern (importing this package registers them)."""
+"""Every registered mask pattern.
 
-from lcab.masks.patterns import basic, documents, prefix_lm, sparse, windows  # noqa: F401
+Each module of this package is imported, so a pattern registers by existing: a new mask is one
+module (its checklist: lcab/masks/README.md "Adding a mask").
+"""
+
+import importlib
+import pkgutil
+
 from lcab.masks.patterns.base import MASK_PATTERNS, MaskPattern, PatternParams
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["MASK_PATTERNS", "MaskPattern", "PatternParams"]

@@ -1,26 +1,30 @@
-"""Version probes for optional kernel packages: a mismatched install becomes a reason, not a crash.
+"""The optional package a kernel calls: declared once, checked so a bad install is a reason.
 
-An adapter is written against one documented API (function names, keyword arguments, return
-layout). An older or differently built package may import fine and then fail deep inside a timed
-call, or — worse — silently return a different LSE layout. A `PackageProbe` states what the
-adapter relies on; `probe_reasons` turns every mismatch into a human-readable reason that the
-runner records as ``skipped``:
+A kernel names its package in one `PackageProbe` (``KernelCaps.requires``): the import name,
+the distributions that carry it, how to install it, and what the adapter relies on — function
+names, keyword arguments, a minimum version. An older or differently built package may import
+fine and then fail deep inside a timed call or silently return another LSE layout, so the base
+class (`lcab.kernels.base.Kernel`) turns every mismatch into a reason the runner records as
+``skipped``:
 
-1. the installed distribution's version, read with `importlib.metadata` (the package is *not*
-   imported, so this is cheap and safe anywhere), against a minimum;
-2. only when the cell would really run (the package is importable and CUDA is present): import
+1. whether it is installed: a distribution's metadata or a findable module, found without
+   importing a parent package (``flash_attn.cute`` would run FA2's ``flash_attn/__init__.py``);
+2. the installed version, read with `importlib.metadata` (no import: cheap and safe anywhere),
+   against the minimum;
+3. only when the cell would really run (the package is importable and CUDA is present): import
    the module and check that every function and keyword the adapter passes exists — read for a
    plain function, a custom op and an operator's schema alike (`lcab.kernels.callables`; an
-   op's ``inspect.signature`` is ``(*args, **kwargs)``, which accepted any keyword). Importing
-   a CUDA extension on a machine without CUDA can itself fail or be slow, which is why this
-   step waits for CUDA.
+   op's ``inspect.signature`` is ``(*args, **kwargs)``, which accepted any keyword), and take
+   the module's ``__version__`` where no distribution says one (a source tree on the path).
+   Importing a CUDA extension on a machine without CUDA can itself fail or be slow, which is
+   why this step waits for CUDA.
 
-Missing packages and missing CUDA are reported by `Kernel.environment_reasons`; a probe adds
-nothing in those cases.
+This module also decides whether CUDA is there at all without loading torch (`cuda_available`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -32,7 +36,6 @@ from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
-from lcab.kernels.base import cuda_available
 from lcab.kernels.callables import missing_default_overload, parameters_of, takes_any_keyword
 from lcab.lazy import lazy_module
 
@@ -57,31 +60,89 @@ class ApiNeed:
 
 @dataclass(frozen=True)
 class PackageProbe:
-    """What an adapter needs from one optional package."""
+    """The optional package a kernel calls, and what its adapter needs of it."""
 
     module: str
-    """Import name (e.g. ``flash_attn``)."""
+    """What the adapter imports (e.g. ``flash_attn``, ``transformer_engine.pytorch``)."""
     distributions: tuple[str, ...]
     """Distribution names to read the version from, first found wins (e.g. ``flash-attn``)."""
-    needs: tuple[ApiNeed, ...]
+    needs: tuple[ApiNeed, ...] = ()
     """Functions of ``module`` and the keywords the adapter passes."""
     min_version: str | None = None
-    """Lowest release the adapter was written for (None: no minimum)."""
+    """Lowest release the adapter was written for (None: no minimum). Pre/post tags are ignored
+    (3.0.0b1 meets 3.0) unless the minimum is itself a pre-release (4.0.0b5): then PEP 440."""
     requirement: str = ""
     """What lcab needs, in words, for the reasons (e.g. ">= 2.8")."""
+    package: str = ""
+    """The import package whose installation is checked and recorded (`lcab.bench.environment.
+    kernel_provenance`), where it is not ``module`` itself (``transformer_engine``)."""
+    install: str = ""
+    """How to install it: a command, for the reasons and the kernels guide's install table."""
+    note: str = ""
+    """What installing it costs or needs, for the install table."""
+
+    @property
+    def name(self) -> str:
+        """The installed import package: `package`, else `module`."""
+        return self.package or self.module
+
+
+@functools.cache
+def no_nvidia_driver() -> bool:
+    """Whether this machine certainly has no CUDA device: no NVIDIA driver library loads.
+
+    NVML (``nvidia-ml-py``) comes with every driver install and costs 30 ms to fail where none
+    is; ``torch.cuda.is_available()`` costs loading torch, 2 s of a dry run on a login node
+    that checks its CUDA cells. False only says "ask torch". Cached: a driver does not appear
+    in a running process.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return False
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return True
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return False
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without loading torch on a machine with no NVIDIA driver."""
+    return not no_nvidia_driver() and torch.cuda.is_available()
+
+
+def cuda_present() -> bool:
+    """Whether a CUDA device is visible (a seam for tests of the import-time checks)."""
+    return cuda_available()
 
 
 def release(version: str) -> tuple[int, ...]:
     """The numeric release of a version string: "2.8.3.post2" → (2, 8, 3); "3.0.0b1" → (3, 0, 0).
 
-    Pre/post/local tags are ignored on purpose: the adapters depend on API generations, which
-    the release numbers mark. Parsed by ``packaging`` (PEP 440); a version it cannot parse has
-    no known release, ``()``, which compares below every real one.
+    The adapters depend on API generations, which the release numbers mark. Parsed by
+    ``packaging`` (PEP 440); a version it cannot parse has no known release, ``()``.
     """
     try:
         return Version(version).release
     except InvalidVersion:
         return ()
+
+
+def older_than(version: str, minimum: str) -> bool:
+    """Whether ``version`` is below ``minimum`` (see `PackageProbe.min_version`).
+
+    ``0.0.0`` (setuptools-scm's fallback for a checkout without tags) is unknown, never too old:
+    the signature check decides. An unparsable version is below every real one.
+    """
+    if release(version) == (0, 0, 0):
+        return False
+    if release(version) and Version(minimum).is_prerelease:
+        return Version(version) < Version(minimum)
+    return release(version) < release(minimum)
 
 
 def distribution_version(names: tuple[str, ...]) -> str | None:
@@ -94,16 +155,20 @@ def distribution_version(names: tuple[str, ...]) -> str | None:
     return None
 
 
-def cuda_present() -> bool:
-    """Whether a CUDA device is visible (a seam for tests of the import-time checks)."""
-    return cuda_available()
-
-
-def _importable(module: str) -> bool:
+def importable(module: str) -> bool:
+    """Whether ``module`` can be found, without letting a missing or broken parent raise."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that fails, or a spec-less module
         return module in sys.modules
+    except Exception:  # a parent's __init__ raising anything else (FA2's under flash_attn.cute)
+        return False
+
+
+def installed(probe: PackageProbe) -> bool:
+    """Whether the package is installed: a distribution of it, or a findable module."""
+    found = distribution_version(probe.distributions) is not None or importable(probe.name)
+    return found or importable(probe.module)
 
 
 def api_reasons(probe: PackageProbe, version: str | None) -> list[str]:
@@ -167,26 +232,30 @@ def _required_unpassed(params: Mapping[str, inspect.Parameter], need: ApiNeed) -
     ]
 
 
+def _module_version(module: str) -> str | None:
+    """``module.__version__`` of an importable module (None: none, or it fails to import)."""
+    try:
+        version = getattr(importlib.import_module(module), "__version__", None)
+    except Exception:  # absent or broken: the API check has said so
+        return None
+    return version if isinstance(version, str) else None
+
+
 def probe_reasons(probe: PackageProbe, device: torch.device | str) -> list[str]:
     """Why the installed ``probe.module`` does not fit the adapter (empty: it fits or is absent).
 
-    The API check runs only when ``device`` is CUDA, CUDA is present and the module is
-    importable — i.e. when the cell would otherwise really run — and its reasons come first
+    The API check runs only when ``device`` is CUDA, CUDA is present and the package is
+    installed — i.e. when the cell would otherwise really run — and its reasons come first
     (they say what is missing); the version check needs no import and runs everywhere.
     """
     version = distribution_version(probe.distributions)
     device_type = device if isinstance(device, str) else device.type
-    would_run = device_type == "cuda" and cuda_present() and _importable(probe.module)
-    if would_run:
+    if device_type == "cuda" and cuda_present() and installed(probe):
         mismatches = api_reasons(probe, version)
         if mismatches:  # the precise reason: what is missing, in which version
             return mismatches
-    too_old = (
-        version is not None
-        and probe.min_version is not None
-        and release(version) < release(probe.min_version)
-    )
-    if too_old:
+        version = version or _module_version(probe.module)
+    if version is not None and probe.min_version and older_than(version, probe.min_version):
         return [
             f"{probe.module} {version} is older than lcab's adapter supports "
             f"(lcab needs {probe.requirement or f'>= {probe.min_version}'})"
