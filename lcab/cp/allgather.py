@@ -18,10 +18,12 @@ from lcab.cp.base import Plan, Strategy, element_bytes, register_strategy, step_
 from lcab.cp.comm import all_gather_raw, phase, reduce_scatter_raw
 from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
+from lcab.cp.stages import RUNNER, Implementation, Pricer, Stage, Window
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
+from lcab.masks.geometry import IntArray
 
 if TYPE_CHECKING:
     import torch
@@ -81,6 +83,26 @@ def _all_gather_attention() -> type[torch.autograd.Function]:
     return AllGatherAttention
 
 
+def _halves(plan: Plan, impl: Implementation) -> bool:
+    return impl.allgather_halves and plan.placement.balancer == "zigzag"
+
+
+def zigzag_halves(layout: IntArray, doc_lengths: IntArray, shards: int) -> list[IntArray]:
+    """A zigzag shard's two halves: chunk ``p`` of every document, then chunk ``2P - 1 - p``.
+
+    The zigzag balancer (`lcab.cp.balance.zigzag`) pads every document to a multiple of
+    ``2 * shards`` and lays out, per document, its two chunks one after the other; the
+    published code's ``thd_read_half_tensor`` takes the same halves.
+    """
+    first, second, at = [], [], 0
+    for length in doc_lengths.tolist():
+        chunk = -(-int(length) // (2 * shards))
+        first.append(layout[at : at + chunk])
+        second.append(layout[at + chunk : at + 2 * chunk])
+        at += 2 * chunk
+    return [np.concatenate(first), np.concatenate(second)]
+
+
 @register_strategy
 class RingAllGather(Strategy):
     """All-gather K/V over all ranks, reduce-scatter dK/dV."""
@@ -89,11 +111,51 @@ class RingAllGather(Strategy):
     summary = "one all-gather of K/V, local queries against all keys, reduce-scatter of dK/dV"
     merges_partials = False
 
+    @classmethod
     @override
-    def blocks(self, plan: Plan) -> list[tuple[Any, Any]]:
-        """Each rank's rows against every key, in the gathered order."""
-        keys = np.concatenate(plan.placement.layouts)
-        return [(rows, keys) for rows in plan.rank_layouts]
+    def block_sets(
+        cls, plan: Plan, mask: AttnMask, impl: Implementation = RUNNER
+    ) -> tuple[list[IntArray], list[IntArray]]:
+        """Each rank's rows against every key, in the gathered order.
+
+        A rank's rows are its two zigzag halves where the implementation calls them apart.
+        """
+        rows = list(plan.rank_layouts)
+        if _halves(plan, impl):
+            docs = mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q]
+            rows = [h for r in rows for h in zigzag_halves(r, np.asarray(docs), len(rows))]
+        return rows, [np.concatenate(plan.placement.layouts)]
+
+    @override
+    def schedule(
+        self, plan: Plan, problem: Problem, rank: int, bwd: bool, price: Pricer
+    ) -> list[Window]:
+        """Gather K/V, the rank's call(s), reduce-scatter dK/dV (the backward's).
+
+        Copies an implementation makes once per pass run first in the calls' stage: a rank's
+        copies and calls add up before it waits for the collective.
+        """
+        links, calls = price.links, 2 if _halves(plan, price.impl) else 1
+        moved, group = plan.comm_bytes.get("allgather_kv", 0), list(range(plan.world))
+        gather = links.collective("allgather_kv", "allgather", moved, rank, group)
+        scatter = links.collective("allgather_kv_grad", "reduce_scatter", moved, rank, group)
+        works = [price.call("allgather", rank * calls + c, 0, 0, bwd)[0] for c in range(calls)]
+        once = price.copies("allgather_once", bwd, plan.shard_len, plan.shard_len * plan.world)
+        works = [once, *works] if once is not None else works
+        stages = [Stage(works[0], then=tuple(works[1:]))]
+        if moved and (not bwd or price.impl.regather_bwd):
+            stages.insert(0, Stage(None, after=(gather,)))
+        if moved and bwd:
+            stages.append(Stage(None, after=(scatter,)))
+        return [Window(tuple(stages))]
+
+    @classmethod
+    @override
+    def buffers(cls, plan: Plan, problem: Problem, backward: bool) -> dict[str, float]:
+        """Every rank's K and V, gathered (and their gradients, reduce-scattered)."""
+        shard = plan.shard_len * problem.heads_kv * problem.head_dim * element_bytes(problem)
+        terms = {"gathered k, v": 2.0 * plan.ring * shard}
+        return terms | ({"gathered dk, dv": terms["gathered k, v"]} if backward else {})
 
     @override
     def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:

@@ -22,6 +22,7 @@ from lcab.cell import dtype_bytes
 from lcab.cp.balance import Placement, place
 from lcab.cp.plan import HeadSplit, Plan, head_split
 from lcab.cp.prepared import CPPrepared
+from lcab.cp.stages import RUNNER, Implementation, Pricer, Window
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, Problem
 from lcab.masks.core import AttnMask
@@ -178,14 +179,50 @@ class Strategy(ABC):
             rows, keys, heads_q, heads_kv, problem.head_dim, problem.dtype, problem.device
         )
 
-    def blocks(self, plan: Plan) -> list[tuple[IntArray, IntArray]]:
-        """(query rows, keys) of every kernel call the plan makes, over all ranks.
+    @classmethod
+    def block_sets(
+        cls, plan: Plan, mask: AttnMask, impl: Implementation = RUNNER
+    ) -> tuple[list[IntArray], list[IntArray]]:
+        """(row sets, key sets) whose pairs the kernel calls compute (`schedule` names them).
 
         Rings (and Ulysses, a ring of one) call the kernel with one ring shard's rows against
         each ring shard's keys; strategies that call it otherwise override this.
         """
-        shards = plan.placement.layouts
-        return [(rows, keys) for rows in shards for keys in shards]
+        shards = list(plan.placement.layouts)
+        return shards, shards
+
+    @classmethod
+    def blocks(cls, plan: Plan, mask: AttnMask) -> list[tuple[IntArray, IntArray]]:
+        """(query rows, keys) of every kernel call the plan makes, over all ranks."""
+        rows, keys = cls.block_sets(plan, mask)
+        return [(r, k) for r in rows for k in keys]
+
+    @abstractmethod
+    def schedule(
+        self, plan: Plan, problem: Problem, rank: int, bwd: bool, price: Pricer
+    ) -> list[Window]:
+        """Rank ``rank``'s forward (or backward) as the runner runs it (`lcab.cp.stages`).
+
+        Its calls are `block_sets` pairs, made by ``price``; every rank has as many windows
+        of as many stages (ranks run in lockstep). The planner prices this, and the schedule
+        check holds it to the runner's recording, transfer by transfer.
+        """
+
+    @classmethod
+    def buffers(cls, plan: Plan, problem: Problem, backward: bool) -> dict[str, float]:
+        """Bytes a rank holds besides its shards of q, k, v, out (and gradients), per term.
+
+        Read by the memory planner (`lcab.plan.memory`); here a Ulysses group's head-sharded
+        tensors.
+        """
+        if plan.ulysses == 1:
+            return {}
+        h, elem = plan.heads, element_bytes(problem)
+        sharded = plan.shard_len * plan.ulysses * (2 * h.local_q + 2 * h.local_kv) * elem
+        terms: dict[str, float] = {"head-sharded q, k, v, out": sharded * problem.head_dim}
+        if backward:  # the local backward's dout in, dq, dk, dv out, before the a2a back
+            terms["head-sharded dout, dq, dk, dv"] = terms["head-sharded q, k, v, out"]
+        return terms
 
     def block_reasons(
         self, kernel: Kernel, mask: AttnMask, problem: Problem, world: int
@@ -224,7 +261,7 @@ class Strategy(ABC):
     ) -> list[str]:
         plan = self.plan(mask, problem, world)
         seen: set[tuple[int, int, bytes, bytes, bytes]] = set()
-        for rows, keys in self.blocks(plan):
+        for rows, keys in self.blocks(plan, mask):
             block = remap(mask, rows, keys)
             if not block.num_slices:
                 continue

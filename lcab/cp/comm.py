@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from lcab.cp.phase_clock import phase_clock as phase_clock  # re-exported for the runner
 from lcab.cp.phase_clock import timed_phase
 from lcab.cp.phase_clock import traced_phases as traced_phases  # re-exported
-from lcab.cp.schedule import RecordedGroup
+from lcab.cp.schedule import RankSchedule, RecordedGroup
 from lcab.distributed import staging
 from lcab.lazy import lazy_module
 
@@ -137,22 +137,38 @@ def exchange(
 
     Returns immediately (the transfer overlaps whatever the caller computes next).
     """
+    if isinstance(group, RecordedGroup):  # the schedule check: nothing is sent or counted
+        return _Recorded(group.log, op, group.log.post(op, group, dst, src, send), send)
     send = [t.contiguous() for t in send]
-    recorded = isinstance(group, RecordedGroup)  # the schedule check: nothing is sent
-    if staging.stages_p2p() and send and not recorded:
+    if staging.stages_p2p() and send:
         return _exchange_staged(send, dst, src, group, op)
     # contiguous buffers: empty_like would copy a non-contiguous tensor's strides, and the
     # transport writes raw memory
     received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in send]
-    if recorded:
-        works: list[Any] = [group.log.post(op, group, dst, src, send)]
-    else:
-        ops = [dist.P2POp(dist.isend, t, dst, group) for t in send]
-        ops += [dist.P2POp(dist.irecv, t, src, group) for t in received]
-        with phase("comm"):
-            works = dist.batch_isend_irecv(ops)
+    ops = [dist.P2POp(dist.isend, t, dst, group) for t in send]
+    ops += [dist.P2POp(dist.irecv, t, src, group) for t in received]
+    with phase("comm"):
+        works = dist.batch_isend_irecv(ops)
     _count(op, sum(nbytes(t) for t in send))
     return PendingExchange(works, received)
+
+
+class _Recorded(PendingExchange):
+    """An exchange of the schedule check: waiting is an event.
+
+    What it "receives" is what was sent (the shapes a peer sends; the data is garbage anyway):
+    no buffer is made. A runner must then not write in place into a received tensor that
+    autograd saved — it does not.
+    """
+
+    def __init__(self, log: RankSchedule, op: str, handle: int, send: list[torch.Tensor]) -> None:
+        super().__init__([], list(send))
+        self.log, self.op, self.handle = log, op, handle
+
+    def wait(self) -> list[torch.Tensor]:
+        """Record the wait."""
+        self.log.wait(self.op, self.handle)
+        return self.received
 
 
 def _exchange_staged(

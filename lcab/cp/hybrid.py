@@ -1,27 +1,34 @@
-"""Ulysses inside a group around a ring across groups: what USP and LoongTrain share.
+"""Ulysses inside a group around a ring across groups: what Ring P2P, USP and LoongTrain share.
 
 Tokens are placed on R ring shards (by the balancer) and each shard is split contiguously among
 the U ranks of a Ulysses group. An all-to-all gives each rank its ring shard for Hq / U heads, a
 ring over the R groups (ranks with the same Ulysses position) merges the keys of every shard,
-and a final all-to-all returns to sequence sharding. The strategies differ only in the ring's
-schedule (plain or windowed) and therefore its traffic, so that is all a subclass says.
+and a final all-to-all returns to sequence sharding. The strategies differ only in the Ulysses
+degree (Ring P2P: 1, no all-to-all) and the ring's windows and operation names, so that is all
+a subclass says; the ring's schedule is `lcab.cp.ring_attention`'s.
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import override
 
-from lcab.cp.base import Plan, Strategy, StrategyOptions
+from lcab.cp.base import Plan, Strategy, StrategyOptions, step_mask
 from lcab.cp.prepared import CPPrepared
-from lcab.cp.ring import ring_steps
-from lcab.cp.ring_attention import RingSpec, Step, ring_attention_function
-from lcab.cp.ulysses import a2a_bytes, heads_to_seq, replicate_kv, seq_to_heads
+from lcab.cp.ring_attention import (
+    RingSpec,
+    Step,
+    ring_attention_function,
+    ring_buffers,
+    ring_bytes,
+    ring_schedule,
+)
+from lcab.cp.stages import Pricer, Window
+from lcab.cp.ulysses import a2a_bytes, heads_to_seq, replicate_kv, seq_to_heads, ulysses_ends
 from lcab.distributed.context import DistContext
-from lcab.distributed.groups import RingChannels, ring_channels
+from lcab.distributed.groups import ring_channels
 from lcab.kernels import Kernel, Problem
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
@@ -30,6 +37,35 @@ if TYPE_CHECKING:
     import torch
 else:
     torch = lazy_module("torch", globals())
+
+
+def ring_steps(
+    plan: Plan,
+    mask: AttnMask,
+    problem: Problem,
+    kernel: Kernel,
+    position: int,
+    ulysses_index: int,
+    ring_layouts: list[Any],
+) -> list[Step]:
+    """Steps of ring position p in order: step i uses the block of position (p - i) mod R."""
+    rows = ring_layouts[position]
+    heads = plan.heads if plan.ulysses > 1 or mask.num_heads > 1 else None
+    local = Problem(
+        len(rows),
+        len(rows),
+        plan.heads.local_q,
+        plan.heads.local_kv,
+        problem.head_dim,
+        problem.dtype,
+        problem.device,
+    )
+    steps = []
+    for i in range(plan.ring):
+        source = (position - i) % plan.ring
+        sub = step_mask(mask, rows, ring_layouts[source], heads, ulysses_index)
+        steps.append(Step(source, kernel.prepare(sub, local) if sub.num_slices else None))
+    return steps
 
 
 @dataclass
@@ -43,7 +79,11 @@ class UlyssesRingOptions(StrategyOptions):
 class UlyssesRing(Strategy):
     """Ulysses (``ulysses_degree``, default: devices per node) x a ring over the groups."""
 
-    options_cls = UlyssesRingOptions
+    options_cls: ClassVar[type] = UlyssesRingOptions
+    inner: ClassVar[str] = "ring"
+    """The ring's operations: ``{inner}_kv``, ``{inner}_kv_bwd``, ``{inner}_dkv`` inside a
+    window, the same on ``outer`` between windows (`RingSpec`)."""
+    outer: ClassVar[str] = "ring_outer"
 
     @override
     def ulysses_degree(self, world: int) -> int:
@@ -52,21 +92,26 @@ class UlyssesRing(Strategy):
 
     @override
     def comm_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
-        out = self.ring_volume(plan, problem)
+        out = ring_bytes(plan, problem, self.inner, self.outer)
         if plan.ulysses > 1:
             q, kv = a2a_bytes(plan, problem)
             out |= {"a2a": 2 * q + 2 * kv, "a2a_grad": 2 * q + 2 * kv}
         return out
 
-    @abstractmethod
-    def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
-        """Analytic bytes one rank sends around the ring (fwd + bwd), per operation name."""
+    @override
+    def schedule(
+        self, plan: Plan, problem: Problem, rank: int, bwd: bool, price: Pricer
+    ) -> list[Window]:
+        windows = ring_schedule(plan, problem, rank, bwd, price, self.inner, self.outer)
+        if plan.ulysses == 1:
+            return windows
+        before, after = ulysses_ends(plan, problem, rank, bwd, price)
+        return [Window((before,)), *windows, Window((after,))]
 
-    @abstractmethod
-    def ring_spec(
-        self, plan: Plan, ranks: list[int], position: int, channels: RingChannels, steps: list[Step]
-    ) -> RingSpec:
-        """The ring schedule of ring position ``position`` over global ``ranks``."""
+    @classmethod
+    @override
+    def buffers(cls, plan: Plan, problem: Problem, backward: bool) -> dict[str, float]:
+        return super().buffers(plan, problem, backward) | ring_buffers(plan, problem, backward)
 
     def build(
         self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, dist: DistContext
@@ -84,7 +129,10 @@ class UlyssesRing(Strategy):
             grid.ulysses_index,
             list(plan.placement.layouts),
         )
-        spec = self.ring_spec(plan, grid.my_ring(), grid.ring_index, channels, steps)
+        spec = RingSpec.of_steps(
+            grid.my_ring(), grid.ring_index, channels, steps, windows=plan.windows,
+            inner=self.inner, outer=self.outer,
+        )  # fmt: skip
         u, heads = plan.ulysses, plan.heads
 
         def run(

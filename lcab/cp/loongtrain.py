@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 from typing_extensions import override
 
-from lcab.cp.base import Plan, accumulator_bytes, element_bytes, register_strategy
+from lcab.cp.base import register_strategy
 from lcab.cp.hybrid import UlyssesRing, UlyssesRingOptions
-from lcab.cp.ring_attention import RingSpec, Step
-from lcab.distributed.groups import RingChannels, balanced_windows
+from lcab.distributed.groups import balanced_windows
 from lcab.kernels import Problem
 
 
@@ -36,6 +35,8 @@ class LoongTrain(UlyssesRing):
     name = "loongtrain"
     summary = "Ulysses inside a node x double ring (windows + outer ring with prefetch)"
     options_cls = LoongTrainOptions
+    inner = "loong_inner"
+    outer = "loong_outer"
 
     @override
     def windows(self, ring: int) -> int:
@@ -51,33 +52,3 @@ class LoongTrain(UlyssesRing):
             if windows < 1 or ring % windows:
                 reasons.append(f"window_count={windows} does not divide the ring of {ring}")
         return reasons
-
-    @override
-    def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
-        w = plan.windows
-        s = plan.ring // w
-        block = plan.ring_block(problem.head_dim)
-        kv, acc = block * element_bytes(problem), block * accumulator_bytes(problem)
-        pairs = {
-            "loong_outer_kv": (w - 1) * kv,
-            "loong_inner_kv": w * (s - 1) * kv,
-            "loong_outer_kv_bwd": (w - 1) * kv,
-            "loong_inner_kv_bwd": w * (s - 1) * kv,
-            "loong_inner_dkv": w * s * acc if s > 1 else 0,
-            "loong_outer_dkv": w * acc if w > 1 else 0,
-        }
-        return {k: v for k, v in pairs.items() if v}
-
-    @override
-    def ring_spec(
-        self, plan: Plan, ranks: list[int], position: int, channels: RingChannels, steps: list[Step]
-    ) -> RingSpec:
-        return RingSpec.of_steps(
-            ranks,
-            position,
-            channels,
-            steps,
-            windows=plan.windows,
-            inner="loong_inner",
-            outer="loong_outer",
-        )

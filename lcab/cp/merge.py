@@ -20,14 +20,17 @@ else:
 def merge_into(
     out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor
 ) -> None:
-    """In place: (out, lse) ← merge((out, lse), (part, part_lse)); out (S, H, D), lse (H, S)."""
-    part_lse = part_lse.to(lse.dtype)
-    new = torch.logaddexp(lse, part_lse)
+    """In place: (out, lse) ← merge((out, lse), (part, part_lse)); out (S, H, D), lse (H, S).
+
+    As ``out += w (part - out)`` with w = e^l2 / (e^l1 + e^l2) = sigmoid(l2 - l1): five
+    tensor operations fewer than weighting both sides (a ring merges once per step).
+    """
+    if part_lse.dtype != lse.dtype:
+        part_lse = part_lse.to(lse.dtype)
     # rows still empty on both sides: -inf - -inf is NaN, their weight 0
-    w_old = torch.exp(lse - new).nan_to_num_(0.0)
-    w_new = torch.exp(part_lse - new).nan_to_num_(0.0)
-    out.mul_(w_old.t().unsqueeze(-1)).add_(part.to(out.dtype) * w_new.t().unsqueeze(-1))
-    lse.copy_(new)
+    weight = torch.sigmoid(part_lse - lse).nan_to_num_(0.0)
+    out.lerp_(part.to(out.dtype), weight.t().unsqueeze(-1))
+    torch.logaddexp(lse, part_lse, out=lse)
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -24,10 +24,13 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lcab.cp.base import accumulator_bytes, element_bytes
 from lcab.cp.comm import PendingExchange, exchange, phase
 from lcab.cp.merge import accumulator_dtype, merge_into
+from lcab.cp.plan import Plan
+from lcab.cp.stages import Pricer, Transfer, Window
 from lcab.distributed.groups import RingChannels
-from lcab.kernels import PreparedAttention
+from lcab.kernels import PreparedAttention, Problem
 from lcab.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -245,3 +248,95 @@ def ring_attention_function() -> type[torch.autograd.Function]:
             return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None
 
     return RingAttention
+
+
+def ring_bytes(plan: Plan, problem: Problem, inner: str, outer: str) -> dict[str, int]:
+    """K/V and dK/dV bytes one rank sends around the plan's ring of windows (fwd + bwd).
+
+    In each pass a block makes s - 1 hops inside each of the w windows of s positions and
+    w - 1 between them; its accumulator one hop more of each (it returns to its owner).
+    """
+    w = plan.windows
+    s = plan.ring // w
+    block = plan.ring_block(problem.head_dim)
+    kv, acc = block * element_bytes(problem), block * accumulator_bytes(problem)
+    pairs = {
+        f"{outer}_kv": (w - 1) * kv,
+        f"{inner}_kv": w * (s - 1) * kv,
+        f"{outer}_kv_bwd": (w - 1) * kv,
+        f"{inner}_kv_bwd": w * (s - 1) * kv,
+        f"{inner}_dkv": w * s * acc if s > 1 else 0,
+        f"{outer}_dkv": w * acc if w > 1 else 0,
+    }
+    return {k: v for k, v in pairs.items() if v}
+
+
+def ring_buffers(plan: Plan, problem: Problem, backward: bool) -> dict[str, float]:
+    """Bytes a ring position holds besides its shards (`Strategy.buffers`).
+
+    The K/V blocks in flight (in hand, arriving, and a double ring's prefetched block), the
+    float32 merged output and, in the backward, the travelling dK/dV and the dQ accumulator.
+    """
+    tokens, heads, d = plan.shard_len * plan.ulysses, plan.heads, problem.head_dim
+    block, acc = plan.ring_block(d), accumulator_bytes(problem)
+    terms = {
+        "k, v blocks in flight": (2 + (plan.windows > 1)) * block * element_bytes(problem),
+        "merged out, lse (fp32)": float(tokens * heads.local_q * (d + 1) * acc),
+    }
+    if backward:
+        terms["travelling dk, dv (fp32)"] = 2 * block * acc
+        terms["dq accumulator (fp32)"] = tokens * heads.local_q * d * acc
+    return terms
+
+
+def ring_schedule(
+    plan: Plan, problem: Problem, rank: int, bwd: bool, price: Pricer, inner: str, outer: str
+) -> list[Window]:
+    """What `RingAttention` does on ``rank`` in one pass (`lcab.cp.stages`).
+
+    Each step posts the next K/V block before its call and waits after it; in the backward a
+    step's dK/dV accumulator travels during the next step's call, the hop that brings a
+    window's own block's accumulator home is waited at once (where the implementation does),
+    and the window's accumulator moves on to the next window during that window's first step
+    (the last one exposed); the next window's K/V travel behind a whole window.
+    """
+    grid = plan.grid(rank)
+    ring, p, member = grid.my_ring(), grid.ring_index, grid.ulysses_index
+    w = plan.windows
+    s = plan.ring // w
+    window, slot = divmod(p, s)
+    links, impl = price.links, price.impl
+    block = plan.ring_block(problem.head_dim)
+    kv = block * element_bytes(problem)
+    acc = block * (
+        accumulator_bytes(problem) if impl.dkv_in_accumulator else element_bytes(problem)
+    )
+    nxt, later = ring[window * s + (slot + 1) % s], ring[((window + 1) % w) * s + slot]
+    tail = "_bwd" if bwd else ""
+    next_kv = (links.p2p(f"{inner}_kv{tail}", kv, rank, nxt, s),)
+    dkv = (links.p2p(f"{inner}_dkv", acc, rank, nxt, s),)
+    home = impl.home_hop is None or plan.strategy in impl.home_hop
+    windows, sources = [], []
+    carried: tuple[Transfer, ...] = ()  # an accumulator travelling into the next window
+    for o in range(w):
+        stages = []
+        for t in range(s):
+            source = ((window - o) % w) * s + (slot - t) % s
+            sources.append(source)
+            work, finish = price.call("ring", p, source, member, bwd)
+            during: tuple[Transfer, ...] = next_kv if t < s - 1 else ()
+            during += (dkv if bwd and t > 0 else ()) + (carried if t == 0 else ())
+            stages.append(links.stage(work, during, (), finish))
+        carried = ()
+        if bwd and s > 1 and home:  # one more inner hop, waited at once
+            stages.append(links.stage(None, (), dkv))
+        if bwd and w > 1:  # the window's accumulator moves on to the next window
+            outer_dkv = (links.p2p(f"{outer}_dkv", acc, rank, later, w),)
+            if o < w - 1:
+                carried = outer_dkv
+            else:
+                stages.append(links.stage(None, (), outer_dkv))
+        prefetch = (links.p2p(f"{outer}_kv{tail}", kv, rank, later, w),) if o < w - 1 else ()
+        windows.append(Window(tuple(stages), prefetch))
+    merge = price.merge(p, sources, bwd)
+    return windows + ([Window((links.stage(merge),))] if merge is not None else [])

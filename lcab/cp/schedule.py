@@ -88,10 +88,14 @@ class RankSchedule:
 
     def post(
         self, op: str, group: RecordedGroup, dst: int, src: int, tensors: list[torch.Tensor]
-    ) -> RecordedWork:
-        """An exchange: ``tensors`` to ``dst``, as many from ``src`` (the work records its wait)."""
+    ) -> int:
+        """An exchange: ``tensors`` to ``dst``, as many from ``src``; its handle (`wait`)."""
         self.issue("post", op, group, tensors, -1, dst, src)
-        return RecordedWork(self, op, len(self.events) - 1)
+        return len(self.events) - 1
+
+    def wait(self, op: str, handle: int) -> None:
+        """Waiting for exchange ``handle``."""
+        self.events.append(Event("wait", self.pass_, self.step, op, handle=handle))
 
     def issue(
         self,
@@ -107,29 +111,17 @@ class RankSchedule:
 
         Positional, as the hot path of a 96-rank ring (27,000 posts) is.
         """
-        sizes = tuple([t.numel() * t.element_size() for t in tensors])
+        sizes = tuple([t.nbytes for t in tensors])
         handle = len(self.events) if kind == "post" else -1
+        dtype = tensors[0].dtype
+        name = _DTYPES.get(dtype) or _DTYPES.setdefault(dtype, str(dtype).removeprefix("torch."))
         self.events.append(
             Event(kind, self.pass_, self.step, op, group.ranks, group.tag, group.id, peer, source,
-                  sizes, sum(sizes) if sent < 0 else sent, _dtype(tensors[0]), handle)
+                  sizes, sum(sizes) if sent < 0 else sent, name, handle)
         )  # fmt: skip
 
 
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-@dataclass
-class RecordedWork:
-    """The work of a recorded exchange: waiting for it is an event."""
-
-    log: RankSchedule
-    op: str
-    handle: int
-
-    def wait(self) -> None:
-        """Record the wait."""
-        self.log.add("wait", op=self.op, handle=self.handle)
+_DTYPES: dict[Any, str] = {}
 
 
 @dataclass(frozen=True)

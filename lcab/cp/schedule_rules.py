@@ -116,16 +116,26 @@ def _what(e: Event | None) -> tuple[Any, ...] | None:
     return None if e is None else (e.kind, e.sizes, e.dtype)
 
 
-def _messages(logs: list[RankSchedule]) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]]]:
-    """Every tensor sent and every receive posted, by (group, sender, receiver), in order."""
+def _messages(
+    logs: list[RankSchedule], detail: bool = True
+) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]]]:
+    """Every tensor sent and every receive posted, by (group, sender, receiver), in order.
+
+    Each as (size, event), or its size alone (``detail=False``: what the rule compares).
+    """
     sends: dict[Any, list[Any]] = defaultdict(list)
     receives: dict[Any, list[Any]] = defaultdict(list)
     for log in logs:
         for e in log.events:
-            if e.kind == "post":
-                for size in e.sizes:
-                    sends[e.group_id, log.rank, e.peer].append((size, e))
-                    receives[e.group_id, e.source, log.rank].append((size, e))
+            if e.kind != "post":
+                continue
+            if not detail:
+                sends[e.group_id, log.rank, e.peer].extend(e.sizes)
+                receives[e.group_id, e.source, log.rank].extend(e.sizes)
+                continue
+            for size in e.sizes:
+                sends[e.group_id, log.rank, e.peer].append((size, e))
+                receives[e.group_id, e.source, log.rank].append((size, e))
     return sends, receives
 
 
@@ -135,6 +145,9 @@ def _pairing(logs: list[RankSchedule]) -> list[str]:
     Where one side has fewer messages, the first whose pass, operation or step differs between
     the sides is named (in lockstep, the one that went missing), else the first left over.
     """
+    sends, receives = _messages(logs, detail=False)
+    if sends == receives:
+        return []
     sends, receives = _messages(logs)
     problems = []
     for key in sorted(set(sends) | set(receives)):
@@ -188,15 +201,19 @@ def _bytes(logs: list[RankSchedule], plan: Plan) -> list[str]:
 
 
 class _Run:
-    """The ranks run under NCCL's rules, event by event (see the module docstring)."""
+    """The ranks run under NCCL's rules, event by event (see the module docstring).
+
+    Only what can block or let another rank go on is run: posts, waits and collectives.
+    """
 
     def __init__(self, logs: list[RankSchedule]) -> None:
-        self.events = [log.events for log in logs]
+        moves = ("post", "wait", *COLLECTIVES)
+        self.events = [[e for e in log.events if e.kind in moves] for log in logs]
         self.at = [0] * len(logs)
         self.posted: Counter[tuple[Any, ...]] = Counter()
         """Messages posted per (0: sent | 1: received, group id, sender, receiver)."""
-        self.needs: dict[tuple[int, int], list[tuple[tuple[Any, ...], int]]] = {}
-        """Per posted exchange, the counterpart message each of its messages waits for."""
+        self.needs: dict[tuple[int, int], tuple[tuple[tuple[Any, ...], int], ...]] = {}
+        """Per posted exchange, the counterparts' channels and the count each must reach."""
         self.entered: defaultdict[int, Counter[int]] = defaultdict(Counter)
         self.inside = [False] * len(logs)
         """Whether a rank has entered the collective it stands at."""
@@ -205,8 +222,8 @@ class _Run:
         """The rank that ``rank``'s current event waits for (None: it goes on)."""
         e = self.events[rank][self.at[rank]]
         if e.kind == "wait":
-            for channel, index in self.needs[rank, e.handle]:
-                if self.posted[channel] <= index:
+            for channel, count in self.needs[rank, e.handle]:
+                if self.posted[channel] < count:
                     return int(channel[3] if channel[0] else channel[2])  # the receiver, sender
         elif e.kind in COLLECTIVES:
             entered = self.entered[e.group_id]
@@ -218,19 +235,22 @@ class _Run:
         """Run ``rank``'s current event if it can complete; whether it did."""
         e = self.events[rank][self.at[rank]]
         if e.kind == "post":
-            needs = self.needs[rank, e.handle] = []
-            for mine, pair in ((0, (rank, e.peer)), (1, (e.source, rank))):
-                channel = (mine, e.group_id, *pair)
-                other = (1 - mine, *channel[1:])  # the peer's receive of a send, and back
-                for _ in e.sizes:
-                    needs.append((other, self.posted[channel]))
-                    self.posted[channel] += 1
-        elif e.kind in COLLECTIVES and not self.inside[rank]:
-            self.entered[e.group_id][rank] += 1
-            self.inside[rank] = True
-        if e.kind in ("wait", *COLLECTIVES) and self.blocker(rank) is not None:
-            return False
-        self.inside[rank] = False
+            n, posted = len(e.sizes), self.posted
+            send, receive = (0, e.group_id, rank, e.peer), (1, e.group_id, e.source, rank)
+            # the peer's receives of these sends, and the source's sends of these receives
+            self.needs[rank, e.handle] = (
+                ((1, *send[1:]), posted[send] + n),
+                ((0, *receive[1:]), posted[receive] + n),
+            )
+            posted[send] += n
+            posted[receive] += n
+        else:
+            if e.kind != "wait" and not self.inside[rank]:
+                self.entered[e.group_id][rank] += 1
+                self.inside[rank] = True
+            if self.blocker(rank) is not None:
+                return False
+            self.inside[rank] = False
         self.at[rank] += 1
         return True
 
@@ -245,8 +265,8 @@ def _deadlock(logs: list[RankSchedule]) -> list[str]:
     moved = True
     while moved:
         moved = False
-        for rank in range(len(logs)):
-            while not run.done(rank) and run.step(rank):
+        for rank, events in enumerate(run.events):
+            while run.at[rank] < len(events) and run.step(rank):
                 moved = True
     stuck = [rank for rank in range(len(logs)) if not run.done(rank)]
     if not stuck:

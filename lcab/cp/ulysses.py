@@ -29,6 +29,7 @@ from lcab.cp.base import (
 from lcab.cp.comm import all_to_all, phase
 from lcab.cp.inner_graph import detached_leaves, leaf_grads
 from lcab.cp.prepared import CPPrepared
+from lcab.cp.stages import Pricer, Stage, Window
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
 from lcab.lazy import lazy_module
@@ -119,6 +120,27 @@ def a2a_bytes(plan: Plan, problem: Problem) -> tuple[int, int]:
     return q, kv
 
 
+def ulysses_ends(
+    plan: Plan, problem: Problem, rank: int, bwd: bool, price: Pricer
+) -> tuple[Stage, Stage]:
+    """The exposed all-to-alls before and after a Ulysses group's local work (`lcab.cp.stages`).
+
+    Forward: q, k, v in, the output back; backward: dout in, dq, dk, dv back. An
+    implementation's layout copies around them (``ulysses_layout``) run before the first.
+    """
+    group = plan.grid(rank).my_ulysses_group()
+    q, kv = a2a_bytes(plan, problem)
+    op = "a2a_grad" if bwd else "a2a"
+    tokens = plan.shard_len * plan.ulysses
+    copies = price.copies("ulysses_layout", bwd, tokens, tokens)
+
+    def stage(sizes: list[int], work: Any = None) -> Stage:
+        moves = tuple(price.links.collective(op, "a2a", b, rank, group) for b in sizes)
+        return Stage(work, after=moves)
+
+    return stage([q] if bwd else [q, kv, kv], copies), stage([q, kv, kv] if bwd else [q])
+
+
 @dataclass
 class UlyssesOptions(StrategyOptions):
     """Ulysses shards heads, so every placement is balanced."""
@@ -146,6 +168,15 @@ class Ulysses(Strategy):
             return {}
         q, kv = a2a_bytes(plan, problem)
         return {"a2a": 2 * q + 2 * kv, "a2a_grad": 2 * q + 2 * kv}
+
+    @override
+    def schedule(
+        self, plan: Plan, problem: Problem, rank: int, bwd: bool, price: Pricer
+    ) -> list[Window]:
+        """The all-to-alls around one call over the group's tokens (the ring's one shard)."""
+        before, after = ulysses_ends(plan, problem, rank, bwd, price)
+        work, _ = price.call("ulysses", 0, 0, plan.grid(rank).ulysses_index, bwd)
+        return [Window((before, Stage(work), after))]
 
     def build(
         self, plan: Plan, mask: AttnMask, problem: Problem, kernel: Kernel, dist: DistContext

@@ -7,14 +7,8 @@ crosses nodes (the paper's placement).
 
 from __future__ import annotations
 
-from typing_extensions import override
-
-from lcab.cp.base import Plan, register_strategy
+from lcab.cp.base import register_strategy
 from lcab.cp.hybrid import UlyssesRing
-from lcab.cp.ring import ring_bytes
-from lcab.cp.ring_attention import RingSpec, Step
-from lcab.distributed.groups import RingChannels
-from lcab.kernels import Problem
 
 
 @register_strategy
@@ -23,13 +17,4 @@ class USP(UlyssesRing):
 
     name = "usp"
     summary = "Ulysses inside a node x Ring P2P across nodes"
-
-    @override
-    def ring_volume(self, plan: Plan, problem: Problem) -> dict[str, int]:
-        return ring_bytes(plan, problem, "usp_ring")
-
-    @override
-    def ring_spec(
-        self, plan: Plan, ranks: list[int], position: int, channels: RingChannels, steps: list[Step]
-    ) -> RingSpec:
-        return RingSpec.of_steps(ranks, position, channels, steps, inner="usp_ring")
+    inner = "usp_ring"

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lcab.cp.stages import Implementation
+
 
 @dataclass(frozen=True)
 class Passes:
@@ -121,12 +123,15 @@ class CopyBytes:
         return self.plain + self.gathers + self.scatters
 
 
-@dataclass(frozen=True)
-class Harness:
-    """One implementation's costs around the schedule the replay follows."""
+@dataclass(frozen=True, kw_only=True)
+class Harness(Implementation):
+    """One implementation's costs around the schedule a strategy states (`lcab.cp.stages`).
+
+    Where it sends or waits otherwise than lcab's runner is `Implementation`'s part.
+    """
 
     name: str
-    p2p_batched: bool
+    p2p_batched: bool = True
     """A ring step posts its send and receive as one group (``batch_isend_irecv``): they run at
     once. Unbatched, PyTorch gives each pair of ranks its own two-rank communicator (when
     ``init_process_group`` gets no ``device_id``, as in the published code), so a ring's send and
@@ -134,20 +139,6 @@ class Harness:
     go to the same peer over one communicator, whose operations NCCL runs in order: the block
     crosses the link in two phases, one per direction. (With a ``device_id`` PyTorch reuses the
     group's communicator for every pair; that case is not modelled.)"""
-    dkv_overlapped: bool
-    """Backward: a ring step's dK/dV accumulator travels during the next step's compute (True)
-    or is sent after its own step and waited at once (False)."""
-    dkv_in_accumulator: bool
-    """dK/dV travel in the accumulator dtype (True) or the element dtype (False)."""
-    regather_bwd: bool
-    """Ring All-Gather's backward gathers K/V again before its kernel."""
-    window_dkv_hop: bool = False
-    """LoongTrain's backward (with overlapped accumulators) moves each window's accumulator one
-    more inner hop after the window's last step and waits for it at once."""
-    dkv_home_hop: bool = False
-    """Every ring's backward (with overlapped accumulators) waits at once for the last inner
-    hop of each window, which brings the window block's accumulator home: it is the result,
-    or goes on to the next window (lcab's)."""
     lists_every_document: bool = False
     """A varlen call's ``cu_seqlens`` lists every document of the mask, those with no work in
     the call as empty sequences (True), or only the sequences with work (False)."""
@@ -165,10 +156,6 @@ class Harness:
     """Width of the input from which the timed backward's Q, K and V projections were made (0:
     no projection in the timed region). Its weight gradients are matrix products outside
     attention that the measured time includes (`projection_costs`)."""
-    allgather_halves: bool = False
-    """Ring All-Gather on a zigzag placement calls its kernel once per half of its queries (the
-    chunks ``p`` and ``2P - 1 - p`` of every document), each against the keys that half
-    attends (True), or once with all its queries (False)."""
     passes: dict[str, Copies] = field(default_factory=dict, hash=False)
     """Keyed ``<family>_<pass>``: ``ulysses_fwd``, ``allgather_bwd``, ``ring_fwd`` (per ring
     step, also for USP's and LoongTrain's steps), ...; ``ulysses_layout_<pass>``: the layout
@@ -181,9 +168,9 @@ class Harness:
         """The copies around one call of ``family`` (ulysses | allgather | ring)."""
         return self.passes.get(f"{family}_{'bwd' if bwd else 'fwd'}", Copies())
 
-    def once_passes(self, family: str, bwd: bool) -> Copies | None:
-        """The copies a pass of ``family`` makes once, around all its calls (None: none)."""
-        return self.passes.get(f"{family}_once_{'bwd' if bwd else 'fwd'}")
+    def passes_of(self, what: str, bwd: bool) -> Copies | None:
+        """The copies ``what`` (``ulysses_layout``, ``allgather_once``, ...) in one pass."""
+        return self.passes.get(f"{what}_{'bwd' if bwd else 'fwd'}")
 
     def merge_passes(self, bwd: bool) -> tuple[Copies, Copies] | None:
         """(per ring step, once) copies of merging the steps' partial results after the ring.
@@ -209,10 +196,6 @@ class Harness:
         if not half:
             return Copies()
         return self.passes.get(f"ring_half_{half}_{'bwd' if bwd else 'fwd'}", Copies())
-
-    def layout_passes(self, bwd: bool) -> Copies | None:
-        """The passes around a Ulysses group's all-to-alls in one pass (None: none)."""
-        return self.passes.get(f"ulysses_layout_{'bwd' if bwd else 'fwd'}")
 
     def projection_costs(
         self, tokens: int, heads_q: int, heads_kv: int, head_dim: int, elem: int
@@ -242,11 +225,6 @@ class Harness:
 #: batched. Kernel inputs are used in place, so a call itself adds no passes.
 LCAB = Harness(
     name="lcab",
-    p2p_batched=True,
-    dkv_overlapped=True,
-    dkv_in_accumulator=True,
-    regather_bwd=False,
-    dkv_home_hop=True,
     passes={
         "ring_fwd": Copies(Passes(q=(1, 2))),
         "ring_bwd": Copies(Passes(q=(1, 2))),
@@ -286,10 +264,9 @@ LCAB = Harness(
 LONGCA = Harness(
     name="longca",
     p2p_batched=False,
-    dkv_overlapped=True,
     dkv_in_accumulator=False,
     regather_bwd=True,
-    window_dkv_hop=True,
+    home_hop=frozenset({"loongtrain"}),
     lists_every_document=True,
     causal_halves=True,
     kernel_gets_active_tokens=True,

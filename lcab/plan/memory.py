@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lcab.cp.base import Plan, accumulator_bytes, element_bytes
+from lcab.cp.base import STRATEGIES, Plan, element_bytes
 from lcab.kernels import Problem
 from lcab.masks.core import AttnMask
 from lcab.plan.hardware import KernelMemory
@@ -49,37 +49,17 @@ def memory_terms(
     plan: Plan, problem: Problem, backward: bool, extras: RankExtras | None = None
 ) -> dict[str, float]:
     """MiB per rank of each term (see module docstring)."""
-    elem, acc = element_bytes(problem), accumulator_bytes(problem)
-    n, d, h = plan.shard_len, problem.head_dim, plan.heads
+    elem = element_bytes(problem)
+    n, d = plan.shard_len, problem.head_dim
     q_shard = n * problem.heads_q * d
     kv_shard = n * problem.heads_kv * d
-    terms = {"q, out": 2 * q_shard * elem, "k, v": 2 * kv_shard * elem}
+    terms: dict[str, float] = {"q, out": 2 * q_shard * elem, "k, v": 2 * kv_shard * elem}
     if backward:
         terms["dout, dq, dk, dv"] = (2 * q_shard + 2 * kv_shard) * elem
-    group_tokens = n * plan.ulysses
-    head_sharded = group_tokens * (2 * h.local_q + 2 * h.local_kv) * d * elem
-    if plan.strategy == "ring_allgather":
-        gathered = 2 * plan.ring * kv_shard * elem
-        terms["gathered k, v"] = gathered
-        if backward:
-            terms["gathered dk, dv"] = gathered
-    else:
-        if plan.ulysses > 1:
-            terms["head-sharded q, k, v, out"] = head_sharded
-            if backward:  # the local backward's dout in, dq, dk, dv out, before the a2a back
-                terms["head-sharded dout, dq, dk, dv"] = head_sharded
-        if plan.strategy != "ulysses":
-            block = 2 * group_tokens * h.local_kv * d
-            in_flight = 2 + (1 if plan.windows > 1 else 0)
-            terms["k, v blocks in flight"] = in_flight * block * elem
-            terms["merged out, lse (fp32)"] = group_tokens * h.local_q * (d + 1) * acc
-            if backward:
-                terms["travelling dk, dv (fp32)"] = 2 * block * acc
-                terms["dq accumulator (fp32)"] = group_tokens * h.local_q * d * acc
+    terms |= STRATEGIES.get(plan.strategy).buffers(plan, problem, backward)
     mib = {k: v / MIB for k, v in terms.items()}
-    extras = extras or RankExtras()
-    call_q = group_tokens * h.local_q * d
-    return mib | _extra_terms(extras, call_q, elem, cp=True)
+    call_q = n * plan.ulysses * plan.heads.local_q * d
+    return mib | _extra_terms(extras or RankExtras(), call_q, elem, cp=True)
 
 
 def single_device_terms(
@@ -145,22 +125,16 @@ def dense_positions(plan: Plan, mask: AttnMask) -> tuple[float, float]:
     from lcab.cp.base import step_mask
     from lcab.kernels.sdpa import whole_mask_kind
 
-    layouts = list(plan.placement.layouts)
-
     def held(rows: np.ndarray, cols: np.ndarray) -> int:
         sub = step_mask(mask, rows, cols, None)
         if not sub.num_slices or whole_mask_kind(sub) is not None:
             return 0
         return len(rows) * len(cols)
 
-    if plan.strategy == "ring_allgather":
-        keys = np.concatenate(layouts)
-        calls = [[held(rows, keys)] for rows in layouts]
-    else:
-        ring = len(layouts)
-        calls = [
-            [held(layouts[p], layouts[(p - i) % ring]) for i in range(ring)] for p in range(ring)
-        ]
+    by_rows: dict[int, list[int]] = {}  # a rank's calls share its rows
+    for rows, cols in STRATEGIES.get(plan.strategy).blocks(plan, mask):
+        by_rows.setdefault(id(rows), []).append(held(rows, cols))
+    calls = list(by_rows.values())
     fullest = max(calls, key=sum)
     return float(sum(fullest)), float(max(fullest))
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lcab.cp.stages import Stage, Transfer
 from lcab.plan.hardware import Hardware, KernelRate
 from lcab.plan.replay import Replay
-from lcab.plan.steps import Stage, Transfer, Work
+from lcab.plan.steps import Work
 
 
 @dataclass(frozen=True)

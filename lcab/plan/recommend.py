@@ -10,6 +10,7 @@ runner-up, because a 3 % margin is inside the noise of a real cluster while a 2Ã
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -46,15 +47,22 @@ def step_ms(p: CellPrediction) -> float:
 
 
 def candidates(cell: PlanCell) -> list[PlanCell]:
-    """Every strategy x balancer (x Ulysses degree for USP/LoongTrain) that can run ``cell``."""
+    """Every strategy x balancer (x Ulysses degree where it has one) that can run ``cell``.
+
+    A strategy whose ranks always share one ring shard (Ulysses) computes and moves the same
+    under every placement: its default one is tried alone.
+    """
     out = []
-    degrees = [d for d in range(1, cell.devices_per_node + 1) if cell.devices_per_node % d == 0]
+    degrees = [d for d in range(2, cell.devices_per_node + 1) if cell.devices_per_node % d == 0]
     for name in STRATEGIES.names():
-        # Ulysses shards heads: every placement computes and moves the same, so try one
-        for balance in ("contiguous",) if name == "ulysses" else BALANCERS:
+        cls = STRATEGIES.get(name)
+        fields = {f.name: f.default for f in dataclasses.fields(cls.options_cls)}
+        degree = cls({}, cell.devices_per_node).ulysses_degree(cell.world)
+        one_shard = "ulysses_degree" not in fields and degree == cell.world
+        for balance in (fields["balance"],) if one_shard else BALANCERS:
             options_list: list[dict[str, object]] = [{"balance": balance}]
-            if name in ("usp", "loongtrain"):
-                options_list = [{"balance": balance, "ulysses_degree": d} for d in degrees if d > 1]
+            if "ulysses_degree" in fields:
+                options_list = [{"balance": balance, "ulysses_degree": d} for d in degrees]
             for options in options_list:
                 candidate = cell.with_(cp=name, cp_options=options)
                 if not cell_reasons(candidate):

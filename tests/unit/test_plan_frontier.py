@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from lcab.cp.ring import ring_steps
+from lcab.cp.hybrid import ring_steps
 from lcab.kernels import get_kernel
 from lcab.plan.frontier import predict_frontier, rank_memory_mib
 from lcab.plan.hardware import Hardware, KernelMemory, load_profile
@@ -76,7 +76,7 @@ def test_the_kernel_terms_add_fixed_per_token_and_dense_mask_memory_by_hand() ->
 
 def _biases_the_ring_holds(cell: PlanCell) -> tuple[float, float]:
     """Elements of the dense biases lcab's sdpa kernel builds for the ring's own prepared steps
-    (lcab.cp.ring.ring_steps with the real kernel): the fullest rank's sum, and its largest."""
+    (lcab.cp.hybrid.ring_steps with the real kernel): the fullest rank's sum, and its largest."""
     strategy, mask, problem = strategy_for(cell), mask_for(cell), cell.problem()
     plan = strategy.plan(mask, problem, cell.world)
     kernel = get_kernel("sdpa")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lcab.cp import STRATEGIES
+from lcab.cp.stages import Stage, Transfer
 from lcab.kernels import Problem
 from lcab.masks import make_mask
 from lcab.plan.calibrate import whole_mask_call
@@ -15,7 +16,7 @@ from lcab.plan.hardware import KernelRate, load_profile
 from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.predict import PlanCell
 from lcab.plan.replay import replay
-from lcab.plan.steps import Stage, Transfer, Work
+from lcab.plan.steps import Work
 from tests.helpers.plan_hardware import hand_hardware
 
 S, HQ, HKV, D = 1024, 8, 8, 64

@@ -2,8 +2,8 @@
 
 Expectations come from the runner's own code paths, not from the planner: bytes from
 ``Strategy.plan(...).comm_bytes`` (the figure the gloo tests prove equal to the measured
-traffic), and each step's work from ``lcab.cp.base.step_mask`` — the sub-mask the runner builds
-for that step, whose exact area is counted by the mask engine.
+traffic), and each call's work from the sub-mask the runner's own build prepares for it, in the
+order its forward calls them, whose exact area is counted by the mask engine.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import torch
 
 from lcab.cp import STRATEGIES
 from lcab.cp.balance import zigzag as place_zigzag
-from lcab.cp.base import step_mask
-from lcab.distributed.groups import Grid
-from lcab.kernels import Problem
+from lcab.cp.schedule import RecordingContext
+from lcab.kernels import PreparedAttention, Problem
 from lcab.masks import make_mask
 from lcab.masks.remap import remap
 from lcab.plan.areas import pair_work
@@ -62,31 +61,40 @@ def test_replay_sends_exactly_the_plan_bytes_per_rank(name, balance, mask_name, 
         assert replayed.bytes_by_op(rank) == want, f"rank {rank}"
 
 
-def runner_step_areas(name, strategy, plan, mask, rank):
-    """Per step, the attended area × local query heads of the sub-mask the runner builds."""
-    grid = Grid(plan.world, plan.ulysses, rank)
-    ui = grid.ulysses_index
-    if name == "ulysses":
-        order = np.concatenate([plan.rank_layouts[r] for r in grid.my_ulysses_group()])
-        subs = [step_mask(mask, order, order, plan.heads, ui)]
-    elif name == "ring_allgather":
-        keys = np.concatenate(plan.placement.layouts)
-        heads = plan.heads if mask.num_heads > 1 else None
-        subs = [step_mask(mask, plan.rank_layouts[rank], keys, heads, 0)]
-    else:  # the ring family: position p meets source (p - i) mod R at step i (window order)
-        layouts = list(plan.placement.layouts)
-        s = plan.ring // plan.windows
-        window, slot = divmod(grid.ring_index, s)
-        heads = plan.heads if plan.ulysses > 1 or mask.num_heads > 1 else None
-        subs = []
-        for o in range(plan.windows):
-            for t in range(s):
-                source = ((window - o) % plan.windows) * s + (slot - t) % s
-                subs.append(step_mask(mask, layouts[grid.ring_index], layouts[source], heads, ui))
-    # AttnMask.area() sums over mask heads; each mask head serves local_q / heads query heads
-    return [
-        sub.area() * plan.heads.local_q // sub.num_heads if sub.num_slices else 0 for sub in subs
-    ]
+class AreaCall(PreparedAttention):
+    """A call that notes the attended area x local query heads of the sub-mask it was built for."""
+
+    def __init__(self, areas: list, area: int) -> None:
+        self.areas, self.area = areas, area
+
+    def run(self, q, k, v):
+        self.areas.append(self.area)
+        return torch.zeros_like(q), torch.zeros(q.shape[1], q.shape[0], dtype=torch.float64)
+
+
+class AreaKernel:
+    """The kernel a strategy's build prepares its sub-masks with (`AreaCall` each)."""
+
+    name = "areas"
+
+    def __init__(self) -> None:
+        self.areas: list = []
+
+    def prepare(self, mask, problem):
+        return AreaCall(self.areas, mask.area() * problem.heads_q // mask.num_heads)
+
+
+def runner_step_areas(strategy, plan, mask, rank):
+    """The area of each kernel call the runner's forward makes on ``rank``, in order: its real
+    build (the sub-masks it prepares) and forward, run through the schedule check's recording
+    context (nothing sent)."""
+    kernel = AreaKernel()
+    context = RecordingContext(rank, plan.world, strategy.devices_per_node, "record")
+    prepared = strategy.build(plan, mask, PROBLEM, kernel, context)
+    n, d = plan.shard_len, PROBLEM.head_dim
+    q, k, v = (torch.zeros(n, h, d, dtype=torch.float64) for h in (24, 4, 4))
+    prepared.run(q, k, v)
+    return kernel.areas
 
 
 @pytest.mark.parametrize(("world", "dpn"), TOPOLOGIES)
@@ -103,12 +111,11 @@ def test_replay_work_per_rank_and_step_equals_the_runner_steps(
     replayed = replay(strategy, mask, PROBLEM, world, plan)
     d = PROBLEM.head_dim
     for rank in range(world):
-        want = runner_step_areas(name, strategy, plan, mask, rank)
-        stages = [s for w in replayed.passes["fwd"][rank] for s in w.stages]
-        got = [s.work.flops / (4 * d) if s.work else 0 for s in stages if s.work or not s.after]
+        want = runner_step_areas(strategy, plan, mask, rank)
+        got = [w.flops / (4 * d) for w in replayed.work(rank, "fwd")]
         assert np.allclose(got, want), (rank, got, want)
         bwd = [w.flops for w in replayed.work(rank, "bwd")]
-        assert np.allclose(bwd, [2.5 * 4 * d * a for a in want if a]), rank
+        assert np.allclose(bwd, [2.5 * 4 * d * a for a in want]), rank
 
 
 @pytest.mark.parametrize("mask_name", list(MASKS))
