@@ -314,7 +314,8 @@ def test_readme_has_the_commands_users_need():
         "bash launchers/setup.sh",
         ".venv/bin/python -m pytest -n 2",
     ]
-    assert "python -m lcab.main -m kernel=fa3,sparse cp=ulysses,ring mask=causal,document" in COMMANDS
+    design_card = "python -m lcab.main -m kernel=fa3,sparse cp=ulysses,ring mask=causal,document"
+    assert design_card in COMMANDS
     assert any(c.startswith("python -m lcab.plan -m ") for c in COMMANDS)
     assert any(c.startswith("python -m lcab.main -m launcher=slurm") for c in COMMANDS)
 
