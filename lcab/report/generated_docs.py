@@ -1,8 +1,8 @@
 """Generated sections of the docs: text between ``BEGIN generated:NAME`` and its END marker.
 
-The README and the guides beside the code (``lcab/*/README.md``) carry tables made from the
-registries, and ``python -m lcab.main --help`` lists the config groups a user picks; all of it
-is generated here, never typed. `python -m lcab.report docs` rewrites every section in every
+The guides beside the code (``lcab/*/README.md``) carry tables made from the registries, and
+``python -m lcab.main --help`` lists the config groups a user picks; all of it is generated
+here, never typed. `python -m lcab.report docs` rewrites every section in every
 file of `GENERATED_FILES`; a test fails when a committed file differs from what the code
 generates, so no table can go stale. A section may live in any of those files (Markdown files
 mark it with ``<!-- BEGIN generated:NAME -->``, YAML files with ``# BEGIN generated:NAME``), but
@@ -36,9 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 HELP_TEMPLATE = CONF_DIR / "hydra" / "help" / "lcab.yaml"
 
-#: Every file that holds generated sections, README first.
+#: Every file that holds generated sections (the README, a front page, holds none).
 GENERATED_FILES: tuple[Path, ...] = (
-    README,
     ROOT / "lcab" / "kernels" / "README.md",
     ROOT / "lcab" / "masks" / "README.md",
     ROOT / "lcab" / "cp" / "README.md",

@@ -54,7 +54,7 @@ def test_calibrated_on_a_disjoint_subset_the_planner_predicts_the_rest(points, t
     errors = np.abs([r.error for r in rows])
     assert len(rows) >= 30
     assert np.median(errors) <= 0.15
-    assert (errors <= 0.30).mean() >= 0.9  # README: 30/30 and 39/40 within ±30 %
+    assert (errors <= 0.30).mean() >= 0.9  # planner guide: 30/30 and 39/40 within ±30 %
     assert errors.max() <= 0.40
 
 
