@@ -242,7 +242,7 @@ def test_a_busy_host_is_said_once_per_table_and_other_misses_keep_their_own_note
     assert [line[:3] for line in text.splitlines() if line.startswith("[")] == ["[1]", "[2]", "[3]"]
     assert "[1] off the plan while the host was busy (load average 6.13-10.38 on 2 cores" in flat
     assert "[2] off the plan: fwd 0.25x (40 ms, 10 predicted); bwd 0.1x" in flat
-    assert "[3] off the plan: fwd 5x" in flat and "host_probe --fresh`" in flat
+    assert "[3] off the plan: fwd 5x (2 ms, 10 predicted)" in flat and "on cpu@auto" in flat
     assert "the host was busy: load average" not in text  # no length's own busy footnote
     marks = [line.split()[-1] for line in text.splitlines() if " ok " in line]
     assert marks == ["[1]", "[1]", "[1]", "[2]", "[3]"]
