@@ -1,10 +1,8 @@
 """Mask patterns: a name, a typed parameter dataclass and a generator returning slices.
 
-Each pattern's parameters are a dataclass, so defaults, types and validation live in one place
-and the Hydra ``mask/`` config group can be built from the same classes. Generators receive the
-sequence length, a seeded ``numpy.random.Generator`` and their parameters; every random choice
-(document lengths, prefix lengths, sparse picks) comes from that generator, so the same
-(name, seqlen, params, seed) always yields the same mask.
+Parameters are a dataclass (defaults, types and validation in one place; the Hydra ``mask/``
+group is built from it). Every random choice comes from the seeded generator a pattern gets, so
+the same (name, seqlen, params, seed) always yields the same mask.
 """
 
 from __future__ import annotations
