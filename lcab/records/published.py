@@ -1,20 +1,11 @@
 """Published attention figures, stored once: `load_published` reads ``published.json``.
 
-Every anchor lcab is compared with publishes pictures; nobody can check lcab against a bar
-chart without reading it. The data file holds those numbers once, each with where it comes from
-and how it was read, and every reader takes them from here: the report puts lcab's rows beside
-them (`lcab.report.anchors`), the planner checks its context-parallel predictions against the
-MagiAttention H100 cells (`lcab.plan.published`) and fits its H100 kernel rates to the
-single-GPU charts (`lcab.plan.kernel_figures`). It lives in the records layer, below both.
-
-**Why JSON, in groups.** JSON reads with the standard library on every Python lcab supports
-(``tomllib`` is 3.11+, lcab runs on 3.10), and a group states what its numbers share once — the
-source, how it was read, the GPU, the shape — with ``columns`` naming what changes from row to
-row and each row on one line. A column ``mask.<name>`` is a mask parameter; an ``error``
-column overrides the group's reading error for one row. ``kernels`` maps each library name the
-sources use to the lcab kernels that run it: cuDNN's fused attention runs under lcab's
-``cudnn`` (TransformerEngine, as the sources ran it) and ``sdpa_cudnn`` (torch SDPA's cuDNN
-backend: the same cuDNN engine).
+Every anchor publishes pictures; this holds their numbers once, with source and reading, for
+the report (`lcab.report.anchors`) and the planner (`lcab.plan.published`, `kernel_figures`).
+JSON (standard library on Python 3.10), in groups: a group states what its numbers share once,
+``columns`` what changes per row (``mask.<name>``: a mask parameter; ``error``: a row's own
+reading error). ``kernels`` maps each source library to the lcab kernels that run it (cuDNN:
+``cudnn`` and ``sdpa_cudnn``, the same engine).
 
 **What it holds, in this order** (964 numbers, TFLOP/s; per GPU, slowest rank, under CP):
 
@@ -114,11 +105,6 @@ class Published:
         return self.batch * self.seqlen
 
     @property
-    def tokens_per_gpu(self) -> int:
-        """Tokens each GPU holds."""
-        return self.tokens // self.world
-
-    @property
     def how_read(self) -> str:
         """``table (printed number)``, or a chart reading with its error."""
         return READS[self.read].format(error=self.error or 0, unit=self.unit)
@@ -193,9 +179,7 @@ def _published(where: str, data: dict[str, Any], kernels: dict[str, list[str]]) 
 def parse_published(document: Any, name: str = PUBLISHED_FILE.name) -> list[Published]:
     """The rows of a parsed data file, in file order.
 
-    Raises:
-        BadPublishedError: the first malformed group or row, named with its field.
-
+    Raises BadPublishedError: the first malformed group or row, named with its field.
     """
     if not isinstance(document, dict) or not isinstance(document.get("groups"), list):
         raise BadPublishedError(f"{name}: expected an object with a 'groups' list")
@@ -228,9 +212,7 @@ def parse_published(document: Any, name: str = PUBLISHED_FILE.name) -> list[Publ
 def load_published(path: Path = PUBLISHED_FILE) -> tuple[Published, ...]:
     """Every published number of ``path`` (default: the file beside this module), validated.
 
-    Raises:
-        BadPublishedError: a malformed group or row, named with its field; or bad JSON.
-
+    Raises BadPublishedError: a malformed group or row, named with its field; or bad JSON.
     """
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
