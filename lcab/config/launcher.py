@@ -1,10 +1,8 @@
 """The schema of lcab's SLURM launcher (``hydra/launcher: lcab_slurm``).
 
-It extends hydra-submitit-launcher's ``SlurmQueueConf`` (every sbatch option it has stays
-settable) with what a per-cell job shape needs. ``nodes``, ``tasks_per_node``,
-``gpus_per_node``, ``mem_gb`` and ``timeout_min`` are *not* read from here: they are computed
-for each cell from its topology and lengths (`lcab.launch.shape`), because hydra-submitit-
-launcher would otherwise apply one shape to a whole sweep.
+Extends hydra-submitit-launcher's ``SlurmQueueConf`` (every sbatch option stays settable);
+``nodes``, ``tasks_per_node``, ``gpus_per_node``, ``mem_gb`` and ``timeout_min`` are computed
+per cell instead (`lcab.launch.shape`).
 """
 
 from __future__ import annotations
