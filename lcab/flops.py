@@ -65,9 +65,7 @@ def _check_heads(heads_q: int, head_dim: int) -> None:
 def attention_flops(mask: MaskArea, heads_q: int, head_dim: int, pass_: Pass = "fwd") -> int:
     """Useful FLOPs of attention over ``mask`` (exact integer).
 
-    Raises:
-        ValueError: ``heads_q`` is not a multiple of the mask's head count, or a bad pass name.
-
+    Raises ValueError: ``heads_q`` is not a multiple of the mask's head count, or a bad pass name.
     """
     _check_heads(heads_q, head_dim)
     if heads_q % mask.num_heads:
