@@ -169,14 +169,8 @@ def diagonal_blocks(cu: IntArray, kind: SliceKind) -> IntArray:
 
 def band(q0: int, q1: int, k0: int, k1: int, lo: int | None, hi: int | None) -> IntArray:
     """Slices of the rectangle [q0,q1) x [k0,k1) restricted to lo <= j - i <= hi."""
-    return canonical_slices(
-        np.array([q0]),
-        np.array([q1]),
-        np.array([k0]),
-        np.array([k1]),
-        np.array([-INF if lo is None else lo]),
-        np.array([INF if hi is None else hi]),
-    )
+    limits = (q0, q1, k0, k1, -INF if lo is None else lo, INF if hi is None else hi)
+    return canonical_slices(*(np.array([value]) for value in limits))
 
 
 def rect(q0: int, q1: int, k0: int, k1: int, kind: SliceKind = SliceKind.FULL) -> IntArray:
