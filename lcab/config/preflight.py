@@ -295,10 +295,7 @@ def output_problem(argv: list[str], config_name: str = "config") -> str | None:
     if not existing.is_dir():
         return f"cannot write to {folder}: {existing} is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
-        cause = "read-only file system" if _read_only(existing) else "permission denied"
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        cause = "read-only file system" if read_only else "permission denied"
         return f"cannot write to {folder}: {existing} is not writable ({cause})"
     return None
-
-
-def _read_only(folder: Path) -> bool:
-    return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)

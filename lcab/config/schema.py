@@ -185,10 +185,6 @@ def _annotation(declared: Any) -> Any:
     return Optional[tp] if optional else tp  # noqa: UP045 (OmegaConf 2.3 reads typing.Optional)
 
 
-def _class_name(name: str, suffix: str) -> str:
-    return "".join(part.title() for part in name.split("_")) + suffix
-
-
 def _generated(
     name: str,
     base: type,
@@ -205,7 +201,8 @@ def _generated(
             fields_.append((f.name, tp, field(default_factory=f.default_factory)))
         else:
             fields_.append((f.name, tp, field(default=default)))
-    cls = dataclasses.make_dataclass(_class_name(name, suffix), fields_, bases=(base,))
+    class_name = "".join(part.title() for part in name.split("_")) + suffix
+    cls = dataclasses.make_dataclass(class_name, fields_, bases=(base,))
     cls.__doc__ = f"Config of {name} (generated from {source.__name__ if source else 'nothing'})."
     # a module attribute, so that configs typed by it pickle (`lcab.config.fork_map` sends
     # composed configs between processes); pickle finds a class by module and name
