@@ -32,9 +32,7 @@ class LcabSlurmConf(SlurmQueueConf):
     startup_s: float = 300.0
     """Time allowance before the first length; the limit adds bench.timeout_s per length."""
     poll_s: float = 60.0
-    """Longest wait between two looks at the jobs' states (sacct). submitit's own backs off to
-    600 s, so a cell that ended could wait ten minutes to be settled and the next one to be
-    reported; a small cluster or a test cluster may ask for a few seconds."""
+    """Longest wait between two looks at the jobs' states (sacct; submitit's backs off to 600 s)."""
     srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
     """Extra srun arguments; --kill-on-bad-exit ends every rank when one fails, so a dead
     rank never leaves its peers waiting until the time limit."""

@@ -55,9 +55,8 @@ class JobEnd:
 
 _SRUN_TASKS = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)")
 _OOM_KILL = re.compile(r"oom[-_]kill event")
-"""slurmstepd's word that the step's cgroup killed for memory ("Detected 1 oom-kill event(s) in
-step 370626.batch cgroup", newer releases "... oom_kill event in StepId=..."): a task srun
-reports Killed is out of memory only with it."""
+"""slurmstepd's word that the step's cgroup killed for memory ("Detected 1 oom-kill event(s)",
+newer "oom_kill event"): a task srun reports Killed is out of memory only with it."""
 #: What a rank reports when a *peer* failed: lost connections and communication time-outs.
 #: (A rank's own hang is reported by its watchdog, whose message has none of these.)
 _PEER_SYMPTOMS = (

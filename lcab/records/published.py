@@ -9,28 +9,23 @@ reading error). ``kernels`` maps each source library to the lcab kernels that ru
 
 **What it holds, in this order** (964 numbers, TFLOP/s; per GPU, slowest rank, under CP):
 
-* ``longca-v1`` — the LongCA-bench paper (arXiv 2510.17896v1): Tables 3-5, the only numbers it
-  prints (block-sparse FlashInfer, FA2 Sparse and FlexAttention on one H100). Its dense-kernel
-  and context-parallel figures (Figs. 3, 5, 7-14, 20-23) are charts whose values survive
-  nowhere as numbers (no source file, no printed labels), so none is taken from them.
+* ``longca-v1`` — the LongCA-bench paper (arXiv 2510.17896v1): Tables 3-5, its only printed
+  numbers (block-sparse kernels on one H100); its charts survive nowhere as numbers.
 * ``fa3-paper`` — FlashAttention-3 (arXiv 2407.08608) Figs. 5-6, head dim 128, H100 SXM5: the
   values printed above the bars (16K tokens a batch, 16 heads).
 * ``cudnn-fe-gb200`` — NVIDIA cudnn-frontend's Llama-3.1 CSV on GB200 (cuDNN 9.27 and FA4, bf16,
   batch 2), a table read as printed.
-* ``magi-cp-h100``, ``magi-cp-b200`` — the MagiAttention CP benchmark (the companion blog of
-  LongCA-bench, same authors, same baselines): per-GPU TFLOP/s of Ulysses, Ring P2P (lcab's
-  ``ring``), Ring AllGather, USP and LoongTrain at 8-64 GPUs, every mask and pass it draws.
-  Its hybrid and MagiAttention series are left out (no lcab strategy runs them).
+* ``magi-cp-h100``, ``magi-cp-b200`` — the MagiAttention CP benchmark (LongCA-bench's companion
+  blog): Ulysses, Ring P2P, Ring AllGather, USP and LoongTrain at 8-64 GPUs, every mask and pass;
+  its hybrid and MagiAttention series are left out (no lcab strategy runs them).
 * ``magi-kernel-h100`` — the same blog's one-H100 kernel charts (FA2, FA3, cuDNN, Flex,
   FlashMask, SDPA, FFA on full, causal, document and sliding-window masks, 1K-32K). Its
   ``varlen block causal`` charts are left out: the blog gives no block size, so lcab's
   ``block_causal_document`` cannot be said to be the same mask.
 
-The MagiAttention charts were read from the PNGs' pixels at commit 2c641357: the centre of the
-line marker on each bar top against the gridlines, ±3 TFLOP/s (±5 where a crossing line hid the
-marker and the bar's own line was read), cross-checked against two earlier by-eye readings
-(``paper_digest.md`` §8.1 and §8.3, ±10), within 5. Bars under 5 TFLOP/s and those marked ✗ are
-left out.
+The MagiAttention charts were read from the PNGs' pixels at commit 2c641357 (bar-top markers
+against the gridlines, ±3 TFLOP/s, ±5 where a line hid the marker), within 5 of two by-eye
+readings (``paper_digest.md`` §8.1, §8.3); bars under 5 TFLOP/s and those marked ✗ are left out.
 """
 
 from __future__ import annotations
