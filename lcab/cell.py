@@ -1,9 +1,7 @@
 """`Cell`: one benchmark cell as plain, picklable data — what every layer above agrees on.
 
-A cell is a kernel x cp x mask x topology over a list of sequence lengths, with everything
-"auto" already made concrete (device, dtype, head counts, world size, sequence totals, mask
-samples), so worker processes and records see exactly what ran. `lcab.config.resolve` builds
-it from a composed config; the benchmark runner, the records and the loggers only read it.
+A kernel x cp x mask x topology over a list of lengths, every "auto" made concrete, so workers
+and records see exactly what ran. `lcab.config.resolve` builds it; everything else reads it.
 """
 
 from __future__ import annotations
@@ -44,24 +42,13 @@ def dtype_bytes(dtype: torch.dtype | str) -> int:
     return DTYPE_BYTES[dtype] if isinstance(dtype, str) else int(dtype.itemsize)
 
 
-def __getattr__(name: str) -> dict[str, torch.dtype]:
-    """``DTYPES`` (name -> torch dtype), built on first use so that torch loads only then."""
-    if name == "DTYPES":
-        return {n: torch_dtype(n) for n in DTYPE_NAMES}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 TELEMETRY_MODES = ("auto", "nvml", "host", "off")
 """``bench.telemetry``: where clocks, power and energy are read (`BenchConfig.telemetry`)."""
 
 
 @dataclass
 class BenchConfig:
-    """The measurement protocol.
-
-    One definition serves as the Hydra schema of ``conf/bench/`` and as the typed settings
-    every rank reads, so a setting cannot be read under a misspelt key.
-    """
+    """The measurement protocol: the Hydra schema of ``conf/bench/`` and the settings ranks read."""
 
     passes: list[str] = field(default_factory=lambda: ["fwd", "bwd"])
     """Passes to time: fwd, bwd (forward outside the timer), fwd_bwd."""
@@ -90,8 +77,7 @@ class BenchConfig:
     """Normalised max-error tolerance; None: by dtype (fp64 1e-8, fp32 1e-3, fp16 1e-2,
     bf16 5e-2)."""
     memory: bool = True
-    """Record peak memory (CUDA allocator peak; CPU the kernel's RSS high-water mark) of the
-    measured calls."""
+    """Record peak memory (CUDA allocator peak; CPU RSS high-water mark) of the measured calls."""
     flush_l2: bool = True
     """CUDA: zero a 256 MB buffer before each repetition."""
     timeout_s: float = 1800.0
@@ -103,21 +89,15 @@ class BenchConfig:
     progress: bool = True
     """Show a progress bar over lengths x passes."""
     profile: bool = False
-    """Record a PyTorch profiler trace (Chrome JSON, ``traces/`` in the job folder) of every
-    (length, pass) on extra repetitions after the timed ones, so profiling never skews a time."""
+    """Trace every (length, pass) with the PyTorch profiler (``traces/``) on extra repetitions."""
     profile_reps: int = 3
     """Repetitions inside each profiled trace."""
     telemetry: str = "auto"
-    """Clocks, power and energy over the timed repetitions, read beside them (never inside):
-    auto (NVML on a GPU, the host's files on a CPU), nvml, host or off (`lcab.bench.telemetry`)."""
+    """Clocks, power and energy beside the timed repetitions (`lcab.bench.telemetry`)."""
     telemetry_interval_ms: float | None = None
-    """None: the device is read at the window's two ends, its driver's own sample buffer
-    giving the clocks in between, with nothing running beside the pass; a number: a thread
-    also reads it every that many ms (a finer clock trace, at a cost to the pass)."""
+    """None: read at the window's two ends; a number: a thread also polls every that many ms."""
     memory_budget_gib: float | None = None
-    """Memory each rank may use, to reach a frontier (`seqlen=frontier`) below the device's
-    size: CUDA ``torch.cuda.set_per_process_memory_fraction``; CPU ``RLIMIT_DATA`` set to what
-    the rank holds when it starts plus the budget. An allocation above it fails as ``oom``."""
+    """Memory each rank may use (a frontier below the device's size); above it: ``oom``."""
 
 
 @dataclass(frozen=True)
@@ -135,12 +115,7 @@ class JobInfo:
 
 @dataclass(frozen=True)
 class FrontierSearch:
-    """``seqlen=frontier``: search the longest length that fits instead of timing a list.
-
-    The cell's one length is the first probe; it doubles until a probe runs out of memory (or
-    reaches ``max_tokens``), then the bracket is halved until it is within ``1/resolution`` of
-    the length that fits (never finer than `TILE_TOKENS` tokens per rank) (`lcab.bench.frontier`).
-    """
+    """``seqlen=frontier``: search the longest length that fits (`lcab.bench.frontier`)."""
 
     max_tokens: int
     resolution: int
@@ -185,10 +160,6 @@ class Cell:
         """The problem dtype as a torch dtype."""
         return torch_dtype(self.dtype)
 
-    def with_job(self, job: JobInfo) -> Cell:
-        """The same cell, writing for ``job``."""
-        return dataclasses.replace(self, job=job)
-
     def with_seqlens(self, seqlens: Sequence[int]) -> Cell:
         """The same cell over a subset of its lengths (per-device values follow their totals)."""
         per_device = self.seqlen_per_device
@@ -208,26 +179,19 @@ TILE_TOKENS = 128
 one tile, which the kernel pads."""
 
 FULL_RATE_TOKENS = 1024
-"""Tokens per rank below which a GPU attention call runs well under its plateau: the
-FlashAttention-3 paper's H100 chart (head dim 128, non-causal) gives the backward 424 of 561
-TFLOP/s at 1K tokens per sequence and 316 at 512 (forward 565 and 467 of 648); a ring step's
-call is shorter still (a causal zigzag step attends half its keys)."""
+"""Tokens per rank below which a GPU attention call runs well under its plateau (FlashAttention-3
+paper, H100, D=128: backward 424 of 561 TFLOP/s at 1K tokens, 316 at 512)."""
 
 
 def tokens_per_rank(seqlen: int, world: int) -> int:
-    """Tokens of a ``seqlen`` sequence each of ``world`` context-parallel ranks holds.
-
-    The sequence split evenly, rounded up (a balancer pads to equal shards).
-    """
+    """Tokens each of ``world`` CP ranks holds, rounded up (a balancer pads to equal shards)."""
     return -(-seqlen // max(world, 1))
 
 
 def few_tokens_warning(seqlens: Sequence[int], world: int, device: str) -> str:
-    """Why the lengths measure little on ``world`` GPUs ("" when every length is fine).
+    """Why the lengths measure launches, not the strategy, on ``world`` GPUs ("" when fine).
 
-    A context-parallel cell splits each length over its ranks; a length that leaves a rank
-    fewer than `FULL_RATE_TOKENS` tokens times kernel launches and tile padding, not the
-    strategy. Only GPU cells are warned (the thresholds are GPU kernels' figures).
+    Only GPU cells are warned (`FULL_RATE_TOKENS` is a GPU kernel's figure).
     """
     if world <= 1 or device != "cuda":
         return ""

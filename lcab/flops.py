@@ -1,15 +1,12 @@
-"""The FLOP convention of lcab, in one place.
+"""The FLOP convention of lcab, in one place (the masks guide states it too).
 
     forward  = 4 · area · Hq · D     (two matmuls, QKᵀ and PV, at 2 FLOPs per multiply-add)
     backward = 2.5 × forward         (2 for the gradient matmuls + 0.5 for recomputing P)
     fwd+bwd  = 3.5 × forward
 
-``area`` is the exact number of attended (q, k) pairs of the mask, so throughput is *useful*
-throughput: masked-out work a kernel may still do is not credited, and padding added by context
-parallelism is not counted. Only query heads count (GQA gets no discount). This is the
-convention of LongCA-bench and FlashAttention; the dense-equivalent figure (area = Sq·Sk) is
-reported beside it. For per-KV-head masks each query head uses the mask of its KV group, so the
-area is the mean over mask heads.
+``area`` is the exact number of attended pairs (*useful* throughput: masked-out work and CP
+padding are not credited); only query heads count; per-KV-head masks use the mean area. This is
+the convention of LongCA-bench and FlashAttention.
 """
 
 from __future__ import annotations
@@ -65,9 +62,7 @@ def _check_heads(heads_q: int, head_dim: int) -> None:
 def attention_flops(mask: MaskArea, heads_q: int, head_dim: int, pass_: Pass = "fwd") -> int:
     """Useful FLOPs of attention over ``mask`` (exact integer).
 
-    Raises:
-        ValueError: ``heads_q`` is not a multiple of the mask's head count, or a bad pass name.
-
+    Raises ValueError: ``heads_q`` is not a multiple of the mask's head count, or a bad pass name.
     """
     _check_heads(heads_q, head_dim)
     if heads_q % mask.num_heads:

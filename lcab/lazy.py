@@ -1,23 +1,17 @@
 """A module bound to a name now and imported on first use: torch for code that only sometimes runs.
 
-The planner, the dry run and ``--help`` import every kernel, strategy and mask module (their
-registries describe what each can do) but never make a tensor; importing torch was 2-3 s of a
-6-9 s planner command on a 2-core host. A module written as::
+The planner, the dry run and ``--help`` import every registry module but never make a tensor;
+importing torch was 2-3 s of a 6-9 s planner command. A module written as::
 
     if TYPE_CHECKING:
         import torch
     else:
         torch = lazy_module("torch", globals())
 
-type-checks against the real torch and imports it at the first attribute read (``torch.zeros``,
-``torch.Tensor``), which then rebinds the module's global to the real module, so later reads
-cost nothing. Module-level code must not read it (a base class, a default value, a constant):
-that would import torch at import time, which `tests/unit/test_light_imports.py` catches.
-
-Why not ``importlib.util.LazyLoader`` (or the ``lazy_loader`` package built on it): it puts a
-lazy module into ``sys.modules``, and the first ``import torch.distributed`` then executes
-torch's ``__init__`` inside the submodule import, which registers torch's pybind types twice.
-This proxy never enters ``sys.modules``: the real import is a plain ``importlib.import_module``.
+type-checks against torch and imports it at the first attribute read, rebinding the global to
+the real module. Module-level code must not read it (`tests/unit/test_light_imports.py`).
+Not ``importlib.util.LazyLoader``: its lazy module in ``sys.modules`` makes a later
+``import torch.distributed`` run torch's ``__init__`` inside it, registering pybind types twice.
 """
 
 from __future__ import annotations

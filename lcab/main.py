@@ -44,11 +44,7 @@ def _job_info() -> JobInfo:
 
 
 def _resume(path: Path, cell: Cell, rewrite: bool = True) -> tuple[list[RunRecord], Cell]:
-    """The records this folder already settled, and the cell reduced to the other lengths.
-
-    Every rank of a scheduled world reads the same answer: the rewrite is atomic and keeps
-    exactly the settled records, so reading before or after it gives the same lengths.
-    """
+    """The records this folder settled, and the cell reduced to the other lengths (atomic)."""
     from lcab.records.resume import split_done
     from lcab.records.sinks import set_aside_torn_tail, write_records
 
@@ -181,8 +177,8 @@ def _unwritable(
 ) -> NoReturn:
     """One line naming the file and the cause, the unsaved record on stdout, exit code 1.
 
-    A full, read-only or vanished output folder ends the job (every later record would be lost
-    too); what was measured but not saved goes to stdout as JSON lines, never silently away.
+    A full, read-only or vanished output folder ends the job; what was measured but not saved
+    goes to stdout as JSON lines.
     """
     where = f"{len(unsaved)} unsaved record(s) follow on stdout as JSON lines; " if unsaved else ""
     print(
@@ -200,7 +196,6 @@ def _unwritable(
 def _interrupted(argv: list[str]) -> NoReturn:
     """Ctrl-C in one line: what was saved, where, and the command that continues; exit 130.
 
-    Every record written before the interrupt is whole (`lcab.records.sinks`), and
     ``resume=true`` in the same folder runs only the lengths not settled.
     """
     from lcab.records.sinks import read_records
@@ -224,9 +219,8 @@ def _interrupted(argv: list[str]) -> NoReturn:
 def _unwind_on_sigterm() -> None:
     """SIGTERM (``kill``, a scheduler's time limit) unwinds like Ctrl-C instead of vanishing.
 
-    Python's default SIGTERM ends the process on the spot; raising SystemExit instead runs the
-    ``finally`` blocks: the cell's rank processes are killed and joined, loggers are closed, and
-    every record written so far stays (``resume=true`` picks up from there).
+    Raising SystemExit runs the ``finally`` blocks: rank processes are killed and joined,
+    loggers closed, records kept.
     """
 
     def unwind(signum: int, _frame: object) -> None:
@@ -238,11 +232,9 @@ def _unwind_on_sigterm() -> None:
 def _no_space_in_one_line() -> None:
     """A disk with no room for Hydra's own files ends the run in one line and exit code 1.
 
-    Hydra writes ``.hydra/*.yaml`` (and a sweep's ``multirun.yaml``) before lcab's code runs,
-    and reports a failure there as a traceback. lcab's own writes already fail in one line
-    (`_unwritable`); wrapping `Hydra.run` and `Hydra.multirun` (hydra-core 1.3: what
-    ``@hydra.main`` calls inside its error reporter) gives Hydra's writes the same ending.
-    Only "No space left on device" is turned into a line: anything else keeps Hydra's report.
+    Hydra writes ``.hydra/*.yaml`` before lcab's code runs and reports a failure as a
+    traceback; wrapping `Hydra.run` and `Hydra.multirun` (hydra-core 1.3) gives "No space left
+    on device" the one-line ending of lcab's own writes (`_unwritable`).
     """
     import errno
     import functools
@@ -279,9 +271,8 @@ def _no_space_in_one_line() -> None:
 def _written_where(err: OSError) -> tuple[str, str]:
     """The folder Hydra was writing to when ``err`` was raised, and the file's name (if known).
 
-    A failed ``write`` carries no file name; Hydra's writers hold the folder in a local
-    (``output_dir`` of ``run_job`` and ``_save_config``, ``sweep_dir`` of the sweeper), read
-    from the innermost frame that has one. A job's ``.hydra`` folder is named by its job folder.
+    A failed ``write`` carries no file name: the folder is read from the innermost frame of
+    Hydra's writers that holds one (``output_dir``, ``sweep_dir``).
     """
     folder: object = None
     name: object = None
@@ -328,16 +319,14 @@ def main() -> None:
     from lcab.config import register_configs
     from lcab.config.preflight import output_problem, preflight, split_argv
     from lcab.launch import register_launcher
-    from lcab.launch.checks import slurm_problems, sweep_problems
+    from lcab.launch.checks import slurm_problems, submission_problems
     from lcab.records.callback import write_failures
 
     register_configs()
     register_launcher()
     _unwind_on_sigterm()
-    # one process (the planner's pre-flight uses every core): the dry-run hangs CI met, which
-    # this was once suspected of, were the dry run's multiprocessing.Pool (now fork_map)
     # a sweep is not refused for a cell that cannot be built: that cell is a skipped record
-    code = preflight(argv, extra=sweep_problems if split_argv(argv)[1] else slurm_problems)
+    code = preflight(argv, extra=submission_problems if split_argv(argv)[1] else slurm_problems)
     if code:
         sys.exit(code)
     if _dry_run(argv):

@@ -1,28 +1,16 @@
 """Dense peak TFLOP/s of the GPUs lcab runs on, each number cited, and a pass's share of it.
 
-A throughput means little without the clock it ran at: an H100 SXM5 holds 1980 MHz on a cool
-idle node and drops well below it under a power or thermal cap, and NVIDIA states its tensor
-peaks at a clock of its own choosing (989.4 TFLOP/s dense BF16 = 132 SMs × 4096 FLOP per clock
-per SM × 1830 MHz, below the card's 1980 MHz maximum). Tensor throughput is proportional to the
-SM clock, so this module scales each stated peak linearly to the clock a pass was measured at;
-the share of that peak then compares runs across machines, caps and cooling.
+NVIDIA states tensor peaks at a clock of its own choosing (H100 SXM5: 989.4 TFLOP/s dense BF16
+= 132 SMs × 4096 FLOP/clk/SM × 1830 MHz, below its 1980 MHz maximum), and a capped card runs
+well below it. Throughput is proportional to the SM clock, so each stated peak is scaled to the
+clock a pass was measured at; a share above ``IMPLAUSIBLE_SHARE`` means a wrong FLOP count or
+timer.
 
-A share above ``IMPLAUSIBLE_SHARE`` (1.0) cannot be measured: no kernel runs faster than the
-silicon at its clock, so the FLOP count or the timer is wrong. That happens in public: a
-misconfigured context-parallel run (a2a+p2p without hierarchical sizes) published 1,937 TFLOP/s
-per GPU, above an H200's peak (NVIDIA/Megatron-Bridge issue #2665).
-
-Every figure is **dense** (no 2:4 sparsity: NVIDIA prints the sparse figure with an asterisk;
-those are halved here and say so) and carries its source (title, URL, table) and derivation.
-Where NVIDIA prints no clock, the stated clock is computed as figure ÷ (SMs × per-SM rate), so
-scaling gives exactly SMs × rate × measured clock. Where the SM count has no citable source
-(GB200, H100 NVL, H200 NVL) the figure is not scaled (``Peak.scaled`` is False).
-
-``float32`` is the CUDA-core FP32 figure: PyTorch runs fp32 matmuls on CUDA cores unless TF32
-is allowed (``torch.backends.cuda.matmul.allow_tf32`` is False by default), and attention in fp32
-goes through such matmuls. A run that allows TF32 asks for ``tf32``, the TF32 tensor figure.
-
-The ground layer of lcab: standard library only.
+Every figure is **dense** (NVIDIA's sparse figures, marked *, are halved here and say so) and
+carries its source and derivation. Where NVIDIA prints no clock it is computed as figure ÷
+(SMs × per-SM rate); without a citable SM count (GB200, H100 NVL, H200 NVL) a figure is not
+scaled. ``float32`` is the CUDA-core figure (PyTorch's default: TF32 off); ``tf32`` the TF32
+tensor figure. Standard library only (the ground layer).
 """
 
 from __future__ import annotations
@@ -354,9 +342,9 @@ def lookup(device_name: str) -> GpuModel | None:
 def peak_tflops(device_name: str, dtype: str, sm_clock_mhz: float | None = None) -> Peak | None:
     """The dense peak for ``dtype`` on the device, scaled to ``sm_clock_mhz`` when given.
 
-    Tensor and CUDA-core throughput are proportional to the SM clock, so the stated figure is
-    scaled by ``sm_clock_mhz / stated clock``. None for an unknown GPU or a dtype the table
-    lacks (``why_no_peak`` says which). Raises ValueError for a clock that is not positive.
+    Throughput is proportional to the SM clock, so the stated figure is scaled by
+    ``sm_clock_mhz / stated clock``. None for an unknown GPU or a dtype the table lacks.
+    Raises ValueError for a clock that is not positive.
     """
     gpu, canon = lookup(device_name), canonical_dtype(dtype)
     figure = None if gpu is None or canon is None else gpu.figure(canon)
@@ -383,19 +371,6 @@ def peak_tflops(device_name: str, dtype: str, sm_clock_mhz: float | None = None)
         source=f"{figure.derivation}. {figure.source}",
         note=note,
     )
-
-
-def why_no_peak(device_name: str, dtype: str) -> str:
-    """One line saying why ``peak_tflops`` gives None; empty when it gives a peak."""
-    gpu, canon = lookup(device_name), canonical_dtype(dtype)
-    if gpu is None:
-        known = ", ".join(g.name for g in KNOWN_GPUS)
-        return f"unknown GPU {device_name!r}: lcab.peaks knows {known}"
-    if canon is None:
-        return f"dtype {dtype!r} has no peak in lcab.peaks (it knows {', '.join(DTYPES)})"
-    if gpu.figure(canon) is None:
-        return f"{gpu.name} has no dense {canon} tensor peak (no such tensor-core format)"
-    return ""
 
 
 def share_of_peak(tflops: float, peak: Peak) -> float:

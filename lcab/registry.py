@@ -62,9 +62,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The implementation registered as ``name``.
 
-        Raises:
-            UnknownNameError: not registered (the message lists valid names).
-
+        Raises UnknownNameError: not registered (the message lists valid names).
         """
         return self._items[self.canonical(name)]
 

@@ -1,10 +1,8 @@
 """``python -m lcab.sweep status <sweep folder>``: the state of every cell of a sweep.
 
-A cell is *pending* or *running* while SLURM says so, *finished* with the statuses of its
-records, or *failed* with the SLURM state when its job ended without settling its lengths.
-States come from ``sacct`` (one call for the whole sweep) when SLURM is reachable, otherwise
-from the records alone. The job ids are those the launcher wrote into each job folder
-(``slurm.json``); folders of local runs have none and show what their records say.
+A cell is *pending*/*running* while SLURM says so, *finished* with its records' statuses, or
+*failed* with the SLURM state when its job ended unsettled: one ``sacct`` call with the job ids
+the launcher wrote (``slurm.json``), else the records alone.
 """
 
 from __future__ import annotations

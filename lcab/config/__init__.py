@@ -1,13 +1,8 @@
 """The Hydra side of lcab: config schemas, resolution into a `Cell`, and the sweep pre-flight.
 
-``schema`` registers the structured configs, ``resolve`` turns one composed config into a
-`lcab.cell.Cell` (or a `ConfigError` naming key, value and valid options), ``preflight`` checks
-every job of a run or sweep before anything is launched.
-
-The schemas are generated from the kernel, mask and strategy registries, and resolution reads
-them too, so both load torch. `register_configs`, `resolve_cell` and `cp_config_classes` are
-therefore imported on first use (PEP 562): ``import lcab.config`` — and with it ``import
-lcab.main`` and ``--help`` — stays free of torch.
+Schemas and resolution read the kernel, mask and strategy registries (torch), so
+`register_configs`, `resolve_cell` and `cp_config_classes` are imported on first use (PEP 562):
+``import lcab.config`` (``lcab.main``, ``--help``) stays free of torch.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A config group's option that does not exist, said in one line with the nearest ones.
 
-``kernel=flash3`` used to cost a user the import of torch and a Hydra composition (3-7 s)
-before Hydra's list of every option; the groups are folders of ``conf/`` and their options its
-files, so a misspelt option is found from the command line alone, before anything heavy loads,
-and answered with what was probably meant (``difflib``'s closest names). The pre-flight words
-Hydra's own "Could not find" the same way (`choice_line`), for options a sweep preset brings.
+Groups are folders of ``conf/`` and options its files, so a misspelt option (``kernel=flash3``)
+is found from the command line alone, before torch and Hydra load (3-7 s), and answered with the
+closest names. The pre-flight words Hydra's own "Could not find" the same way (`choice_line`).
 """
 
 from __future__ import annotations
@@ -50,8 +48,7 @@ def choice_line(group: str, choice: str, valid: Sequence[str]) -> str:
 def choice_problems(argv: Sequence[str], conf_dir: Path) -> list[str]:
     """One line per group option of ``argv`` that ``conf_dir`` has no file for.
 
-    Only plain options of top-level groups are judged (``kernel=fa3,sparse`` is two); keys
-    with a dot, sweep functions and interpolations are left to Hydra and the pre-flight.
+    Only plain options of top-level groups are judged (``kernel=fa3,sparse`` is two).
     """
     problems = []
     for arg in argv:

@@ -1,34 +1,16 @@
 """Compose each distinct Hydra job once per process.
 
-One command composes the same job several times: lcab's pre-flight composes every job to check
-it, Hydra's basic sweeper composes every job again to check it (``validate_batch_is_legal``) and
-its launcher composes it a third time to run it (lcab's SLURM launcher composes it to shape it).
-Each composition costs Hydra 0.1-0.5 s (its defaults tree, YAML parsing, OmegaConf merges), so a
-25-job planner sweep spent 10 s composing. All of them go through
-`ConfigLoaderImpl.load_configuration` with the same arguments, whose result depends only on
-those arguments, the config files and a little process state (the working directory, which
-Hydra stores in ``hydra.runtime.cwd``). `install` wraps that method with a memo keyed by all of
-it, handing every caller its own copy (unpickled from the memo's bytes: 3 ms where a
-``copy.deepcopy`` of the same config took 22, on a 2-core host): callers mutate what they get
-(the launcher sets ``hydra.job.num``; resolving fills OmegaConf's resolver cache, which
-``load_sweep_config`` then replaces with the sweep's own).
+One command composes each job up to three times (lcab's pre-flight, Hydra's sweeper check, its
+launcher), at 0.1-0.5 s each. The result of `ConfigLoaderImpl.load_configuration` depends only
+on its arguments, the config files (newest mtime and count: an edited file is composed afresh)
+and the working directory, so `install` memoizes it by all of those and hands every caller its
+own unpickled copy (callers mutate it). Failures are not memoized, and ``from_shell`` (wording
+of errors only) is left out of the key. A 25-job planner sweep: 14.4 CPU-s with the memo, 32.0
+without (``python -m lcab.perf startup``, shared 2-core host).
 
-Failures are not memoized: a bad job raises on every call, with the caller's own message
-(``from_shell``, which only changes the wording of errors, is therefore left out of the key).
-The config files' newest modification time and count are in the key, so a file edited within a
-process (tests do) is composed afresh.
-
-What it buys (issue 60: ``LCAB_PERF_AGAINST=<a checkout whose install() returns at once>
-LCAB_PERF_RUNS=5 python -m lcab.perf startup``, medians of 5 alternating pairs on a shared 2-core
-AMD EPYC VM, load average 16 falling to 7): the README's 25-job planner sweep took 14.4 CPU-s
-with it and 32.0 without (wall 34 s and 85 s); the file-load memo and the shared store alone
-(`_memo_sources`) 14.4 against 18.4 CPU-s. The 96-GPU dry run (9.3 against 9.9 CPU-s) and the
-recommendation (7.0 against 7.5) compose once or twice and gain little.
-
-Private Hydra API on purpose, like the pre-flight's sweep expansion: Hydra's public API (its
-callbacks, `hydra.compose`) offers no way to hand one composition to its sweeper and launcher.
-The hydra-core<1.4 pin in pyproject.toml keeps `ConfigLoaderImpl` stable, and
-tests/config/test_compose_cache.py holds the memo's answers to fresh compositions.
+Private Hydra API on purpose: its public API offers no way to hand one composition to its
+sweeper and launcher; the hydra-core<1.4 pin keeps `ConfigLoaderImpl` stable, and
+tests/config/test_compose_cache.py compares the memo's answers to fresh compositions.
 """
 
 from __future__ import annotations
@@ -53,9 +35,8 @@ _PICKLED: dict[tuple[Any, ...], bytes] = {}
 """`_MEMO`'s compositions pickled, once each: every copy handed out is unpickled from these."""
 
 _RUNTIME_NAMED: set[tuple[Any, ...]] = set()
-"""Keys whose ``hydra.job.name`` came from the process's job name (Hydra's ``JobRuntime``), not
-from the config: the pre-flight composes under its own job name, Hydra's app under the task's
-(``main``: its log is ``main.log``), so a copy takes the name current when it is handed out."""
+"""Keys whose ``hydra.job.name`` came from Hydra's ``JobRuntime`` (not the config): a copy takes
+the name current when it is handed out (the pre-flight's and the app's differ)."""
 
 _COUNTS = {"composed": 0, "reused": 0}
 """How many calls composed and how many were answered from `_MEMO` (tests read it)."""
@@ -127,11 +108,8 @@ _FILES: dict[tuple[Any, ...], bytes] = {}
 def _memo_file_loads(source_type: Any, state: Callable[[Any, str], Any]) -> None:
     """Wrap ``source_type.load_config`` so that each config file is parsed once per process.
 
-    Every composition builds its defaults tree anew and loads each file it names: YAML parsing
-    and OmegaConf's node creation were 37 % of composing a planner sweep's 25 jobs. ``state``
-    gives what the file's content depends on (its modification time and size; a package's
-    files: nothing), so a file edited within the process is parsed again. Each caller gets its
-    own copy (Hydra edits the result: its defaults list is taken out).
+    Parsing was 37 % of composing a planner sweep. ``state`` gives what the content depends on
+    (mtime and size), so an edited file is parsed again; each caller gets its own copy.
     """
     original = source_type.load_config
     if getattr(original, "_lcab_memo", False):
@@ -170,12 +148,7 @@ def _file_state(source: Any, config_path: str) -> tuple[int, int]:
 
 
 def _memo_sources(loader: ConfigLoaderImpl) -> None:
-    """Memoize the file loads of the sources ``loader`` reads (their classes, as loaded now).
-
-    Hydra's plugin discovery executes its core plugins' modules again, so the source classes a
-    composition uses are not always those this module imported: they are taken from the
-    loader's repository each time (wrapping is idempotent per class).
-    """
+    """Memoize the file loads of ``loader``'s sources (classes as loaded now: Hydra reloads)."""
     for source in loader.repository.get_sources():
         scheme = type(source).scheme()
         if scheme == "file":
@@ -189,11 +162,8 @@ def _memo_sources(loader: ConfigLoaderImpl) -> None:
 def _share_the_store(source_type: Any) -> None:
     """Let a copy of a structured source share its ``ConfigStore`` (the process's singleton).
 
-    Each composition deep-copies Hydra's config repository (``CachingConfigRepository``, so
-    that re-initialising its sources leaves the original alone); the structured source's store,
-    which `ConfigStore.instance` shares in any case, was copied whole each time: ~10 ms of every
-    composition for lcab's registered schema. Loads from it are copies already
-    (``ConfigStore.load``).
+    Each composition deep-copies Hydra's config repository, store included (~10 ms); loads
+    from the store are copies already (``ConfigStore.load``).
     """
     if getattr(source_type, "_lcab_shares_store", False):
         return
@@ -243,12 +213,7 @@ def install() -> None:
 
 
 def _copy(key: tuple[Any, ...]) -> DictConfig:
-    """A copy of the composition under ``key`` that its caller may change.
-
-    Unpickled, which OmegaConf supports (flags, parents and nodes' types survive; submitit
-    ships configs so), rather than ``copy.deepcopy``, whose Python recursion over the nodes was
-    the largest share of a 25-job planner sweep after its predictions.
-    """
+    """A copy of ``key``'s composition to change: unpickled (3 ms), not deep-copied (22 ms)."""
     if key not in _PICKLED:
         try:
             _PICKLED[key] = pickle.dumps(_MEMO[key])
@@ -256,8 +221,3 @@ def _copy(key: tuple[Any, ...]) -> DictConfig:
             return copy.deepcopy(_MEMO[key])
     loaded: DictConfig = pickle.loads(_PICKLED[key])
     return loaded
-
-
-def memoized(function: Callable[..., Any]) -> bool:
-    """Whether ``function`` is the memo `install` put in place (for tests)."""
-    return bool(getattr(function, "_lcab_memo", False))

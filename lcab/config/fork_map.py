@@ -1,17 +1,11 @@
 """A function over the jobs of a sweep, on every core: forked copies of this process.
 
-The pre-flight composes every job of a command line before anything runs (Hydra: 0.1-0.2 s a
-job on a 2-core machine) and the planner predicts each one (up to a second at 96 ranks). Each
-job is independent and CPU-bound in Python, so `fork_map` deals the jobs to forked copies of
-the process — which inherit the imports, Hydra's initialised state and the registered configs,
-so a worker starts in milliseconds — and the parent takes its own share. Results come back
-pickled through a pipe, with the compositions the worker made (`compose_cache`), so Hydra's
-later compositions of the same jobs in the parent are answered from memory.
-
-A worker that fails, dies or does not answer within its time is not a failure of the command:
-the parent computes that share itself, so an error surfaces exactly as it would without workers
-(the function is expected to turn the errors it knows into values). Without ``os.fork`` (not
-POSIX) or with one worker the items are mapped in the parent.
+Composing (0.1-0.2 s a job) and predicting (up to 1 s at 96 ranks) are independent and
+CPU-bound, so `fork_map` deals jobs to forked copies of the process (inheriting imports and
+Hydra's state: they start in milliseconds); the parent takes its own share. Results come back
+pickled with the worker's compositions (`compose_cache`). A worker that fails, dies or is late
+has its share computed by the parent, so errors surface as without workers. Without
+``os.fork`` or with one worker, the parent maps everything.
 """
 
 from __future__ import annotations
@@ -47,8 +41,7 @@ def usable_cores() -> int:
 def fork_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
     """``[function(x) for x in items]``, the items dealt round-robin over ``workers`` processes.
 
-    Round-robin: neighbouring jobs of a sweep differ in size (a sweep's last axis is often the
-    world size), so every share gets some of each.
+    Round-robin: neighbouring jobs of a sweep differ in size, so every share gets some of each.
     """
     global _MAPPING
     workers = min(workers, len(items))

@@ -1,8 +1,7 @@
 """`job_info`: where a Hydra job writes and how its records are identified.
 
-One function for both sides of a SLURM sweep: the compute node (inside the job, from
-``HydraConfig``) and the submitting launcher (from the job's composed config, before the job
-exists), so failure records written by the launcher carry the same identity as the job's own.
+One function for the compute node and the launcher, so the launcher's failure records carry
+the job's own identity.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The schema of lcab's SLURM launcher (``hydra/launcher: lcab_slurm``).
 
-It extends hydra-submitit-launcher's ``SlurmQueueConf`` (every sbatch option it has stays
-settable) with what a per-cell job shape needs. ``nodes``, ``tasks_per_node``,
-``gpus_per_node``, ``mem_gb`` and ``timeout_min`` are *not* read from here: they are computed
-for each cell from its topology and lengths (`lcab.launch.shape`), because hydra-submitit-
-launcher would otherwise apply one shape to a whole sweep.
+Extends hydra-submitit-launcher's ``SlurmQueueConf`` (every sbatch option stays settable);
+``nodes``, ``tasks_per_node``, ``gpus_per_node``, ``mem_gb`` and ``timeout_min`` are computed
+per cell instead (`lcab.launch.shape`).
 """
 
 from __future__ import annotations
@@ -34,9 +32,7 @@ class LcabSlurmConf(SlurmQueueConf):
     startup_s: float = 300.0
     """Time allowance before the first length; the limit adds bench.timeout_s per length."""
     poll_s: float = 60.0
-    """Longest wait between two looks at the jobs' states (sacct). submitit's own backs off to
-    600 s, so a cell that ended could wait ten minutes to be settled and the next one to be
-    reported; a small cluster or a test cluster may ask for a few seconds."""
+    """Longest wait between two looks at the jobs' states (sacct; submitit's backs off to 600 s)."""
     srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
     """Extra srun arguments; --kill-on-bad-exit ends every rank when one fails, so a dead
     rank never leaves its peers waiting until the time limit."""

@@ -35,26 +35,9 @@ from lcab.config.fork_map import fork_map
 
 #: Hydra flags after which lcab does not pre-check (help, info, config printing, shell completion).
 _PASSTHROUGH = (
-    "--help",
-    "-h",
-    "--hydra-help",
-    "--info",
-    "-i",
-    "--cfg",
-    "-c",
-    "--shell-completion",
-    "-sc",
-    "--version",
-    "--resolve",
-    "-p",
-    "--package",
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--config-dir",
-    "-cd",
-    "--experimental-rerun",
+    *("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion"),
+    *("-sc", "--version", "--resolve", "-p", "--package", "--config-path", "-cp"),
+    *("--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"),
 )
 
 
@@ -70,14 +53,11 @@ def hydra_jobs(
 ) -> list[tuple[list[str], list[str]]]:
     """(shown, composed) override lists of every job, ``composed`` exactly as Hydra's.
 
-    Hydra first composes the whole command line in multirun mode to read ``hydra.mode``
-    (``Hydra.get_mode``) and, when the config leaves it unset, appends ``hydra.mode=RUN`` or
-    ``hydra.mode=MULTIRUN``. A run is then composed from that list. A multirun's sweeper expands
-    the ``hydra.sweeper.params`` preset followed by the task overrides (a key given twice keeps
-    its first place and its last value) and its launcher composes each job after the ``hydra``
-    overrides of the command line. Composing the same lists in the same order here lets
-    `lcab.config.compose_cache` answer Hydra's compositions from the pre-flight's; ``shown`` is
-    the job as the user wrote it (messages, the dry run).
+    Hydra reads ``hydra.mode`` from a multirun composition (``Hydra.get_mode``), appending it
+    when unset; a sweeper expands the ``hydra.sweeper.params`` preset then the task overrides,
+    and its launcher puts the command line's ``hydra`` overrides first. The same lists in the
+    same order let `lcab.config.compose_cache` answer Hydra from the pre-flight's compositions;
+    ``shown`` is the job as the user wrote it.
     """
     register_configs()
     compose_cache.install()
@@ -111,10 +91,6 @@ def hydra_jobs(
     ]
 
 
-def _is_sweep(text: str, parser: OverridesParser) -> bool:
-    return bool(parser.parse_overrides([text])[0].is_sweep_override())
-
-
 class _hydra:  # noqa: N801  (a context manager used like a function)
     def __enter__(self) -> None:
         GlobalHydra.instance().clear()
@@ -129,10 +105,8 @@ class _hydra:  # noqa: N801  (a context manager used like a function)
 def _explain(err: BaseException, job: list[str], config_name: str = "config") -> str:
     """Hydra's message without its search-path listing, plus the cause and valid keys.
 
-    Two of Hydra's messages mislead a user and are said lcab's way: a group option that does
-    not exist (`choice_line`), and a key the group's option lacks — Hydra's "To append to your
-    config use +mask.windw" would add a key no code reads; lcab names the keys there are and the
-    nearest one.
+    A missing group option (`choice_line`) and a key the option lacks (Hydra suggests
+    ``+mask.windw``, a key no code reads) are said lcab's way: the valid keys and the nearest.
     """
     text = str(err).split("\nConfig search path:")[0].strip()
     missing = re.search(r"Could not find '(\w+)/([^']+)'", text)
@@ -166,11 +140,7 @@ def _explain(err: BaseException, job: list[str], config_name: str = "config") ->
 
 
 def _key_line(setting: str, parent: str, leaf: str, keys: list[str], chosen: Any) -> str:
-    """``parent`` has no ``leaf``: the options of its group that have it, or the nearest key.
-
-    ``mask.window`` on the default mask names the masks that take a window; a misspelt key is
-    looked for among every option's keys, not only the chosen one's.
-    """
+    """``parent`` has no ``leaf``: the options of its group that have it, or the nearest key."""
     others = option_keys(parent, CONF_DIR) if "." not in parent else {}
     having = [option for option, its in others.items() if leaf in its]
     near = closest(leaf, keys) or closest(leaf, sorted({k for its in others.values() for k in its}))
@@ -198,11 +168,7 @@ JobCheck = Callable[[DictConfig, Cell], list[str]]
 
 
 _COMPOSED: dict[tuple[str, tuple[str, ...], bool], DictConfig] = {}
-"""Configs the pre-flight handed out, by (config name, overrides, with the ``hydra`` node).
-
-The pre-flight and the dry run ask for the same jobs and only read them (``resolve_cell``, the
-launcher's settings), so they share one object rather than a copy from `compose_cache` each.
-"""
+"""Configs the pre-flight handed out (read only: the pre-flight and dry run share them)."""
 
 
 def _compose(config_name: str, overrides: list[str], with_hydra: bool) -> DictConfig:
@@ -311,9 +277,8 @@ def preflight(
 def output_problem(argv: list[str], config_name: str = "config") -> str | None:
     """Why the run's output folder cannot be written (read-only, no permission), else None.
 
-    Hydra writes its own files there before lcab's code runs and would fail with a traceback;
-    asked first, the answer is one line. Only the nearest folder that exists is tried: the
-    run's own folder is created later.
+    Hydra writes there before lcab runs and would fail with a traceback; asked first, it is one
+    line. The nearest folder that exists is tried.
     """
     if any(a.split("=", 1)[0] in _PASSTHROUGH for a in argv):
         return None
@@ -330,10 +295,7 @@ def output_problem(argv: list[str], config_name: str = "config") -> str | None:
     if not existing.is_dir():
         return f"cannot write to {folder}: {existing} is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
-        cause = "read-only file system" if _read_only(existing) else "permission denied"
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        cause = "read-only file system" if read_only else "permission denied"
         return f"cannot write to {folder}: {existing} is not writable ({cause})"
     return None
-
-
-def _read_only(folder: Path) -> bool:
-    return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)

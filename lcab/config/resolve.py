@@ -1,9 +1,7 @@
 """`resolve_cell`: a composed config checked and made concrete as a `lcab.cell.Cell`.
 
-Resolution is where "auto" becomes concrete (device, dtype, head counts, world size, sequence
-totals, mask samples), so worker processes and records see exactly what ran. `resolve_cell`
-raises `ConfigError` (key, value, valid options) for anything invalid; `lcab.config.preflight`
-collects those errors for every job of a sweep before launching any.
+Every "auto" becomes concrete here, so workers and records see exactly what ran; anything
+invalid raises `ConfigError` (key, value, valid options), which the pre-flight collects.
 """
 
 from __future__ import annotations
@@ -58,11 +56,8 @@ def _positive(key: str, value: Any) -> int:
 def job_device(cfg: DictConfig) -> str:
     """What ``problem.device=auto`` means for the job: where it will run, not where it is composed.
 
-    A launcher preset that gives each rank a GPU (``hydra.launcher.gpus_per_rank`` >= 1 under
-    lcab's SLURM launcher) runs the job on CUDA, so the submitting host — a login node without a
-    GPU, usually — resolves, pre-flights and dry-runs it as CUDA (GPU heads, dtype, checks).
-    Elsewhere (and inside the job, where the ``hydra`` node is not part of the config) the host
-    decides.
+    ``hydra.launcher.gpus_per_rank`` >= 1 means CUDA even on a login node without a GPU;
+    elsewhere (and inside the job) the host decides.
     """
     launcher = OmegaConf.select(cfg, "hydra.launcher", default=None)
     if launcher is not None and OmegaConf.select(launcher, "_target_") == LAUNCHER_TARGET:
@@ -75,9 +70,7 @@ def job_device(cfg: DictConfig) -> str:
 def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
     """Resolve and check a composed config.
 
-    Raises:
-        ConfigError: the first invalid value (key, value, valid options).
-
+    Raises ConfigError: the first invalid value (key, value, valid options).
     """
     kernel_name = str(cfg.kernel.name)
     if kernel_name not in KERNELS:
@@ -237,8 +230,7 @@ def resolve_cell(cfg: DictConfig, job: JobInfo | None = None) -> Cell:
 def _mask_error(mask: str, seqlen: int, given: dict[str, Any], message: str) -> ConfigError:
     """One mask parameter's error as ``mask.KEY=VALUE is invalid: RULE (mask M at seqlen S)``.
 
-    The patterns word their checks ``key=value rule`` (``window=-5 must be >= 0``); a message
-    about one parameter the user gave names that key and its rule, anything else the whole set.
+    Patterns word their checks ``key=value rule``; other messages name the whole set.
     """
     match = re.match(r"(\w+)=(\S+) (.+)$", message)
     if match and match.group(1) in given:

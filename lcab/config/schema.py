@@ -1,14 +1,10 @@
 """Structured configs of the Hydra app, registered in Hydra's ConfigStore.
 
-Every group option's schema is a dataclass with a unique name, so typos (``mask.windw=1``) and
-type errors (``mask.window=wide``) fail at compose time with the key named. Mask, kernel and
-CP schemas are *generated* from the registries (a pattern's parameter dataclass, a kernel's or a
-strategy's options dataclass): registering one adds its config fields with no second list to
-keep in sync. Schemas live under ``schema/<group>/<name>``; the YAML options in
-``conf/<group>/`` extend them and carry a comment and an example each.
-
-Cross-field rules (heads divisibility, mask parameters valid at every sequence length, ...)
-are checked by `lcab.config.preflight`, which runs before anything is launched.
+Every group option's schema is a dataclass, so typos (``mask.windw=1``) and type errors fail at
+compose time with the key named. Mask, kernel and CP schemas are *generated* from the
+registries' parameter/options dataclasses, so there is no second list to keep in sync. Schemas
+live under ``schema/<group>/<name>``; ``conf/<group>/`` YAML options extend them. Cross-field
+rules are `lcab.config.preflight`'s.
 """
 
 from __future__ import annotations
@@ -52,10 +48,7 @@ class MaskConfig:
 
 @dataclass
 class CPConfig:
-    """Context-parallel strategy; ``none`` is the single-device case.
-
-    Each strategy's schema adds its options (generated from ``Strategy.options_cls``).
-    """
+    """Context-parallel strategy (``none``: one device); each adds its ``options_cls`` fields."""
 
     name: str = "none"
     """none, or a registered strategy (ulysses, ring, ring_allgather, usp, loongtrain)."""
@@ -74,13 +67,11 @@ class SeqlenConfig:
     per_device: bool = False
     """Weak scaling: each value is tokens per device; total = value x world size."""
     frontier: bool = False
-    """Search each cell's longest length that fits in memory, starting from the one value
-    (`lcab.bench.frontier`; the record carries the frontier, its bracket and the probes)."""
+    """Search the longest length that fits in memory from the one value (`lcab.bench.frontier`)."""
     frontier_max: int = 1 << 20
     """Longest length a frontier search probes (per device with per_device=true)."""
     frontier_resolution: int = 16
-    """The search stops when the bracket is within 1/frontier_resolution of the length that
-    fits (and never finer than 128 tokens per rank)."""
+    """The search stops when the bracket is within 1/frontier_resolution of the length that fits."""
 
 
 @dataclass
@@ -93,8 +84,7 @@ class TopologyConfig:
     devices_per_node: int | None = None
     """Ranks per node; None: 1 for cp=none, else 4 on CPU or every visible GPU."""
     backend: str = "auto"
-    """auto (nccl on GPU, gloo on CPU) | gloo | nccl. gloo with problem.device=cuda: ranks may
-    share a GPU (numerics only; records say shared_device and their times are not measured)."""
+    """auto (nccl on GPU, gloo on CPU) | gloo | nccl (gloo on cuda: ranks may share a GPU)."""
     nccl_high_priority: bool = False
     """NCCL's communication on high-priority CUDA streams (ProcessGroupNCCL.Options)."""
 
@@ -130,8 +120,7 @@ class WandbLoggerConfig(LoggerConfig):
     project: str = "lcab"
     entity: str | None = None
     mode: str | None = None
-    """online | offline | disabled; None: $WANDB_MODE, else offline (no account needed;
-    `wandb sync` uploads later). Online falls back to offline when W&B cannot be reached."""
+    """online | offline | disabled; None: $WANDB_MODE, else offline (online falls back to it)."""
     init_timeout_s: float = 20.0
     """How long an online start may take before lcab logs offline instead."""
     group: str | None = None
@@ -156,15 +145,11 @@ class LcabConfig:
     study: str = "lcab"
     """Name of the study; prefixes sweep ids."""
     resume: bool = False
-    """Keep the lengths this job's output folder already settled (same config) and run only the
-    rest; give the old folder with hydra.run.dir= / hydra.sweep.dir= (see lcab.records.resume)."""
+    """Run only the lengths the job's output folder has not settled (`lcab.records.resume`)."""
     dry_run: bool = False
-    """Print every job's shape (SLURM nodes x tasks, GPUs, time limit), the planner's predicted
-    TFLOP/s and expected GPU-hours, and the sweep's GPU-hour bound, then stop: nothing is
-    submitted or run."""
+    """Print every job's shape, prediction and GPU-hours, then stop (nothing runs)."""
     hardware: Any = None
-    """The hardware profile the dry run predicts with (``hardware=NAME``, conf/hardware/);
-    None: ``h100_nvlink_ib`` for CUDA jobs, ``cpu_gloo_local`` for CPU jobs."""
+    """The profile predictions use (conf/hardware/); None: by device (`h100_nvlink_ib`, CPU)."""
 
 
 @dataclass
@@ -174,13 +159,11 @@ class PlanConfig(LcabConfig):
     hardware: Any = MISSING
     """A hardware profile (conf/hardware/<name>.yaml): rates, links, memory, their sources."""
     recommend: bool = False
-    """Instead of predicting the cell's strategy, rank every strategy, balancer and Ulysses
-    degree for the cell's mask, length and topology, and name the smallest world that fits."""
+    """Rank every strategy, balancer and Ulysses degree for the cell, and the smallest world."""
     records: str | None = None
     """A records file (JSONL): its measured points are overlaid on the sweep's plot."""
     harness: str = "lcab"
-    """Whose implementation of the strategies to cost (`lcab.plan.harness`): ``lcab`` (this
-    runner) or ``longca`` (the LongCA-bench / MagiAttention baselines behind published figures)."""
+    """Whose strategies to cost (`lcab.plan.harness`): ``lcab``, or ``longca`` (published ones)."""
 
 
 # ---------------------------------------------------------------------------- generation
@@ -202,10 +185,6 @@ def _annotation(declared: Any) -> Any:
     return Optional[tp] if optional else tp  # noqa: UP045 (OmegaConf 2.3 reads typing.Optional)
 
 
-def _class_name(name: str, suffix: str) -> str:
-    return "".join(part.title() for part in name.split("_")) + suffix
-
-
 def _generated(
     name: str,
     base: type,
@@ -222,7 +201,8 @@ def _generated(
             fields_.append((f.name, tp, field(default_factory=f.default_factory)))
         else:
             fields_.append((f.name, tp, field(default=default)))
-    cls = dataclasses.make_dataclass(_class_name(name, suffix), fields_, bases=(base,))
+    class_name = "".join(part.title() for part in name.split("_")) + suffix
+    cls = dataclasses.make_dataclass(class_name, fields_, bases=(base,))
     cls.__doc__ = f"Config of {name} (generated from {source.__name__ if source else 'nothing'})."
     # a module attribute, so that configs typed by it pickle (`lcab.config.fork_map` sends
     # composed configs between processes); pickle finds a class by module and name
@@ -285,12 +265,7 @@ _PROCESS_UID = uuid.uuid4().hex[:6]
 
 
 def __getattr__(name: str) -> type:
-    """A generated config class by name, made on first use (PEP 562).
-
-    A config typed by a generated class pickles by reference (module and name); a process
-    that unpickles one — a SLURM task loading its job, a pre-flight worker's answer — may not
-    have generated the classes yet, so looking one up here makes them all.
-    """
+    """A generated config class by name, made on first use (PEP 562) for unpickling processes."""
     if name.endswith("Config") and not name.startswith("_"):
         kernel_config_classes()
         mask_config_classes()

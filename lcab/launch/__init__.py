@@ -1,11 +1,8 @@
 """Launching cells on a cluster: SLURM job shapes, the shaped launcher, job outcomes.
 
-Hydra instantiates launchers only from the ``hydra_plugins`` namespace, and only classes it can
-import by name. Rather than ship a second top-level package, `register_launcher` creates the
-module ``hydra_plugins.lcab_slurm`` in memory, holding an empty subclass of lcab's launcher, and
-registers it with Hydra (the ``_target_`` of the ``lcab_slurm`` launcher config). submitit
-pickles the launcher into every job with cloudpickle; that module is registered to be pickled
-*by value*, so a compute node needs nothing but lcab itself installed.
+Hydra instantiates launchers only from the ``hydra_plugins`` namespace, so `register_launcher`
+creates ``hydra_plugins.lcab_slurm`` in memory (no second top-level package), pickled *by value*
+into every job, so a compute node needs only lcab installed.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Pre-flight checks of a SLURM sweep: what can be known wrong before anything is submitted.
 
-Each problem names the key, the value and what would be valid, and the sweep exits with code 2
-before submitting: ``sbatch`` missing, a topology left to "auto" (it would count the login
-node's GPUs), a world the CP degrees do not divide, Ulysses groups that would span nodes, an
-unknown partition, or more nodes than the partition has. What can only be known later (the
-scheduler refusing a job) becomes a record per cell with the scheduler's message.
+Each problem names the key, the value and what would be valid (exit 2 before submitting):
+``sbatch`` missing, ``topology=auto`` (it would count the login node's GPUs), bad CP degrees,
+Ulysses groups spanning nodes, an unknown or too small partition. A scheduler's refusal becomes
+a record per cell.
 """
 
 from __future__ import annotations
@@ -57,29 +56,11 @@ def partitions() -> dict[str, int] | None:
 def slurm_problems(cfg: DictConfig, cell: Cell) -> list[str]:
     """Why this job cannot be submitted as it is (empty: it can): a single run's check.
 
-    `submission_problems` and `cell_impossibility` together; a sweep checks only the first
-    (`sweep_problems`): one cell that cannot be built must not refuse every other cell.
+    A sweep checks only `submission_problems`: one cell its strategy cannot lay out on the
+    SLURM topology must not refuse the rest (it ends ``skipped``).
     """
-    return submission_problems(cfg, cell) + cell_impossibility(cfg, cell)
-
-
-def sweep_problems(cfg: DictConfig, cell: Cell) -> list[str]:
-    """A sweep's check of one job: what stops the sweep, not a cell that cannot be built.
-
-    Such a cell (Ulysses over more ranks than heads divide, say) ends as a ``skipped`` record
-    with its reason — under SLURM without being submitted (`ShapedSlurmLauncher.launch`), in
-    the dry run priced at zero (`lcab.launch.refusals`).
-    """
-    return submission_problems(cfg, cell)
-
-
-def cell_impossibility(cfg: DictConfig, cell: Cell) -> list[str]:
-    """Why the cell's strategy cannot be laid out on its SLURM topology (empty: it can).
-
-    A local run records the strategy's part as ``skipped`` before starting a rank (`lcab.main`);
-    a SLURM job would hold its nodes to say it.
-    """
-    return layout_problems(cell, str(cfg.topology.name)) if uses_slurm(cfg) else []
+    layout = layout_problems(cell, str(cfg.topology.name)) if uses_slurm(cfg) else []
+    return submission_problems(cfg, cell) + layout
 
 
 def submission_problems(cfg: DictConfig, cell: Cell) -> list[str]:

@@ -1,13 +1,8 @@
 """``dry_run=true``: what a run or sweep would ask for, and its cost, with nothing submitted.
 
 Every job is composed and resolved as the real run would (so a dry run also validates), then
-printed with its shape — SLURM nodes x tasks, GPUs, time limit and partition under
-``launcher=slurm``; local processes otherwise — and the total in GPU-hours, an upper bound
-taken from the time limits (on CPU, core-hours instead).
-
-Beside the bound, the planner's expectation of each job (`Expect`, given by the entry point,
-which sits above the planner's layer): predicted per-GPU TFLOP/s and time per pass at each
-length, and the GPU-hours the protocol's repetitions take at those times.
+printed with its shape (SLURM or local), the time limits' bound in GPU-hours (CPU: core-hours)
+and the planner's expectation (`Expect`, given by the entry point above the planner's layer).
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ from lcab.launch.slurm_launcher import composed_settings
 from lcab.records.table import console
 
 Expect = Callable[[DictConfig, Cell], Any]
-"""The planner's expectation of one job: an object with ``hardware``, ``gpu_hours`` and
-``lengths`` (each with ``text()``) — `lcab.plan.expected.expect_configured_job`."""
+"""The planner's expectation of one job (`lcab.plan.expected.expect_configured_job`)."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +46,8 @@ class JobRow:
     warning: str = ""
     """Why the job's lengths measure little on its ranks (`lcab.cell.few_tokens_warning`)."""
     refused: tuple[str, ...] = ()
-    """Why the job would end ``skipped`` wherever it runs (`lcab.launch.refusals`), or why its
-    schedule would hang or move other bytes than planned (`schedule`); such a job is priced at
-    zero and counted apart."""
+    """Why the job would end ``skipped`` (`lcab.launch.refusals`) or its schedule is wrong; such
+    a job is priced at zero and counted apart."""
     device: str = "cpu"
     schedule: str = ""
     """What the schedule check of a context-parallel job saw (`lcab.cp.schedule_check`)."""
@@ -66,11 +59,7 @@ class JobRow:
 
 
 def plan_rows(overrides: list[str], multirun: bool, expect: Expect | None = None) -> list[JobRow]:
-    """Every job: overrides, launcher, shape, lengths, problem, and the planner's expectation.
-
-    The problem is the one the job will run: under a launcher preset that gives each rank a
-    GPU, ``problem.device=auto`` is CUDA even on a login node without one (`job_device`).
-    """
+    """Every job: overrides, launcher, shape, lengths, problem, and the planner's expectation."""
     jobs = [(job, cfg, resolve_cell(cfg)) for job, cfg in composed_jobs(overrides, multirun)]
     refusals, predicted, schedules = _checks(expect, [(cfg, cell) for _, cfg, cell in jobs])
     expectations = [None if why else value for why, value in zip(refusals, predicted, strict=True)]
@@ -128,12 +117,7 @@ def _task(kind: str, index: int) -> Any:
 
 
 def _schedule(cell: Cell) -> tuple[str, tuple[str, ...]]:
-    """(what the schedule check saw, its refusal) of a context-parallel job (torch: loaded).
-
-    Every rank of the job's world run through the strategy's real code, nothing sent
-    (`lcab.cp.schedule_check`); a schedule that would hang or move other bytes than planned
-    refuses the job, so it never reaches the cluster.
-    """
+    """(what the schedule check saw, its refusal) of a CP job (`lcab.cp.schedule_check`)."""
     if cell.cp == "none":
         return "", ()
     from lcab.cp.schedule_check import check_job
@@ -157,15 +141,9 @@ def _checks(
 ) -> tuple[list[tuple[str, ...]], list[Any], list[tuple[str, tuple[str, ...]]]]:
     """Every job's refusal, schedule check and the planner's expectation, on every core.
 
-    All are CPU-bound and independent: a 96-rank job's refusal lowers its kernel's mask for
-    each of 9,216 blocks, its schedule check runs 96 ranks' code and its expectation replays
-    the plan, so even one job's three run in two processes (`lcab.config.fork_map`: forked
-    workers inherit every module and the jobs; a worker that fails, dies or hangs is killed and
-    its share done here). A task that raised in a worker runs again here, so that its error is
-    raised as in a single process. A refused job's expectation is made but not shown. Not a
-    `multiprocessing.Pool`: now and then in CI its exit (terminate, then join a worker) waited
-    for ever, its forked workers stuck in a futex; fork_map bounds every wait and kills what
-    is late.
+    All are CPU-bound and independent, so they run in forked workers (`lcab.config.fork_map`,
+    which bounds every wait, unlike a `multiprocessing.Pool` whose exit hung in CI); a task
+    that raised in a worker runs again here, to raise as in a single process.
     """
     global _JOBS
     # the schedule check (the longest) second, so a round-robin of two gives it a worker alone
@@ -191,12 +169,9 @@ def _checks(
 def print_plan(overrides: list[str], multirun: bool, expect: Expect | None = None) -> int:
     """Print every job's shape, expectation and the sweep's cost; submits and runs nothing.
 
-    In the units of the machine the jobs run on: per-GPU TFLOP/s and GPU-hours for GPU jobs,
-    GFLOP/s, wall time and core-hours for CPU ones. Jobs that would end ``skipped`` say why (a
-    numbered note under the table) and cost nothing. The table fits the terminal (120 columns
-    off one): a problem every job shares is said once above it, a length's prediction keeps
-    to one line, and long texts — refusals, few-token warnings, a kernel costed at another's
-    rate — are notes under it.
+    In the machine's units (GPU: TFLOP/s, GPU-hours; CPU: GFLOP/s, wall and core-hours). The
+    table fits 120 columns: a shared problem is said once above it, long texts (refusals,
+    warnings, rate notes) are numbered notes under it; skipped jobs cost nothing.
     """
     rows = plan_rows(overrides, multirun, expect)
     on_cpu = all(row.device == "cpu" for row in rows)

@@ -1,10 +1,8 @@
 """Records for what a SLURM job did not record itself: every requested length ends with one.
 
-Rank 0 writes a record as each length finishes. When a job ends early — a rank failed, SLURM
-cancelled it, its node failed, it hit its time limit or ran out of memory — the launcher calls
-`settle` with the job's final state: the first unsettled length gets a record whose status and
-reason say what happened (naming the failing rank and its host when a rank reported it), the
-lengths after it are ``skipped`` as not run. Nothing is ever left without a record.
+When a job ends early (a rank failed; SLURM cancelled it, its node failed, time or memory ran
+out) the launcher calls `settle`: the first unsettled length gets a record saying what happened
+(the failing rank and host when known), the lengths after it are ``skipped`` as not run.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ NOT_SUBMITTED = "NOT_SUBMITTED"
 """The state of a job sbatch refused (``detail`` holds the scheduler's message)."""
 NOT_BUILDABLE = "NOT_BUILDABLE"
 """The state of a cell lcab did not submit: it cannot be laid out on its topology (``detail``
-says why; `lcab.launch.checks.cell_impossibility`). Its records are ``skipped``."""
+says why; `lcab.launch.refusals.layout_problems`). Its records are ``skipped``."""
 
 
 @dataclass(frozen=True)
@@ -57,18 +55,13 @@ class JobEnd:
 
 _SRUN_TASKS = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)")
 _OOM_KILL = re.compile(r"oom[-_]kill event")
-"""slurmstepd's word that the step's cgroup killed for memory ("Detected 1 oom-kill event(s) in
-step 370626.batch cgroup", newer releases "... oom_kill event in StepId=..."): a task srun
-reports Killed is out of memory only with it."""
+"""slurmstepd's word that the step's cgroup killed for memory ("Detected 1 oom-kill event(s)",
+newer "oom_kill event"): a task srun reports Killed is out of memory only with it."""
 #: What a rank reports when a *peer* failed: lost connections and communication time-outs.
 #: (A rank's own hang is reported by its watchdog, whose message has none of these.)
 _PEER_SYMPTOMS = (
-    "connection closed by peer",
-    "connection reset",
-    "broken pipe",
-    "timed out",
-    "gloo",
-    "nccl",
+    *("connection closed by peer", "connection reset", "broken pipe", "timed out"),
+    *("gloo", "nccl"),
 )
 
 
@@ -96,12 +89,9 @@ def _at(failure: RankFailure) -> str:
 def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
     """(status, reason) for the length that was running when the job ended.
 
-    The root cause comes first: the scheduler ending the job (cancel, time limit, memory, node
-    failure); else a rank's own report of a real error (its watchdog's time-out included; not
-    what a rank ran into after a SIGTERM: with sacct saying FAILED that is srun ending the step
-    for a dead peer, ``--kill-on-bad-exit``); else
-    a rank that died silently (srun names the task and node killed by a signal) — before the
-    peers that merely lost their connection to it or timed out waiting for it.
+    The root cause first: the scheduler ending the job; else a rank's own report of a real
+    error (not one after a SIGTERM, srun's ``--kill-on-bad-exit`` for a dead peer); else a rank
+    srun names as killed by a signal, before peers that merely lost their connection to it.
     """
     job = f"SLURM job {end.job_id} {end.state}"
     if end.state == NOT_SUBMITTED:
@@ -151,13 +141,9 @@ def _reason(end: JobEnd, cell_dir: Path, world: int) -> tuple[str, str]:
 def result_can_change(cell: Cell, end: JobEnd) -> bool:
     """Whether a task's result file could still change what `settle` writes for ``end``.
 
-    ``end`` is the job as sacct reports it after it ended, with no result file seen. A result
-    changes the outcome only by carrying a failed return (state FAILED, its text as detail),
-    and that text is used only when nothing else explains the end. It cannot matter when
-    SLURM itself ended the job (its state is the reason), when every length has its record
-    (nothing is left to settle), or when a rank reported its failure or srun names a rank
-    killed by a signal (the reason comes from those). Otherwise the launcher still waits for
-    the result files, which a shared file system may show late.
+    A result's text is used only when nothing else explains the end: not when SLURM ended the
+    job, every length has its record, or a rank's report or srun names the cause. Otherwise
+    the launcher waits for the result files (a shared file system may show them late).
     """
     if end.state in _SCHEDULER_ENDS:
         return False
@@ -197,8 +183,7 @@ HOST_FIELDS = ("device_name", "hostname", "num_threads", "slurm_nodelist", "slur
 def job_environment(cell: Cell) -> dict[str, Any]:
     """The environment of the job itself, as it wrote it (`write_job_environment`).
 
-    A job that never started says nothing: its records keep the versions (the job runs this
-    checkout) but leave the host fields empty rather than naming the submitting host's CPU.
+    A job that never started leaves the host fields empty (not the submitting host's).
     """
     said = read_job_environment(Path(cell.job.output_dir))
     if said is not None:

@@ -1,12 +1,9 @@
 """Whether a job would end ``skipped``: the runner's own check, asked before anything runs.
 
-A dry run that priced every job as if it ran told a user, for ``kernel=fa3,sdpa_flash
-mask=share_question``, to expect 561 and 358 TFLOP/s per GPU for two jobs that the support
-matrix marks unsupported and that would both come back ``skipped``. Here each job's first
-length is checked as the runner checks it — the kernel's `not_supported_reasons` for a single
-device, the strategy's (every rank's block included) under context parallelism — leaving out
-what belongs to the machine the dry run runs on (a package or a GPU a login node lacks: the job
-runs elsewhere).
+Each job's first length is checked as the runner checks it (the kernel's
+`not_supported_reasons`; under CP the strategy's, every rank's block included), so a dry run
+never prices a job that would come back ``skipped``. What belongs to the machine the dry run
+runs on (a package or GPU a login node lacks) is left out.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ from lcab.masks import make_mask
 def job_refusal(cell: Cell) -> list[str]:
     """Why the job's passes would be skipped wherever it runs (empty: it runs).
 
-    Only a refusal of every pass the job asks for counts (a job that runs its forward is not
-    refused); the reasons are those of its first length and first mask sample.
+    Only a refusal of every pass counts; the reasons are its first length's and mask sample's.
     """
     seqlen = cell.seqlens[0]
     kernel = get_kernel(cell.kernel, **cell.kernel_options)
@@ -63,8 +59,7 @@ FRONTIER_ON_SLURM = (
 def frontier_problems(cell: Cell) -> list[str]:
     """Why a SLURM job cannot search the cell's frontier (empty: it can, or is no search).
 
-    Each probe of a search is a fresh world an out-of-memory failure cannot take down
-    (`lcab.bench.frontier`); the tasks of a SLURM job are that world's ranks, started once.
+    Each probe needs a fresh world (`lcab.bench.frontier`); a SLURM job's tasks start once.
     """
     return [FRONTIER_ON_SLURM] if cell.frontier is not None and cell.world_size > 1 else []
 
@@ -72,8 +67,7 @@ def frontier_problems(cell: Cell) -> list[str]:
 def strategy_refusal(cell: Cell) -> list[str]:
     """Why the cell's strategy cannot run on its ranks at any length (empty: it can).
 
-    The strategy's own rules: heads that the Ulysses degree must divide, ranks a degree must
-    divide. A local run asks before starting a rank, which would only record the same words.
+    The strategy's own rules (heads and ranks its degrees must divide).
     """
     if cell.cp == "none":
         return []
@@ -85,8 +79,7 @@ def strategy_refusal(cell: Cell) -> list[str]:
 def layout_problems(cell: Cell, topology: str) -> list[str]:
     """Why the cell cannot be laid out on a SLURM ``topology`` (empty: it can).
 
-    The strategy's own rules (`strategy_refusal`), one of the cluster's: a Ulysses group stays
-    inside a node (all-to-all over NVLink), and a frontier search's (`frontier_problems`).
+    `strategy_refusal`, a Ulysses group inside a node (NVLink), and `frontier_problems`.
     """
     if cell.cp == "none":
         return []

@@ -1,10 +1,8 @@
 """The SLURM job shape of a cell: nodes x tasks (one task per rank), GPUs, CPUs, memory, time.
 
-A cell's shape follows from its topology: ``topology.nodes`` nodes, ``devices_per_node`` tasks
-on each, one GPU per task on GPU clusters. The time limit follows from the work the cell may do:
-every length may take up to ``bench.timeout_s`` before the rank watchdog ends it, plus a fixed
-start-up allowance — so a limit is never a copied number that goes stale when a sweep grows.
-The same function serves the launcher, ``dry_run=true`` and the pre-flight checks.
+Nodes and tasks follow from the topology (one GPU per task on GPU clusters); the time limit
+from the work: ``bench.timeout_s`` per length plus a start-up allowance, so it never goes stale
+when a sweep grows. Serves the launcher, ``dry_run=true`` and the pre-flight checks.
 """
 
 from __future__ import annotations

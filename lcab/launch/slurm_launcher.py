@@ -1,18 +1,10 @@
 """`ShapedSlurmLauncher`: hydra-submitit-launcher, extended so each cell gets its own job shape.
 
-The released launcher resolves ``hydra.launcher.*`` once per sweep and submits every job with
-that one shape, so a sweep over ``topology=2x8,4x8,12x8`` would run every cell on the same
-nodes. This subclass composes each job's config first, computes its shape (`job_shape`: nodes
-x one task per rank, GPUs, time limit from its lengths), submits one job array per distinct
-shape, and returns the jobs' results in sweep order. Everything else — the sbatch options of
-``SlurmQueueConf``, the compute-node side (``__call__``: Hydra's ``run_job`` in every task) and
-submitit's pickling — is the parent's.
-
-It also makes the sweep robust: a job that SLURM ends (cancelled, node failure, time limit, out
-of memory) or whose rank fails still yields records for every length (`outcome.settle`) and a
-completed job return, so the other cells go on and the sweep is merged. With ``resume=true``
-cells whose lengths are all settled are not submitted again, and a pre-empted job is requeued
-with ``resume=true`` so nothing measured is measured again.
+The released launcher submits every job of a sweep with one shape (``topology=2x8,4x8`` would
+share nodes). This subclass computes each job's shape (`job_shape`), submits one job array per
+distinct shape and returns results in sweep order; the rest is the parent's. A job SLURM ends
+or whose rank fails still yields a record per length (`outcome.settle`), so the sweep goes on;
+``resume=true`` skips settled cells, and a pre-empted job is requeued with it.
 """
 
 from __future__ import annotations
@@ -243,9 +235,7 @@ class ShapedSlurmLauncher(BaseSubmititLauncher):
 def _poll_every(poll_s: float, cluster: str) -> None:
     """Cap the wait between two sacct polls at ``poll_s`` for the jobs submitted from now on.
 
-    submitit polls at 2, 4, 8 ... s after the last submission, half the time since then, up to
-    its watcher's ``delay_s`` (600 s); a new watcher with the launcher's ``poll_s`` (its public
-    constructor) caps that. Jobs register with the watcher of their class when created.
+    submitit's watcher backs off up to its ``delay_s`` (600 s); a new watcher caps it.
     """
     if cluster != "slurm":
         return
@@ -257,9 +247,8 @@ def _poll_every(poll_s: float, cluster: str) -> None:
 def ask_wandb_once(cfg: DictConfig, sweep_dir: Path) -> None:
     """Ask the W&B server once for the whole sweep, before its jobs would each ask.
 
-    With ``logger=wandb`` online and a key, a silent server is noted in the sweep folder, and
-    every job logs offline at once instead of paying ``logger.init_timeout_s`` itself
-    (`lcab.records.wandb_reach`); a server that answers clears an older note.
+    A silent server is noted in the sweep folder, so every job logs offline at once
+    (`lcab.records.wandb_reach`); one that answers clears an older note.
     """
     from lcab.records.loggers import has_credentials
     from lcab.records.wandb_reach import forget_unreachable, online_blocker, server_url
@@ -310,12 +299,8 @@ def composed_settings(cfg: DictConfig) -> SlurmSettings:
     params = {
         key: OmegaConf.select(node, key, default=None)
         for key in (
-            "partition",
-            "gpus_per_rank",
-            "cpus_per_task",
-            "mem_gb_per_rank",
-            "startup_s",
-            "timeout_min",
+            *("partition", "gpus_per_rank", "cpus_per_task", "mem_gb_per_rank"),
+            *("startup_s", "timeout_min"),
         )
     }
     return settings_of({k: v for k, v in params.items() if v is not None})

@@ -15,12 +15,7 @@ from lcab.masks.geometry import IntArray, SliceKind, band_area, kind_bands, slic
 def validate_slices(slices: IntArray, head_ptr: IntArray, seqlen_q: int, seqlen_k: int) -> None:
     """Raise ValueError naming the first invalid slice (or pair of overlapping slices).
 
-    Args:
-        slices: (N, 5) int64 ``(q_start, q_end, k_start, k_end, kind)``.
-        head_ptr: CSR offsets of each mask head's slices.
-        seqlen_q: query rows.
-        seqlen_k: key columns.
-
+    ``slices`` and ``head_ptr`` as `lcab.masks.AttnMask` holds them.
     """
     s = slices
     num_heads = len(head_ptr) - 1

@@ -1,11 +1,9 @@
 """`AttnMask`: the one representation of an attention mask in lcab.
 
-A mask is a set of slices ``(q_start, q_end, k_start, k_end, kind)`` over one packed sequence
-(batch 1). The attended set is the union of the slices, and slices never overlap, so the exact
-area is the sum of closed-form slice areas. Dynamic block-sparse masks keep one slice set per KV
-head (a CSR layout: ``head_ptr[h]:head_ptr[h+1]`` are head h's rows of ``slices``). Every other
-form of a mask (dense, FlexAttention, varlen, FlashMask, block tables) is derived from the slices
-in `lcab.masks.lowering` and checked against `AttnMask.to_dense`.
+A mask is a set of non-overlapping slices ``(q_start, q_end, k_start, k_end, kind)`` over one
+packed sequence, so the exact area is the sum of closed-form slice areas. Dynamic block-sparse
+masks keep one slice set per KV head (CSR: ``head_ptr[h]:head_ptr[h+1]``). Every other form
+(`lcab.masks.lowering`) is derived from the slices and checked against `AttnMask.to_dense`.
 """
 
 from __future__ import annotations
@@ -59,6 +57,8 @@ class RowIntervals:
 class AttnMask:
     """An attention mask as non-overlapping slices, with its provenance.
 
+    Raises ValueError: a slice out of bounds, empty, of unknown kind, or overlapping another.
+
     Args:
         slices: (N, 5) integer array of ``(q_start, q_end, k_start, k_end, kind)``; kind is a
             `SliceKind` code (0 full, 1 causal bottom-right, 2 inv_causal top-left, 3 bi_causal).
@@ -71,9 +71,6 @@ class AttnMask:
         doc_lengths: packed document lengths (sum = seqlen) for masks made of documents.
         origin: position of this mask's (0, 0) in the mask it was restricted from.
         validate: check bounds, kinds, emptiness and overlap (cheap; keep it on).
-
-    Raises:
-        ValueError: a slice out of bounds, empty, of unknown kind, or overlapping another.
 
     """
 
@@ -152,11 +149,9 @@ class AttnMask:
         doc_lengths: Any = None,
         origin: tuple[int, int] = (0, 0),
     ) -> AttnMask:
-        """A mask made of one slice array per mask head, derived in closed form from ``like``.
+        """A mask of one slice array per head, with ``like``'s name (unless ``name``), params, seed.
 
-        Keeps ``like``'s pattern name (unless ``name``), parameters and seed. Not validated:
-        callers derive ``parts`` from an already valid mask (clipping, transposing, remapping or
-        picking its heads keeps slices disjoint).
+        Not validated: ``parts`` come from a valid mask by operations that keep slices disjoint.
         """
         ptr = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
         return cls(
@@ -209,13 +204,6 @@ class AttnMask:
         return self._derive(self.head_slices(head), None)
 
     # ------------------------------------------------------------------ measures
-    def area_per_head(self) -> IntArray:
-        """Exact attended (q, k) pairs of each mask head."""
-        heads = np.repeat(np.arange(self.num_heads), np.diff(self.head_ptr))
-        return np.bincount(
-            heads, weights=slice_areas(self.slices), minlength=self.num_heads
-        ).astype(np.int64)
-
     def area(self) -> int:
         """Exact number of attended (q, k) pairs, summed over mask heads. O(#slices)."""
         return int(slice_areas(self.slices).sum())
@@ -226,11 +214,7 @@ class AttnMask:
 
     # ------------------------------------------------------------------ derived masks
     def restrict(self, q_range: tuple[int, int], k_range: tuple[int, int]) -> AttnMask:
-        """The sub-mask of the rectangle q_range x k_range, in its local coordinates.
-
-        This is what one context-parallel step computes: local queries against a remote key
-        block. Slices are clipped in closed form, never by materialising the rectangle.
-        """
+        """The sub-mask of q_range x k_range in local coordinates (a CP step), clipped exactly."""
         q0, q1 = (int(x) for x in q_range)
         k0, k1 = (int(x) for x in k_range)
         if not (0 <= q0 < q1 <= self.seqlen_q and 0 <= k0 < k1 <= self.seqlen_k):
@@ -311,9 +295,7 @@ class AttnMask:
     def to_dense(self, max_elements: int = DENSE_LIMIT) -> torch.Tensor:
         """Boolean mask: (seqlen_q, seqlen_k), or (num_heads, seqlen_q, seqlen_k) per head.
 
-        Raises:
-            ValueError: the dense mask would exceed ``max_elements`` elements.
-
+        Raises ValueError: the dense mask would exceed ``max_elements`` elements.
         """
         total = self.num_heads * self.seqlen_q * self.seqlen_k
         if total > max_elements:

@@ -1,15 +1,10 @@
 """Packed document lengths: histograms of real corpora and the samplers that pack them.
 
-Document masks are only as realistic as their document lengths. lcab ships the three histograms
-LongCA-bench uses (Pile, ProLong64K, ProLong512K, in ``data/doc_lengths.json``) and picks one by
-total length as the paper does; it also ships the ChatQA histogram behind the MagiAttention CP
-benchmark, whose sampler splits documents longer than a quarter of the pack
-(``max_doc_fraction=0.25``), so lcab can draw the inputs of that benchmark's published figures.
-A pack is filled by drawing documents until the total is reached; the last document is cut to
-fit, so lengths always sum exactly to the total.
-
-Sampling is vectorised (documents are drawn in chunks sized from the histogram's mean), so a
-1M-token pack of ~1000 documents costs well under a millisecond.
+lcab ships LongCA-bench's three histograms (Pile, ProLong64K, ProLong512K, in
+``data/doc_lengths.json``, picked by total length as the paper does) and the MagiAttention CP
+benchmark's ChatQA one (its sampler splits documents over a quarter of the pack:
+``max_doc_fraction=0.25``). Documents are drawn in vectorised chunks until the total is reached;
+the last is cut to fit, so lengths sum exactly to the total.
 
 Choices where the paper's code is ambiguous, made explicit here:
   * a bin ``[low, high)`` draws uniformly from ``max(low, 1) .. high - 1`` (the paper's code drew
@@ -126,9 +121,7 @@ def load_histograms(path: str | Path) -> dict[str, LengthHistogram]:
 
     Each entry may instead give ``"bins": [[low, high, weight], ...]`` (the shared data format).
 
-    Raises:
-        ValueError: the file is not JSON or an entry is malformed (the message names it).
-
+    Raises ValueError: the file is not JSON or an entry is malformed (the message names it).
     """
     where = str(path)
     try:
@@ -199,118 +192,94 @@ def sample_doc_lengths(
 ) -> IntArray:
     """Lengths of the documents packed into ``total`` tokens (they sum exactly to ``total``).
 
-    Args:
-        total: tokens in the pack.
-        rng: the mask's seeded generator.
-        doc_len: length of every document for ``fixed``.
-        min_doc_len: shortest document for ``uniform``.
-        max_doc_len: longest document for ``uniform``.
-        long_fraction: share of tokens in long documents for ``long``.
-        long_min_len: shortest long document for ``long``.
-        long_max_len: longest long document for ``long``.
-        histogram_file: JSON histogram file for ``histogram_file``.
-        histogram_name: which histogram of that file (optional if it holds one).
-        max_doc_fraction: if set, every document longer than ``max_doc_fraction * total`` is
-            split into pieces of that length (plus the remainder), each its own document, and the
-            documents are shuffled (the MagiAttention CP benchmark's sampler uses 0.25).
-        source: ``auto`` (by total, as the paper), ``pile``, ``prolong64k``, ``prolong512k``,
-            ``long`` (the paper's CP mix: ``long_fraction`` of the tokens from documents uniform
-            in ``[long_min_len, long_max_len]``, the rest from the ``auto`` histogram, shuffled
-            together), ``uniform`` (lengths uniform in ``[min_doc_len, max_doc_len]``), ``fixed``
-            (all ``doc_len``), ``histogram_file`` (``histogram_name`` from ``histogram_file``)
-            or ``chatqa`` (the MagiAttention CP benchmark's histogram).
+    The parameters are `lcab.masks.patterns.base.DocParams`' (``source`` is its doc_source).
+    ``long`` is the paper's CP mix: ``long_fraction`` of the tokens from documents uniform in
+    ``[long_min_len, long_max_len]``, the rest from the ``auto`` histogram, shuffled together;
+    ``max_doc_fraction`` splits longer documents (`split_long_documents`).
 
-    Raises:
-        ValueError: an unknown source or a parameter out of range (named in the message).
-
+    Raises ValueError: an unknown source or a parameter out of range (named in the message).
     """
     if total <= 0:
         raise ValueError(f"total={total} must be >= 1")
     if source not in DOC_SOURCES:
         raise ValueError(f"doc_source={source!r} is unknown; valid: {', '.join(DOC_SOURCES)}")
-    if max_doc_fraction is not None:
-        if not 0.0 < max_doc_fraction <= 1.0:
-            raise ValueError(f"max_doc_fraction={max_doc_fraction} must be in (0, 1]")
-        lengths = sample_doc_lengths(
-            total,
-            rng,
-            source=source,
-            doc_len=doc_len,
-            min_doc_len=min_doc_len,
-            max_doc_len=max_doc_len,
-            long_fraction=long_fraction,
-            long_min_len=long_min_len,
-            long_max_len=long_max_len,
-            histogram_file=histogram_file,
-            histogram_name=histogram_name,
-        )
-        return split_long_documents(lengths, max(1, int(max_doc_fraction * total)), rng)
-    if source == "fixed":
-        if doc_len < 1:
-            raise ValueError(f"doc_len={doc_len} must be >= 1")
-        full, rest = divmod(total, doc_len)
-        return np.array([doc_len] * full + ([rest] if rest else []), dtype=np.int64)
-    if source == "uniform":
-        if not 1 <= min_doc_len <= max_doc_len:
-            raise ValueError(
-                f"uniform documents need 1 <= min_doc_len <= max_doc_len; "
-                f"got min_doc_len={min_doc_len}, max_doc_len={max_doc_len}"
-            )
-        return pack(
-            total,
-            lambda n: rng.integers(min_doc_len, max_doc_len + 1, size=n, dtype=np.int64),
-            min((min_doc_len + max_doc_len) / 2, total),
-        )
-    if source == "long":
-        if not 0.0 <= long_fraction <= 1.0:
-            raise ValueError(f"long_fraction={long_fraction} must be in [0, 1]")
-        if not 1 <= long_min_len <= long_max_len:
-            raise ValueError(
-                f"long documents need 1 <= long_min_len <= long_max_len; got "
-                f"long_min_len={long_min_len}, long_max_len={long_max_len}"
-            )
-        short_total = total - round(long_fraction * total)
-        parts = []
-        if short_total:
-            parts.append(
-                _from_histogram(short_total, rng, builtin_histograms()[auto_source(total)])
-            )
-        if total - short_total:
-            parts.append(
-                pack(
-                    total - short_total,
-                    lambda n: rng.integers(long_min_len, long_max_len + 1, size=n, dtype=np.int64),
-                    (long_min_len + long_max_len) / 2,
-                )
-            )
-        lengths = np.concatenate(parts)
-        return lengths[rng.permutation(len(lengths))]
-    if source == "histogram_file":
-        if not histogram_file:
-            raise ValueError("doc_source='histogram_file' needs histogram_file=<path to JSON>")
-        table = load_histograms(histogram_file)
-        if histogram_name is None:
-            if len(table) != 1:
+    if max_doc_fraction is not None and not 0.0 < max_doc_fraction <= 1.0:
+        raise ValueError(f"max_doc_fraction={max_doc_fraction} must be in (0, 1]")
+
+    def draw() -> IntArray:
+        if source == "fixed":
+            if doc_len < 1:
+                raise ValueError(f"doc_len={doc_len} must be >= 1")
+            full, rest = divmod(total, doc_len)
+            return np.array([doc_len] * full + ([rest] if rest else []), dtype=np.int64)
+        if source == "uniform":
+            if not 1 <= min_doc_len <= max_doc_len:
                 raise ValueError(
-                    f"{histogram_file} holds {len(table)} histograms; choose one with "
-                    f"histogram_name (valid: {', '.join(table)})"
+                    f"uniform documents need 1 <= min_doc_len <= max_doc_len; "
+                    f"got min_doc_len={min_doc_len}, max_doc_len={max_doc_len}"
                 )
-            histogram_name = next(iter(table))
-        if histogram_name not in table:
-            raise ValueError(
-                f"histogram_name={histogram_name!r} is not in {histogram_file}; "
-                f"valid: {', '.join(table)}"
+            return pack(
+                total,
+                lambda n: rng.integers(min_doc_len, max_doc_len + 1, size=n, dtype=np.int64),
+                min((min_doc_len + max_doc_len) / 2, total),
             )
-        return _from_histogram(total, rng, table[histogram_name])
-    name = auto_source(total) if source == "auto" else source
-    return _from_histogram(total, rng, builtin_histograms()[name])
+        if source == "long":
+            if not 0.0 <= long_fraction <= 1.0:
+                raise ValueError(f"long_fraction={long_fraction} must be in [0, 1]")
+            if not 1 <= long_min_len <= long_max_len:
+                raise ValueError(
+                    f"long documents need 1 <= long_min_len <= long_max_len; got "
+                    f"long_min_len={long_min_len}, long_max_len={long_max_len}"
+                )
+            short_total = total - round(long_fraction * total)
+            parts = []
+            if short_total:
+                parts.append(
+                    _from_histogram(short_total, rng, builtin_histograms()[auto_source(total)])
+                )
+            if total - short_total:
+                parts.append(
+                    pack(
+                        total - short_total,
+                        lambda n: rng.integers(
+                            long_min_len, long_max_len + 1, size=n, dtype=np.int64
+                        ),
+                        (long_min_len + long_max_len) / 2,
+                    )
+                )
+            lengths = np.concatenate(parts)
+            return lengths[rng.permutation(len(lengths))]
+        if source == "histogram_file":
+            if not histogram_file:
+                raise ValueError("doc_source='histogram_file' needs histogram_file=<path to JSON>")
+            table = load_histograms(histogram_file)
+            chosen = histogram_name
+            if chosen is None:
+                if len(table) != 1:
+                    raise ValueError(
+                        f"{histogram_file} holds {len(table)} histograms; choose one with "
+                        f"histogram_name (valid: {', '.join(table)})"
+                    )
+                chosen = next(iter(table))
+            if chosen not in table:
+                raise ValueError(
+                    f"histogram_name={chosen!r} is not in {histogram_file}; "
+                    f"valid: {', '.join(table)}"
+                )
+            return _from_histogram(total, rng, table[chosen])
+        name = auto_source(total) if source == "auto" else source
+        return _from_histogram(total, rng, builtin_histograms()[name])
+
+    lengths = draw()
+    if max_doc_fraction is None:
+        return lengths
+    return split_long_documents(lengths, max(1, int(max_doc_fraction * total)), rng)
 
 
 def split_long_documents(lengths: IntArray, cap: int, rng: np.random.Generator) -> IntArray:
     """Split every document longer than ``cap`` into ``cap``-long pieces and its remainder.
 
-    The pieces become separate documents and all documents are shuffled, as a sampler that
-    chunks long documents before packing them would place them. Lengths still sum to the total.
+    The pieces become separate documents and all are shuffled (lengths still sum to the total).
     """
     if cap < 1:
         raise ValueError(f"cap={cap} must be >= 1")

@@ -51,9 +51,7 @@ def list_masks() -> list[str]:
 def get_pattern(name: str) -> MaskPattern:
     """The registered pattern ``name`` (or alias).
 
-    Raises:
-        UnknownNameError: a ValueError listing the valid names.
-
+    Raises UnknownNameError: a ValueError listing the valid names.
     """
     return MASK_PATTERNS.get(name)
 
@@ -87,9 +85,7 @@ def make_mask(name: str, seqlen: int, *, seed: int = 0, **params: Any) -> AttnMa
     its name, every parameter (random ones resolved to the drawn value, so
     ``make_mask(m.name, S, seed=m.seed, **m.params) == m``), its seed and its documents.
 
-    Raises:
-        ValueError: unknown name or parameter, or a parameter out of its range.
-
+    Raises ValueError: unknown name or parameter, or a parameter out of its range.
     """
     pattern, values = make_params(name, seqlen, **params)
     if not isinstance(seed, (int, np.integer)) or seed < 0:

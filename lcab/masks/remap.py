@@ -1,16 +1,12 @@
 """`remap`: the mask between two token layouts, e.g. one rank's queries and another's keys.
 
-Context parallelism places tokens on ranks in some order — contiguous chunks, zigzag pieces of
-every document, mask-balanced chunks — with padding where shards must have equal sizes. A
-layout is an int array giving, for each local position, the global token it holds (-1 for a
-padding slot). The mask a CP step needs is the global mask seen through two layouts:
+A layout gives, for each local position of a rank, the global token it holds (-1: padding).
+The mask a CP step needs is the global mask seen through two layouts:
 
     local (i, j) attended  <=>  rows[i] >= 0, cols[j] >= 0 and mask(rows[i], cols[j]).
 
-Layouts are run-length encoded into segments of consecutive global tokens; every slice is cut
-by the segments it meets, and each piece keeps its band (shifted by the two segments' offsets),
-so the result is exact and built in O(pieces), never by materialising anything dense. With one
-segment on each side this is `AttnMask.restrict`.
+Layouts are run-length encoded into segments; every slice is cut by the segments it meets and
+each piece keeps its band (shifted), exact in O(pieces). One segment a side is `restrict`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Hydra callback merging a run's or a multirun's per-job records at its root.
 
-``on_multirun_end`` runs on the submitting machine once every job has finished (also with the
-SLURM launcher), so the merged ``records.jsonl`` + ``records.csv`` appear at the sweep root, and
-one table of every cell ends the sweep (`lcab.records.summary`). Files that cannot be written
-(a full disk, a read-only folder) are named in one line each — the per-job records stay whole
-and ``python -m lcab.records <folder>`` rebuilds the views later — and the run exits with code
-1 (`write_failures`; Hydra itself would only warn).
+``on_multirun_end`` runs on the submitting machine after every job (SLURM too): the merged
+records appear at the sweep root and one table ends the sweep (`lcab.records.summary`). A file
+that cannot be written is named in one line and the run exits 1 (Hydra would only warn);
+``python -m lcab.records <folder>`` rebuilds the views later.
 """
 
 from __future__ import annotations

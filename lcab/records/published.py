@@ -1,45 +1,31 @@
 """Published attention figures, stored once: `load_published` reads ``published.json``.
 
-Every anchor lcab is compared with publishes pictures; nobody can check lcab against a bar
-chart without reading it. The data file holds those numbers once, each with where it comes from
-and how it was read, and every reader takes them from here: the report puts lcab's rows beside
-them (`lcab.report.anchors`), the planner checks its context-parallel predictions against the
-MagiAttention H100 cells (`lcab.plan.published`) and fits its H100 kernel rates to the
-single-GPU charts (`lcab.plan.kernel_figures`). It lives in the records layer, below both.
-
-**Why JSON, in groups.** JSON reads with the standard library on every Python lcab supports
-(``tomllib`` is 3.11+, lcab runs on 3.10), and a group states what its numbers share once — the
-source, how it was read, the GPU, the shape — with ``columns`` naming what changes from row to
-row and each row on one line. A column ``mask.<name>`` is a mask parameter; an ``error``
-column overrides the group's reading error for one row. ``kernels`` maps each library name the
-sources use to the lcab kernels that run it: cuDNN's fused attention runs under lcab's
-``cudnn`` (TransformerEngine, as the sources ran it) and ``sdpa_cudnn`` (torch SDPA's cuDNN
-backend: the same cuDNN engine).
+Every anchor publishes pictures; this holds their numbers once, with source and reading, for
+the report (`lcab.report.anchors`) and the planner (`lcab.plan.published`, `kernel_figures`).
+JSON (standard library on Python 3.10), in groups: a group states what its numbers share once,
+``columns`` what changes per row (``mask.<name>``: a mask parameter; ``error``: a row's own
+reading error). ``kernels`` maps each source library to the lcab kernels that run it (cuDNN:
+``cudnn`` and ``sdpa_cudnn``, the same engine).
 
 **What it holds, in this order** (964 numbers, TFLOP/s; per GPU, slowest rank, under CP):
 
-* ``longca-v1`` — the LongCA-bench paper (arXiv 2510.17896v1): Tables 3-5, the only numbers it
-  prints (block-sparse FlashInfer, FA2 Sparse and FlexAttention on one H100). Its dense-kernel
-  and context-parallel figures (Figs. 3, 5, 7-14, 20-23) are charts whose values survive
-  nowhere as numbers (no source file, no printed labels), so none is taken from them.
+* ``longca-v1`` — the LongCA-bench paper (arXiv 2510.17896v1): Tables 3-5, its only printed
+  numbers (block-sparse kernels on one H100); its charts survive nowhere as numbers.
 * ``fa3-paper`` — FlashAttention-3 (arXiv 2407.08608) Figs. 5-6, head dim 128, H100 SXM5: the
   values printed above the bars (16K tokens a batch, 16 heads).
 * ``cudnn-fe-gb200`` — NVIDIA cudnn-frontend's Llama-3.1 CSV on GB200 (cuDNN 9.27 and FA4, bf16,
   batch 2), a table read as printed.
-* ``magi-cp-h100``, ``magi-cp-b200`` — the MagiAttention CP benchmark (the companion blog of
-  LongCA-bench, same authors, same baselines): per-GPU TFLOP/s of Ulysses, Ring P2P (lcab's
-  ``ring``), Ring AllGather, USP and LoongTrain at 8-64 GPUs, every mask and pass it draws.
-  Its hybrid and MagiAttention series are left out (no lcab strategy runs them).
+* ``magi-cp-h100``, ``magi-cp-b200`` — the MagiAttention CP benchmark (LongCA-bench's companion
+  blog): Ulysses, Ring P2P, Ring AllGather, USP and LoongTrain at 8-64 GPUs, every mask and pass;
+  its hybrid and MagiAttention series are left out (no lcab strategy runs them).
 * ``magi-kernel-h100`` — the same blog's one-H100 kernel charts (FA2, FA3, cuDNN, Flex,
   FlashMask, SDPA, FFA on full, causal, document and sliding-window masks, 1K-32K). Its
   ``varlen block causal`` charts are left out: the blog gives no block size, so lcab's
   ``block_causal_document`` cannot be said to be the same mask.
 
-The MagiAttention charts were read from the PNGs' pixels at commit 2c641357: the centre of the
-line marker on each bar top against the gridlines, ±3 TFLOP/s (±5 where a crossing line hid the
-marker and the bar's own line was read), cross-checked against two earlier by-eye readings
-(``paper_digest.md`` §8.1 and §8.3, ±10), within 5. Bars under 5 TFLOP/s and those marked ✗ are
-left out.
+The MagiAttention charts were read from the PNGs' pixels at commit 2c641357 (bar-top markers
+against the gridlines, ±3 TFLOP/s, ±5 where a line hid the marker), within 5 of two by-eye
+readings (``paper_digest.md`` §8.1, §8.3); bars under 5 TFLOP/s and those marked ✗ are left out.
 """
 
 from __future__ import annotations
@@ -112,11 +98,6 @@ class Published:
     def tokens(self) -> int:
         """Tokens of one call, all sequences."""
         return self.batch * self.seqlen
-
-    @property
-    def tokens_per_gpu(self) -> int:
-        """Tokens each GPU holds."""
-        return self.tokens // self.world
 
     @property
     def how_read(self) -> str:
@@ -193,9 +174,7 @@ def _published(where: str, data: dict[str, Any], kernels: dict[str, list[str]]) 
 def parse_published(document: Any, name: str = PUBLISHED_FILE.name) -> list[Published]:
     """The rows of a parsed data file, in file order.
 
-    Raises:
-        BadPublishedError: the first malformed group or row, named with its field.
-
+    Raises BadPublishedError: the first malformed group or row, named with its field.
     """
     if not isinstance(document, dict) or not isinstance(document.get("groups"), list):
         raise BadPublishedError(f"{name}: expected an object with a 'groups' list")
@@ -228,9 +207,7 @@ def parse_published(document: Any, name: str = PUBLISHED_FILE.name) -> list[Publ
 def load_published(path: Path = PUBLISHED_FILE) -> tuple[Published, ...]:
     """Every published number of ``path`` (default: the file beside this module), validated.
 
-    Raises:
-        BadPublishedError: a malformed group or row, named with its field; or bad JSON.
-
+    Raises BadPublishedError: a malformed group or row, named with its field; or bad JSON.
     """
     try:
         document = json.loads(path.read_text(encoding="utf-8"))

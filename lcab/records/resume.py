@@ -1,13 +1,9 @@
 """Resuming a job: keep the lengths that finished, run only the rest.
 
-A job killed part-way (Ctrl-C, a SLURM pre-emption or time limit, a lost node) leaves the
-records it finished in its ``records.jsonl`` — they are flushed one by one. Started again in the
-same output folder with ``resume=true``, the job keeps every record that *settled* the length
-(``ok``, ``numerics_mismatch``, or ``skipped`` because the kernel or strategy cannot run it) and
-runs the lengths with no record or whose record says the run did not finish (``error``,
-``timeout``, ``oom``, or skipped as not run after such a failure). A record only counts if it
-was made with the same configuration: anything that changes a result (kernel options, problem,
-protocol, seeds) makes the old record stale and its length runs again.
+Started again in the same output folder with ``resume=true``, a job keeps every record that
+*settled* its length (``ok``, ``numerics_mismatch``, or ``skipped`` as unsupported) and runs the
+lengths with none or with a record of a run that did not finish (``error``, ``timeout``, ``oom``,
+skipped as not run). A record counts only if made with the same result-determining config.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ _NOT_RESULTS = ("resume", "logger", "study")
 def result_config(config: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved config that determines one length's result.
 
-    Drops reporting keys, ``bench.progress`` and ``seqlen.values`` (each record is one length,
-    so a resumed job may ask for more or fewer lengths than the first run).
+    Drops reporting keys, ``bench.progress`` and ``seqlen.values`` (a record is one length).
     """
     out = {k: v for k, v in config.items() if k not in _NOT_RESULTS}
     if isinstance(out.get("bench"), dict):
@@ -55,10 +50,8 @@ SEARCH_RAN = frozenset({"ok", "numerics_mismatch", "oom"})
 def settled_length(record: RunRecord) -> int | None:
     """The length of the job ``record`` settles (None: it settles none).
 
-    A frontier search's one record is the longest probe that ran, filed under that length, but
-    it answers for the search, whose job asked for its first probe's length: it settles that
-    length when every probe ran to its end (``ok`` or ``oom``; even a search where nothing fits),
-    and none when a probe's error or timeout stopped the search.
+    A frontier record (filed under the longest probe that ran) settles the job's first probe
+    length when every probe ran to its end (``ok`` or ``oom``), none when one errored.
     """
     if record.frontier_probes:
         if all(p.get("status") in SEARCH_RAN for p in record.frontier_probes):
@@ -72,8 +65,7 @@ def split_done(
 ) -> tuple[list[RunRecord], list[int]]:
     """(records to keep, lengths still to run) for a job writing to ``path``.
 
-    The last settled record of a length wins; records of lengths the job no longer asks for
-    are kept too (they are results of this folder's earlier runs, not stale ones).
+    The last settled record of a length wins; records of lengths no longer asked for are kept.
     """
     if not path.exists():
         return [], list(seqlens)

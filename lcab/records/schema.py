@@ -1,16 +1,9 @@
 """`RunRecord`: one flat, versioned record per (cell, sequence length).
 
-JSONL files of these records are the source of truth; CSV, W&B, tables, plots and notebooks are
-views of them. The record is flat (one column per figure) so it loads straight into a DataFrame;
-only ``reasons``, ``mask_params``, ``doc_lengths``, ``rank_*`` lists and ``config`` are nested.
-
-Conventions:
-  * times are milliseconds (``*_ms``), memory MiB (``*_mib``), throughput TFLOP/s (``*_tflops``);
-  * per-pass fields are prefixed by the pass: ``fwd_``, ``bwd_``, ``fwd_bwd_``;
-  * ``*_ms_p50`` / ``p20`` / ``p80`` are quantiles of the per-repetition times; with several mask
-    samples they are medians over samples of each sample's quantile;
-  * throughput is useful throughput under `lcab.flops.FLOP_CONVENTION` (named in every record);
-    distributed per-device figures divide global FLOPs by world size × the slowest rank's time.
+JSONL files of these records are the source of truth; everything else is a view of them. Flat
+(one column per figure) so it loads straight into a DataFrame. Times are ms, memory MiB,
+throughput TFLOP/s under `lcab.flops.FLOP_CONVENTION`; quantiles with several mask samples are
+medians over samples. The fields' meaning: lcab/records/README.md.
 """
 
 from __future__ import annotations
@@ -25,24 +18,11 @@ from lcab.flops import PASSES
 SCHEMA_VERSION = 1
 
 TIMING_FIELDS = (
-    "ms_p50",
-    "ms_p20",
-    "ms_p80",
-    "ms_samples",
-    "ms_reps",
-    "tflops",
-    "tflops_dense",
-    "tflops_mean_rank",
-    "rank_ms_p50",
-    "predicted_ratio",
-    "energy_j",
-    "energy_j_per_token",
-    "gflops_per_j",
-    "peak_share",
-    "peak_implausible",
+    *("ms_p50", "ms_p20", "ms_p80", "ms_samples", "ms_reps", "rank_ms_p50", "predicted_ratio"),
+    *("tflops", "tflops_dense", "tflops_mean_rank", "peak_share", "peak_implausible"),
+    *("energy_j", "energy_j_per_token", "gflops_per_j"),
 )
-"""`PassResult` fields read off the clock (or divided by its times): not a measurement when
-ranks shared a GPU."""
+"""`PassResult` fields read off the clock: not a measurement when ranks shared a GPU."""
 SETUP_COLUMNS = ("setup_mask_ms", "setup_prepare_ms", "setup_first_call_ms")
 """`RunRecord`'s set-up times: read off the same clock as the passes'."""
 TIMING_COLUMNS = (
@@ -50,12 +30,10 @@ TIMING_COLUMNS = (
     "phase_ms",
     *SETUP_COLUMNS,
 )
-"""The `RunRecord.flat` columns read off the clock: `TIMING_FIELDS` of each pass, the phase
-split and the set-up times."""
+"""The `RunRecord.flat` columns read off the clock."""
 
 MAX_KEPT_REPS = 600
-"""Timed repetitions a pass keeps: the paper's protocol (``bench=paper``: 20 repetitions × 30
-mask samples) whole; budget-mode runs of more are thinned."""
+"""Timed repetitions a pass keeps: the paper's protocol (20 reps × 30 mask samples) whole."""
 
 STATUSES = ("ok", "skipped", "oom", "error", "timeout", "numerics_mismatch")
 #: Severity order used to combine pass statuses into the record status.
@@ -74,9 +52,7 @@ class PassResult:
     ms_samples: list[float] | None = None
     """Median time of each mask sample (the spread across masks)."""
     ms_reps: list[float] | None = None
-    """The timed repetitions themselves (ms, 6 significant digits), mask sample after sample,
-    at most `MAX_KEPT_REPS` (evenly thinned beyond): what `lcab.report.compare` takes a
-    comparison's interval from."""
+    """The timed repetitions (ms), at most `MAX_KEPT_REPS` (evenly thinned beyond)."""
     reps: int | None = None
     flops: int | None = None
     """FLOPs of one call (median over mask samples)."""
@@ -91,8 +67,7 @@ class PassResult:
     mem_delta_mib: float | None = None
     """Peak above the region's starting point; under CP the largest of any rank's."""
     mem_reserved_mib: float | None = None
-    """CUDA: the caching allocator's reserved peak above what it held when the region began
-    (L2-flush buffer and earlier cache not in it; max over ranks); None on CPU."""
+    """CUDA: the caching allocator's reserved peak above its start (max over ranks)."""
     mem_peak_rank: int | None = None
     """Under CP: the rank whose peak is `mem_peak_mib`."""
     max_abs_err: float | None = None
@@ -102,8 +77,7 @@ class PassResult:
     rank_ms_p50: list[float] | None = None
     """Under CP: each rank's own p50 time (the time split per pass is the record's phase_ms)."""
     backend: str | None = None
-    """The library path that ran, when the kernel chooses one at run time (SDPA on CUDA names
-    the backend it pinned: FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH)."""
+    """The library path that ran, when the kernel chooses one at run time (SDPA's backend)."""
     predicted_ms: float | None = None
     """The planner's time for this pass on `RunRecord.predicted_hardware` (fwd_bwd: fwd + bwd)."""
     predicted_tflops: float | None = None
@@ -112,32 +86,25 @@ class PassResult:
     """Measured / predicted throughput (= predicted_ms / ms_p50; above 1: faster than predicted)."""
     # telemetry over the timed repetitions (lcab.bench.telemetry), read beside them
     clock_mhz_min: float | None = None
-    """Compute clock while the repetitions ran: a GPU's SM clock (NVML), a CPU's core clock
-    (cpufreq; /proc/cpuinfo's nominal figure where there is none); lowest over samples, ranks."""
+    """Compute clock while the repetitions ran (GPU SM, CPU core); lowest over samples, ranks."""
     clock_mhz_median: float | None = None
     """... median (of each sample's median; the median over ranks)."""
     clock_mhz_max: float | None = None
     """... highest."""
     clock_samples: int | None = None
-    """How many clock samples fell inside the timed window (the driver's buffer, a polling
-    thread's reads; the fewest of any rank or mask sample)."""
+    """Clock samples inside the timed window (the fewest of any rank or mask sample)."""
     clock_source: str | None = None
-    """Where the clock fields come from: "inside the window", or "the window's ends" (no sample
-    fell inside: the end reads of a device idle on either side, so the share of the peak is at
-    the rated clock)."""
+    """"inside the window", or "the window's ends" (no sample fell inside)."""
     mem_clock_mhz: float | None = None
     """GPU memory clock, median."""
     power_w: float | None = None
-    """Mean power per device: the energy window's energy over its length where the device has
-    an energy counter, else the mean of the power readings; mean over ranks."""
+    """Mean power per device (energy counter over the window, else readings); mean over ranks."""
     power_w_max: float | None = None
     """The highest rank's mean power."""
     energy_j: float | None = None
-    """Energy of one call, all of the job's devices together (one host counter under CP on
-    one CPU host): the energy window's energy over its calls (`lcab.bench.telemetry`)."""
+    """Energy of one call, all of the job's devices together (the energy window's per call)."""
     energy_window_s: float | None = None
-    """The energy window: untimed calls back to back after the timed ones, long enough for the
-    energy counter (NVML's advances every 20-100 ms: at least 1 s); median over mask samples."""
+    """Untimed calls back to back after the timed ones (at least 1 s); median over samples."""
     energy_calls: int | None = None
     """The calls in the energy window."""
     energy_j_per_token: float | None = None
@@ -147,18 +114,14 @@ class PassResult:
     temperature_c: float | None = None
     """Hottest reading of any device."""
     clock_events: list[str] | None = None
-    """Clock-event (throttle) reasons NVML reported while the repetitions ran (SwPowerCap,
-    HwSlowdown, SwThermalSlowdown, ...; GpuIdle is among them when the device waited)."""
+    """Clock-event (throttle) reasons NVML reported while the repetitions ran."""
     peak_tflops: float | None = None
-    """A GPU's dense peak for the dtype, scaled to the measured median clock (`lcab.peaks`);
-    a CPU host's own best dense matmul rate in the dtype on the pass's threads
-    (`lcab.bench.cpu_peak`). The record's ``peak_basis`` says which."""
+    """A GPU's dense peak at the measured clock (`lcab.peaks`), or a CPU host's measured matmul
+    rate (`lcab.bench.cpu_peak`); ``peak_basis`` says which."""
     peak_share: float | None = None
     """`tflops` / `peak_tflops`."""
     peak_implausible: bool | None = None
-    """True when the pass ran above what the device can do: above 100 % of a GPU's peak at its
-    clock, above 150 % of a CPU's measured matmul rate — a FLOP count or a timer is wrong (the
-    record's reasons say which pass; the console and report flag it)."""
+    """Above 100 % of a GPU's peak, 150 % of a CPU's matmul rate: a FLOP count or timer is wrong."""
 
 
 @dataclass
@@ -233,35 +196,28 @@ class RunRecord:
     padding_tokens: int | None = None
     kv_replication: int | None = None
     shared_device: bool = False
-    """Under CP over gloo: ranks shared a GPU (a numerics-only check). Numerics and bytes hold;
-    the times are not a measurement, and no throughput figure uses them (`timings_measured`)."""
+    """Under CP over gloo: ranks shared a GPU; the times are not a measurement."""
     # the memory frontier (seqlen=frontier, lcab.bench.frontier)
     frontier_tokens: int | None = None
-    """The longest total length that ran without running out of memory (the record's seqlen,
-    whose measurements these are); None when not even the first probe did."""
+    """The longest total length that ran without running out of memory (the record's seqlen)."""
     frontier_tokens_per_device: int | None = None
     frontier_bracket: list[int | None] | None = None
-    """[longest that ran, shortest that ran out of memory]; the second None when the search
-    reached ``seqlen.frontier_max``, the first None when nothing ran."""
+    """[longest that ran, shortest that ran out of memory] (None: none such)."""
     frontier_probes: list[dict[str, Any]] | None = None
-    """Every probe in order: ``seqlen``, ``status``, ``mem_peak_mib``, ``mem_delta_mib``,
-    ``reason``."""
+    """Every probe: ``seqlen``, ``status``, ``mem_peak_mib``, ``mem_delta_mib``, ``reason``."""
     frontier_peak_mib: float | None = None
     """Peak memory at the frontier (the largest over passes and ranks)."""
     frontier_bytes_per_token: float | None = None
-    """Memory the frontier length added (largest ``mem_delta_mib`` over passes) per token a
-    device holds."""
+    """Largest ``mem_delta_mib`` over passes per token a device holds."""
     frontier_budget_gib: float | None = None
     """``bench.memory_budget_gib`` the search ran under (None: the job's own limits)."""
     frontier_predicted_tokens: int | None = None
-    """The planner's frontier for the cell (its memory model in the same budget,
-    `lcab.plan.frontier`); None where it has none (the note says why)."""
+    """The planner's frontier for the cell in the same budget (`lcab.plan.frontier`)."""
     frontier_predicted_budget_gib: float | None = None
     """The budget per rank the planner's frontier was searched in (before its margin)."""
     frontier_budget_limit: str | None = None
-    """Which limit gave it: ``bench.memory_budget_gib``, else what the job could use where it
-    ran (its memory cgroup's limit file, the host's MemAvailable, a GPU's free memory, each
-    shared by the ranks using it), else the profile's ``memory_gib``."""
+    """Which limit gave it: ``bench.memory_budget_gib``, the cgroup, MemAvailable, a GPU's free
+    memory, or the profile's ``memory_gib``."""
     frontier_predicted_ratio: float | None = None
     """Measured / predicted frontier (below 1: the model leaves out memory the run used)."""
     # the planner's prediction (lcab.plan.record_prediction)
@@ -288,8 +244,7 @@ class RunRecord:
     host_cores: int | None = None
     """Cores the benchmark process could run on."""
     host_steal_share: float | None = None
-    """Share of CPU time a hypervisor gave other guests while the length ran (None: the
-    kernel reports no steal time)."""
+    """Share of CPU time a hypervisor gave other guests while the length ran."""
     python_version: str = ""
     telemetry_source: str | None = None
     """Where the passes' clocks, power and energy were read: nvml, host, or None (off)."""
@@ -298,9 +253,7 @@ class RunRecord:
     telemetry_note: str | None = None
     """What the telemetry could not read here, and why (one line per cause)."""
     peak_basis: str | None = None
-    """What the passes' ``peak_tflops`` is: a GPU's rated peak at the measured clock, or a CPU
-    host's measured matmul rate, never below its nominal one (`lcab.bench.cpu_peak`), and
-    whether the host was busy (its shares then read low)."""
+    """What the passes' ``peak_tflops`` is, and whether the host was busy."""
     slurm_job_id: str | None = None
     slurm_nodelist: str | None = None
     """The job's nodes as SLURM writes them (``n[1-2]``); None outside SLURM."""
@@ -317,8 +270,7 @@ class RunRecord:
     kernel_package_version: str | None = None
     """The distribution(s) providing the kernel's package, with versions (None: torch's own)."""
     kernel_binary: dict[str, str] | None = None
-    """sha256 (first 16 hex digits) of each shared object of that distribution the process had
-    loaded, by file name: the binary that ran (None: none loaded, e.g. JIT-compiled)."""
+    """sha256 (16 hex digits) of each shared object of that distribution loaded, by file name."""
     # the fully resolved config
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -352,9 +304,7 @@ class RunRecord:
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
         """Rebuild a record; refuses unknown schema versions instead of misreading them.
 
-        Raises:
-            ValueError: missing or unsupported ``schema_version``.
-
+        Raises ValueError: missing or unsupported ``schema_version``.
         """
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
@@ -375,11 +325,7 @@ class RunRecord:
         return not self.shared_device
 
     def measured_flat(self) -> dict[str, Any]:
-        """`flat`, with the `TIMING_COLUMNS` None unless the times are a measurement.
-
-        What every throughput view reads (report, W&B), so a shared-GPU record keeps its
-        numerics, bytes and memory there and adds no time or TFLOP/s to any figure.
-        """
+        """`flat`, with the `TIMING_COLUMNS` None unless the times are a measurement."""
         out = self.flat()
         if not self.timings_measured:
             out.update(dict.fromkeys(TIMING_COLUMNS))
@@ -414,11 +360,7 @@ BUSY_STEAL = 0.05
 
 
 def busy_host(record: RunRecord) -> str:
-    """``; the host was busy: ...`` when its load says why a CPU time is off (else empty).
-
-    The load when the length *began* is other work (the length had not started); steal time is
-    a virtual machine's cores running for another guest. Both come from `lcab.bench.host_load`.
-    """
+    """``; the host was busy: ...`` when its load before the length or steal explains a CPU time."""
     cores, load, steal = record.host_cores or 0, record.host_load_start, record.host_steal_share
     why = []
     if record.device == "cpu" and load is not None and cores and load / cores >= BUSY_LOAD:

@@ -1,15 +1,10 @@
 """Where records go: a JSONL file (the source of truth), a CSV view, and optionally W&B.
 
-Only rank 0 writes. Each record reaches the file in **one** ``write`` of its whole line,
-then is fsynced, so a job killed between records keeps every record it finished. A job killed
-*during* a write (the OOM killer, a power cut) or a disk that fills mid-line can still leave
-half a line at the end: readers skip that torn tail and say so in one line (`read_records`), and
-the next writer sets it aside in ``records.jsonl.torn`` before it appends (`set_aside_torn_tail`)
-— so the length it belonged to has no record and ``resume=true`` runs it again. A write that
-fails is undone (the file is cut back to its last whole line) and raises `RecordWriteError`.
-
-The CSV is a view rebuilt whole from the JSONL: written to a temporary file and renamed, so a
-reader never finds a CSV cut short by a full disk.
+Only rank 0 writes, each record in **one** ``write`` of its whole line, then fsynced. A line
+torn mid-write (a kill, a full disk) is skipped by readers with one line (`read_records`) and
+set aside by the next writer (`set_aside_torn_tail`), so ``resume=true`` runs its length again;
+a failed write is cut back and raises `RecordWriteError`. The CSV is rebuilt whole and renamed
+into place, never left cut short.
 """
 
 from __future__ import annotations
@@ -50,11 +45,7 @@ def _whole(line: str) -> bool:
 
 
 def _torn_tail(data: bytes) -> int | None:
-    """Offset where a torn last line starts, or None when the file ends with a whole line.
-
-    A line is torn when it has no newline *and* is not complete JSON; a complete last record
-    whose newline alone is missing is whole (the writer adds the newline before appending).
-    """
+    """Offset where a torn last line (no newline, not complete JSON) starts, else None."""
     if not data or data.endswith(b"\n"):
         return None
     start = data.rfind(b"\n") + 1
@@ -64,10 +55,8 @@ def _torn_tail(data: bytes) -> int | None:
 def read_records(path: str | Path) -> list[RunRecord]:
     """All records of a JSONL file (blank lines ignored; a torn last line skipped, with a line).
 
-    Raises:
-        ValueError: a line other than the last is not JSON, or a record has an unsupported
-            schema version (line number given).
-
+    Raises ValueError: a line other than the last is not JSON, or a record has an unsupported
+    schema version (line number given).
     """
     data = Path(path).read_bytes()
     torn = _torn_tail(data)
@@ -92,12 +81,9 @@ def read_records(path: str | Path) -> list[RunRecord]:
 def set_aside_torn_tail(path: str | Path) -> Path | None:
     """Move a torn last line of ``path`` to ``<path>.torn``; end the file with a newline.
 
-    Returns the ``.torn`` file when a tail was moved. Only a writer calls this (a reader must
-    not cut a file another process may be appending to).
+    Returns the ``.torn`` file when a tail was moved. Only a writer calls this.
 
-    Raises:
-        RecordWriteError: the file or its folder cannot be written.
-
+    Raises RecordWriteError: the file or its folder cannot be written.
     """
     path = Path(path)
     try:
@@ -136,9 +122,7 @@ def set_aside_torn_tail(path: str | Path) -> Path | None:
 def append_line(path: Path, line: str) -> None:
     """Append ``line`` + newline in one ``write``, fsynced; on failure cut the file back.
 
-    Raises:
-        RecordWriteError: the file could not be opened or the line not written whole.
-
+    Raises RecordWriteError: the file could not be opened or the line not written whole.
     """
     data = (line + "\n").encode("utf-8")
     try:
@@ -175,9 +159,7 @@ class JsonlSink:
     def write(self, record: RunRecord) -> None:
         """Append one record (a torn tail left by an earlier run is set aside first).
 
-        Raises:
-            RecordWriteError: the folder or file cannot be written (full, read-only, gone).
-
+        Raises RecordWriteError: the folder or file cannot be written (full, read-only, gone).
         """
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,9 +174,7 @@ class JsonlSink:
 def _replace(out: Path, write: Any) -> Path:
     """Write ``out`` through a temporary file renamed over it; nothing half-written remains.
 
-    Raises:
-        RecordWriteError: the file could not be written whole (the old one, if any, stays).
-
+    Raises RecordWriteError: the file could not be written whole (the old one, if any, stays).
     """
     tmp = out.with_name(f".{out.name}.tmp")
     try:
@@ -225,9 +205,7 @@ def iter_record_files(root: str | Path) -> Iterator[Path]:
 def write_csv(records: Iterable[RunRecord], path: str | Path) -> Path:
     """A CSV view of records (pass fields flattened; nested values as JSON), replaced whole.
 
-    Raises:
-        RecordWriteError: no room or no permission; no partial CSV is left behind.
-
+    Raises RecordWriteError: no room or no permission; no partial CSV is left behind.
     """
     import pandas as pd
 

@@ -1,11 +1,8 @@
 """The end-of-sweep summary: one table of every cell's records, then where its results are.
 
-Each job folder of a sweep is one cell. The table is the one each cell printed
-(`lcab.records.table`), over every cell in job order — kernel, cp, mask, length, status, times,
-throughput, distance from the plan — so a whole sweep reads at a glance. Below it: the cells'
-W&B runs, the merged records files, the command that builds the sweep's report, and the
-``wandb sync`` command for offline runs. `summarise_sweep` gives each cell's statuses and its
-headline (the largest ``ok`` length's throughput) for other views.
+The per-cell table (`lcab.records.table`) over every cell in job order, so a sweep reads at a
+glance; below it the W&B runs, merged records, the report and ``wandb sync`` commands.
+`summarise_sweep` gives each cell's statuses and headline for other views.
 """
 
 from __future__ import annotations
@@ -76,12 +73,7 @@ def _job_number(name: str) -> int:
 def print_sweep_summary(
     root: Path, merged: Path, csv: Path, console: Console | None = None
 ) -> None:
-    """Print one table of every cell's records, then where the sweep's results are.
-
-    The table is the per-cell one (`lcab.records.table`) over the whole sweep, in job order:
-    every cell and length with its status, times, throughput and distance from the plan, so a
-    sweep reads at a glance without scrolling back through one table per job.
-    """
+    """Print one table of every cell's records, then where the sweep's results are."""
     console = console or table_console()
     files = sorted(root.glob(f"*/{RECORDS_FILE}"), key=lambda p: _job_number(p.parent.name))
     records = [record for path in files for record in read_records(path)]

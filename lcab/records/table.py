@@ -1,22 +1,10 @@
 """The results table: one row per record, in the units of the machine, within the terminal.
 
-Used after each cell (`lcab.bench.console`) and once for a whole sweep (`lcab.records.summary`).
-Columns: kernel, cp, mask, seqlen, tokens per rank (under CP), status; per pass its median time
-and throughput; "vs plan" (measured / predicted throughput, forward/backward); where a device
-reports power or has a known peak, the first pass's clock, power and share of the peak (red with
-``!`` above the peak); the row's note numbers. Four choices keep it readable where it is read:
-
-* **units of the machine**: records that all ran on a CPU show GFLOP/s (a CPU's 5 GFLOP/s read
-  "0.00525 TFLOP/s"), any GPU record makes the table TFLOP/s; times read "4.01 ms" or "1.23 s",
-  never "1.23e+03";
-* **notes below the table**: a skip reason or an off-the-plan warning is as long as a row, so
-  the row carries ``[n]`` (``[1,2]`` for two) and the text follows the table, once per distinct
-  note: every pass's reason, the record's own, the planner's warning. Lengths that ran off the
-  plan while the host was busy share one note (the load explains them); the rest keep their own;
-* **the terminal's width**, or 120 columns where there is no terminal (logs, CI, SLURM output
-  files), where rich would otherwise wrap at 80: no column wraps, what every row shares
-  (kernel, cp, mask) is said once in the title, and a table still too wide is split by kernel,
-  then cp, until each part fits (the design card's sweep: one table per kernel and cp).
+Used after each cell (`lcab.bench.console`) and for a whole sweep (`lcab.records.summary`).
+Readable where it is read: CPU-only records show GFLOP/s (any GPU record: TFLOP/s); long texts
+(skip reasons, off-the-plan warnings) are numbered notes below the table, each once (busy-host
+ones shared); it fits the terminal (120 columns without one, e.g. SLURM logs): what every row
+shares is said once in the title, and a table still too wide is split by kernel, then cp.
 """
 
 from __future__ import annotations
@@ -30,11 +18,11 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from lcab.cell import tokens_per_rank
+from lcab.flops import PASSES
 from lcab.records.schema import BUSY_STEAL, RunRecord, busy_host
 
 WIDTH_OFF_TERMINAL = 120
 """Columns a table may take where no terminal says how many there are."""
-PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
 SHAREABLE = ("kernel", "cp", "mask")
 """Columns said once in the title when every row of a table has the same value; the order a
 table too wide is split in."""
@@ -96,12 +84,7 @@ def explained_by_load(r: RunRecord) -> bool:
 
 
 def notes_of(r: RunRecord, busy: str = "") -> list[str]:
-    """Everything the row's notes say, each once.
-
-    A shared GPU, the reason of every pass that did not run ok (passes with the same reason
-    said together: ``fwd, bwd: ...``), the record's other reasons (a traceback by its last
-    line), the planner's warning — ``busy`` instead where the busy host explains it.
-    """
+    """Everything the row's notes say, each once (``busy`` where the host explains a warning)."""
     by_reason: dict[str, list[str]] = {}
     for p in r.passes:
         res = r.pass_result(p)
@@ -177,7 +160,7 @@ def records_table(
     ``notes`` already numbered (an earlier part of a split table) are extended, not repeated.
     """
     notes = [] if notes is None else notes
-    passes = [p for p in PASS_ORDER if any(p in r.passes for r in records)]
+    passes = [p for p in PASSES if any(p in r.passes for r in records)]
     unit, factor = throughput_unit(r.device for r in records)
     shared = {
         column: values.pop()

@@ -1,16 +1,10 @@
 """Whether the W&B server answers — asked once per sweep, in bounded time.
 
-Behind a firewall that drops packets, a connection to W&B neither succeeds nor fails: it hangs.
-``wandb.init(mode="online")`` then waits out its time-out and leaves the run id held in its
-service (an offline start with that id fails), and W&B's own analytics wait another 10 s at
-exit. So before an online start lcab asks the server itself — one HTTP request, any answer
-counts, bounded by ``logger.init_timeout_s`` — and logs offline at once when there is none.
-
-A sweep asks once. The SLURM launcher asks before submitting and notes the answer in the sweep
-folder (``wandb-unreachable.json``); a job that finds the server silent notes it there too, and
-remembers it in its process (a local sweep runs every job in one process). A note counts only
-for the sweep invocation that wrote it (it must be newer than the sweep's ``multirun.yaml``,
-which Hydra rewrites at every start), so a later ``resume=true`` asks again.
+Behind a firewall that drops packets, ``wandb.init(mode="online")`` hangs out its time-out and
+keeps the run id held (an offline start with it fails). So lcab asks the server first (one HTTP
+request bounded by ``logger.init_timeout_s``) and logs offline at once when nothing answers. A
+silent server is noted in the sweep folder (``wandb-unreachable.json``) and the process; a note
+counts only if newer than the sweep's ``multirun.yaml``, so a later ``resume=true`` asks again.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """`WandbLogger`: one W&B run per cell, made for comparing cells in the runs table and charts.
 
-* **Identity.** group = the sweep, dated (``2026-11-23_13-40-36_ab12cd``); name = the cell's own
-  overrides without reporting keys (logger, debug, resume, ...); tags = kernel, cp, mask,
-  topology, world size, dtype, device. ``resume=true`` continues the same run id (kept in the
-  job folder), so a cell never has two partial runs.
-* **Config = what ran**: the resolved problem (dtype, device, heads, world size, lengths),
-  kernel/cp/mask parameters, the bench protocol, versions, git sha and the overrides.
-* **History**: one step per length with ``seqlen`` as the step metric of every metric, the
-  string ``status`` included.
-* **Summary**: per-length values (``fwd_tflops/8192``), the string status of each length,
-  ``status_counts``, and a *named* headline (``headline/seqlen`` and ``headline/<metric>``, the
-  largest ``ok`` length) — never a last-length value that an earlier failure could mislabel;
-  the planner's predicted TFLOP/s and measured/predicted ratio per length, and
-  ``n_prediction_warnings`` with each warning under ``prediction_warning/<seqlen>``.
-* **Records table**: one schema for every run (all `RunRecord` columns; lists and dicts as JSON).
-* **Exit state**: failed when the job was killed or crashed, or every length failed.
-* **Artifacts**: ``lcab-records`` (the job's ``records.jsonl``, ``records.csv`` and mask
-  picture), ``lcab-trace`` (the profiler traces of ``bench.profile=true``); the mask picture of
-  the largest length also as the run's ``mask`` image. W&B stages artifact files under
-  ``$WANDB_DATA_DIR`` and writes its service logs under ``$WANDB_CACHE_DIR`` (defaults: the
-  user's home); unless set, lcab points them into ``wandb/`` of the job (data) and of the sweep
-  (cache), so a run folder holds everything ``wandb sync`` needs and nothing goes to ``$HOME``.
-
-W&B trouble never costs a record: see `lcab.records.loggers`.
+Group = the dated sweep, name = the cell's own overrides, tags = its axes; ``resume=true``
+continues the same run id. History has one step per length (``seqlen`` the step metric); the
+summary holds per-length values and a *named* headline (the largest ``ok`` length), never a
+last-length value an earlier failure could mislabel. W&B's data and cache folders go inside the
+run folder unless set, so nothing goes to ``$HOME``. What each part holds: the W&B section of
+lcab/records/README.md. W&B trouble never costs a record: see `lcab.records.loggers`.
 """
 
 from __future__ import annotations
@@ -43,7 +26,7 @@ import lcab
 from lcab.cell import Cell
 from lcab.records.artifacts import TRACES_DIR, mask_pictures, trace_files
 from lcab.records.logging_base import RecordLogger, first_line, has_credentials
-from lcab.records.schema import RunRecord
+from lcab.records.schema import STATUSES, RunRecord
 from lcab.records.sinks import CSV_FILE, RECORDS_FILE, read_records, write_csv
 from lcab.records.summary import WANDB_RUN_ID_FILE
 from lcab.records.wandb_reach import online_blocker, server_url
@@ -54,48 +37,31 @@ folder (artifact staging per cell; the W&B service's logs, one service per proce
 #: Overrides that change how a run is reported or launched, not what it measures (a key is one
 #: of them when it starts with one: ``logger.mode``, ``bench.profile_reps``).
 REPORTING_KEYS = (
-    "logger",
-    "debug",
-    "resume",
-    "dry_run",
-    "hydra",
-    "launcher",
-    "bench.progress",
-    "bench.profile",
-    "bench.telemetry",
+    *("logger", "debug", "resume", "dry_run", "hydra", "launcher"),
+    *("bench.progress", "bench.profile", "bench.telemetry"),
+)
+#: Record fields of the environment, added to the run's config with the first record.
+ENVIRONMENT = (
+    *("git_sha", "git_dirty", "device_name", "cuda_version", "hostname", "slurm_job_id"),
+    *("slurm_nodelist", "num_threads", "python_version", "torch_build", "cudnn_version"),
+    *("driver_version", "kernel_package_version", "kernel_binary"),
 )
 #: Per-length values copied into the summary under ``<name>/<seqlen>``.
-SUMMARY_METRICS = (
-    "fwd_ms_p50",
-    "bwd_ms_p50",
-    "fwd_tflops",
-    "bwd_tflops",
-    "fwd_mem_peak_mib",
-    "bwd_mem_peak_mib",
-    "fwd_max_abs_err",
-    "bwd_max_abs_err",
-    "fwd_predicted_tflops",  # the planner's (lcab.plan.record_prediction)
-    "bwd_predicted_tflops",
-    "fwd_predicted_ratio",  # measured / predicted throughput
-    "bwd_predicted_ratio",
-    "fwd_clock_mhz_median",  # telemetry over the repetitions (lcab.bench.telemetry)
-    "bwd_clock_mhz_median",
-    "fwd_power_w",
-    "bwd_power_w",
-    "fwd_energy_j_per_token",
-    "bwd_energy_j_per_token",
-    "fwd_peak_share",  # of the device's peak at the measured clock (lcab.peaks)
-    "bwd_peak_share",
+SUMMARY_METRICS = tuple(
+    f"{pass_}_{metric}"
+    for metric in (
+        *("ms_p50", "tflops", "mem_peak_mib", "max_abs_err"),
+        *("predicted_tflops", "predicted_ratio"),  # the planner's (lcab.plan.record_prediction)
+        *("clock_mhz_median", "power_w", "energy_j_per_token"),  # lcab.bench.telemetry
+        "peak_share",  # of the device's peak at the measured clock (lcab.peaks)
+    )
+    for pass_ in ("fwd", "bwd")
 )
 #: A frontier cell's result (``seqlen=frontier``, `lcab.bench.frontier`), under ``frontier/<name>``.
 FRONTIER_METRICS = (
-    "frontier_tokens",
-    "frontier_tokens_per_device",
-    "frontier_peak_mib",
-    "frontier_bytes_per_token",
-    "frontier_budget_gib",
-    "frontier_predicted_tokens",  # the planner's, in the same budget (lcab.plan.frontier)
-    "frontier_predicted_ratio",
+    *("frontier_tokens", "frontier_tokens_per_device", "frontier_peak_mib"),
+    *("frontier_bytes_per_token", "frontier_budget_gib"),
+    *("frontier_predicted_tokens", "frontier_predicted_ratio"),  # lcab.plan.frontier's
 )
 FAILED = ("error", "timeout", "oom", "numerics_mismatch")
 """Statuses that count as a failed length (a capability ``skipped`` does not)."""
@@ -160,11 +126,7 @@ def _cell_value(value: Any) -> Any:
 
 
 class WandbLogger(RecordLogger):
-    """One W&B run per cell (see the module docstring); rank 0 only.
-
-    Its runs are ``quiet``: W&B's own history and summary (about 40 lines at each cell's end)
-    would stand before lcab's table, which says the same.
-    """
+    """One W&B run per cell, rank 0 only; ``quiet`` (lcab's table says what W&B would print)."""
 
     def __init__(self, cfg: DictConfig, cell: Cell) -> None:
         import wandb
@@ -230,9 +192,8 @@ class WandbLogger(RecordLogger):
     def _start_online(self, cfg: DictConfig, init: dict[str, Any], sweep: Path | None) -> Any:
         """An online run, or None after one line saying why not (the caller logs offline).
 
-        Asks the server first (`lcab.records.wandb_reach`), so a silent one costs at most
-        ``logger.init_timeout_s`` once per sweep; after a failed start, W&B's service is torn
-        down so the offline run can take the same run id.
+        Asks the server first (`lcab.records.wandb_reach`): a silent one costs at most
+        ``logger.init_timeout_s`` once per sweep. A failed start's service is torn down.
         """
         wandb, timeout = self._wandb, float(cfg.logger.init_timeout_s)
         url = server_url()
@@ -262,23 +223,8 @@ class WandbLogger(RecordLogger):
         self.records.append(record)
         try:
             if len(self.records) == 1:  # the environment the records say they ran in
-                env = (
-                    "git_sha",
-                    "git_dirty",
-                    "device_name",
-                    "cuda_version",
-                    "hostname",
-                    "slurm_job_id",
-                    "slurm_nodelist",
-                    "num_threads",
-                    "python_version",
-                    "torch_build",
-                    "cudnn_version",
-                    "driver_version",
-                    "kernel_package_version",
-                    "kernel_binary",
-                )
-                self.run.config.update({k: getattr(record, k) for k in env}, allow_val_change=True)
+                env = {k: getattr(record, k) for k in ENVIRONMENT}
+                self.run.config.update(env, allow_val_change=True)
             flat = record.measured_flat()  # ranks that shared a GPU: no times, no TFLOP/s
             row: dict[str, Any] = {
                 k: v
@@ -296,7 +242,7 @@ class WandbLogger(RecordLogger):
         summary: dict[str, Any] = {}
         counts = Counter(r.status for r in self.records)
         summary["status_counts"] = dict(counts)
-        for status in ("ok", "skipped", "error", "timeout", "oom", "numerics_mismatch"):
+        for status in STATUSES:
             summary[f"n_{status}"] = counts.get(status, 0)
         for r in self.records:
             flat = r.measured_flat()

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lcab.cell import DTYPES
+from lcab.cell import torch_dtype
 from lcab.config.resolve import CPU_PROBLEM, GPU_PROBLEM
 from lcab.cp.base import STRATEGIES
 from lcab.kernels import KERNELS, Kernel, Problem, get_kernel
@@ -106,7 +106,7 @@ def home_problem(kernel: Kernel, heads_kv: int | None = None, gpu: bool = False)
         int(shape["heads_q"]),
         int(heads_kv or shape["heads_kv"]),
         int(shape["head_dim"]),
-        DTYPES[str(shape["dtype"])],
+        torch_dtype(str(shape["dtype"])),
         torch.device("cpu" if on_cpu else "cuda"),
     )
 

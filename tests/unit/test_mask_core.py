@@ -174,7 +174,7 @@ def test_slices_of_different_heads_may_overlap() -> None:
     mask = AttnMask([[0, 3, 0, 3, 0], [0, 3, 0, 3, 1]], 3, head_ptr=[0, 1, 2])
     assert mask.num_heads == 2
     assert mask.area() == 9 + 6
-    assert mask.area_per_head().tolist() == [9, 6]
+    assert [mask.head(h).area() for h in range(mask.num_heads)] == [9, 6]
     dense = mask.to_dense()
     assert tuple(dense.shape) == (2, 3, 3)
     assert dense[0].all() and dense[1].int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
@@ -255,7 +255,7 @@ def test_disjoint_slice_sets_accepted_with_exact_area(case: tuple[AttnMask, np.n
     mask, dense = case
     assert np.array_equal(as3d(mask), dense)
     assert mask.area() == int(dense.sum())
-    assert mask.area_per_head().tolist() == dense.sum(axis=(1, 2)).tolist()
+    assert [mask.head(h).area() for h in range(mask.num_heads)] == dense.sum(axis=(1, 2)).tolist()
     H, sq, sk = dense.shape
     assert mask.density() == pytest.approx(dense.sum() / (H * sq * sk))
 
@@ -359,7 +359,7 @@ def check_restrict(
     assert sub.num_heads == mask.num_heads
     assert np.array_equal(as3d(sub), crop)
     assert sub.area() == int(crop.sum())
-    assert sub.area_per_head().tolist() == crop.sum(axis=(1, 2)).tolist()
+    assert [sub.head(h).area() for h in range(sub.num_heads)] == crop.sum(axis=(1, 2)).tolist()
     # The restricted slices are themselves a valid (in-bounds, non-empty, disjoint) mask.
     AttnMask(sub.slices, sub.seqlen_q, sub.seqlen_k, head_ptr=sub.head_ptr)
 

@@ -40,7 +40,7 @@ def test_the_checked_cells_are_the_data_files_h100_cp_charts():
         for by_world in strategies.values():
             assert sorted(by_world) == list(CP_SIZES)
             assert all(
-                p.tokens_per_gpu == 8192 and p.kernels == ("fa3",) for p in by_world.values()
+                p.tokens // p.world == 8192 and p.kernels == ("fa3",) for p in by_world.values()
             )
 
 

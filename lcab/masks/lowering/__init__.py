@@ -1,11 +1,9 @@
 """Lowerings: every kernel family's form of a mask, derived from the slices.
 
-Each lowering is a pure function of an `AttnMask` (no kernel package needed) and is tested
-against `AttnMask.to_dense`. Kernels declare the lowering they consume (`KernelCaps.lowering`;
-which kernel takes which is the "mask form" column of the kernels guide's generated table);
-`lowering_reason` tells whether a mask is expressible in it, which is how unsupported
-(kernel, mask) cells are found without running anything. The forms are listed in the masks
-guide ("Lowerings").
+Each lowering is a pure function of an `AttnMask`, tested against `AttnMask.to_dense`. Kernels
+declare the one they consume (`KernelCaps.lowering`); `lowering_reason` says whether a mask is
+expressible in it, so unsupported cells are found without running anything (masks guide,
+"Lowerings").
 """
 
 from __future__ import annotations

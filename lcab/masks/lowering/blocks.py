@@ -1,12 +1,9 @@
 """Block tables: which (query block, key block) tiles a mask touches, and which are full.
 
-Block-sparse kernels (FlexAttention, FA2 Sparse, FlashInfer, lcab's own `sparse`) skip empty
-tiles, run full tiles without a mask and apply a mask only inside partial tiles. This module
-derives that classification from slice geometry in O(tiles touched): for each slice and each
-query block it touches, the key blocks it covers completely form one contiguous run (its edges
-are monotone), and only the tiles at the two ends of the run need their covered area computed,
-in closed form. A tile is full when the areas of the slices touching it add up to the tile
-(slices are disjoint), so tiles covered by several slices are classified exactly too.
+Block-sparse kernels skip empty tiles and mask only partial ones. The classification comes from
+slice geometry in O(tiles touched): per slice and query block the fully covered key blocks form
+one run (monotone edges), and only the run's two end tiles need their area, in closed form. A
+tile is full when its slices' areas add up to it (slices are disjoint).
 """
 
 from __future__ import annotations
@@ -265,9 +262,8 @@ def tile_runs(mask: AttnMask, qb_arr: IntArray, kb_arr: IntArray) -> TileRuns:
 def _assemble(runs: TileRuns, qb_arr: IntArray, kb_arr: IntArray, num_heads: int) -> BlockTable:
     """Expand sorted runs into the CSR table, each per-tile array written in one or two passes.
 
-    At 1M tokens a causal table holds 33.5M tiles, and on the CI machine every fresh page costs
-    more than the arithmetic on it: no per-tile temporaries are made. Key blocks are a running
-    sum (ones, with a jump at each run start), coverages one ``repeat`` of a per-run value.
+    At 1M tokens a causal table holds 33.5M tiles: no per-tile temporaries are made (key blocks
+    are a running sum, coverages one ``repeat`` of a per-run value).
     """
     n_q = len(qb_arr) - 1
     dq, dk = np.diff(qb_arr), np.diff(kb_arr)

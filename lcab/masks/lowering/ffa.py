@@ -1,7 +1,6 @@
 """MagiAttention FFA lowering: the slices as ``q_ranges``, ``k_ranges`` and ``attn_type_map``.
 
-FFA consumes the same slice form lcab stores, with the same kind codes, so this is a copy with
-the dtypes FFA expects. It exists as a lowering so FFA gets the same tests as every other form.
+FFA consumes lcab's slice form and kind codes: a copy in FFA's dtypes, tested as every form is.
 """
 
 from __future__ import annotations
@@ -26,9 +25,7 @@ class FFAArgs:
 def to_ffa(mask: AttnMask) -> FFAArgs:
     """FFA arguments of a head-shared mask.
 
-    Raises:
-        NotExpressible: per-KV-head masks (FFA takes one slice list for all heads).
-
+    Raises NotExpressible: per-KV-head masks (FFA takes one slice list for all heads).
     """
     if mask.num_heads != 1:
         raise NotExpressible(

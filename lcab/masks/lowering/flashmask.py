@@ -55,10 +55,8 @@ class FlashMaskArgs:
 def to_flashmask(mask: AttnMask) -> FlashMaskArgs:
     """The smallest FlashMask column form reproducing ``mask`` exactly.
 
-    Raises:
-        NotExpressible: some key column attends more than three separate row ranges, or
-            ranges in an order the column form cannot state.
-
+    Raises NotExpressible: some key column attends more than three separate row ranges, or
+    ranges in an order the column form cannot state.
     """
     sq, sk, heads = mask.seqlen_q, mask.seqlen_k, mask.num_heads
     ci = row_intervals(mask.transpose())  # rows of the transpose = key columns

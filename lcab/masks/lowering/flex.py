@@ -1,11 +1,9 @@
 """FlexAttention lowering: a `BlockMask` built from slice geometry plus a compact `mask_mod`.
 
-`torch.nn.attention.flex_attention.create_block_mask` evaluates a predicate at every one of the
-Sq·Sk positions to find empty, partial and full tiles. lcab already knows them from the slices
-(`tile_runs`: runs of key blocks per query block, O(slices x query blocks)), so the BlockMask's
-index tensors are written directly from those runs, the query-major ones from the runs of the
-transposed mask; nothing sorts the millions of tiles of a 1M-token mask. The `mask_mod`, which
-Flex evaluates only inside partial tiles, is one of two compact exact predicates:
+`create_block_mask` evaluates a predicate at all Sq·Sk positions; lcab knows the tiles from the
+slices (`tile_runs`), so the BlockMask's index tensors are written from those runs (query-major
+ones from the transposed mask's), sorting nothing. The `mask_mod`, evaluated only inside partial
+tiles, is one of two compact exact predicates:
 
 * ``intervals`` — per query row, its K merged key intervals (K = most intervals of any row; 1
   or 2 for every static pattern): memory O(Sq·K);
@@ -77,14 +75,6 @@ class FlexMaskMod:
     ends: torch.Tensor | None = None
     grid: torch.Tensor | None = None
     cell: int = 1
-
-    def nbytes(self) -> int:
-        """Memory held by the predicate's tensors."""
-        return sum(
-            t.numel() * t.element_size()
-            for t in (self.starts, self.ends, self.grid)
-            if t is not None
-        )
 
     def to(self, device: str | torch.device) -> FlexMaskMod:
         """The same predicate with its tensors on ``device``.
@@ -186,9 +176,8 @@ def _ordered(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs sorted by (row, col), never overlapping → (num (n_rows,), indices (n_rows, width)).
 
-    Row r of the indices lists its columns left-aligned, zero padded. Written run by run: a
-    column and its flat position both grow by one along a run, so both are one ``repeat`` of a
-    per-run value plus a shared ``arange`` — no per-tile sort, no dense pass over the grid.
+    Row r lists its columns left-aligned, zero padded; written run by run (``repeat`` plus a
+    shared ``arange``), with no per-tile sort or dense pass.
     """
     num = np.bincount(row, weights=length, minlength=n_rows).astype(np.int64)
     idx = np.zeros((n_rows, max(width, 1)), dtype=np.int32)

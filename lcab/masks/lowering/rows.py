@@ -1,10 +1,8 @@
 """Per-row key intervals for the per-token lowerings, without a sort when rows do not overlap.
 
-`AttnMask.row_intervals` sorts every (row, span) pair so that rows met by several slices can be
-merged. Most masks at paper scale (documents, causal, sliding windows) give each query row to
-one slice per head; then the spans come out of the slices already in row order, one per row,
-and the sort (half the cost of a 1M-token varlen or FlashMask lowering) can be skipped. The
-result is the same `RowIntervals`, array for array.
+`AttnMask.row_intervals` sorts every (row, span) pair to merge rows met by several slices. Most
+masks give each row one slice per head; their spans come out already in row order, so the sort
+(half the cost of a 1M-token varlen or FlashMask lowering) is skipped, with the same result.
 """
 
 from __future__ import annotations
@@ -65,10 +63,9 @@ def _sorted_heads(mask: AttnMask) -> list[IntArray] | None:
 def single_row_bounds(mask: AttnMask) -> tuple[np.ndarray, np.ndarray] | None:
     """Per (head, query row) its one key interval ``[start, end)`` as int32, 0/0 for no keys.
 
-    Exactly the ``row_intervals`` of a mask whose rows meet at most one slice per head, laid
-    out as Flex's ``mask_mod`` reads it; None for other masks. Written per slice in int32
-    (a ``repeat`` of one per-slice value plus a shared ``arange``), with no per-row int64
-    temporaries or per-row gathers: at 1M rows these dominate the Flex lowering otherwise.
+    The ``row_intervals`` of a mask whose rows meet at most one slice per head, as Flex's
+    ``mask_mod`` reads it; None for other masks. Written per slice in int32 with no per-row
+    temporaries (at 1M rows they dominate the Flex lowering otherwise).
     """
     heads = _sorted_heads(mask)
     if heads is None:

@@ -122,10 +122,8 @@ def varlen_row_intervals(args: VarlenArgs, seqlen_q: int) -> tuple[IntArray, Int
 def to_varlen(mask: AttnMask) -> VarlenArgs:
     """The varlen arguments reproducing ``mask`` exactly.
 
-    Raises:
-        NotExpressible: per-head masks, rows attending several separate key ranges, sequences
-            that do not pair up, or rows that do not follow one common window.
-
+    Raises NotExpressible: per-head masks, rows attending several separate key ranges, sequences
+    that do not pair up, or rows that do not follow one common window.
     """
     if mask.num_heads != 1:
         raise NotExpressible(

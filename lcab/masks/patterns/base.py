@@ -1,10 +1,8 @@
 """Mask patterns: a name, a typed parameter dataclass and a generator returning slices.
 
-Each pattern's parameters are a dataclass, so defaults, types and validation live in one place
-and the Hydra ``mask/`` config group can be built from the same classes. Generators receive the
-sequence length, a seeded ``numpy.random.Generator`` and their parameters; every random choice
-(document lengths, prefix lengths, sparse picks) comes from that generator, so the same
-(name, seqlen, params, seed) always yields the same mask.
+Parameters are a dataclass (defaults, types and validation in one place; the Hydra ``mask/``
+group is built from it). Every random choice comes from the seeded generator a pattern gets, so
+the same (name, seqlen, params, seed) always yields the same mask.
 """
 
 from __future__ import annotations
@@ -171,14 +169,8 @@ def diagonal_blocks(cu: IntArray, kind: SliceKind) -> IntArray:
 
 def band(q0: int, q1: int, k0: int, k1: int, lo: int | None, hi: int | None) -> IntArray:
     """Slices of the rectangle [q0,q1) x [k0,k1) restricted to lo <= j - i <= hi."""
-    return canonical_slices(
-        np.array([q0]),
-        np.array([q1]),
-        np.array([k0]),
-        np.array([k1]),
-        np.array([-INF if lo is None else lo]),
-        np.array([INF if hi is None else hi]),
-    )
+    limits = (q0, q1, k0, k1, -INF if lo is None else lo, INF if hi is None else hi)
+    return canonical_slices(*(np.array([value]) for value in limits))
 
 
 def rect(q0: int, q1: int, k0: int, k1: int, kind: SliceKind = SliceKind.FULL) -> IntArray:
