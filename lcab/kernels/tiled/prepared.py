@@ -1,8 +1,4 @@
-"""`PreparedTiled`: what the ``ranges`` and ``sparse`` kernels return from ``prepare``.
-
-It binds a compiled `TiledPlan` to its problem; ``run`` is differentiable with the engine's own
-backward, and ``backward`` runs that backward under merged statistics (ring CP).
-"""
+"""`PreparedTiled`: what the ``ranges`` and ``sparse`` kernels return from ``prepare``."""
 
 from __future__ import annotations
 
@@ -38,11 +34,7 @@ class PreparedTiled(PreparedAttention):
     def backward(
         self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     ) -> Grads:
-        """The engine's backward under merged statistics (out, lse) of whole rows (ring CP).
-
-        It is the same backward as after this plan's own forward, fed the merged result
-        instead: P = exp(S - lse) and delta = rowsum(dout * out) then describe every block.
-        """
+        """The engine's backward fed the merged statistics (out, lse) of whole rows (ring CP)."""
         plan = self.plan
         rows = plan.heads_kv * plan.seqlen_q
         packed = torch.full(

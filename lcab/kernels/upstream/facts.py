@@ -1,10 +1,7 @@
 """The row types of the upstream tables: a library function and its LSE, as its source says.
 
-A row is data, not a reading of lcab's needs: parameter names are every parameter of the
-upstream function in its order, with the defaults its source gives, so a stand-in built from
-the row accepts exactly the calls the real function accepts, and a test can compare the row
-with the real signature (``inspect.signature`` of an installed package, or the AST of a
-downloaded source file).
+Parameter names are every parameter of the upstream function in order, with its defaults, so a
+stand-in built from a row accepts exactly the calls the real function accepts.
 """
 
 from __future__ import annotations
@@ -107,12 +104,7 @@ class UpstreamFunction:
         )
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Arguments of a call as the real function would receive them, defaults applied.
-
-        Raises:
-            TypeError: the call does not fit the signature (as the real function would).
-
-        """
+        """Arguments of a call as the real function would receive them (TypeError if it would)."""
         bound = self.signature().bind(*args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)
