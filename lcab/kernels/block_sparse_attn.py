@@ -25,15 +25,13 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
 )
 from lcab.kernels.block_grid import partial_tile_reason
-from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.library_results import LibraryCall, lse_reading
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import block_sparse_attn as upstream
-from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import SliceKind
-from lcab.masks.lowering import lowering_reason
 from lcab.masks.lowering.blocks import block_table
 
 if TYPE_CHECKING:
@@ -61,15 +59,7 @@ BSA_KWARGS = (
 FOLLOWS = "Block-Sparse-Attention v0.0.2 (block_sparse_attn_func, return_attn_probs=True)"
 
 
-def natural_lse_layout(row: UpstreamFunction) -> LseLayout:
-    """The layout of ``row``'s LSE, which must be natural log to be taken as it is."""
-    layout = None if row.lse is None else row.lse.layout
-    if row.lse is None or row.lse.base != "e" or layout not in ("bhs", "ht", "th"):
-        raise ValueError(f"{row.qualname}: lcab's table states no natural-log LSE it can read")
-    return layout
-
-
-LSE_LAYOUT = natural_lse_layout(upstream.BLOCK_SPARSE_ATTN_FUNC)
+LSE_FACTOR, LSE_LAYOUT = lse_reading(upstream.BLOCK_SPARSE_ATTN_FUNC)
 
 
 def aligned_full_slices(mask: AttnMask, block: int = BLOCK) -> bool:
@@ -146,7 +136,7 @@ class _PreparedBSA(LibraryCall):
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out, lse, _ = self.fn(q, k, v, **self.kwargs)
         # +inf on empty rows in the library (FA2 code): lcab's convention is out 0, lse -inf
-        return self.convention(out, lse.detach(), LSE_LAYOUT, q.dtype)
+        return self.convention(out, lse.detach() * LSE_FACTOR, LSE_LAYOUT, q.dtype)
 
 
 @register_kernel
@@ -173,18 +163,10 @@ class BlockSparseAttnKernel(Kernel):
     )
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        head_reasons = (
-            mask is not None and mask.num_heads > 1 and mask.num_heads != problem.heads_kv
-        )
-        if mask is not None and not head_reasons and lowering_reason(mask, "block_table") is None:
-            why = full_tile_reason(mask)
-            if why is not None:
-                reasons.append(f"mask not expressible as 128x128 blocks: {why}")
-        return reasons
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        reasons = super().mask_reasons(mask)
+        why = None if reasons else full_tile_reason(mask)
+        return reasons + ([f"mask not expressible as 128x128 blocks: {why}"] if why else [])
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

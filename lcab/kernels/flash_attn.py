@@ -26,7 +26,7 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
 )
 from lcab.kernels.fa2_window import fa2_spelling, fa2_window_reason
-from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.library_results import LibraryCall, LseLayout, cu_seqlens
 from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flash_attn as fa_table
@@ -82,8 +82,8 @@ class PreparedFlash(LibraryCall):
         self.fn = varlen_fn if self.varlen else dense_fn
         if self.varlen:
             self.kwargs.update(
-                cu_seqlens_q=self._cu(args.cu_seqlens_q, problem.torch_device),
-                cu_seqlens_k=self._cu(args.cu_seqlens_k, problem.torch_device),
+                cu_seqlens_q=cu_seqlens(args.cu_seqlens_q, problem.device),
+                cu_seqlens_k=cu_seqlens(args.cu_seqlens_k, problem.device),
                 max_seqlen_q=int(args.max_seqlen_q),
                 max_seqlen_k=int(args.max_seqlen_k),
             )
@@ -107,10 +107,6 @@ class PreparedFlash(LibraryCall):
         if self.stats_backward is None:
             raise NotImplementedError(f"{self.library}: no backward from merged statistics")
         return self.stats_backward(self, dout, q, k, v, out, lse)
-
-    @staticmethod
-    def _cu(values: Any, device: torch.device) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         """One library call on packed tensors; (out, lse) in lcab's convention."""

@@ -11,7 +11,6 @@ are refused). Empty rows are set from the mask, FlashInfer's value being undocum
 from __future__ import annotations
 
 import importlib
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +31,10 @@ from lcab.kernels.flashinfer_lowering import (
     per_head_partition_reason,
     variable_args,
 )
-from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.library_results import LibraryCall, lse_reading
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flashinfer as upstream
-from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.blocks import BlockTable, block_table
@@ -47,19 +45,8 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
 
-LN2 = math.log(2.0)
-
-
-def lse_conversion(run: UpstreamFunction) -> tuple[float, LseLayout]:
-    """What a wrapper's ``run`` LSE is multiplied by to be natural log, and its layout."""
-    layout = None if run.lse is None else run.lse.layout
-    if run.lse is None or layout not in ("th", "ht", "bhs"):
-        raise ValueError(f"{run.qualname}: lcab's table states no LSE lcab can read ({layout})")
-    return (LN2 if run.lse.base == "2" else 1.0), layout
-
-
-BSR_LSE = lse_conversion(upstream.BSR_RUN)
-VARIABLE_LSE = lse_conversion(upstream.VARIABLE_RUN)
+BSR_LSE = lse_reading(upstream.BSR_RUN)
+VARIABLE_LSE = lse_reading(upstream.VARIABLE_RUN)
 #: Largest element mask (nnz·R·C booleans) lcab builds; FlashInfer copies and packs it on the
 #: GPU in ``plan``, so this is about 2 × 4 GiB of transient device memory.
 ELEMENT_MASK_LIMIT = 2**32
@@ -243,12 +230,12 @@ class FlashInferSparseKernel(Kernel):
         ]  # fmt: skip
         if pass_ in ("bwd", "fwd_bwd"):
             reasons.insert(0, "FlashInfer has no backward pass (forward-only kernels, no autograd)")
-        if mask is None or (mask.num_heads > 1 and mask.num_heads != problem.heads_kv):
-            return reasons
-        why = self.mask_reason(mask)
-        if why is not None:
-            reasons.append(why)
         return reasons
+
+    @override
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        why = self.mask_reason(mask)
+        return super().mask_reasons(mask) + ([why] if why else [])
 
     def mask_reason(self, mask: AttnMask) -> str | None:
         """Why this mask cannot be planned (partial per-head tiles, element mask too big)."""

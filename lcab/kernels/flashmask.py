@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from typing_extensions import override
@@ -24,7 +24,7 @@ from lcab.kernels.base import (
     Problem,
     cuda_adapter_caps,
 )
-from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.library_results import LibraryCall, lse_reading
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.flashmask import (
@@ -52,8 +52,7 @@ BWD_KWARGS = ("dout", "q", "k", "v", "out", "softmax_lse", "startend_row_indices
 VERSION_FLAG = "FLAGS_flash_attn_version"
 DETERMINISTIC_FLAG = "FLAGS_cudnn_deterministic"
 FOLLOWS = f"the torch build of FlashMask V3, {DISTRIBUTION} {VERSION}"
-#: The LSE's layout, as the table's row states it ((B, Hq, Sq)).
-LSE_LAYOUT = cast(LseLayout, FLASHMASK_ATTENTION.lse.layout if FLASHMASK_ATTENTION.lse else None)
+LSE_FACTOR, LSE_LAYOUT = lse_reading(FLASHMASK_ATTENTION)
 
 
 def _deterministic() -> bool:
@@ -84,19 +83,15 @@ class _PreparedFlashMask(LibraryCall):
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         result = self.fn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), **self.kwargs)
-        return self.convention(result[0].squeeze(0), result[1], LSE_LAYOUT, q.dtype)
+        return self.convention(result[0].squeeze(0), result[1] * LSE_FACTOR, LSE_LAYOUT, q.dtype)
 
     def backward(
         self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     ) -> Grads:
         """(dq, dk, dv) under the merged (out, lse): FlashMask's ``bwd`` op, given them as-is."""
+        batched = (t.unsqueeze(0).contiguous() for t in (dout, q, k, v, out, lse))
         dq, dk, dv = self.bwd(
-            dout=dout.unsqueeze(0).contiguous(),
-            q=q.unsqueeze(0),
-            k=k.unsqueeze(0),
-            v=v.unsqueeze(0),
-            out=out.unsqueeze(0).contiguous(),
-            softmax_lse=lse.unsqueeze(0).contiguous(),
+            **dict(zip(BWD_KWARGS[:6], batched, strict=True)),
             startend_row_indices=self.kwargs["startend_row_indices"],
             softmax_scale=self.kwargs["softmax_scale"],
             is_causal=self.kwargs["causal"],

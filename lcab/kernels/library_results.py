@@ -6,9 +6,11 @@ Libraries return the LSE in their own layout and disagree on rows that attend no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+import math
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lcab.kernels.base import PreparedAttention, Problem, empty_rows, lse_dtype
+from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 
@@ -19,6 +21,19 @@ else:
 
 LseLayout = Literal["bhs", "ht", "th"]
 """``bhs`` (B, H, S) with B = 1, ``ht`` (H, total_q), ``th`` (total_q, H)."""
+
+
+def lse_reading(row: UpstreamFunction) -> tuple[float, LseLayout]:
+    """What ``row``'s LSE is multiplied by to be natural log, and its layout, as the table says."""
+    layout = None if row.lse is None else row.lse.layout
+    if row.lse is None or layout not in ("bhs", "ht", "th"):
+        raise ValueError(f"{row.qualname}: lcab's table states no LSE lcab can read ({layout})")
+    return (math.log(2.0) if row.lse.base == "2" else 1.0), layout
+
+
+def cu_seqlens(values: Any, device: torch.device | str) -> torch.Tensor:
+    """Cumulative sequence lengths as the varlen libraries take them: contiguous int32."""
+    return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
 
 
 def lse_to_lcab(

@@ -50,6 +50,11 @@ def whole_mask_kind(mask: AttnMask) -> str | None:
     return {SliceKind.FULL: "full", SliceKind.CAUSAL: "causal"}.get(SliceKind(kind))
 
 
+def calls_cpu_flash_op(backend: str | None, device: torch.device) -> bool:
+    """Whether the kernel calls the CPU flash-attention op directly (a seam for tests)."""
+    return backend is None and device.type == "cpu"
+
+
 def sdpa_kernel(backend: torch.nn.attention.SDPBackend) -> Any:
     """Torch's ``sdpa_kernel`` pin of one backend (a seam: tests record the pins through it)."""
     return torch.nn.attention.sdpa_kernel(backend)
@@ -80,7 +85,7 @@ class _PreparedSDPA(PreparedAttention):
         self.has_empty = bool(rows.any())  # on the host
         self.empty = rows.to(problem.device)
         """(Hq, Sq): rows attending no key, whose out lcab sets to 0 (and lse to -inf)."""
-        self.cpu_lse = backend is None and problem.device_type == "cpu"  # the CPU flash op
+        self.cpu_lse = calls_cpu_flash_op(backend, problem.torch_device)
         self.backend_used: str | None = "FLASH_ATTENTION" if self.cpu_lse else backend
         """The SDPA backend of the latest call (for the default kernel: PyTorch's choice)."""
         self.choices: dict[bool, str] = {}
@@ -120,9 +125,9 @@ class _PreparedSDPA(PreparedAttention):
         name = self.backend or self._pin_default(q, k, v)
         self.backend_used = name
         with sdpa_kernel(getattr(torch.nn.attention.SDPBackend, name)):
-            gqa = self.group > 1
+            bias, gqa = self.bias, self.group > 1
             out = F.scaled_dot_product_attention(
-                q, k, v, self.bias, is_causal=self.is_causal, scale=self.scale, enable_gqa=gqa
+                q, k, v, attn_mask=bias, is_causal=self.is_causal, scale=self.scale, enable_gqa=gqa
             )
             return self._zero_empty(out), None
 

@@ -94,16 +94,10 @@ class SparseFlexKernel(FlexFamily):
     caps = dataclasses.replace(FLEX_CAPS, lowering="block_table")
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        if mask is not None:
-            block = int(self.options["block_size"])
-            why = partial_tile_reason_of(block_table(mask, block, block), block, block)
-            if why is not None:
-                reasons.append(why)
-        return reasons
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        block = int(self.options["block_size"])
+        why = partial_tile_reason_of(block_table(mask, block, block), block, block)
+        return super().mask_reasons(mask) + ([why] if why else [])
 
     @override
     def block_mask(self, mask: AttnMask, problem: Problem) -> Any:

@@ -25,6 +25,7 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
     empty_rows,
 )
+from lcab.kernels.library_results import cu_seqlens
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import cudnn as upstream
@@ -115,14 +116,10 @@ class _PreparedTE(PreparedAttention):
             window_size=window,
             softmax_scale=problem.head_dim**-0.5,
         )
-
-        def cu(values: Any) -> torch.Tensor:
-            return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
-
         self.kwargs: dict[str, Any] = {
             "qkv_format": "thd",
-            "cu_seqlens_q": cu(args.cu_seqlens_q),
-            "cu_seqlens_kv": cu(args.cu_seqlens_k),
+            "cu_seqlens_q": cu_seqlens(args.cu_seqlens_q, device),
+            "cu_seqlens_kv": cu_seqlens(args.cu_seqlens_k, device),
             "max_seqlen_q": int(args.max_seqlen_q),
             "max_seqlen_kv": int(args.max_seqlen_k),
             "attn_mask_type": mask_type,
@@ -184,11 +181,8 @@ class CudnnKernel(Kernel):
         return reasons
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        return reasons + (mask_reasons(mask) if mask is not None else [])
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        return super().mask_reasons(mask) + mask_reasons(mask)
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

@@ -11,7 +11,7 @@ calls ``torch_attn::_varlen_attn_backward`` with the merged out and LSE. CPU con
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from typing_extensions import override
@@ -24,7 +24,7 @@ from lcab.kernels.base import (
     Problem,
     cuda_adapter_caps,
 )
-from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.library_results import LibraryCall, cu_seqlens, lse_reading
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.torch_attention import VARLEN_ATTN, VARLEN_BACKWARD_OP
 from lcab.lazy import lazy_module
@@ -40,8 +40,7 @@ else:
 MODULE = VARLEN_ATTN.module
 #: Keywords lcab passes to ``varlen_attn`` (after the seven positional arguments).
 CALL_KWARGS = ("return_aux", "scale", "window_size", "enable_gqa")
-#: The LSE's layout, as the table's row states it ((H_q, T_q); tests check the row has one).
-LSE_LAYOUT = cast(LseLayout, VARLEN_ATTN.lse.layout if VARLEN_ATTN.lse else None)
+LSE_FACTOR, LSE_LAYOUT = lse_reading(VARLEN_ATTN)
 
 
 def api_reasons() -> list[str]:
@@ -91,8 +90,8 @@ class _PreparedTorchVarlen(LibraryCall):
         self.backward_op = getattr(varlen, VARLEN_BACKWARD_OP.name, None)  # the custom op
         self.expect(mask, problem)
         self.positional = (
-            torch.as_tensor(args.cu_seqlens_q, dtype=torch.int32).to(device).contiguous(),
-            torch.as_tensor(args.cu_seqlens_k, dtype=torch.int32).to(device).contiguous(),
+            cu_seqlens(args.cu_seqlens_q, device),
+            cu_seqlens(args.cu_seqlens_k, device),
             int(args.max_seqlen_q),
             int(args.max_seqlen_k),
         )
@@ -106,7 +105,7 @@ class _PreparedTorchVarlen(LibraryCall):
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out, lse = self.fn(q, k, v, *self.positional, **self.kwargs)
-        return self.convention(out, lse, LSE_LAYOUT, q.dtype)
+        return self.convention(out, lse * LSE_FACTOR, LSE_LAYOUT, q.dtype)
 
     def backward(
         self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
@@ -154,11 +153,8 @@ class TorchVarlenKernel(Kernel):
         return api_reasons()
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        return reasons + (mask_reasons(mask) if mask is not None else [])
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        return super().mask_reasons(mask) + mask_reasons(mask)
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

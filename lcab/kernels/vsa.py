@@ -175,15 +175,9 @@ class _VSAKernel(Kernel):
     thunderkittens: ClassVar[bool]
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        if mask is not None:
-            why = partial_tile_reason(mask, VSA_BLOCK, VSA_BLOCK)
-            if why is not None:
-                reasons.append(why)
-        return reasons
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        why = partial_tile_reason(mask, VSA_BLOCK, VSA_BLOCK)
+        return super().mask_reasons(mask) + ([why] if why else [])
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
