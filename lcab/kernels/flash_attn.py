@@ -27,7 +27,7 @@ from lcab.kernels.base import (
 )
 from lcab.kernels.fa2_window import fa2_spelling, fa2_window_reason
 from lcab.kernels.library_results import LibraryCall, LseLayout, cu_seqlens
-from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present, imported_or_none
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.lazy import lazy_module
@@ -150,14 +150,6 @@ def _needs(*extra: str) -> tuple[ApiNeed, ...]:
     )
 
 
-def _module_or_none(name: str) -> Any:
-    """``name`` imported, or None when it is missing or fails to import (a reason elsewhere)."""
-    try:
-        return importlib.import_module(name)
-    except Exception:  # a CUDA extension built for another torch raises all sorts
-        return None
-
-
 class _FlashAttnKernel(Kernel):
     """Shared by FA2 and FA3: same keywords, same lowering, same LSE layouts."""
 
@@ -181,13 +173,8 @@ class _FlashAttnKernel(Kernel):
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.module)  # lazily: CUDA-only package
-        prepared = self.prepared_cls(
-            mask,
-            problem,
-            module.flash_attn_func,
-            module.flash_attn_varlen_func,
-            self.library_backward(),
-        )
+        calls = (module.flash_attn_func, module.flash_attn_varlen_func)
+        prepared = self.prepared_cls(mask, problem, *calls, self.library_backward())
         prepared.kwargs.update(self.options)  # the kernel's options are call keywords
         return prepared
 
@@ -223,7 +210,7 @@ class FA2Kernel(_FlashAttnKernel):
 
     @override
     def library_backward(self) -> StatsBackward | None:
-        module = _module_or_none(fa_table.FA2_BACKWARD.module)
+        module = imported_or_none(fa_table.FA2_BACKWARD.module)
         if module is None or self.library_backward_reasons():
             return None
         functions = {row.name: getattr(module, row.name) for row in self.rows}
@@ -238,7 +225,7 @@ class FA2Kernel(_FlashAttnKernel):
 
     @override
     def library_backward_reasons(self) -> list[str]:
-        module = _module_or_none(fa_table.FA2_BACKWARD.module)
+        module = imported_or_none(fa_table.FA2_BACKWARD.module)
         if module is None:
             return [f"{fa_table.FA2_BACKWARD.module} does not import"]
         found = (flash_backward.mismatch(getattr(module, r.name, None), r) for r in self.rows)
@@ -294,7 +281,7 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward(self) -> StatsBackward | None:
-        module = _module_or_none(self.module)
+        module = imported_or_none(self.module)
         fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
         row = flash_backward.fa3_generation(fn) if fn is not None else None
         if fn is None or row is None:
@@ -310,7 +297,7 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward_reasons(self) -> list[str]:
-        module = _module_or_none(self.module)
+        module = imported_or_none(self.module)
         fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
         if fn is not None and flash_backward.fa3_generation(fn) is not None:
             return []

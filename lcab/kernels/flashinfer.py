@@ -170,7 +170,6 @@ class _PreparedVariable(LibraryCall):
         return out.transpose(0, 1), lse
 
 
-# ----------------------------------------------------------------------------- kernel
 @register_kernel
 class FlashInferSparseKernel(Kernel):
     """FlashInfer block-sparse attention (BSR + element masks, or per-head variable blocks)."""

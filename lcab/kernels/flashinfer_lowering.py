@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
 
-# ----------------------------------------------------------------------------- BSR (shared)
 BsrMode = Literal["plain", "causal", "element"]
 """How a BSR call is exact: whole tiles only, FlashInfer's causal flag, or element masks."""
 
@@ -129,7 +128,6 @@ def bsr_args(mask: AttnMask, table: BlockTable, block: int) -> BsrArgs:
     )
 
 
-# ----------------------------------------------------------------------------- per KV head
 def head_edges(mask: AttnMask, head: int) -> tuple[IntArray, IntArray]:
     """Query and key block offsets of one head: 0, the length, and every slice edge."""
     s = mask.head_slices(head)

@@ -44,10 +44,7 @@ class PreparedFlex(PreparedAttention):
     """One FlexAttention call with a ready BlockMask (shared by ``flex`` and ``sparse_flex``)."""
 
     layout = "bhsd"
-    #: ``aux.lse`` is differentiable since torch 2.5 (PR #133159): `FlexAttentionAutogradOp`'s
-    #: backward feeds ``grad_logsumexp`` to the flex backward (torch 2.13
-    #: ``_higher_order_ops/flex_attention.py``); tests hold this to torch itself
-    lse_grad = True
+    lse_grad = True  # `lcab.kernels.upstream.torch_flex`: aux.lse is differentiable
 
     def __init__(self, block_mask: Any, problem: Problem, compiled: bool) -> None:
         self.block_mask = block_mask

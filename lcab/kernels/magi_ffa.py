@@ -27,7 +27,7 @@ from lcab.kernels.base import (
 )
 from lcab.kernels.flash_backward import ffa_backward, mismatch, takes
 from lcab.kernels.library_results import LibraryCall
-from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present, imported_or_none
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.magi_ffa import FFA_BACKWARD
 from lcab.lazy import lazy_module
@@ -162,11 +162,7 @@ class FFAKernel(Kernel):
 
     def _backward_fn(self) -> Callable[..., Any] | None:
         """The installed ``_flex_flash_attn_backward`` when its parameters are v1.1.1's."""
-        try:
-            module = importlib.import_module(FFA_BACKWARD.module)
-        except Exception:  # a CUDA extension built for another torch raises all sorts
-            return None
-        fn = getattr(module, FFA_BACKWARD.name, None)
+        fn = getattr(imported_or_none(FFA_BACKWARD.module), FFA_BACKWARD.name, None)
         return fn if takes(fn, FFA_BACKWARD) else None
 
     @override
@@ -174,9 +170,8 @@ class FFAKernel(Kernel):
         would_run = problem.device_type == "cuda" and cuda_present()
         if not would_run or self.environment_reasons(problem.device):
             return []
-        try:
-            module = importlib.import_module(FFA_BACKWARD.module)
-        except Exception:
+        module = imported_or_none(FFA_BACKWARD.module)
+        if module is None:
             return [f"{FFA_BACKWARD.module} does not import"]
         why = mismatch(getattr(module, FFA_BACKWARD.name, None), FFA_BACKWARD)
         return [why] if why else []

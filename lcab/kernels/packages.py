@@ -17,7 +17,7 @@ import inspect
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -202,12 +202,17 @@ def _required_unpassed(params: Mapping[str, inspect.Parameter], need: ApiNeed) -
     ]
 
 
+def imported_or_none(name: str) -> Any:
+    """``name`` imported, or None when it is missing or fails to import (a reason elsewhere)."""
+    try:
+        return importlib.import_module(name)
+    except Exception:  # a CUDA extension built for another torch raises all sorts
+        return None
+
+
 def _module_version(module: str) -> str | None:
     """``module.__version__`` of an importable module (None: none, or it fails to import)."""
-    try:
-        version = getattr(importlib.import_module(module), "__version__", None)
-    except Exception:  # absent or broken: the API check has said so
-        return None
+    version = getattr(imported_or_none(module), "__version__", None)
     return version if isinstance(version, str) else None
 
 

@@ -18,10 +18,8 @@ from lcab.kernels.tiled import PreparedTiled, WorkItems, plan_for
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import kind_bands
 
-#: Default rows per work item. Measured on 2 CPU cores (Hq=8, Hkv=2, D=64, causal_document at
-#: S=16K): 128 rows keep the diagonal waste near T/L of a document of length L while the
-#: (G·T)-row matmuls still run near the machine's GEMM rate; 64 is slower (small GEMMs) and
-#: 256 wastes more of the triangles.
+#: Default rows per work item: on 2 CPU cores (causal_document, S=16K) 64 was slower (small
+#: GEMMs) and 256 wasted more of the diagonal triangles.
 DEFAULT_TILE = 128
 
 

@@ -71,7 +71,6 @@ class Buffers:
             v.contiguous().view(-1, d),
         )
 
-    # ---------------------------------------------------------------- views of one batch
     def _rows(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
         """A view batch's rows of packed x as (heads, rows, width) (strided)."""
         p = self.plan
@@ -89,7 +88,6 @@ class Buffers:
         keys = x.view(p.seqlen_k, p.heads_kv, -1)[k0:k1].transpose(0, 1)
         return keys if head < 0 else keys[head : head + 1]
 
-    # ---------------------------------------------------------------- reads
     def fetch_q(self, batch: Batch) -> torch.Tensor:
         """Scaled q of the batch as (N, rows·G, D), in this thread's scratch."""
         d = self.k.shape[1]
@@ -122,7 +120,6 @@ class Buffers:
             rows = x.index_select(0, batch.row_write)  # small (rows x G·D), or rare merges
         return rows.reshape(-1, batch.rows * self.plan.group, width)
 
-    # ---------------------------------------------------------------- writes
     def put_rows(self, batch: Batch, x: torch.Tensor, values: torch.Tensor) -> None:
         """x[rows of batch] = values (N, rows·G, width / G)."""
         if batch.view is not None:

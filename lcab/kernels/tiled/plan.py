@@ -130,7 +130,6 @@ class TiledPlan:
         self.untouched = self._tensor(self._untouched_rows(parts))
         """Packed rows no batch writes (their out stays 0 and lse -inf)."""
 
-    # ------------------------------------------------------------------ planning
     def _parts(self, items: WorkItems) -> list[_Part]:
         """Order each item's columns, cut long items into key parts and assign waves."""
         heads = 1 if self.shared else self.heads_kv
@@ -296,7 +295,6 @@ class TiledPlan:
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
-    # ------------------------------------------------------------------ scheduling
     def wave_batches(self) -> list[list[Batch]]:
         """Batches of each wave, largest first (the order workers pull them in)."""
         return [
