@@ -102,22 +102,16 @@ class _PreparedVSA(PreparedAttention):
         table = block_table(mask, VSA_BLOCK, VSA_BLOCK)
         q2k_idx, q2k_num = vsa_indices(table, problem.heads_q, fill_empty=thunderkittens)
         device = problem.device
-        self.args = (
-            q2k_idx.to(device),
-            q2k_num.to(device),
-            variable_block_sizes(problem.seqlen_k).to(device),
-        )
+        sizes = variable_block_sizes(problem.seqlen_k)
+        self.args = tuple(t.to(device) for t in (q2k_idx, q2k_num, sizes))
         self.op = op
         self.seqlen_q = problem.seqlen_q
         self.pad_q = -problem.seqlen_q % VSA_BLOCK
         self.pad_k = -problem.seqlen_k % VSA_BLOCK
-        # natural-log LSE = native * lse_scale (module docstring)
-        self.lse_scale = natural_lse_scale(
-            upstream.BLOCK_SPARSE_ATTN_SM90
-            if thunderkittens
-            else upstream.BLOCK_SPARSE_ATTN_TRITON,
-            problem.head_dim,
+        row = (
+            upstream.BLOCK_SPARSE_ATTN_SM90 if thunderkittens else upstream.BLOCK_SPARSE_ATTN_TRITON
         )
+        self.lse_scale = natural_lse_scale(row, problem.head_dim)  # natural log = native * this
         self.thunderkittens = thunderkittens
         empty = empty_rows(mask).to(device)  # (H_mask, Sq); H_mask is 1 or Hq (= Hkv)
         self.has_empty = bool(empty.any())
