@@ -33,6 +33,7 @@ else:
 
 #: Keywords the adapter passes to both calls.
 CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_lse")
+VARLEN_CALL_KWARGS = (*VARLEN_KWARGS, *CALL_KWARGS)
 #: Compute capability majors flash-attn-4 dispatches to (its forward asserts the same).
 FORWARD_MAJORS = (8, 9, 10, 11, 12)
 
@@ -71,11 +72,7 @@ class FA4Kernel(Kernel):
             note="pure wheel + cutlass-dsl (~100 MB), no compilation",
             needs=(
                 ApiNeed(upstream.FLASH_ATTN_FUNC.name, CALL_KWARGS, positional=3),
-                ApiNeed(
-                    upstream.FLASH_ATTN_VARLEN_FUNC.name,
-                    (*VARLEN_KWARGS, *CALL_KWARGS),
-                    positional=3,
-                ),
+                ApiNeed(upstream.FLASH_ATTN_VARLEN_FUNC.name, VARLEN_CALL_KWARGS, positional=3),
             ),
             min_version="4.0.0b5",
             requirement="flash-attn-4 >= 4.0.0b5, the first release whose backward takes the "

@@ -281,8 +281,7 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward(self) -> StatsBackward | None:
-        module = imported_or_none(self.module)
-        fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
+        fn = getattr(imported_or_none(self.module), fa_table.FA3_BACKWARD.name, None)
         row = flash_backward.fa3_generation(fn) if fn is not None else None
         if fn is None or row is None:
             return None

@@ -59,15 +59,6 @@ def lse_to_lcab(
     return lse.t() if layout == "th" else lse
 
 
-def lcab_empty_rows(
-    out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows attending no key (``empty``: (Sq,) or (Hq, Sq)) get out 0 and lse -inf."""
-    lse = lse.masked_fill(empty, float("-inf"))
-    rows = empty[:, None, None] if empty.dim() == 1 else empty.t()[:, :, None]
-    return out.masked_fill(rows, 0.0), lse
-
-
 class LibraryCall(PreparedAttention):
     """A library's prepared call: `expect` in the constructor, ``self.convention`` in `run`."""
 
@@ -91,4 +82,8 @@ class LibraryCall(PreparedAttention):
         """The library's (out, lse) in lcab's convention: (Hq, Sq) LSE, empty rows 0 / -inf."""
         lse = lse_to_lcab(lse, layout, self.heads, self.seqlen, self.library, self.follows)
         lse = lse.to(lse_dtype(dtype))
-        return lcab_empty_rows(out, lse, self.empty) if self.has_empty else (out, lse)
+        if not self.has_empty:
+            return out, lse
+        empty = self.empty  # (Sq,) or (Hq, Sq); out is packed (Sq, Hq, D)
+        rows = empty[:, None, None] if empty.dim() == 1 else empty.t()[:, :, None]
+        return out.masked_fill(rows, 0.0), lse.masked_fill(empty, float("-inf"))

@@ -16,12 +16,8 @@ LseLayout = Literal["bhs", "ht", "th", "bhs1"]
 """(B, H, S); (H, total_q); (total_q, H); (B, H, S, 1)."""
 
 CallableKind = Literal["function", "custom_op", "library_op"]
-"""How a library defines a function: plain Python (``function``); wrapped by
-``torch.library.custom_op`` (``custom_op``: a ``CustomOpDef``, also reachable as
-``torch.ops.<namespace>.<name>``); or an operator its C++ extension defines with
-``TORCH_LIBRARY`` (``library_op``: only ``torch.ops.<namespace>.<name>``, an
-``OpOverloadPacket``). ``inspect.signature`` of either op is ``(*args, **kwargs)``: their
-parameters are those of the wrapped function, or of the op's schema."""
+"""Plain Python; wrapped by ``torch.library.custom_op``; or an operator its C++ extension
+defines with ``TORCH_LIBRARY`` (reached only under ``torch.ops``)."""
 
 REQUIRED: Any = inspect.Parameter.empty
 """Marks a parameter without a default in `UpstreamFunction.defaults` (the default)."""
@@ -90,18 +86,11 @@ class UpstreamFunction:
     def signature(self) -> inspect.Signature:
         """The function's signature, built from this row (what a stand-in exposes)."""
         kinds = inspect.Parameter
-        return inspect.Signature(
-            [
-                kinds(
-                    name,
-                    kinds.KEYWORD_ONLY
-                    if name in self.keyword_only
-                    else kinds.POSITIONAL_OR_KEYWORD,
-                    default=self.defaults.get(name, REQUIRED),
-                )
-                for name in self.params
-            ]
-        )
+        parameters: list[inspect.Parameter] = []
+        for name in self.params:
+            kind = kinds.KEYWORD_ONLY if name in self.keyword_only else kinds.POSITIONAL_OR_KEYWORD
+            parameters.append(kinds(name, kind, default=self.defaults.get(name, REQUIRED)))
+        return inspect.Signature(parameters)
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Arguments of a call as the real function would receive them (TypeError if it would)."""
