@@ -1,20 +1,9 @@
 """The kernel contract: capabilities as data, reasons instead of crashes, setup apart from the call.
 
-A kernel computes attention of packed tensors (batch 1): q (S, Hq, D), k and v (S, Hkv, D)
-→ out (S, Hq, D) and lse (Hq, S), the natural-log log-sum-exp of the scaled scores in float32
-(float64 for float64 inputs: `lse_dtype`). A row that attends no key has out = 0 and
-lse = -inf, in every kernel.
-
-Running a kernel has two phases, timed separately by the benchmark:
-
-* ``prepare(mask, problem)`` — lowering the mask to the kernel's form, planning, compiling;
-* ``PreparedAttention.run(q, k, v)`` — the call that is timed, on tensors already in the
-  kernel's native layout (``to_native``/``from_native`` convert outside the timer, as the paper
-  feeds every kernel its own layout).
-
-Whether a kernel can run a problem is data (`KernelCaps`) plus `not_supported_reasons`, which
-returns human-readable reasons — the runner turns them into a ``skipped`` record in well under a
-second, and the support matrix in the README is generated from the same calls.
+A kernel maps packed q (S, Hq, D), k/v (S, Hkv, D) to out (S, Hq, D) and lse (Hq, S), the
+natural-log log-sum-exp in float32 (`lse_dtype`); a row with no key has out 0 and lse -inf.
+``prepare`` (lowering, planning, compiling) is timed apart from ``PreparedAttention.run``, which
+takes tensors in the kernel's native layout (converted outside the timer, as the paper does).
 """
 
 from __future__ import annotations
@@ -53,8 +42,7 @@ class Problem:
     heads_kv: int
     head_dim: int
     dtype: torch.dtype | str = field(default_factory=lambda: torch.float32)
-    """A torch dtype, or its name (`lcab.cell.DTYPE_NAMES`) where no tensor is ever made: the
-    planner asks strategies and kernels about named problems, so that it never imports torch."""
+    """A torch dtype, or its name: the planner asks about named problems without importing torch."""
     device: torch.device | str = field(default_factory=lambda: torch.device("cpu"))
     """A torch device, or its type (``cpu``, ``cuda``) for a named problem."""
 
@@ -112,17 +100,13 @@ class KernelCaps:
     returns_lse: bool = True
     """Whether `run` returns the log-sum-exp (context parallelism needs it)."""
     requires: PackageProbe | None = None
-    """The optional package it calls, declared once: import name, distributions, how to
-    install it, what the adapter needs of it (checked by `Kernel.package_reasons`)."""
+    """The optional package it calls and what the adapter needs of it."""
     min_compute_capability: tuple[int, int] | None = None
     """Lowest CUDA compute capability."""
     contract_tested: bool = False
-    """A CUDA-only adapter whose whole call path is tested on CPU against a stand-in of the
-    library's documented API (``tests/unit/test_adapter_*.py``) — evidence short of a GPU run,
-    and reported as such (`proof_on_cpu`)."""
+    """A CUDA-only adapter whose call path is tested on CPU against a stand-in (`proof_on_cpu`)."""
     stats_backward: bool = False
-    """Whether `PreparedAttention.backward` works: gradients of one block of keys under the
-    softmax statistics (out, lse) of the whole row, which ring-style CP merges need."""
+    """Whether `PreparedAttention.backward` works (gradients under merged statistics, for rings)."""
 
     @property
     def package(self) -> str | None:
@@ -135,11 +119,7 @@ HALF_PRECISION = frozenset({"float16", "bfloat16"})
 
 
 def torch_caps(lowering: str, **fields: Any) -> KernelCaps:
-    """Capabilities of a kernel made of plain torch ops (``lowering``: the mask form it reads).
-
-    Any device and float dtype, forward and backward, GQA, per-KV-head masks, the LSE and a
-    backward from merged statistics (autograd reaches the LSE); ``fields`` narrows them.
-    """
+    """Capabilities of a kernel of plain torch ops: everything, narrowed by ``fields``."""
     defaults: dict[str, Any] = {
         "devices": frozenset({"cpu", "cuda"}),
         "dtypes": frozenset(DTYPE_NAMES),
@@ -151,12 +131,7 @@ def torch_caps(lowering: str, **fields: Any) -> KernelCaps:
 
 
 def cuda_adapter_caps(lowering: str, *, backward: bool = True, **fields: Any) -> KernelCaps:
-    """Capabilities of an adapter to a CUDA library, as every such adapter starts.
-
-    CUDA only, fp16/bf16, a backward on CUDA unless ``backward=False``, GQA, LSE returned, and
-    CPU contract-tested (its ``tests/unit/test_adapter_*.py``; not GPU-verified); ``fields``
-    sets the library's own limits (head dims, package, compute capability, ...).
-    """
+    """Capabilities of a contract-tested CUDA fp16/bf16 adapter; ``fields`` sets its limits."""
     defaults: dict[str, Any] = {
         "devices": frozenset({"cuda"}),
         "dtypes": HALF_PRECISION,
@@ -171,13 +146,10 @@ class PreparedAttention(ABC):
 
     layout: ClassVar[Layout] = "shd"
     lse_grad: ClassVar[bool] = False
-    """Whether the LSE that `run` returns carries its gradient back to q, k and v.
+    """Whether the LSE of `run` carries its gradient to q, k, v (the generic `backward` needs it).
 
-    The generic `backward` differentiates through the LSE, so it is allowed only where this is
-    True (torch's own ops, FlexAttention, FA4 from beta 5). FA2, FA3, FFA and FlashMask return
-    an LSE that *looks* differentiable on a GPU (``requires_grad=True``) while their backward
-    ignores its gradient: testing ``requires_grad`` would not catch them, so it is declared here
-    per class, from the library's source (`lcab.kernels.upstream`)."""
+    Declared per class from the library's source: FA2, FA3, FFA and FlashMask return an LSE with
+    ``requires_grad=True`` whose gradient their backward ignores."""
 
     def to_native(self, x: torch.Tensor) -> torch.Tensor:
         """Packed (S, H, D) → the kernel's layout (outside the timer)."""
@@ -194,15 +166,10 @@ class PreparedAttention(ABC):
     def backward(
         self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     ) -> Grads:
-        """(dq, dk, dv) of this block of keys when the row's result is (out, lse) overall.
+        """(dq, dk, dv) of this block of keys when the row's merged result is (out, lse).
 
-        Native-layout tensors; ``out``/``lse`` are the merged results of every block, as in
-        FlashAttention's backward. This default differentiates `run`: with this block's own
-        (o_b, l_b) and weights w = exp(l_b - lse), the gradient is that of o_b under
-        w·dout plus that of l_b under w·(rowsum(dout·o_b) - rowsum(dout·out)), which equals
-        P_global ⊙ (dP - delta) on the block. It needs a differentiable LSE (`lse_grad`);
-        kernels whose LSE is not (a fused op's statistic) override this method with their
-        library's own backward.
+        By autograd through `run`: with w = exp(l_b - lse), o_b's gradient is w·dout and l_b's
+        w·(rowsum(dout·o_b) - rowsum(dout·out)), i.e. P_global ⊙ (dP - delta) on the block.
         """
         if not self.lse_grad:
             raise NotImplementedError(
@@ -240,20 +207,14 @@ class Kernel(ABC):
     caps: ClassVar[KernelCaps]
     summary: ClassVar[str] = ""
     colour: ClassVar[str]
-    """Its line colour in every plot of every report (hex; one per kernel, checked on
-    registration), so a kernel looks the same from one report to the next."""
+    """Its line colour in every report's plots (hex, unique, checked on registration)."""
     gpu_compared: ClassVar[bool] = False
-    """One of the dense kernels lcab's GPU checks compare: a column of the strategy x GPU kernel
-    matrix (`lcab.report.support`), a row of ``python -m lcab.perf gpu-timer``, and in
-    ``python -m lcab.kernels names --gpu-compared`` for the launchers."""
+    """One of the dense kernels lcab's GPU checks compare (support matrix, perf gpu-timer)."""
     options_cls: ClassVar[type | None] = None
     """Dataclass of the kernel's options (its Hydra config fields); None: no options."""
     rectangle_closed: ClassVar[bool] = True
-    """Whether every rectangle of a mask this kernel takes is one it takes too, as far as its
-    own checks go (context parallelism then checks a whole mask once instead of every block).
-    False where a check beyond the lowering depends on where a block starts or on the block
-    being the whole mask: SDPA's flash backend takes only a whole causal or full mask, a
-    whole-tile kernel only tiles that a block's offset can cut."""
+    """Whether it takes every rectangle of a mask it takes (CP then checks the whole mask once).
+    False for SDPA's flash backend (whole causal or full only) and whole-tile kernels."""
 
     def __init__(self, **options: Any) -> None:
         valid = [f.name for f in dataclasses.fields(self.options_cls)] if self.options_cls else []
@@ -268,17 +229,13 @@ class Kernel(ABC):
 
     @property
     def module(self) -> str:
-        """The module the adapter imports from its package (``caps.requires``)."""
+        """The module the adapter imports from its package."""
         if self.caps.requires is None:
             raise TypeError(f"kernel {self.name!r} calls no optional package")
         return self.caps.requires.module
 
-    # ---------------------------------------------------------------- capability checks
     def environment_reasons(self, device: torch.device | str) -> list[str]:
-        """Reasons tied to this machine: package missing, no CUDA, compute capability.
-
-        ``device`` may be a type (``cuda``): torch is asked only about a CUDA device.
-        """
+        """Reasons tied to this machine: package missing, no CUDA, compute capability."""
         reasons = []
         cuda = (device if isinstance(device, str) else device.type) == "cuda"
         if cuda and not cuda_available():
@@ -352,21 +309,12 @@ class Kernel(ABC):
         return []
 
     def mask_reasons(self, mask: AttnMask) -> list[str]:
-        """Why this kernel cannot take ``mask`` (one mask for all heads); empty if it can.
-
-        Checked for a whole mask and, under context parallelism, for every block of it a rank
-        calls the kernel with (`lcab.cp.base.Strategy.block_reasons`): a varlen kernel can run
-        a causal mask yet not every rectangle of it.
-        """
+        """Why this kernel cannot take ``mask`` (one mask for all heads; CP asks per block)."""
         why = lowering_reason(mask, self.caps.lowering)
         return [] if why is None else [f"mask not expressible as {self.caps.lowering}: {why}"]
 
     def mask_refusals(self, problem: Problem, mask: AttnMask) -> list[str]:
-        """The reasons this kernel gives for ``mask`` beyond those it gives ``problem`` alone.
-
-        What context parallelism asks of every block a rank calls the kernel with: the checks
-        of `mask_reasons` and whatever mask check a kernel adds in `not_supported_reasons`.
-        """
+        """The reasons this kernel gives for ``mask`` beyond those for ``problem`` alone (CP)."""
         if type(self).not_supported_reasons is Kernel.not_supported_reasons:
             return self.mask_reasons(mask)  # the base adds nothing else for a one-head mask
         if mask.num_heads > 1:  # asked as the problem its heads belong to (CP selects them)
@@ -378,11 +326,7 @@ class Kernel(ABC):
         return [r for r in self.not_supported_reasons(problem, mask) if r not in alone]
 
     def stats_backward_reasons(self, problem: Problem) -> list[str]:
-        """Why there is no backward from merged softmax statistics for ``problem`` (CP rings).
-
-        From the capabilities here; adapters to a library add what the installed library lacks
-        (a private backward of another generation, say), checked only where a cell would run.
-        """
+        """Why there is no backward from merged softmax statistics for ``problem`` (CP rings)."""
         if self.caps.stats_backward:
             return []
         return [f"kernel {self.name!r} provides no backward from merged softmax statistics"]
@@ -391,11 +335,6 @@ class Kernel(ABC):
         """Whether `run` returns the log-sum-exp on this device type."""
         return self.caps.returns_lse
 
-    def supports(self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd") -> bool:
-        """True when `not_supported_reasons` is empty."""
-        return not self.not_supported_reasons(problem, mask, pass_)
-
-    # ---------------------------------------------------------------- running
     @abstractmethod
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         """Lower ``mask`` and plan the call (the benchmark times this as setup)."""
@@ -403,12 +342,7 @@ class Kernel(ABC):
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention of packed q (S, Hq, D), k/v (S, Hkv, D) under ``mask`` → (out, lse).
-
-        Raises:
-            ValueError: the kernel cannot run this problem (the message gives the reasons).
-
-        """
+        """Attention of packed q, k, v under ``mask`` → (out, lse); ValueError with the reasons."""
         problem = Problem.of(q, k)
         check_shapes(q, k, v, mask)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
@@ -456,12 +390,7 @@ def empty_rows(mask: AttnMask) -> torch.Tensor:
 
 
 def proof_on_cpu(caps: KernelCaps) -> str:
-    """What lcab has shown of a kernel without a GPU, for the support tables.
-
-    A kernel that runs on CPU is run by the test suite with numerics against the fp64
-    reference; a CUDA-only adapter is at best contract-tested; anything else is untested until a
-    GPU run verifies it.
-    """
+    """What lcab has shown of a kernel without a GPU, for the support tables."""
     if "cpu" in caps.devices:
         return "runs on CPU (numerics vs fp64)"
     if caps.contract_tested:

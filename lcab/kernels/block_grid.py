@@ -1,11 +1,7 @@
 """The mask check every library block-sparse kernel shares: whether all touched tiles are full.
 
-A block-sparse kernel without per-element masks (Block-Sparse-Attention, VSA, Flex with only full
-blocks) computes every selected (query block, key block) tile whole. It is exact for a mask only
-when, on the kernel's block grid, every tile the mask touches is completely attended — the case
-of lcab's ``block_sparse`` pattern drawn with the kernel's block size. For any other mask the
-kernel would attend positions the mask excludes, so the cell is refused with the first offending
-tile named, instead of recording a fast wrong answer.
+A kernel without per-element masks computes every selected tile whole, so it is exact only when
+every tile the mask touches is completely attended; otherwise the first partial tile is named.
 """
 
 from __future__ import annotations

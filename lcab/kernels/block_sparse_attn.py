@@ -1,36 +1,10 @@
 """MIT-Han-Lab Block-Sparse-Attention (``block_sparse_attn.block_sparse_attn_func``): FA2 Sparse.
 
-Written against the library's source (mit-han-lab/Block-Sparse-Attention v0.0.2 at 49d6c39;
-the call and its LSE are the row of `lcab.kernels.upstream.block_sparse_attn`) and **CPU
-contract-tested only**: the tests run this adapter's whole path
-against a stand-in module implementing the documented semantics, never the real CUDA kernels.
-The first GPU run must confirm it (numerics check of every cell).
-
-What the library computes: per query head ``h`` with ``head_mask_type[h] = t >= 1``, the query
-block ``i`` (rows ``128 i .. 128 i + 127`` of its sequence) attends the whole key blocks ``j``
-with ``base_blockmask[b, t - 1, i, j]`` set — 128x128 is hard-coded in the Python wrapper — and
-nothing inside a block is masked (``is_causal=False``). The last block of a sequence may be
-shorter: the kernel predicates rows/columns beyond the sequence (varlen FA2 code), and the block
-grid has ``ceil(max_seqlen / 128)`` blocks per side. So the kernel is exact for a mask iff every
-128x128 tile the mask touches is completely attended (`partial_tile_reason`): ``block_sparse``
-drawn with ``block_size=128``, ``full``, and any mask made of whole tiles; everything else is
-refused with the first partial tile named.
-
-The call: one varlen sequence (``cu_seqlens = [0, S]``), ``head_mask_type`` all ones — the
-wrapper renumbers the ones into a running count 1..Hq (``replace_ones_with_count``) and asserts
-that ``base_blockmask`` has that many heads, so passing 1..Hq ourselves would fail its check —
-``streaming_info`` zeros (read only by streaming heads), ``base_blockmask`` bool
-(1, Hq, ceil(Sq/128), ceil(Sk/128)) built once in `prepare`, ``p_dropout=0``,
-``softmax_scale = D**-0.5``. The kernel indexes masks by *query* head (``head_mask_type[bidh]``)
-and keys by ``bidh // group`` (GQA), so lcab's per-KV-head masks are repeated over each query
-group. Every call converts the bool mask to the kernel's index lists inside the library's
-wrapper (forward and backward); that cost is the library's and is timed with it.
-
-LSE: with ``return_attn_probs=True`` the wrapper returns ``(out, softmax_lse, S_dmask)``;
-``softmax_lse`` is natural log, float32, (B, Hq, max_seqlen_q) = (1, Hq, Sq) here, and +inf on
-rows attending nothing (FA2 code). lcab's convention (out 0, lse -inf) is set from the mask.
-The LSE gets no gradient in the library (its backward ignores it), so it is detached here and
-there is no backward from merged statistics (``stats_backward=False``).
+CPU contract-tested only. The library computes whole 128x128 tiles (hard-coded in its wrapper),
+so only masks whose touched tiles are all full run (`partial_tile_reason`). One varlen sequence,
+``head_mask_type`` all ones (the wrapper renumbers them itself), a bool ``base_blockmask`` per
+query head built in `prepare`; the call and its LSE (FA2's, not differentiable, so no backward
+from merged statistics) are the row of `lcab.kernels.upstream.block_sparse_attn`.
 """
 
 from __future__ import annotations
@@ -51,15 +25,13 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
 )
 from lcab.kernels.block_grid import partial_tile_reason
-from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.library_results import LibraryCall, lse_reading
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import block_sparse_attn as upstream
-from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import SliceKind
-from lcab.masks.lowering import lowering_reason
 from lcab.masks.lowering.blocks import block_table
 
 if TYPE_CHECKING:
@@ -87,23 +59,14 @@ BSA_KWARGS = (
 FOLLOWS = "Block-Sparse-Attention v0.0.2 (block_sparse_attn_func, return_attn_probs=True)"
 
 
-def natural_lse_layout(row: UpstreamFunction) -> LseLayout:
-    """The layout of ``row``'s LSE, which must be natural log to be taken as it is."""
-    layout = None if row.lse is None else row.lse.layout
-    if row.lse is None or row.lse.base != "e" or layout not in ("bhs", "ht", "th"):
-        raise ValueError(f"{row.qualname}: lcab's table states no natural-log LSE it can read")
-    return layout
-
-
-LSE_LAYOUT = natural_lse_layout(upstream.BLOCK_SPARSE_ATTN_FUNC)
+LSE_FACTOR, LSE_LAYOUT = lse_reading(upstream.BLOCK_SPARSE_ATTN_FUNC)
 
 
 def aligned_full_slices(mask: AttnMask, block: int = BLOCK) -> bool:
     """Whether every slice is ``full`` with edges on the block grid (or at the sequence end).
 
-    Such a slice covers whole tiles, and slices are disjoint, so every touched tile is full —
-    decided in O(slices) without building the block table (which takes seconds for a 1M-token
-    ``block_sparse`` mask).
+    Then every touched tile is full, decided in O(slices) without building the block table
+    (seconds for a 1M-token ``block_sparse`` mask).
     """
     s = mask.slices
 
@@ -120,11 +83,7 @@ def aligned_full_slices(mask: AttnMask, block: int = BLOCK) -> bool:
 
 
 def kept_blocks(mask: AttnMask, block: int = BLOCK) -> torch.Tensor:
-    """Bool (mask heads, ceil(Sq/block), ceil(Sk/block)): the touched tiles of each mask head.
-
-    Aligned full slices are painted as rectangles of tiles (a 2-D difference array); any other
-    mask goes through the block table.
-    """
+    """Bool (mask heads, ceil(Sq/block), ceil(Sk/block)): the touched tiles of each mask head."""
     n_q, n_k = -(-mask.seqlen_q // block), -(-mask.seqlen_k // block)
     if not aligned_full_slices(mask, block):
         return block_table(mask, block, block).dense_blocks() > 0
@@ -177,7 +136,7 @@ class _PreparedBSA(LibraryCall):
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out, lse, _ = self.fn(q, k, v, **self.kwargs)
         # +inf on empty rows in the library (FA2 code): lcab's convention is out 0, lse -inf
-        return self.convention(out, lse.detach(), LSE_LAYOUT, q.dtype)
+        return self.convention(out, lse.detach() * LSE_FACTOR, LSE_LAYOUT, q.dtype)
 
 
 @register_kernel
@@ -204,18 +163,10 @@ class BlockSparseAttnKernel(Kernel):
     )
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        head_reasons = (
-            mask is not None and mask.num_heads > 1 and mask.num_heads != problem.heads_kv
-        )
-        if mask is not None and not head_reasons and lowering_reason(mask, "block_table") is None:
-            why = full_tile_reason(mask)
-            if why is not None:
-                reasons.append(f"mask not expressible as 128x128 blocks: {why}")
-        return reasons
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        reasons = super().mask_reasons(mask)
+        why = None if reasons else full_tile_reason(mask)
+        return reasons + ([f"mask not expressible as 128x128 blocks: {why}"] if why else [])
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

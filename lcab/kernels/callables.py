@@ -1,15 +1,9 @@
 """What an installed library callable is and which parameters it takes, whatever its kind.
 
-The GPU libraries hand lcab three kinds of callable: plain functions, ``torch.library.custom_op``s
-(flash-attn's private calls, FA3's ``_flash_attn_backward``) and operators under ``torch.ops``
-(FlashMask's ``flashmask_cuda.bwd``, FA3's ``flash_attn_3::fwd``). ``inspect.signature`` reads
-only the first: a custom op's is ``(*args, **kwargs)`` and an operator packet has none of its
-own, so a check built on it accepts any keyword for the other two and cannot fail. Here each
-kind is read from where its parameters live — the function a custom op wraps
-(``CustomOpDef._init_fn``), an operator's schema (its ``default`` overload: names, defaults,
-``kwarg_only`` after ``*``) — as ``inspect.Parameter``s, so the version probe
-(`lcab.kernels.packages`) and the backward's signature check (`lcab.kernels.flash_backward`) read
-them alike.
+``inspect.signature`` of a ``torch.library.custom_op`` or a ``torch.ops`` operator is
+``(*args, **kwargs)``, so a check built on it cannot fail. Here each kind is read where its
+parameters live — a custom op's wrapped function, an operator's schema — as
+``inspect.Parameter``s, for the version probe and the backward's signature check alike.
 """
 
 from __future__ import annotations
@@ -62,11 +56,7 @@ def missing_default_overload(fn: Any) -> str | None:
 
 
 def parameters_of(fn: Any) -> list[inspect.Parameter] | None:
-    """The named parameters of an installed callable, in order (None: unreadable).
-
-    ``*args``/``**kwargs`` are left out; a schema argument after ``*`` is keyword-only and one
-    with a default keeps it.
-    """
+    """The named parameters of an installed callable, in order (None: unreadable)."""
     kind = callable_kind(fn)
     if kind == "library_op":
         schema = operator_schema(fn)

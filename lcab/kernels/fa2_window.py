@@ -1,25 +1,12 @@
 """How to spell a window so that FlashAttention 2 applies exactly the lowering's mask.
 
-The varlen lowering (`lcab.masks.lowering.varlen`) states a window (left, right) under the
-documented rule: in a sequence of sq queries and sk keys, query r sees keys
-``r + sk - sq - left .. r + sk - sq + right``, -1 = unbounded. FA2's C++ rewrites what it is
-given before it applies it (flash-attn 2.8.3 ``csrc/flash_attn/flash_api.cpp``):
-
-1. ``causal`` sets right = 0 (L404, L586);
-2. a side ≥ seqlen_k (``max_seqlen_k`` for varlen) becomes -1 (L399-400, L608-609);
-3. an unbounded side facing a bounded one becomes seqlen_k (``set_params_fprop`` L141-142).
-
-So a right side equal to the longest key sequence, needed for a CP block whose queries outnumber
-its keys (a causal ring step: every query sees every key up to its diagonal), would silently
-become "no window" — the whole block attended. And the varlen forward takes a "swapped" GQA path
-when ``max_seqlen_q == 1`` with both sides -1 *as given* (L592, checked before step 2), which
-reshapes q as one query per sequence and breaks on key-only sequences.
-
-`fa2_spelling` tries a few spellings that mean the same window under the documented rule —
-an unbounded side as ``max_seqlen_k - 1`` (bounded, yet never binding on the left) or as
-``max_seqlen_k`` (turned back into -1 by step 2, after the swap check) — applies FA2's rewrite
-to each, and keeps the first whose rows equal the lowering's. When none does (a right window
-wider than every key sequence that still binds), the mask is refused (`fa2_window_reason`).
+FA2's C++ rewrites the window it is given (flash-attn 2.8.3 ``csrc/flash_attn/flash_api.cpp``):
+``causal`` sets right = 0 (L404, L586); a side ≥ seqlen_k becomes -1 (L399-400, L608-609); an
+unbounded side facing a bounded one becomes seqlen_k (L141-142); and the varlen forward takes a
+"swapped" GQA path when ``max_seqlen_q == 1`` with both sides -1 as given (L592), which breaks on
+key-only sequences. `fa2_spelling` tries spellings that mean the same window (an unbounded side
+as ``max_seqlen_k - 1`` or ``max_seqlen_k``), applies FA2's rewrite, and keeps the first whose
+rows equal the lowering's; when none does, the mask is refused (`fa2_window_reason`).
 """
 
 from __future__ import annotations

@@ -1,42 +1,13 @@
 """FlashAttention 4 (``flash-attn-4``, CuTe DSL, module ``flash_attn.cute``), varlen lowering.
 
-Written against the API of flash-attn-4 4.0.0b5 and later; its calls, LSE facts and window rule
-are the rows of `lcab.kernels.upstream.fa4` (read in the 4.0.0b36 wheel's
-``flash_attn/cute/interface.py``, held to the installed package by
-``tests/unit/test_upstream_packages.py``) and **CPU contract-tested only**: the tests run this
-adapter's whole path against a stand-in package built from those rows, never the real kernels,
-which are JIT-compiled on their first call. The first GPU run must confirm it.
-
-The call is FA2/FA3's (`lcab.kernels.flash_attn.PreparedFlash`): the mask is lowered once by
-`lcab.masks.lowering.to_varlen` to the dense ``flash_attn_func`` on (1, S, H, D) views (one
-sequence) or ``flash_attn_varlen_func`` with int32 ``cu_seqlens_q/k`` and ``max_seqlen_q/k``,
-with ``causal`` and a bottom-right aligned ``window_size``. Two spellings differ from FA2/FA3:
-
-* an unbounded window side is ``None``, not -1: FA4 reads ints literally, and only a pair of two
-  negative ints counts as "no window" — (-1, 5) would be a window, not a causal band;
-* the LSE is asked for with ``return_lse=True``; both functions always return ``(out, lse)``.
-
-LSE: natural log, float32, (B, H, S) for the dense call and (H, total_q) for varlen (as FA2/FA3;
-with ``qv``, which lcab never passes, it would be heads-last). Empty rows are set from the mask
-(out 0, lse -inf) whatever the library writes. Unlike FA2/FA3 the LSE is **differentiable**
-(``dlse`` reaches the backward kernel when ``return_lse=True``, since 4.0.0b5), so the base
-class's backward from merged softmax statistics works (``stats_backward=True``) — except on
-sm100/sm110 at head dim 256, whose dedicated backward refuses ``dlse`` (an assertion, not a
-reason: unconfirmed, and only ring-style CP would reach it).
-
-Architectures (source): forward sm80, sm90, sm100/110, sm120; backward sm90 and later only.
-Head dims 8..256 in multiples of 8 on sm90; on sm100/sm110 8..128 or exactly 256.
-
-Installing and probing: ``pip install "lcab[fa4]"`` (pure-Python wheel plus
-nvidia-cutlass-dsl). The version comes from the distribution ``flash-attn-4``
-(``flash_attn.cute.__version__`` reads a distribution named ``fa4`` and says 0.0.0, which the
-probe takes as unknown); every release so far is a 4.0.0 beta, so the minimum is the beta
-4.0.0b5, compared as a pre-release. The wheel ships only ``flash_attn/cute``; when FA2
-(``flash-attn``) is installed too, importing ``flash_attn.cute`` first runs FA2's
-``flash_attn/__init__.py``, which imports ``flash_attn_2_cuda`` — a broken FA2 build then breaks
-FA4's import. The probe looks the package up without importing its parent
-(`lcab.kernels.packages.importable`), and a failing import (checked only where the cell would
-run) is a reason naming the FA2 co-install.
+CPU contract-tested only; calls, LSE facts and window rule are the rows of
+`lcab.kernels.upstream.fa4`. The call is FA2/FA3's (`PreparedFlash`) but an unbounded window
+side is ``None`` and the LSE is asked for with ``return_lse=True``. Its LSE is differentiable, so
+the generic backward from merged statistics works. Forward on sm80-sm120, backward sm90+; head
+dims 8..256 in multiples of 8 on sm90, 8..128 or 256 on sm100/110. The version comes from the
+distribution ``flash-attn-4`` (``flash_attn.cute.__version__`` says 0.0.0); importing
+``flash_attn.cute`` runs FA2's ``flash_attn/__init__.py`` when FA2 is installed too, so a broken
+FA2 build is a reason naming the co-install.
 """
 
 from __future__ import annotations
@@ -62,6 +33,7 @@ else:
 
 #: Keywords the adapter passes to both calls.
 CALL_KWARGS = ("softmax_scale", "causal", "window_size", "return_lse")
+VARLEN_CALL_KWARGS = (*VARLEN_KWARGS, *CALL_KWARGS)
 #: Compute capability majors flash-attn-4 dispatches to (its forward asserts the same).
 FORWARD_MAJORS = (8, 9, 10, 11, 12)
 
@@ -100,11 +72,7 @@ class FA4Kernel(Kernel):
             note="pure wheel + cutlass-dsl (~100 MB), no compilation",
             needs=(
                 ApiNeed(upstream.FLASH_ATTN_FUNC.name, CALL_KWARGS, positional=3),
-                ApiNeed(
-                    upstream.FLASH_ATTN_VARLEN_FUNC.name,
-                    (*VARLEN_KWARGS, *CALL_KWARGS),
-                    positional=3,
-                ),
+                ApiNeed(upstream.FLASH_ATTN_VARLEN_FUNC.name, VARLEN_CALL_KWARGS, positional=3),
             ),
             min_version="4.0.0b5",
             requirement="flash-attn-4 >= 4.0.0b5, the first release whose backward takes the "

@@ -1,45 +1,9 @@
 """FlashAttention 2 (``flash_attn``) and 3 (``flash_attn_interface``) adapters, varlen lowering.
 
-Written against the documented APIs (flash-attn 2.8 and the FA3 hopper build of 2025-08-29 or
-later; see the version probe) and **CPU contract-tested only**: FA2's whole path runs through
-flash-attn 2.8.3.post2's own Python over an emulated CUDA extension, FA3's against stand-ins;
-never the real CUDA kernels. The first GPU run must confirm it (numerics check of every cell).
-
-The mask is lowered once, in `prepare`, by `lcab.masks.lowering.to_varlen`:
-
-* one sequence covering all queries and keys (full, causal, sliding windows, and any CP
-  rectangle of them) → the dense ``flash_attn_func`` on (1, S, H, D) views, with ``causal`` and
-  ``window_size`` (bottom-right aligned, the same rule the lowering uses);
-* several sequences (document masks, per-document causal or windows) → ``flash_attn_varlen_func``
-  with int32 ``cu_seqlens_q/k`` on the device and ``max_seqlen_q/k`` as Python ints.
-
-Rows the lowering puts in a sequence with no keys attend nothing: the libraries write out = 0
-for them and an LSE of +inf (FA2) or -inf (FA3); the adapter sets lcab's convention (out 0,
-lse -inf) from the mask itself, so the result does not depend on that difference.
-
-The functions, parameters, LSE layouts and window rules used here are the rows of
-`lcab.kernels.upstream.flash_attn` (FA2 2.8.3, FA3 hopper at 0251105a and 203b9b3d), each with
-the file and lines it was read from.
-
-LSE: both libraries return it only with ``return_attn_probs=True`` — FA2 as
-``(out, lse, S_dmask)``, FA3 as ``(out, lse)`` — in natural log, float32, laid out (B, H, S)
-for the dense call and (H, total_q) for the varlen call. `lse_to_lcab` converts both to lcab's
-(Hq, Sq) and refuses any other shape rather than guessing. Neither library passes the LSE's
-gradient to its backward (autograd still marks it as requiring grad), so a single-device
-backward is autograd through ``out`` (GQA gradients are summed over the query group by the
-library), and the backward from merged statistics that ring-style CP needs is the libraries'
-private backward, called as ring-flash-attn calls it (`lcab.kernels.flash_backward`).
-
-Edges of the libraries' own rules, handled here:
-
-* FA2 rewrites the window it is given (a side ≥ max_seqlen_k becomes unbounded, then
-  seqlen_k) and takes a broken "swapped" path for one-query sequences with GQA:
-  `lcab.kernels.fa2_window` spells each window so that FA2 applies exactly the lowering's
-  mask, and refuses the rare mask no spelling reaches (`fa2_window_reason`);
-* FA3 checks ``head_dim % 8 == 0`` and does not pad: other head dims are refused.
-
-FlashAttention 4 (`lcab.kernels.fa4`) reuses `PreparedFlash`: same lowering and LSE layouts, a
-different way of asking for the LSE and of spelling an unbounded window side.
+CPU contract-tested only (FA2 through its own Python over an emulated extension, FA3 against
+stand-ins). One sequence → the dense ``flash_attn_func`` on (1, S, H, D) views; several →
+``flash_attn_varlen_func`` with int32 cu_seqlens. Calls, LSE layouts and window rules are the
+rows of `lcab.kernels.upstream.flash_attn`; the libraries' edges are in the kernels guide.
 """
 
 from __future__ import annotations
@@ -62,8 +26,8 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
 )
 from lcab.kernels.fa2_window import fa2_spelling, fa2_window_reason
-from lcab.kernels.library_results import LibraryCall, LseLayout
-from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
+from lcab.kernels.library_results import LibraryCall, LseLayout, cu_seqlens
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present, imported_or_none
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flash_attn as fa_table
 from lcab.lazy import lazy_module
@@ -76,8 +40,7 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
 
-#: A library's backward from merged statistics bound to a lowered call: (prepared, dout, q, k,
-#: v, out, lse) → (dq, dk, dv), packed tensors.
+#: A library's backward from merged statistics: (prepared, dout, q, k, v, out, lse) → grads.
 StatsBackward: TypeAlias = "Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]"
 
 #: Keywords the adapter passes to both calls (FA2 and FA3 spell them the same).
@@ -87,12 +50,9 @@ VARLEN_KWARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 
 class PreparedFlash(LibraryCall):
-    """The lowered call: dense or varlen, its keyword arguments, and the empty rows.
+    """The lowered call of every FlashAttention generation (FA2, FA3, FA4).
 
-    Shared by every FlashAttention generation (FA2, FA3, and FA4 in `lcab.kernels.fa4`): they
-    take the same lowering, the same cu_seqlens and the same LSE layouts, and differ only in
-    how a call asks for the LSE (`lse_kwargs`) and how an unbounded window side is spelled
-    (`window`), which subclasses override.
+    They differ only in how a call asks for the LSE (`lse_kwargs`) and spells a window.
     """
 
     #: Keyword arguments that make the library return its LSE.
@@ -122,8 +82,8 @@ class PreparedFlash(LibraryCall):
         self.fn = varlen_fn if self.varlen else dense_fn
         if self.varlen:
             self.kwargs.update(
-                cu_seqlens_q=self._cu(args.cu_seqlens_q, problem.torch_device),
-                cu_seqlens_k=self._cu(args.cu_seqlens_k, problem.torch_device),
+                cu_seqlens_q=cu_seqlens(args.cu_seqlens_q, problem.device),
+                cu_seqlens_k=cu_seqlens(args.cu_seqlens_k, problem.device),
                 max_seqlen_q=int(args.max_seqlen_q),
                 max_seqlen_k=int(args.max_seqlen_k),
             )
@@ -141,21 +101,12 @@ class PreparedFlash(LibraryCall):
     def backward(
         self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     ) -> Grads:
-        """Gradients of this block under the merged (out, lse): the library's own backward.
-
-        FA4 differentiates its LSE (`lse_grad`) and takes the generic route; FA2 and FA3 call
-        their private backward with the merged statistics (`lcab.kernels.flash_backward`).
-        """
+        """Gradients under merged (out, lse): FA4 by autograd, FA2/FA3 their private backward."""
         if self.lse_grad:
             return super().backward(dout, q, k, v, out, lse)
         if self.stats_backward is None:
             raise NotImplementedError(f"{self.library}: no backward from merged statistics")
         return self.stats_backward(self, dout, q, k, v, out, lse)
-
-    @staticmethod
-    def _cu(values: Any, device: torch.device) -> torch.Tensor:
-        """cu_seqlens as FlashAttention wants them: contiguous int32 on the inputs' device."""
-        return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         """One library call on packed tensors; (out, lse) in lcab's convention."""
@@ -179,12 +130,7 @@ class PreparedFA2(PreparedFlash):
 
     @override
     def unswapped(self, args: VarlenArgs, problem: Problem) -> tuple[int, int]:
-        """`fa2_spelling` of the lowering's window (see `lcab.kernels.fa2_window`).
-
-        Raises:
-            ValueError: FA2 cannot apply it (`fa2_window_reason` refuses such masks first).
-
-        """
+        """`fa2_spelling` of the lowering's window (`fa2_window_reason` refuses the rest first)."""
         spelled = fa2_spelling(args, problem.seqlen_q, problem.heads_q > problem.heads_kv)
         if spelled is None:
             raise ValueError(f"FA2 cannot apply window_size {args.window_size} exactly")
@@ -192,7 +138,6 @@ class PreparedFA2(PreparedFlash):
 
 
 def _fa_caps(package: PackageProbe, sm: tuple[int, int]) -> KernelCaps:
-    """CUDA fwd + bwd in fp16/bf16, head dim ≤ 256, native GQA, LSE, backward from statistics."""
     return cuda_adapter_caps(
         "varlen", max_head_dim=256, requires=package, min_compute_capability=sm, stats_backward=True
     )
@@ -205,14 +150,6 @@ def _needs(*extra: str) -> tuple[ApiNeed, ...]:
     )
 
 
-def _module_or_none(name: str) -> Any:
-    """``name`` imported, or None when it is missing or fails to import (a reason elsewhere)."""
-    try:
-        return importlib.import_module(name)
-    except Exception:  # a CUDA extension built for another torch raises all sorts
-        return None
-
-
 class _FlashAttnKernel(Kernel):
     """Shared by FA2 and FA3: same keywords, same lowering, same LSE layouts."""
 
@@ -220,11 +157,9 @@ class _FlashAttnKernel(Kernel):
     gpu_compared = True
 
     def library_backward(self) -> StatsBackward | None:
-        """The installed library's backward from merged statistics (None: not found)."""
         return None
 
     def library_backward_reasons(self) -> list[str]:
-        """Why the installed library offers no backward lcab can call (empty: it does)."""
         return []
 
     @override
@@ -238,13 +173,8 @@ class _FlashAttnKernel(Kernel):
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:
         module = importlib.import_module(self.module)  # lazily: CUDA-only package
-        prepared = self.prepared_cls(
-            mask,
-            problem,
-            module.flash_attn_func,
-            module.flash_attn_varlen_func,
-            self.library_backward(),
-        )
+        calls = (module.flash_attn_func, module.flash_attn_varlen_func)
+        prepared = self.prepared_cls(mask, problem, *calls, self.library_backward())
         prepared.kwargs.update(self.options)  # the kernel's options are call keywords
         return prepared
 
@@ -280,7 +210,7 @@ class FA2Kernel(_FlashAttnKernel):
 
     @override
     def library_backward(self) -> StatsBackward | None:
-        module = _module_or_none(fa_table.FA2_BACKWARD.module)
+        module = imported_or_none(fa_table.FA2_BACKWARD.module)
         if module is None or self.library_backward_reasons():
             return None
         functions = {row.name: getattr(module, row.name) for row in self.rows}
@@ -295,7 +225,7 @@ class FA2Kernel(_FlashAttnKernel):
 
     @override
     def library_backward_reasons(self) -> list[str]:
-        module = _module_or_none(fa_table.FA2_BACKWARD.module)
+        module = imported_or_none(fa_table.FA2_BACKWARD.module)
         if module is None:
             return [f"{fa_table.FA2_BACKWARD.module} does not import"]
         found = (flash_backward.mismatch(getattr(module, r.name, None), r) for r in self.rows)
@@ -307,10 +237,8 @@ class FA3Options:
     """Options of the ``fa3`` kernel (its Hydra config fields), passed to every FA3 call."""
 
     sm_margin: int = 0
-    """SMs FA3's persistent kernels leave free (its ``sm_margin``, forward and backward), for
-    NCCL's kernels under context parallelism: raise it when a trace shows the ring's transfers
-    waiting behind attention (gpu_review §2.10). lcab never sets CUDA_DEVICE_MAX_CONNECTIONS,
-    which would serialise the two."""
+    """SMs FA3's persistent kernels leave free for NCCL under CP (raise it when a trace shows the
+    ring's transfers waiting behind attention)."""
 
 
 @register_kernel
@@ -353,8 +281,7 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward(self) -> StatsBackward | None:
-        module = _module_or_none(self.module)
-        fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
+        fn = getattr(imported_or_none(self.module), fa_table.FA3_BACKWARD.name, None)
         row = flash_backward.fa3_generation(fn) if fn is not None else None
         if fn is None or row is None:
             return None
@@ -369,7 +296,7 @@ class FA3Kernel(_FlashAttnKernel):
 
     @override
     def library_backward_reasons(self) -> list[str]:
-        module = _module_or_none(self.module)
+        module = imported_or_none(self.module)
         fn = getattr(module, fa_table.FA3_BACKWARD.name, None)
         if fn is not None and flash_backward.fa3_generation(fn) is not None:
             return []

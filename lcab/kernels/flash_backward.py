@@ -1,26 +1,10 @@
 """Backward from merged softmax statistics through the libraries' own kernels: FA2, FA3, FFA.
 
-Ring-style context parallelism (Ring P2P, USP, LoongTrain) computes each step's gradients under
-the statistics of the *whole* row — the merged output and LSE of every block — not the block's
-own. FlashAttention's backward takes exactly those as inputs (it recomputes P = exp(S - lse)),
-so the peers call the libraries' private backward once per step with the merged (out, lse):
-ring-flash-attn 0.1.7 ``_flash_attn_backward`` / ``_flash_attn_varlen_backward`` with
-preallocated dq/dk/dv, accumulated across steps in float32; MagiAttention's own
-``dist_attn.py`` ``_flex_flash_attn_backward`` per stage. lcab does the same: the functions here
-make one such call, and the ring (`lcab.cp.ring_attention`) accumulates in float32.
-
-What each call needs is in the upstream tables (`lcab.kernels.upstream`), which these calls
-follow:
-
-* the LSE goes in the library's layout — (B, H, Sq) dense, (H, total_q) varlen, (total_q, Hq)
-  for FFA — and rows that attend no key anywhere go in as +inf: every probability of such a row
-  is then exp(s - inf) = 0. (The kernels read -inf as 0, which is harmless only while the row's
-  keys are all masked; +inf is right whatever the block holds, as FA2 itself uses for rows out
-  of range.)
-* FA2's private backward checks ``head_size % 8 == 0`` and does not pad (its public call pads):
-  head dims are padded here and the gradients cut back; FA3 refuses such head dims earlier.
-* FA3 has two generations of ``_flash_attn_backward``; the installed one is recognised by its
-  parameters (`fa3_generation`), and anything else is a precise ``skipped`` reason, never a guess.
+Ring-style CP computes each step's gradients under the merged (out, lse) of the whole row; the
+libraries' private backwards take exactly those (as ring-flash-attn and MagiAttention's
+``dist_attn.py`` call them). Rows that attend no key go in with LSE +inf (every probability
+exp(s - inf) = 0 whatever the block holds); FA2's private backward does not pad head dims to 8,
+so they are padded here; FA3's two generations are told apart by parameters (`fa3_generation`).
 """
 
 from __future__ import annotations
@@ -50,9 +34,8 @@ else:
 def library_lse(lse: torch.Tensor, layout: LseLayout, dtype: torch.dtype) -> torch.Tensor:
     """An LSE in lcab's (Hq, Sq) as a library's backward reads it; -inf rows become +inf.
 
-    The kernels read it raw and unchecked (FA2's ``mha_bwd`` passes ``softmax_lse.data_ptr()``,
-    ``flash_api.cpp`` L923, L1151): it goes in as ``dtype``, the dtype the library's own forward
-    handed out (`lse_dtype_for`), exactly as the library's autograd passes back its saved LSE.
+    The kernels read it raw (FA2's ``mha_bwd``, ``flash_api.cpp`` L923, L1151), so it goes in as
+    the dtype the library's own forward handed out (`lse_dtype_for`).
     """
     lse = lse.to(dtype).masked_fill(torch.isneginf(lse), float("inf"))
     if layout == "bhs":
@@ -63,13 +46,10 @@ def library_lse(lse: torch.Tensor, layout: LseLayout, dtype: torch.dtype) -> tor
 
 
 def lse_dtype_for(q: torch.Tensor, returned: torch.dtype | None) -> torch.dtype:
-    """The LSE dtype a backward takes: what the library's forward returned for these inputs.
+    """The LSE dtype a backward takes: what the library's forward returned (``run`` records it).
 
-    ``returned`` is recorded by the prepared call's `run`. Without one (a backward before any
-    forward of this prepared call), float32 whatever the inputs: the kernels allocate their LSE
-    as ``float`` (FA2 ``flash_api.cpp`` L441, L652; FFA's and FA3's alike), and only a CPU
-    emulation takes float64 inputs at all — one that also returns a float64 LSE is heard from
-    after its forward has run.
+    Before any forward, float32: the kernels allocate their LSE as ``float`` (FA2
+    ``flash_api.cpp`` L441, L652; FFA's and FA3's alike).
     """
     return returned if returned is not None else torch.float32
 
@@ -77,6 +57,21 @@ def lse_dtype_for(q: torch.Tensor, returned: torch.dtype | None) -> torch.dtype:
 def _pad(x: torch.Tensor, multiple: int) -> torch.Tensor:
     extra = (-x.shape[-1]) % multiple
     return F.pad(x, (0, extra)) if extra else x.contiguous()
+
+
+GRADIENT_CALL = ("dout", "q", "k", "v", "out", "dq", "dk", "dv")
+
+
+def _tensor_kwargs(batched: bool, *tensors: torch.Tensor) -> dict[str, torch.Tensor]:
+    """dout, q, k, v, out and fresh dq, dk, dv by name; (1, S, H, D) views when ``batched``."""
+    dout, q, k, v, out = tensors
+    named = [dout, q, k, v, out, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    return dict(zip(GRADIENT_CALL, [t.unsqueeze(0) if batched else t for t in named], strict=True))
+
+
+def _gradients(kwargs: dict[str, torch.Tensor], batched: bool) -> Grads:
+    dq, dk, dv = (kwargs[name][0] if batched else kwargs[name] for name in ("dq", "dk", "dv"))
+    return dq, dk, dv
 
 
 def fa2_backward(
@@ -95,40 +90,21 @@ def fa2_backward(
     """One FA2 ``_flash_attn(_varlen)_backward`` call on packed (S, H, D) tensors.
 
     ``functions`` maps the table rows' names to the installed callables; ``call`` holds the
-    lowered forward's keywords (scale, causal, window_size, and cu_seqlens / max_seqlen for
-    varlen), so the backward applies the very mask the forward did; ``returned`` is the dtype
-    of the LSE the forward returned (`lse_dtype_for`).
+    lowered forward's keywords, so the backward applies the very mask the forward did.
     """
     head_dim = q.shape[-1]
     lse_dtype = lse_dtype_for(q, returned)
-    dout, q, k, v, out = (_pad(t, 8) for t in (dout, q, k, v, out))
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    kwargs: dict[str, Any] = _tensor_kwargs(not varlen, *(_pad(t, 8) for t in (dout, q, k, v, out)))
     left, right = call["window_size"]
-    common = {
-        "dropout_p": 0.0,
-        "softmax_scale": call["softmax_scale"],
-        "causal": call["causal"],
-        "window_size_left": left,
-        "window_size_right": right,
-        "softcap": 0.0,
-        "alibi_slopes": None,
-        "deterministic": False,
-        "rng_state": None,
-    }
+    kwargs |= {"dropout_p": 0.0, "softmax_scale": call["softmax_scale"], "causal": call["causal"]}
+    kwargs |= {"window_size_left": left, "window_size_right": right, "softcap": 0.0}
+    kwargs |= {"alibi_slopes": None, "deterministic": False, "rng_state": None}
     if varlen:
-        row = fa_table.FA2_VARLEN_BACKWARD
-        tensors = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "dq": dq, "dk": dk, "dv": dv}
-        varlen_args = {name: call[name] for name in fa_table.VARLEN_ARGS}
-        kwargs = tensors | varlen_args | common
-        kwargs["softmax_lse"] = library_lse(lse, "ht", lse_dtype)
-    else:
-        row = fa_table.FA2_BACKWARD
-        batched = [t.unsqueeze(0) for t in (dout, q, k, v, out, dq, dk, dv)]
-        kwargs = dict(zip(("dout", "q", "k", "v", "out", "dq", "dk", "dv"), batched, strict=True))
-        kwargs |= common
-        kwargs["softmax_lse"] = library_lse(lse, "bhs", lse_dtype)
-        dq, dk, dv = batched[5][0], batched[6][0], batched[7][0]
+        kwargs |= {name: call[name] for name in fa_table.VARLEN_ARGS}
+    kwargs["softmax_lse"] = library_lse(lse, "ht" if varlen else "bhs", lse_dtype)
+    row = fa_table.FA2_VARLEN_BACKWARD if varlen else fa_table.FA2_BACKWARD
     functions[row.name](*positional(row, kwargs))
+    dq, dk, dv = _gradients(kwargs, not varlen)
     return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
 
 
@@ -142,10 +118,7 @@ def _in_order(row: UpstreamFunction, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def parameters(fn: Any) -> tuple[str, ...]:
-    """Parameter names of an installed callable (empty when it has no readable signature).
-
-    Read for each kind of callable by `lcab.kernels.callables.parameters_of`.
-    """
+    """Parameter names of an installed callable (empty when it has no readable signature)."""
     return tuple(p.name for p in parameters_of(fn) or ())
 
 
@@ -179,27 +152,14 @@ def mismatch(fn: Any, row: UpstreamFunction) -> str | None:
 
 
 def takes(fn: Any, row: UpstreamFunction) -> bool:
-    """Whether ``fn`` — a function or a torch op — takes exactly ``row``'s parameters in order.
-
-    The keyword-only ones among them must be those the row marks. The kind of object is not
-    part of the test: lcab calls FA2's and FA3's positionally in the row's order, which a plain
-    function, a custom op and a schema op all accept (FFA's, a plain function, by keyword as
-    MagiAttention's ``dist_attn.py`` does).
-    """
+    """Whether ``fn`` — a function or a torch op — takes exactly ``row``'s parameters in order."""
     return mismatch(fn, row) is None
 
 
 def positional(row: UpstreamFunction, kwargs: dict[str, Any]) -> list[Any]:
-    """``kwargs`` as the row's positional arguments, a parameter not given at its default.
+    """``kwargs`` as the row's positional arguments, as the libraries' own Python calls them.
 
-    That is how the libraries' own Python calls these functions (flash-attn's
-    ``_wrapped_flash_attn_backward(dout, q, ...)``, FA3's ``_backward``), and a plain function,
-    a custom op and a schema op all take it — unless a parameter is keyword-only, which no
-    positional call can reach: such a row is refused here, before the call.
-
-    Raises:
-        TypeError: the row has keyword-only parameters (a bug in lcab's choice of call).
-
+    A row with keyword-only parameters cannot be called so: TypeError.
     """
     if row.keyword_only:
         raise TypeError(
@@ -233,13 +193,7 @@ def fa3_backward(
     returned: torch.dtype | None = None,
 ) -> Grads:
     """One FA3 ``_flash_attn_backward`` call of generation ``row`` on packed tensors."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    tensors = [dout, q, k, v, out, dq, dk, dv]
-    if not varlen:
-        tensors = [t.unsqueeze(0) for t in tensors]
-    kwargs: dict[str, Any] = dict(
-        zip(("dout", "q", "k", "v", "out", "dq", "dk", "dv"), tensors, strict=True)
-    )
+    kwargs: dict[str, Any] = _tensor_kwargs(not varlen, dout, q, k, v, out)
     kwargs["softmax_lse"] = library_lse(lse, "ht" if varlen else "bhs", lse_dtype_for(q, returned))
     for name in fa_table.VARLEN_ARGS:
         kwargs[name] = call[name] if varlen else None
@@ -253,10 +207,8 @@ def fa3_backward(
         kwargs |= {"causal": call["causal"], "window_size": (left, right)}
     result = fn(*positional(row, kwargs))
     if row is fa_table.FA3_BACKWARD_AUG_2025 and isinstance(result, tuple) and len(result) >= 3:
-        tensors[5:8] = result[:3]  # that generation returns (dq, dk, dv, softmax_d): take them
-    if not varlen:
-        return tensors[5][0], tensors[6][0], tensors[7][0]
-    return tensors[5], tensors[6], tensors[7]
+        kwargs |= dict(zip(("dq", "dk", "dv"), result[:3], strict=True))  # (dq, dk, dv, d)
+    return _gradients(kwargs, not varlen)
 
 
 def ffa_backward(
@@ -273,11 +225,8 @@ def ffa_backward(
 ) -> Grads:
     """One ``_flex_flash_attn_backward`` call, as MagiAttention's dist_attn makes per stage.
 
-    As ``dist_attn.py`` does (v1.1.1 L1421-1451: ``dq=dq_acc``, ``*_type=self.hp_dtype``), FFA
-    reduces into float32 accumulators it is given (float64 for float64 inputs) and the step's
-    gradients stay in that precision: the ring adds them into its own float32 accumulators
-    (`lcab.cp.ring_attention`), so no step is rounded to bf16 on the way. ``sm_margin`` is the
-    kernel's option (``kernel.sm_margin``), as for FA3.
+    As ``dist_attn.py`` does (v1.1.1 L1421-1451), FFA reduces into float32 accumulators and the
+    step's gradients stay float32 until the ring's own accumulators: no step is rounded to bf16.
     """
     row = ffa_table.FFA_BACKWARD
     accumulate = torch.promote_types(q.dtype, torch.float32)

@@ -1,41 +1,16 @@
 """``sparse_flashinfer``: FlashInfer's block-sparse wrappers (forward only), block-table lowering.
 
-Written against the API of ``flashinfer-python`` (>= 0.2.7; see the version probe), whose
-wrappers, parameters and LSE facts are the rows of `lcab.kernels.upstream.flashinfer` (read in
-the 0.7.2.post1 wheel, held to the installed package by ``tests/unit/test_upstream_packages.py``)
-and **CPU contract-tested only**: the tests run this
-adapter's whole path against stand-in classes implementing the documented semantics, never
-against the real CUDA kernels. The first GPU run must confirm it.
-
-Two wrappers, chosen by the mask:
-
-* one mask for all heads → ``BlockSparseAttentionWrapper``: the BSR (``indptr``/``indices``,
-  int32) of the tiles the mask touches on a ``block_size`` grid (R = C = block_size), in the
-  cheapest exact form (`lcab.kernels.flashinfer_lowering`): whole tiles alone; FlashInfer's
-  bottom-right ``causal`` flag when each row block's only partial tile is its diagonal one
-  (causal masks); otherwise the per-tile element ``mask`` (nnz, R, C) — partial tiles from
-  `BlockTable.partial_tile_masks`, full tiles all True — exact for *any* mask, but a custom
-  mask forces FlashInfer's FA2 backend (its FA3 path refuses custom masks) and costs nnz·R·C
-  bytes in `prepare`, so masks whose element mask exceeds `ELEMENT_MASK_LIMIT` are refused.
-  The API needs N divisible by C: ``to_native`` zero-pads q, k and v to whole blocks (outside
-  the timer), padded keys are masked out, and ``run`` drops the padded query rows.
-* one mask per KV head (``block_sparse``/``varblock_sparse`` with ``heads`` = Hkv) →
-  ``VariableBlockSparseAttentionWrapper``, which has no element mask: each head's partition is
-  the union of its slices' query/key edges, on which every rectangular slice is a union of whole
-  tiles. The API wants the same block counts for all heads, so smaller partitions are refined
-  by splitting their largest blocks (no zero-size blocks, which the docs do not cover). A head
-  whose tiles cannot all be full (a causal band, say) is refused.
-
-LSE: FlashInfer returns it in **log2** units (the kernel scales scores by log2 e); the BSR
-wrapper as (M, Hq), the variable wrapper as (Hq, S). ``run`` multiplies by ln 2 and converts the
-layout to lcab's (Hq, Sq); rows attending nothing are set from the mask (out 0, lse -inf), since
-FlashInfer's value for them is undocumented. There is no backward (no autograd in FlashInfer).
+CPU contract-tested only; wrappers, parameters and LSE facts (log2 units) are the rows of
+`lcab.kernels.upstream.flashinfer`. A head-shared mask → ``BlockSparseAttentionWrapper`` on a
+``block_size`` grid (inputs zero-padded to whole blocks); an element mask forces FlashInfer's
+FA2 backend and costs nnz·R·C bytes, so it is bounded by `ELEMENT_MASK_LIMIT`. Per-KV-head masks
+→ ``VariableBlockSparseAttentionWrapper`` (no element mask: heads whose tiles are not all full
+are refused). Empty rows are set from the mask, FlashInfer's value being undocumented.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +31,10 @@ from lcab.kernels.flashinfer_lowering import (
     per_head_partition_reason,
     variable_args,
 )
-from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.library_results import LibraryCall, lse_reading
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import flashinfer as upstream
-from lcab.kernels.upstream.facts import UpstreamFunction
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
 from lcab.masks.lowering.blocks import BlockTable, block_table
@@ -71,19 +45,8 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
 
-LN2 = math.log(2.0)
-
-
-def lse_conversion(run: UpstreamFunction) -> tuple[float, LseLayout]:
-    """What a wrapper's ``run`` LSE is multiplied by to be natural log, and its layout."""
-    layout = None if run.lse is None else run.lse.layout
-    if run.lse is None or layout not in ("th", "ht", "bhs"):
-        raise ValueError(f"{run.qualname}: lcab's table states no LSE lcab can read ({layout})")
-    return (LN2 if run.lse.base == "2" else 1.0), layout
-
-
-BSR_LSE = lse_conversion(upstream.BSR_RUN)
-VARIABLE_LSE = lse_conversion(upstream.VARIABLE_RUN)
+BSR_LSE = lse_reading(upstream.BSR_RUN)
+VARIABLE_LSE = lse_reading(upstream.VARIABLE_RUN)
 #: Largest element mask (nnz·R·C booleans) lcab builds; FlashInfer copies and packs it on the
 #: GPU in ``plan``, so this is about 2 × 4 GiB of transient device memory.
 ELEMENT_MASK_LIMIT = 2**32
@@ -207,7 +170,6 @@ class _PreparedVariable(LibraryCall):
         return out.transpose(0, 1), lse
 
 
-# ----------------------------------------------------------------------------- kernel
 @register_kernel
 class FlashInferSparseKernel(Kernel):
     """FlashInfer block-sparse attention (BSR + element masks, or per-head variable blocks)."""
@@ -267,12 +229,12 @@ class FlashInferSparseKernel(Kernel):
         ]  # fmt: skip
         if pass_ in ("bwd", "fwd_bwd"):
             reasons.insert(0, "FlashInfer has no backward pass (forward-only kernels, no autograd)")
-        if mask is None or (mask.num_heads > 1 and mask.num_heads != problem.heads_kv):
-            return reasons
-        why = self.mask_reason(mask)
-        if why is not None:
-            reasons.append(why)
         return reasons
+
+    @override
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        why = self.mask_reason(mask)
+        return super().mask_reasons(mask) + ([why] if why else [])
 
     def mask_reason(self, mask: AttnMask) -> str | None:
         """Why this mask cannot be planned (partial per-head tiles, element mask too big)."""

@@ -1,11 +1,8 @@
 """FlashInfer's block-sparse mask forms, derived from a mask's block table (pure, no package).
 
-* BSR (``BlockSparseAttentionWrapper``, one pattern for all heads) on a uniform grid, padded to
-  whole blocks, in the cheapest exact form: whole tiles only; FlashInfer's bottom-right ``causal``
-  flag when every row's only partial tile is its diagonal one (plain causal masks); else a
-  per-tile element mask (nnz, R, C), which is exact for any mask.
-* Variable blocks (``VariableBlockSparseAttentionWrapper``, one pattern per KV head, no element
-  mask): each head's partition is its slices' edges, refined to common block counts.
+BSR (one pattern for all heads) in the cheapest exact form: whole tiles, the ``causal`` flag, or
+a per-tile element mask; variable blocks (one pattern per KV head): each head's slice edges,
+refined to common block counts.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
 
-# ----------------------------------------------------------------------------- BSR (shared)
 BsrMode = Literal["plain", "causal", "element"]
 """How a BSR call is exact: whole tiles only, FlashInfer's causal flag, or element masks."""
 
@@ -81,11 +77,9 @@ def entry_masks(
 def causal_fits(mask: AttnMask, table: BlockTable, block: int) -> bool:
     """Whether ``causal=True`` without element masks gives exactly ``mask``.
 
-    FlashInfer's causal flag is bottom-right aligned per row block (query row r of a block sees
-    gathered key j <= r + kv_len - qo_len, per its prefill kernel). With whole row blocks
-    (queries padded) and R = C, that is: every touched tile full except each row block's last,
-    on which local row r attends exactly columns 0..r — checked per row from the mask's row
-    intervals (the count of attended keys and the last one), never from dense tiles.
+    FlashInfer's causal flag is bottom-right aligned per row block, so with R = C every touched
+    tile must be full except each row block's last, on which local row r attends columns 0..r
+    (checked from the mask's row intervals, never from dense tiles).
     """
     counts = np.diff(table.ptr)
     last = table.ptr[1:][counts > 0] - 1
@@ -134,7 +128,6 @@ def bsr_args(mask: AttnMask, table: BlockTable, block: int) -> BsrArgs:
     )
 
 
-# ----------------------------------------------------------------------------- per KV head
 def head_edges(mask: AttnMask, head: int) -> tuple[IntArray, IntArray]:
     """Query and key block offsets of one head: 0, the length, and every slice edge."""
     s = mask.head_slices(head)
@@ -144,11 +137,7 @@ def head_edges(mask: AttnMask, head: int) -> tuple[IntArray, IntArray]:
 
 
 def per_head_partition_reason(mask: AttnMask) -> str | None:
-    """None when every head's touched tiles are full on its edge partition, else why not.
-
-    A rectangular (fully attended) slice is a union of whole tiles of a grid containing its
-    edges, so only heads with other slices need their block table.
-    """
+    """None when every head's touched tiles are full on its edge partition, else why not."""
     s = mask.slices
     rectangular = slice_areas(s) == (s[:, 1] - s[:, 0]) * (s[:, 3] - s[:, 2])
     heads = np.repeat(np.arange(mask.num_heads), np.diff(mask.head_ptr))
@@ -165,11 +154,7 @@ def per_head_partition_reason(mask: AttnMask) -> str | None:
 
 
 def refine(edges: IntArray, count: int) -> tuple[IntArray, IntArray]:
-    """Split the largest blocks of ``edges`` until there are ``count``: (new edges, owner block).
-
-    Each block is split evenly into its share of pieces, so no block is empty and the sizes stay
-    as uniform as the partition allows.
-    """
+    """Split the largest blocks of ``edges`` evenly until there are ``count``: (edges, owners)."""
     sizes = np.diff(edges)
     pieces = np.ones(len(sizes), dtype=np.int64)
     heap = [(-float(size), int(i)) for i, size in enumerate(sizes)]

@@ -1,17 +1,8 @@
 """FlexAttention with lcab's BlockMask lowering (built from slices, not from a predicate scan).
 
-``compile=True`` (default) runs ``torch.compile(flex_attention)``, the way FlexAttention is
-meant to be used; compilation is timed as setup (first call), not as the kernel. PyTorch has no
-FlexAttention backward on CPU (torch 2.13 raises in eager and compiled mode alike), so backward
-cells on CPU are skipped with that reason; and its compiled CPU path cannot return the
-log-sum-exp (torch 2.13: "torch.compile on CPU only supports inference and return_lse is not
-supported yet"), so compiled on CPU the kernel returns no LSE (numerics then check the output
-only; strategies that merge by LSE refuse it).
-
-Flex's LSE is differentiable (`lcab.kernels.upstream.torch_flex`: its autograd op hands
-``grad_logsumexp`` to its backward), so the backward from merged statistics that ring-style CP
-needs is the generic one (`PreparedAttention.backward`: autograd through out and lse of the
-compiled call), on CUDA.
+``compile=True`` (default) times compilation as setup. torch 2.13 has no Flex backward on CPU,
+and its compiled CPU path returns no LSE (numerics then check the output only). Flex's LSE is
+differentiable, so the generic backward from merged statistics serves ring CP, on CUDA.
 """
 
 from __future__ import annotations
@@ -53,10 +44,7 @@ class PreparedFlex(PreparedAttention):
     """One FlexAttention call with a ready BlockMask (shared by ``flex`` and ``sparse_flex``)."""
 
     layout = "bhsd"
-    #: ``aux.lse`` is differentiable since torch 2.5 (PR #133159): `FlexAttentionAutogradOp`'s
-    #: backward feeds ``grad_logsumexp`` to the flex backward (torch 2.13
-    #: ``_higher_order_ops/flex_attention.py``); tests hold this to torch itself
-    lse_grad = True
+    lse_grad = True  # `lcab.kernels.upstream.torch_flex`: aux.lse is differentiable
 
     def __init__(self, block_mask: Any, problem: Problem, compiled: bool) -> None:
         self.block_mask = block_mask

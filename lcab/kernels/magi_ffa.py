@@ -1,32 +1,10 @@
 """MagiAttention Flex-Flash-Attention (``magi_attention.functional.flex_flash_attn_func``) adapter.
 
-Written against the documented API of MagiAttention v1.1 (gpu_kernels.md §3.7) and **CPU
-contract-tested only**: the tests run this adapter's whole path against a stand-in module that
-implements the documented semantics, never against the real CUDA kernels. The first GPU run
-must confirm it (numerics check of every cell).
-
-FFA consumes lcab's slices as they are: ``q_ranges`` and ``k_ranges`` (N, 2) int32 ``[start,
-end)`` and ``attn_type_map`` (N,) int32 with the same kind codes (0 full, 1 causal bottom-right,
-2 inv_causal top-left, 3 bi_causal). The lowering (`lcab.masks.lowering.to_ffa`) is done once in
-`prepare` and the three tensors are moved to the device there, so the timed call is one
-library call. The slices of an `AttnMask` never overlap, which is what FFA's reduction of
-several ranges per query row assumes (the atomic forward reduction is left on, its default,
-because one query range may appear in several slices).
-
-Arguments are passed by keyword: releases before v1.1 took ``max_seqlen_q``/``max_seqlen_k``
-as required positional arguments after ``k_ranges`` and returned ``(out, lse)``; v1.1 returns
-``(out, meta)`` with ``meta.lse``. The probe refuses the older signature (it requires arguments
-lcab does not pass). ``max_seqlen_q`` stays at its default (None): its exact meaning in v1.1 is
-not documented beyond "optional", so lcab does not guess it.
-
-LSE: ``meta.lse`` is natural log, float32, (total_q, Hq) → transposed to lcab's (Hq, Sq) by
-`lse_to_lcab` (any other shape is an error); FFA fills it with -inf before the kernel runs, and
-the adapter sets lcab's convention (out 0, lse -inf) from the mask anyway. FFA's backward ignores
-the LSE's gradient, so a single-device backward is autograd through ``out``, and the backward
-from merged statistics that ring-style CP needs is ``_flex_flash_attn_backward`` with the merged
-(out, lse), as MagiAttention's own ``dist_attn.py`` calls it per stage
-(`lcab.kernels.flash_backward.ffa_backward`). Every function and fact here is a row of
-`lcab.kernels.upstream.magi_ffa` (v1.1.1, with file and lines).
+CPU contract-tested only; every function and fact is a row of `lcab.kernels.upstream.magi_ffa`
+(v1.1.1). FFA takes lcab's slices as they are (``q_ranges``/``k_ranges``/``attn_type_map``,
+moved to the device in `prepare`), by keyword: the probe refuses pre-v1.1 signatures, which
+returned ``(out, lse)``. ``max_seqlen_q`` stays None, its meaning being undocumented. The backward
+from merged statistics is ``_flex_flash_attn_backward`` (`lcab.kernels.flash_backward`).
 """
 
 from __future__ import annotations
@@ -49,7 +27,7 @@ from lcab.kernels.base import (
 )
 from lcab.kernels.flash_backward import ffa_backward, mismatch, takes
 from lcab.kernels.library_results import LibraryCall
-from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present
+from lcab.kernels.packages import ApiNeed, PackageProbe, cuda_present, imported_or_none
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.magi_ffa import FFA_BACKWARD
 from lcab.lazy import lazy_module
@@ -68,12 +46,7 @@ FOLLOWS = "MagiAttention v1.1 (flex_flash_attn_func returning (out, meta))"
 
 
 def lse_of(result: Any) -> torch.Tensor:
-    """The LSE of a ``flex_flash_attn_func`` result ``(out, meta)``: ``meta.lse``.
-
-    Raises:
-        RuntimeError: the second item has no ``lse`` (an API generation lcab was not written for).
-
-    """
+    """The LSE of a ``flex_flash_attn_func`` result ``(out, meta)``: ``meta.lse``."""
     lse = getattr(result[1], "lse", None)
     if not isinstance(lse, torch.Tensor):
         raise RuntimeError(
@@ -138,10 +111,7 @@ class FFAOptions:
     """Options of the ``ffa`` kernel (its Hydra config fields), passed to every FFA call."""
 
     sm_margin: int = 0
-    """SMs FFA's kernels leave free (its ``sm_margin``, forward and backward, as
-    MagiAttention's ``dist_attn.py`` passes ``fwd_sm_margin``/``bwd_sm_margin``) for NCCL's
-    kernels under context parallelism: raise it when a trace shows the ring's transfers waiting
-    behind attention (gpu_review §2.10), as for FA3."""
+    """SMs FFA's kernels leave free for NCCL under CP, forward and backward (as for FA3)."""
 
 
 @register_kernel
@@ -192,11 +162,7 @@ class FFAKernel(Kernel):
 
     def _backward_fn(self) -> Callable[..., Any] | None:
         """The installed ``_flex_flash_attn_backward`` when its parameters are v1.1.1's."""
-        try:
-            module = importlib.import_module(FFA_BACKWARD.module)
-        except Exception:  # a CUDA extension built for another torch raises all sorts
-            return None
-        fn = getattr(module, FFA_BACKWARD.name, None)
+        fn = getattr(imported_or_none(FFA_BACKWARD.module), FFA_BACKWARD.name, None)
         return fn if takes(fn, FFA_BACKWARD) else None
 
     @override
@@ -204,9 +170,8 @@ class FFAKernel(Kernel):
         would_run = problem.device_type == "cuda" and cuda_present()
         if not would_run or self.environment_reasons(problem.device):
             return []
-        try:
-            module = importlib.import_module(FFA_BACKWARD.module)
-        except Exception:
+        module = imported_or_none(FFA_BACKWARD.module)
+        if module is None:
             return [f"{FFA_BACKWARD.module} does not import"]
         why = mismatch(getattr(module, FFA_BACKWARD.name, None), FFA_BACKWARD)
         return [why] if why else []

@@ -1,25 +1,10 @@
 """The optional package a kernel calls: declared once, checked so a bad install is a reason.
 
-A kernel names its package in one `PackageProbe` (``KernelCaps.requires``): the import name,
-the distributions that carry it, how to install it, and what the adapter relies on — function
-names, keyword arguments, a minimum version. An older or differently built package may import
-fine and then fail deep inside a timed call or silently return another LSE layout, so the base
-class (`lcab.kernels.base.Kernel`) turns every mismatch into a reason the runner records as
-``skipped``:
-
-1. whether it is installed: a distribution's metadata or a findable module, found without
-   importing a parent package (``flash_attn.cute`` would run FA2's ``flash_attn/__init__.py``);
-2. the installed version, read with `importlib.metadata` (no import: cheap and safe anywhere),
-   against the minimum;
-3. only when the cell would really run (the package is importable and CUDA is present): import
-   the module and check that every function and keyword the adapter passes exists — read for a
-   plain function, a custom op and an operator's schema alike (`lcab.kernels.callables`; an
-   op's ``inspect.signature`` is ``(*args, **kwargs)``, which accepted any keyword), and take
-   the module's ``__version__`` where no distribution says one (a source tree on the path).
-   Importing a CUDA extension on a machine without CUDA can itself fail or be slow, which is
-   why this step waits for CUDA.
-
-This module also decides whether CUDA is there at all without loading torch (`cuda_available`).
+An older or differently built package may import fine and then fail deep inside a timed call,
+so every mismatch becomes a ``skipped`` reason: installed (found without importing a parent
+package), its version (from metadata, no import), and — only where the cell would run, since
+importing a CUDA extension without CUDA can fail or be slow — every function and keyword the
+adapter passes (`lcab.kernels.callables`). `cuda_available` answers without loading torch.
 """
 
 from __future__ import annotations
@@ -32,7 +17,7 @@ import inspect
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -53,9 +38,8 @@ class ApiNeed:
     """Attribute of the module, dotted for a method (``DotProductAttention.forward``)."""
     params: tuple[str, ...]
     positional: int | None = None
-    """How many leading arguments the adapter passes by position; when set, a parameter
-    without a default that is neither among them nor in ``params`` is a reason too (an API
-    generation that needs an argument lcab does not pass). None: not checked."""
+    """Leading arguments passed by position; when set, a required parameter lcab passes neither
+    way is a reason too. None: not checked."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +75,7 @@ class PackageProbe:
 def no_nvidia_driver() -> bool:
     """Whether this machine certainly has no CUDA device: no NVIDIA driver library loads.
 
-    NVML (``nvidia-ml-py``) comes with every driver install and costs 30 ms to fail where none
-    is; ``torch.cuda.is_available()`` costs loading torch, 2 s of a dry run on a login node
-    that checks its CUDA cells. False only says "ask torch". Cached: a driver does not appear
-    in a running process.
+    NVML fails in 30 ms where loading torch to ask costs 2 s; False only says "ask torch".
     """
     try:
         import pynvml
@@ -121,11 +102,7 @@ def cuda_present() -> bool:
 
 
 def release(version: str) -> tuple[int, ...]:
-    """The numeric release of a version string: "2.8.3.post2" → (2, 8, 3); "3.0.0b1" → (3, 0, 0).
-
-    The adapters depend on API generations, which the release numbers mark. Parsed by
-    ``packaging`` (PEP 440); a version it cannot parse has no known release, ``()``.
-    """
+    """The numeric release of a version string: "2.8.3.post2" → (2, 8, 3); unparsable: ()."""
     try:
         return Version(version).release
     except InvalidVersion:
@@ -133,11 +110,7 @@ def release(version: str) -> tuple[int, ...]:
 
 
 def older_than(version: str, minimum: str) -> bool:
-    """Whether ``version`` is below ``minimum`` (see `PackageProbe.min_version`).
-
-    ``0.0.0`` (setuptools-scm's fallback for a checkout without tags) is unknown, never too old:
-    the signature check decides. An unparsable version is below every real one.
-    """
+    """Whether ``version`` is below ``minimum``; ``0.0.0`` (setuptools-scm's fallback) never is."""
     if release(version) == (0, 0, 0):
         return False
     if release(version) and Version(minimum).is_prerelease:
@@ -172,10 +145,7 @@ def installed(probe: PackageProbe) -> bool:
 
 
 def api_reasons(probe: PackageProbe, version: str | None) -> list[str]:
-    """Import ``probe.module`` and check each needed function and keyword exists.
-
-    Only called when the cell would run (see the module docstring).
-    """
+    """Import ``probe.module`` and check each needed function and keyword exists."""
     label = f"{probe.module} {version or '(version unknown)'}"
     needs = f" (lcab needs {probe.requirement})" if probe.requirement else ""
     try:
@@ -232,21 +202,24 @@ def _required_unpassed(params: Mapping[str, inspect.Parameter], need: ApiNeed) -
     ]
 
 
+def imported_or_none(name: str) -> Any:
+    """``name`` imported, or None when it is missing or fails to import (a reason elsewhere)."""
+    try:
+        return importlib.import_module(name)
+    except Exception:  # a CUDA extension built for another torch raises all sorts
+        return None
+
+
 def _module_version(module: str) -> str | None:
     """``module.__version__`` of an importable module (None: none, or it fails to import)."""
-    try:
-        version = getattr(importlib.import_module(module), "__version__", None)
-    except Exception:  # absent or broken: the API check has said so
-        return None
+    version = getattr(imported_or_none(module), "__version__", None)
     return version if isinstance(version, str) else None
 
 
 def probe_reasons(probe: PackageProbe, device: torch.device | str) -> list[str]:
     """Why the installed ``probe.module`` does not fit the adapter (empty: it fits or is absent).
 
-    The API check runs only when ``device`` is CUDA, CUDA is present and the package is
-    installed — i.e. when the cell would otherwise really run — and its reasons come first
-    (they say what is missing); the version check needs no import and runs everywhere.
+    The API check runs only where the cell would really run; the version check everywhere.
     """
     version = distribution_version(probe.distributions)
     device_type = device if isinstance(device, str) else device.type

@@ -1,13 +1,8 @@
 """``ranges``: attention planned straight from the slices (portable twin of MagiAttention's FFA).
 
-FFA takes the mask as (q_range, k_range, attn_type) triples and only ever visits the attended
-region; this kernel does the same on any device with plain torch. Each mask head's rows are cut
-at every slice q-boundary (so a row chunk lies inside each slice covering it) and then into
-chunks of at most ``tile`` rows. A chunk attends, for every covering slice, one contiguous key
-segment ``[max(ks, r0 + lo), min(ke - 1, r1 - 1 + hi)]`` — the band of the slice can only bind
-in the ``tile``-wide corners of that segment, so the computed area is the attended area plus at
-most a ``tile``-high staircase along each diagonal edge. The tiled engine (`lcab.kernels.tiled`)
-masks just those corners, batches small chunks and runs forward and backward.
+Each mask head's rows are cut at every slice boundary and into chunks of at most ``tile`` rows;
+a chunk attends one contiguous key segment per covering slice, whose band binds only in
+``tile``-wide corners, which the tiled engine (`lcab.kernels.tiled`) masks.
 """
 
 from __future__ import annotations
@@ -23,10 +18,8 @@ from lcab.kernels.tiled import PreparedTiled, WorkItems, plan_for
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import kind_bands
 
-#: Default rows per work item. Measured on 2 CPU cores (Hq=8, Hkv=2, D=64, causal_document at
-#: S=16K): 128 rows keep the diagonal waste near T/L of a document of length L while the
-#: (G·T)-row matmuls still run near the machine's GEMM rate; 64 is slower (small GEMMs) and
-#: 256 wastes more of the triangles.
+#: Default rows per work item: on 2 CPU cores (causal_document, S=16K) 64 was slower (small
+#: GEMMs) and 256 wasted more of the diagonal triangles.
 DEFAULT_TILE = 128
 
 

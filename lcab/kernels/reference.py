@@ -1,10 +1,7 @@
 """The fp64 oracle: dense masked softmax attention, returning (out, lse); never timed by default.
 
-Computed in float64 in query chunks (so memory stays ~256 MiB whatever S), with autograd, so
-out, lse and dq/dk/dv of every kernel can be checked against it. `streamed_rows` computes
-out, lse and dq for a sample of query rows with K/V streamed in key chunks (drawn on demand,
-never held whole), which keeps numerics checks affordable at context-parallel lengths. Query
-heads always meet their own K/V head (grouped), never a copy of K/V repeated per query head.
+Computed in query chunks (memory ~256 MiB whatever S), with autograd. `streamed_rows` computes
+out, lse and dq for sampled rows with K/V streamed in chunks, for checks at CP lengths.
 """
 
 from __future__ import annotations
@@ -34,11 +31,7 @@ STREAM_CHUNK_BYTES = 64 << 20
 
 
 class RowWindow:
-    """The attended intervals of some query rows, cut into dense key chunks on demand.
-
-    Holds only the rows' own intervals (flat arrays), so a chunk of ``len(rows) x chunk`` keys
-    costs that much memory whatever the sequence length.
-    """
+    """The attended intervals of some query rows, cut into dense key chunks on demand."""
 
     def __init__(self, mask: AttnMask, rows: torch.Tensor) -> None:
         self.rows = rows.to("cpu", torch.long)
@@ -78,9 +71,7 @@ def dense_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention of q (Sq, Hq, D), k/v (Sk, Hkv, D); allowed (Hm|1, Sq, Sk) bool.
 
-    Query heads are grouped under their K/V head (GQA) rather than K/V repeated to every query
-    head, so no copy of K/V is ever Hq / Hkv times larger. Rows with no allowed key give out 0
-    and lse -inf. Differentiable.
+    Query heads are grouped under their K/V head, never K/V repeated; differentiable.
     """
     sq, hq, d = q.shape
     hkv = k.shape[1]
@@ -152,18 +143,10 @@ def streamed_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """fp64 (out, lse, dq) of query rows ``rows`` (their q in ``q_rows``), keys streamed.
 
-    A query row's output and its dq depend only on that row, so a sample of rows checks a
-    kernel at any length. K/V arrive in key chunks from ``keys`` (drawn, not stored) and each
-    query head meets only its own K/V head: memory is a few ``len(rows) x chunk`` score
-    blocks, whatever the length and however many query heads share a K/V head.
-
-    Each key is asked for once: chunk widths are multiples of ``align`` (the caller's unit of
-    drawing, e.g. the seeded input blocks: a chunk that ended inside a block would have the
-    block drawn again for the next chunk), and out, lse and dq come from one pass. The forward
-    is an online softmax (running max and sum per row); dq = scale * sum_k p_k (dp_k - delta)
-    k_k with dp_k = dout . v_k and delta = sum_k p_k dp_k, so it is accumulated in the same
-    pass as sum p dp k, sum p k and sum p dp under the same running rescaling, and combined at
-    the end (in fp64, the difference loses a few ulps of the terms, far below any tolerance).
+    K/V arrive in key chunks from ``keys`` (drawn, not stored), each key once (chunk widths are
+    multiples of ``align``, the caller's unit of drawing). One pass: an online softmax, and
+    dq = scale·Σ p_k (dp_k − δ) k_k accumulated as Σ p dp k, Σ p k and Σ p dp under the same
+    running rescaling, combined at the end.
     """
     rows = rows.to("cpu", torch.long)
     n, hq, d = q_rows.shape

@@ -12,12 +12,7 @@ KERNELS: Registry[type[Kernel]] = Registry("kernel")
 
 
 def register_kernel(cls: type[Kernel]) -> type[Kernel]:
-    """Class decorator: register ``cls`` under ``cls.name``.
-
-    Raises:
-        ValueError: its ``colour`` is missing, not ``#rrggbb``, or another kernel's.
-
-    """
+    """Class decorator: register ``cls`` under ``cls.name`` (its colour unique ``#rrggbb``)."""
     colour = getattr(cls, "colour", None)
     taken = {KERNELS.get(n).colour: n for n in KERNELS.names()}
     if not isinstance(colour, str) or not re.fullmatch(r"#[0-9a-f]{6}", colour):
@@ -29,12 +24,7 @@ def register_kernel(cls: type[Kernel]) -> type[Kernel]:
 
 
 def get_kernel(name: str, **options: Any) -> Kernel:
-    """An instance of kernel ``name`` (options are the kernel's config fields).
-
-    Raises:
-        UnknownNameError: a ValueError listing the registered kernels.
-
-    """
+    """An instance of kernel ``name`` (options are the kernel's config fields)."""
     return KERNELS.get(name)(**options)
 
 

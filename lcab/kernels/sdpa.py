@@ -1,29 +1,12 @@
 """PyTorch scaled_dot_product_attention: ``sdpa`` and its backend-pinned variants.
 
-``is_causal`` is used when the mask is exactly full or causal (one slice), which lets PyTorch
-skip masked tiles; any other mask becomes a dense additive mask (O(S²) memory, no skipping),
-as in the paper. On CPU the kernel is the CPU flash-attention op that ``F.sdpa`` dispatches to,
-called directly so the log-sum-exp comes back (needed by context parallelism). The pinned
-variants (``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn``; ``sdpa_math`` also on CPU) force one
-backend through ``torch.nn.attention.sdpa_kernel`` and return no LSE.
-
-The unpinned ``sdpa`` kernel on CUDA is pinned too, to the backend PyTorch itself picks for
-the call, so every cell names the backend that ran (cuDNN is PyTorch's first choice on an H100,
-ahead of flash). `run` asks PyTorch's own selection, ``torch._fused_sdp_choice`` (priority order,
-enabled backends, each backend's constraints), on the call's real tensors, once per grad mode (a
-backward can rule backends out), pins the answer and sets ``backend_used``. Real tensors, not
-fake ones made at prepare: on an H100 (torch 2.11.0+cu130) the selection on ``FakeTensorMode``
-CUDA tensors answered MATH (the meta kernel's answer) where the real tensors, and the kernels a
-profiler saw, were cuDNN's (`tests.gpu.sdpa_choice`, notebooks/data/gpu_h100_sdpa_choice.jsonl);
-pinning that answer made ``sdpa`` 60x slower than cuDNN, and out of memory at 32K tokens, in the
-first GPU run.
-
-Rows that attend no key: SDPA does not say what they give. Its documented reference takes
-``torch.softmax`` of an all -inf row (NaN), the math backend's safe softmax gives 0, and the
-fused CUDA backends document nothing (`lcab.kernels.upstream.torch_attention`, row ``SDPA``).
-So no backend is handed such a row: the dense mask gives those rows a finite bias (0), and lcab
-sets their output to 0 afterwards (LSE -inf where one is returned), on every path, CPU or CUDA —
-the output's gradient there is then 0 and no NaN reaches q, k or v.
+``is_causal`` for exactly full or causal masks, else a dense additive mask (as in the paper). On
+CPU the flash-attention op ``F.sdpa`` dispatches to is called directly, so the LSE comes back.
+The unpinned ``sdpa`` on CUDA pins the backend ``torch._fused_sdp_choice`` picks on the call's
+real tensors, once per grad mode, and names it (``backend_used``): on fake tensors it answered
+MATH where cuDNN ran (H100, torch 2.11; notebooks/data/gpu_h100_sdpa_choice.jsonl), 60x slower.
+SDPA leaves rows with no key undocumented (NaN in its reference), so they get a finite bias and
+lcab sets them to out 0 / LSE -inf afterwards, on every path.
 """
 
 from __future__ import annotations
@@ -68,7 +51,7 @@ def whole_mask_kind(mask: AttnMask) -> str | None:
 
 
 def calls_cpu_flash_op(backend: str | None, device: torch.device) -> bool:
-    """Whether the kernel calls the CPU flash-attention op directly (the unpinned CPU path)."""
+    """Whether the kernel calls the CPU flash-attention op directly (a seam for tests)."""
     return backend is None and device.type == "cpu"
 
 
@@ -142,7 +125,11 @@ class _PreparedSDPA(PreparedAttention):
         name = self.backend or self._pin_default(q, k, v)
         self.backend_used = name
         with sdpa_kernel(getattr(torch.nn.attention.SDPBackend, name)):
-            return self._zero_empty(self._call(q, k, v, self.bias)), None
+            bias, gqa = self.bias, self.group > 1
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, is_causal=self.is_causal, scale=self.scale, enable_gqa=gqa
+            )
+            return self._zero_empty(out), None
 
     def _zero_empty(self, out: torch.Tensor) -> torch.Tensor:
         """``out`` (1, Hq, Sq, D) with lcab's 0 on the rows that attend no key."""
@@ -162,35 +149,14 @@ class _PreparedSDPA(PreparedAttention):
         no_key = torch.isneginf(lse) | self.empty if self.has_empty else torch.isneginf(lse)
         # the op reads its statistics in the accumulation type (float32 for bf16/fp16 inputs)
         stats = lse.masked_fill(no_key, float("inf")).to(lse_dtype(q.dtype)).unsqueeze(0)
+        args = (dout.contiguous(), q, kk, vv, out.contiguous(), stats, 0.0, self.is_causal)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout.contiguous(),
-            q,
-            kk,
-            vv,
-            out.contiguous(),
-            stats,
-            0.0,
-            self.is_causal,
-            attn_mask=self.bias,
-            scale=self.scale,
+            *args, attn_mask=self.bias, scale=self.scale
         )
         if group > 1:
             dk = dk.unflatten(1, (-1, group)).sum(2)
             dv = dv.unflatten(1, (-1, group)).sum(2)
         return dq, dk, dv
-
-    def _call(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=self.is_causal,
-            scale=self.scale,
-            enable_gqa=self.group > 1,
-        )
 
 
 @register_kernel
@@ -270,10 +236,7 @@ _pinned(
     "#17becf",
     _MaskFreeSDPA,
 )
-# No GQA: on an H200 with torch 2.11 the memory-efficient backend refused every enable_gqa call
-# ("For dense input, both fused kernels require query, key and value to have the same
-# num_heads"; launchers/gpu_check.sh, lcab/kernels/README.md "The GPU tier"), so it is judged
-# on MHA.
+# No GQA: on an H200 (torch 2.11) the memory-efficient backend refused every enable_gqa call.
 _pinned(
     "sdpa_efficient",
     "EFFICIENT_ATTENTION",

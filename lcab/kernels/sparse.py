@@ -1,11 +1,8 @@
 """``sparse``: block-sparse attention over the block-table lowering (the FA2-Sparse way).
 
-Unlike ``ranges``, this kernel sees the mask only through its block table: per query block, the
-key blocks it touches, each full or partial. Query blocks are the work items; consecutive full
-key blocks are merged into one key piece, partial tiles are pieces masked by their exact dense
-tile mask (`BlockTable.partial_tile_masks`). It therefore computes every touched tile whole —
-the waste of a block-sparse kernel, which the benchmark measures against ``ranges`` — and runs
-on the same engine (`lcab.kernels.tiled`): batching, memory bound, forward and backward.
+Query blocks are the work items; consecutive full key blocks merge into one piece, partial tiles
+are masked by their dense tile mask. It computes every touched tile whole — the waste the
+benchmark measures against ``ranges`` — on the tiled engine (`lcab.kernels.tiled`).
 """
 
 from __future__ import annotations

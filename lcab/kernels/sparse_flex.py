@@ -1,24 +1,10 @@
 """FlexAttention as a plain block-sparse kernel: whole tiles from lcab's block table, no mask_mod.
 
-This is the paper's "Flex" block-sparse entry, not lcab's exact ``flex`` kernel: the BlockMask is
-built with the documented ``BlockMask.from_kv_blocks`` from lcab's block table on the kernel's
-grid (option ``block_size``, Flex's default 128), every selected tile listed as a *full* block and
-``mask_mod=None``, so Flex computes each selected tile whole, as a block-sparse library does.
-That is exact only for masks whose touched tiles are all full (`partial_tile_reason`: lcab's
-``block_sparse`` pattern drawn with the same block size, or ``full``); every other mask is
-refused with the first partial tile named, instead of measuring a fast wrong answer.
-
-Heads follow FlexAttention's broadcasting: a mask shared by all heads gives a BlockMask with one
-head; per-KV-head masks are expanded to the query heads (query head h reads mask head
-h // (Hq / Hkv)), as ``flex`` does.
-
-Compilation, CPU limits and the call are those of ``flex`` (`FlexFamily`, `PreparedFlex`):
-``compile=True`` (default) runs ``torch.compile(flex_attention)``; PyTorch has no FlexAttention
-backward on CPU, and its compiled CPU path returns no log-sum-exp. Flex's LSE is natural log,
-(B, Hq, Sq).
-Flex's eager path (``compile=False``, for tests) ignores the block lists and evaluates only the
-``mask_mod`` at every position, so there the BlockMask carries a tile-lookup ``mask_mod`` that
-selects the same tiles (`full_tile_block_mask`); the compiled kernel never evaluates it.
+The paper's "Flex" block-sparse entry: ``BlockMask.from_kv_blocks`` on a ``block_size`` grid,
+every selected tile a full block, so only masks whose touched tiles are all full run
+(`partial_tile_reason`). Per-KV-head masks are expanded to query heads, as in ``flex``. Flex's
+eager path evaluates only ``mask_mod``, so there the BlockMask carries a tile-lookup
+``mask_mod`` selecting the same tiles (`full_tile_block_mask`); compiled, it is never evaluated.
 """
 
 from __future__ import annotations
@@ -44,11 +30,7 @@ else:
 
 
 def selected_tiles(table: BlockTable, heads_q: int) -> torch.Tensor:
-    """Bool (H, nq, nk): the tiles the kernel computes, per BlockMask head.
-
-    A per-head table is repeated to ``heads_q`` heads (query head h uses mask head h // group);
-    a head-shared one keeps one head, which Flex broadcasts over the query heads.
-    """
+    """Bool (H, nq, nk): the tiles computed per BlockMask head (1 for a head-shared table)."""
     selected = table.dense_blocks() > 0  # every touched tile (callers check they are full)
     if table.num_heads > 1:
         selected = selected.repeat_interleave(heads_q // table.num_heads, 0)
@@ -56,11 +38,7 @@ def selected_tiles(table: BlockTable, heads_q: int) -> torch.Tensor:
 
 
 def full_block_indices(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flex's (full_kv_num_blocks (1, H, nq), full_kv_indices (1, H, nq, nk)) of tiles.
-
-    The selected key blocks of each query block come first, in ascending order, as Flex reads
-    the first ``num`` entries of an index row; the other entries are never read.
-    """
+    """Flex's (full_kv_num_blocks (1, H, nq), full_kv_indices (1, H, nq, nk)): selected first."""
     num = selected.sum(-1, dtype=torch.int32)
     order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True)
     return num.unsqueeze(0), order.to(torch.int32).unsqueeze(0)
@@ -89,10 +67,7 @@ def full_tile_block_mask(
 ) -> torch.nn.attention.flex_attention.BlockMask:
     """The BlockMask of ``table``: every selected tile a full block, no partial blocks.
 
-    Compiled Flex skips the ``mask_mod`` in full blocks, so it gets none (``noop_mask``): a pure
-    block-sparse kernel. Flex's eager path (``compile=False``) ignores the block lists and
-    evaluates only the ``mask_mod`` at every position (torch's ``math_attention``), so there the
-    BlockMask carries `tile_lookup_mask_mod`, which selects the same tiles.
+    Compiled, the ``mask_mod`` is never evaluated; eager evaluates only it, so it looks tiles up.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -119,16 +94,10 @@ class SparseFlexKernel(FlexFamily):
     caps = dataclasses.replace(FLEX_CAPS, lowering="block_table")
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        if mask is not None:
-            block = int(self.options["block_size"])
-            why = partial_tile_reason_of(block_table(mask, block, block), block, block)
-            if why is not None:
-                reasons.append(why)
-        return reasons
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        block = int(self.options["block_size"])
+        why = partial_tile_reason_of(block_table(mask, block, block), block, block)
+        return super().mask_reasons(mask) + ([why] if why else [])
 
     @override
     def block_mask(self, mask: AttnMask, problem: Problem) -> Any:

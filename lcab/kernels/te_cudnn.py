@@ -1,34 +1,11 @@
 """cuDNN fused attention through TransformerEngine's ``DotProductAttention`` (thd layout).
 
-Written against TransformerEngine 2.x's module, whose constructor and ``forward`` are the rows
-of `lcab.kernels.upstream.cudnn` (read in the 2.20.2 wheel, held to the installed file by
-``tests/unit/test_upstream_packages.py``) and **CPU contract-tested only**: the tests run this
-adapter's whole path against a stand-in module built from those rows, never against TE or
-cuDNN. The first GPU run must confirm it, including that TE picked "FusedAttention"
-(``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2``).
-
-The mask is lowered once, in `prepare`, by `lcab.masks.lowering.to_varlen` (as for fa2): packed
-(T, H, D) tensors, ``qkv_format="thd"``, int32 ``cu_seqlens_q/kv`` on the device,
-``max_seqlen_q/kv`` as ints, ``attn_mask_type`` ``"padding_causal"`` or ``"padding"`` and
-``window_size`` (left, right). The module is built once in `prepare` (it holds no weights).
-`prepare` also sets TE's backend switches ``NVTE_FUSED_ATTN=1``, ``NVTE_FLASH_ATTN=0``,
-``NVTE_UNFUSED_ATTN=0``, so a call cuDNN cannot take fails instead of silently timing
-FlashAttention or TE's unfused PyTorch path under the name "cudnn".
-
-What lcab refuses rather than guesses (`mask_reasons`):
-
-* causal or windowed sequences whose query and key lengths differ (CP rectangles): TE's
-  ``padding_causal`` is top-left aligned, the window alignment depends on the mask type and on
-  a ``bottom_right_diagonal`` switch that changed across 2.x releases, while the varlen
-  lowering is bottom-right aligned. With equal lengths every alignment coincides;
-* empty sequences (queries with no keys or keys with no queries): undocumented in thd;
-* a window with one unbounded side other than causal (-1, 0): FusedAttention takes only
-  (-1, 0) or (>= 0, >= 0), so TE would run another backend.
-
-LSE: ``DotProductAttention`` returns only ``out`` (TE's softmax statistics come out of the
-private ``fused_attn_fwd`` only), so ``returns_lse=False`` and ``run`` returns ``(out, None)``;
-ring-style CP cannot merge this kernel. Backward: autograd through ``out``. The output of the
-thd format is (T, Hq·D) and is viewed as (T, Hq, D); any other shape is an error.
+CPU contract-tested only; constructor and ``forward`` are rows of `lcab.kernels.upstream.cudnn`.
+Varlen lowering as for fa2; `prepare` sets ``NVTE_FUSED_ATTN=1``, ``NVTE_FLASH_ATTN=0``,
+``NVTE_UNFUSED_ATTN=0`` so a call cuDNN cannot take fails instead of timing another backend
+under the name "cudnn". Refused rather than guessed (`mask_reasons`): causal or windowed
+sequences with unequal query/key lengths (TE's alignment differs from the lowering's), empty
+sequences, and windows with one unbounded side other than (-1, 0). TE returns no LSE.
 """
 
 from __future__ import annotations
@@ -48,6 +25,7 @@ from lcab.kernels.base import (
     cuda_adapter_caps,
     empty_rows,
 )
+from lcab.kernels.library_results import cu_seqlens
 from lcab.kernels.packages import ApiNeed, PackageProbe
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream import cudnn as upstream
@@ -138,14 +116,10 @@ class _PreparedTE(PreparedAttention):
             window_size=window,
             softmax_scale=problem.head_dim**-0.5,
         )
-
-        def cu(values: Any) -> torch.Tensor:
-            return torch.as_tensor(values, dtype=torch.int32).to(device).contiguous()
-
         self.kwargs: dict[str, Any] = {
             "qkv_format": "thd",
-            "cu_seqlens_q": cu(args.cu_seqlens_q),
-            "cu_seqlens_kv": cu(args.cu_seqlens_k),
+            "cu_seqlens_q": cu_seqlens(args.cu_seqlens_q, device),
+            "cu_seqlens_kv": cu_seqlens(args.cu_seqlens_k, device),
             "max_seqlen_q": int(args.max_seqlen_q),
             "max_seqlen_kv": int(args.max_seqlen_k),
             "attn_mask_type": mask_type,
@@ -207,11 +181,8 @@ class CudnnKernel(Kernel):
         return reasons
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        return reasons + (mask_reasons(mask) if mask is not None else [])
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        return super().mask_reasons(mask) + mask_reasons(mask)
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

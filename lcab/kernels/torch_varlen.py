@@ -1,38 +1,17 @@
 """``torch_varlen``: PyTorch's own varlen attention, the FA2-class baseline that needs no install.
 
-``torch.nn.attention.varlen.varlen_attn`` runs torch's built-in FlashAttention 2 kernels
-(``aten::_flash_attention_forward``; CUDA only) on packed sequences: documents through
-``cu_seq_q``/``cu_seq_k``, causal and sliding windows through ``window_size`` — (-1, 0) is
-causal, (W, 0) causal with a window — GQA through ``enable_gqa``, and the natural-log LSE through
-``return_aux=AuxRequest(lse=True)``. The call and the LSE's layout come from the table
-`lcab.kernels.upstream.torch_attention` (row ``VARLEN_ATTN``): the LSE is **(H_q, T_q)**, as
-torch's own fake kernel and ``meta__flash_attention_forward`` say — not the (T_q, H_q) of
-``varlen_attn``'s docstring, which this adapter once followed and then raised on every GPU
-call. On a GPU machine with nothing but torch this is the cell that tells whether a separately
-built flash-attn is worth its build.
-
-It takes the same varlen lowering as ``fa2`` (one call, a single sequence being N = 1). torch
-does not document how a causal or windowed sequence aligns when its query and key counts
-differ, so such masks (CP rectangles of causal masks) are refused rather than guessed; rows that
-attend nothing get lcab's convention (out 0, LSE -inf) from the mask.
-
-Backward: autograd through ``out``. The LSE is not differentiable (torch's ``_backward``
-ignores ``grad_lse``; ``lse_grad`` False), so the backward from merged statistics that ring-style
-context parallelism needs (``stats_backward``) calls torch's own backward op,
-``torch_attn::_varlen_attn_backward`` (row ``VARLEN_BACKWARD_OP``), with the merged ``out`` and
-LSE where ``_backward`` passes its saved ones — the LSE in the same (H_q, T_q) layout, which is
-lcab's (Hq, Sq) — as ring-flash-attn calls FA2's ``_flash_attn_varlen_backward``.
-
-**CPU contract-tested only**: the tests run this adapter's whole path on meta tensors, where
-torch's own fake kernel of ``varlen_attn`` gives the output and LSE shapes, and against a
-plain-torch stand-in built from the table row (``tests/helpers/standin_torch_varlen.py``) for
-the numbers. Neither is a GPU run.
+``torch.nn.attention.varlen.varlen_attn`` (CUDA only) with the fa2 varlen lowering; call and
+LSE layout ((H_q, T_q), not its docstring's (T_q, H_q)) are rows of
+`lcab.kernels.upstream.torch_attention`. torch does not say how causal or windowed sequences
+with unequal query/key counts align, so those are refused. The backward from merged statistics
+calls ``torch_attn::_varlen_attn_backward`` with the merged out and LSE. CPU contract-tested
+(meta tensors and a plain-torch stand-in), never a GPU run.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from typing_extensions import override
@@ -45,7 +24,7 @@ from lcab.kernels.base import (
     Problem,
     cuda_adapter_caps,
 )
-from lcab.kernels.library_results import LibraryCall, LseLayout
+from lcab.kernels.library_results import LibraryCall, cu_seqlens, lse_reading
 from lcab.kernels.registry import register_kernel
 from lcab.kernels.upstream.torch_attention import VARLEN_ATTN, VARLEN_BACKWARD_OP
 from lcab.lazy import lazy_module
@@ -61,8 +40,7 @@ else:
 MODULE = VARLEN_ATTN.module
 #: Keywords lcab passes to ``varlen_attn`` (after the seven positional arguments).
 CALL_KWARGS = ("return_aux", "scale", "window_size", "enable_gqa")
-#: The LSE's layout, as the table's row states it ((H_q, T_q); tests check the row has one).
-LSE_LAYOUT = cast(LseLayout, VARLEN_ATTN.lse.layout if VARLEN_ATTN.lse else None)
+LSE_FACTOR, LSE_LAYOUT = lse_reading(VARLEN_ATTN)
 
 
 def api_reasons() -> list[str]:
@@ -112,8 +90,8 @@ class _PreparedTorchVarlen(LibraryCall):
         self.backward_op = getattr(varlen, VARLEN_BACKWARD_OP.name, None)  # the custom op
         self.expect(mask, problem)
         self.positional = (
-            torch.as_tensor(args.cu_seqlens_q, dtype=torch.int32).to(device).contiguous(),
-            torch.as_tensor(args.cu_seqlens_k, dtype=torch.int32).to(device).contiguous(),
+            cu_seqlens(args.cu_seqlens_q, device),
+            cu_seqlens(args.cu_seqlens_k, device),
             int(args.max_seqlen_q),
             int(args.max_seqlen_k),
         )
@@ -127,18 +105,12 @@ class _PreparedTorchVarlen(LibraryCall):
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
         out, lse = self.fn(q, k, v, *self.positional, **self.kwargs)
-        return self.convention(out, lse, LSE_LAYOUT, q.dtype)
+        return self.convention(out, lse * LSE_FACTOR, LSE_LAYOUT, q.dtype)
 
     def backward(
         self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     ) -> Grads:
-        """(dq, dk, dv) of this block of keys under the merged (out, lse): torch's own op.
-
-        The arguments are those torch's ``_backward`` passes (``varlen.py`` L605-635) with the
-        merged statistics for the saved ones: ``is_causal`` as ``varlen_attn`` derives it from
-        the window (L307), and the zero ``rng_state`` its forward returns (dropout is 0). Rows
-        with no key in this block are masked in it (FA2's backward reads an LSE of -inf as 0).
-        """
+        """(dq, dk, dv) under the merged (out, lse), as torch's ``_backward`` calls its op."""
         if self.backward_op is None:
             raise NotImplementedError(
                 f"torch {torch.__version__}'s {MODULE} has no {VARLEN_BACKWARD_OP.name}"
@@ -181,11 +153,8 @@ class TorchVarlenKernel(Kernel):
         return api_reasons()
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        return reasons + (mask_reasons(mask) if mask is not None else [])
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        return super().mask_reasons(mask) + mask_reasons(mask)
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

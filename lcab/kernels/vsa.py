@@ -1,39 +1,12 @@
 """VSA (Video Sparse Attention) kernels of ``fastvideo-kernel``: ThunderKittens and Triton.
 
-Written against ``fastvideo_kernel.block_sparse_attn`` of fastvideo-kernel 0.3.x (the
-index-native ops behind ``block_sparse_attn_from_indices``; their signatures and LSE facts are
-the rows of `lcab.kernels.upstream.vsa`, read in the 0.3.5 sdist) and **CPU contract-tested
-only**:
-the tests run this adapter's whole path against a stand-in of the documented semantics, never
-the real kernels. The first GPU run must confirm it.
-
-Two kernels, one per backend, so both run in one process: the public
-``block_sparse_attn_from_indices`` picks the backend per call from the environment
-(``FASTVIDEO_VSA_TRITON`` / ``FASTVIDEO_VSA_TK``) and the GPU, so lcab calls the two autograd
-ops it dispatches to directly, with the same arguments:
-
-* ``sparse_vsa`` — ``block_sparse_attn_sm90`` (ThunderKittens, sm_90a only, head dim 64/128;
-  needs the compiled ``fastvideo_kernel._C``, which the probe checks);
-* ``sparse_vsa_triton`` — ``block_sparse_attn_triton`` (any CUDA GPU Triton supports).
-
-Both take q/k/v (1, H, S, D) bf16 with S padded to a multiple of 64, ``q2k_idx`` int32
-(1, H, nQb, max_kv) — the selected 64-key blocks of each 64-query block, first ``q2k_num``
-entries read — ``q2k_num`` int32 (1, H, nQb) and ``variable_block_sizes`` int32 (nKb,): the
-valid keys of each key block (all 64 but the last, S mod 64 when S is not a multiple). Keys past
-that count are masked; padded query rows are computed and dropped. Every selected tile is
-computed whole, so the kernels are exact only for masks whose touched 64x64 tiles are all full
-(`partial_tile_reason`: ``block_sparse`` with block_size=64, ``full``); one mask head per query
-head (Hq == Hkv, no GQA); non-causal; softmax scale 1/sqrt(D) fixed by the library.
-
-LSE (read from the sources of fastvideo-kernel 0.3.2 and 0.3.5): Triton returns log2 units (B, H, S)
-(``m_i + log2(l_i)`` on scores scaled by scale·log2 e), so lcab multiplies by ln 2; TK returns
-(B, H, S, 1) holding ``-sqrt(D) · lse`` in natural log (its backward's convention), so lcab divides
-by -sqrt(D). The TK forward always runs a "last" iteration on entry ``q2k_num - 1``, which reads
-out of bounds when a query block selects nothing: such blocks get one harmless block 0 instead
-(their rows attend nothing in the mask, so lcab sets them to out 0, lse -inf from the mask, and
-their zero output gradient makes them contribute nothing to dK/dV). Both backends' LSE is not
-differentiable (its gradient is dropped by the library), so lcab returns it detached and there
-is no backward from merged statistics.
+CPU contract-tested only; op signatures and LSE facts are the rows of `lcab.kernels.upstream.vsa`.
+The public entry picks its backend from the environment, so lcab calls the two ops directly:
+``sparse_vsa`` (``block_sparse_attn_sm90``, sm_90a, head dim 64/128, needs ``fastvideo_kernel._C``)
+and ``sparse_vsa_triton``. Whole 64x64 tiles (`partial_tile_reason`), Hq == Hkv, non-causal, S
+padded to a multiple of 64. The TK forward reads out of bounds when a query block selects
+nothing, so such blocks get block 0 (their rows are empty in the mask and set from it). The LSE
+is not differentiable: no backward from merged statistics.
 """
 
 from __future__ import annotations
@@ -84,9 +57,7 @@ def vsa_indices(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q2k_idx (1, H, nQb, max_kv), q2k_num (1, H, nQb)) int32 of a 64x64 block table.
 
-    A head-shared table is repeated to ``heads`` heads (the ops take one index row per head).
-    With ``fill_empty``, query blocks selecting nothing list block 0 once (see the module
-    docstring: the TK kernel needs q2k_num >= 1).
+    With ``fill_empty``, query blocks selecting nothing list block 0 (TK needs q2k_num >= 1).
     """
     counts = np.diff(table.ptr)
     n_rows = len(counts)
@@ -131,22 +102,16 @@ class _PreparedVSA(PreparedAttention):
         table = block_table(mask, VSA_BLOCK, VSA_BLOCK)
         q2k_idx, q2k_num = vsa_indices(table, problem.heads_q, fill_empty=thunderkittens)
         device = problem.device
-        self.args = (
-            q2k_idx.to(device),
-            q2k_num.to(device),
-            variable_block_sizes(problem.seqlen_k).to(device),
-        )
+        sizes = variable_block_sizes(problem.seqlen_k)
+        self.args = tuple(t.to(device) for t in (q2k_idx, q2k_num, sizes))
         self.op = op
         self.seqlen_q = problem.seqlen_q
         self.pad_q = -problem.seqlen_q % VSA_BLOCK
         self.pad_k = -problem.seqlen_k % VSA_BLOCK
-        # natural-log LSE = native * lse_scale (module docstring)
-        self.lse_scale = natural_lse_scale(
-            upstream.BLOCK_SPARSE_ATTN_SM90
-            if thunderkittens
-            else upstream.BLOCK_SPARSE_ATTN_TRITON,
-            problem.head_dim,
+        row = (
+            upstream.BLOCK_SPARSE_ATTN_SM90 if thunderkittens else upstream.BLOCK_SPARSE_ATTN_TRITON
         )
+        self.lse_scale = natural_lse_scale(row, problem.head_dim)  # natural log = native * this
         self.thunderkittens = thunderkittens
         empty = empty_rows(mask).to(device)  # (H_mask, Sq); H_mask is 1 or Hq (= Hkv)
         self.has_empty = bool(empty.any())
@@ -204,15 +169,9 @@ class _VSAKernel(Kernel):
     thunderkittens: ClassVar[bool]
 
     @override
-    def not_supported_reasons(
-        self, problem: Problem, mask: AttnMask | None = None, pass_: str = "fwd"
-    ) -> list[str]:
-        reasons = super().not_supported_reasons(problem, mask, pass_)
-        if mask is not None:
-            why = partial_tile_reason(mask, VSA_BLOCK, VSA_BLOCK)
-            if why is not None:
-                reasons.append(why)
-        return reasons
+    def mask_reasons(self, mask: AttnMask) -> list[str]:
+        why = partial_tile_reason(mask, VSA_BLOCK, VSA_BLOCK)
+        return super().mask_reasons(mask) + ([why] if why else [])
 
     @override
     def prepare(self, mask: AttnMask, problem: Problem) -> PreparedAttention:

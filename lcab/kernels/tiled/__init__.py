@@ -2,13 +2,17 @@
 
 Kernels describe a mask as work items (`items`), `plan` compiles them into batches at prepare
 time, `engine` runs a plan forward and backward on single-threaded `workers` over the packed
-`buffers`, and `prepared.PreparedTiled` is what a kernel's ``prepare`` returns.
+`buffers`; `engine.PreparedTiled` is what a kernel's ``prepare`` returns.
 """
 
-from lcab.kernels.tiled.engine import tiled_attention, tiled_attention_function
+from lcab.kernels.tiled.engine import (
+    PreparedTiled,
+    plan_for,
+    tiled_attention,
+    tiled_attention_function,
+)
 from lcab.kernels.tiled.items import WorkItems
 from lcab.kernels.tiled.plan import TiledPlan
-from lcab.kernels.tiled.prepared import PreparedTiled, plan_for
 
 __all__ = [
     "PreparedTiled",

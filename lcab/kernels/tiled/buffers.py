@@ -1,9 +1,7 @@
 """One call's tensors in the tiled engine's packed layout, and reads/writes by batch.
 
-Row ``s·Hkv + h`` of a packed matrix holds KV head h's G query heads of token s: that is the
-memory layout of q and out (S, Hq, D) themselves, so nothing is repacked (see `Buffers`).
-Every per-batch temporary of more than a few KiB lives in the calling thread's scratch
-(`lcab.kernels.tiled.workers.scratch`).
+Row ``s·Hkv + h`` holds KV head h's G query heads of token s: the memory layout of q and out
+themselves, so nothing is repacked. Per-batch temporaries live in the thread's scratch.
 """
 
 from __future__ import annotations
@@ -31,9 +29,8 @@ def gather_rows(slot: str, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor
 def _same_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two views of one shape are the same elements (strides of size-1 dims aside).
 
-    A later wave's view batch merges into the accumulator's own rows in place
-    (`lcab.kernels.tiled.engine`), so what it puts back is those rows: copying a view onto a
-    differently strided view of itself is refused by torch as a partial overlap.
+    A later wave merges into the accumulator's rows in place, and torch refuses to copy a view
+    onto a differently strided view of itself.
     """
     if a.data_ptr() != b.data_ptr():
         return False
@@ -44,10 +41,7 @@ def _same_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
 class Buffers:
     """One call's tensors in the packed layout: row ``s·Hkv + h`` holds KV head h's G heads.
 
-    That layout is the memory layout of q and out (S, Hq, D) themselves, so nothing is
-    repacked: gathered batches index rows directly, view batches copy their (small) q tile
-    once, and k/v views are strided matrices that GEMM reads in place. Accumulators (out,
-    lse, dq, dout) carry one extra "trash" row that padded rows write to.
+    Accumulators (out, lse, dq, dout) carry one extra "trash" row that padded rows write to.
     """
 
     plan: TiledPlan
@@ -77,7 +71,6 @@ class Buffers:
             v.contiguous().view(-1, d),
         )
 
-    # ---------------------------------------------------------------- views of one batch
     def _rows(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
         """A view batch's rows of packed x as (heads, rows, width) (strided)."""
         p = self.plan
@@ -95,7 +88,6 @@ class Buffers:
         keys = x.view(p.seqlen_k, p.heads_kv, -1)[k0:k1].transpose(0, 1)
         return keys if head < 0 else keys[head : head + 1]
 
-    # ---------------------------------------------------------------- reads
     def fetch_q(self, batch: Batch) -> torch.Tensor:
         """Scaled q of the batch as (N, rows·G, D), in this thread's scratch."""
         d = self.k.shape[1]
@@ -128,7 +120,6 @@ class Buffers:
             rows = x.index_select(0, batch.row_write)  # small (rows x G·D), or rare merges
         return rows.reshape(-1, batch.rows * self.plan.group, width)
 
-    # ---------------------------------------------------------------- writes
     def put_rows(self, batch: Batch, x: torch.Tensor, values: torch.Tensor) -> None:
         """x[rows of batch] = values (N, rows·G, width / G)."""
         if batch.view is not None:
@@ -164,11 +155,7 @@ class Buffers:
 def accumulator(
     plan: TiledPlan, width: int, dtype: torch.dtype, device: torch.device, fill: float
 ) -> torch.Tensor:
-    """(Hkv·Sq + 1, width) buffer with untouched rows and the trash row set to ``fill``.
-
-    Every other row is written by a first-wave batch, so the rest needs no initialisation
-    (zero-filling tens of MiB is a measurable share of a short call).
-    """
+    """(Hkv·Sq + 1, width) buffer; only untouched rows and the trash row are set to ``fill``."""
     rows = plan.heads_kv * plan.seqlen_q
     buf = torch.empty(rows + 1, width, dtype=dtype, device=device)
     buf[rows:].fill_(fill)
@@ -192,11 +179,7 @@ def lse_out(plan: TiledPlan, lse: torch.Tensor) -> torch.Tensor:
 
 
 def rows_out(plan: TiledPlan, x: torch.Tensor) -> torch.Tensor:
-    """(Hkv·Sq + 1, G·D) packed rows → (Sq, Hq, D) on the same memory, no copy.
-
-    Built with ``set_`` rather than as a view, so for autograd it is an ordinary tensor that
-    callers may modify in place (the trash row just lies past its end).
-    """
+    """(Hkv·Sq + 1, G·D) packed rows → (Sq, Hq, D) on the same memory (``set_``: modifiable)."""
     d = x.shape[1] // plan.group
     shape, stride = (plan.seqlen_q, plan.heads_q, d), (plan.heads_q * d, d, 1)
     return x.new_empty(0).set_(x.untyped_storage(), int(x.storage_offset()), shape, stride)

@@ -1,24 +1,11 @@
-"""The shared tiled engine of the ``ranges`` and ``sparse`` kernels: running a plan.
+"""The tiled engine of the ``ranges`` and ``sparse`` kernels: running a plan forward and backward.
 
-Kernels cut a mask into work items (`lcab.kernels.tiled.items.WorkItems`: rows of one mask head,
-key pieces, band or tile masks); `TiledPlan` compiles them into batches at prepare time; this
-module executes a plan forward and backward:
-
-* Forward, per batch: ``S = (q·scale) kᵀ`` in the input dtype, plus a 0 / `MASKED` bias only
-  in the batch's precomputed mask windows, then a fused in-place softmax in float32 (float64
-  for float64 inputs). The log-sum-exp comes from two row maxima, ``lse = max(S) − log(max P)``,
-  since the largest probability of a row is exactly ``1 / Σ exp(S − max S)``: no second exp
-  pass. Parts of rows split over several batches are merged by log-sum-exp in later waves.
-* Backward (a real one, not autograd through the loop): P is recomputed per batch from the
-  saved lse, ``δ = rowsum(dO ⊙ O) − dLSE``, ``dS = P ⊙ (dP − δ)``; dq, dk, dv accumulate in
-  float32 per worker (index_add_ for gathered rows and keys) and are summed at the end.
-* GQA never repeats K/V: the G query heads of a KV head are G·rows rows of one matmul, read
-  straight from q's own (S, Hkv, G, D) layout. A head-shared mask runs all KV heads in one
-  batch; per-KV-head masks have their own items.
-* Batches are spread over single-threaded workers (`lcab.kernels.tiled.workers`) with one
-  join per wave, which stays fast when the cores are shared.
-* Rows attending nothing keep out 0 and lse −inf and get zero gradients; masked scores use a
-  large finite value, so no NaN can appear even in fully masked rows.
+* Forward: ``S = (q·scale) kᵀ`` plus a `MASKED` bias only in the batch's mask windows, an
+  in-place softmax in float32, and ``lse = max(S) − log(max P)`` (no second exp pass); parts of
+  rows split over batches merge by log-sum-exp in later waves.
+* Backward (not autograd through the loop): P recomputed from the saved lse,
+  ``dS = P ⊙ (dP − δ)``, dq/dk/dv accumulated in float32 per worker.
+* GQA never repeats K/V: a KV head's G query heads are G·rows rows of one matmul.
 """
 
 from __future__ import annotations
@@ -27,6 +14,7 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
+from lcab.kernels.base import Grads, Output, PreparedAttention, Problem, lse_dtype
 from lcab.kernels.tiled.buffers import (
     Buffers,
     accumulator,
@@ -34,20 +22,19 @@ from lcab.kernels.tiled.buffers import (
     rows_out,
     zeros_with_trash,
 )
+from lcab.kernels.tiled.items import WorkItems
 from lcab.kernels.tiled.plan import EMPTY_LSE, MASKED, Batch, TiledPlan
 from lcab.kernels.tiled.workers import run_queue, scratch, worker_count
 from lcab.lazy import lazy_module
+from lcab.masks.core import AttnMask
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     torch = lazy_module("torch", globals())
 
 
-# -------------------------------------------------------------------- per-batch math
-# Every per-batch temporary of more than a few KiB lives in the calling thread's scratch:
-# fresh multi-MiB allocations are mmapped and page-faulted in on every call, which measurably
-# slows a call (most of all early in a process, before glibc raises its mmap threshold).
 def _bmm(slot: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """A @ b (same dtype) into this thread's scratch ``slot``."""
     shape = (a.shape[0], a.shape[1], b.shape[2])
@@ -78,8 +65,7 @@ def _scores(
 ) -> torch.Tensor:
     """Masked scores (N, rows·G, keys) in ``acc`` dtype (q is pre-scaled), in scratch.
 
-    Masks are added as a 0 / `MASKED` bias built from the stored bool window: on CPU an add
-    is about 7x faster than ``masked_fill_`` with the same broadcast.
+    Masks are added as a bias: on CPU about 7x faster than ``masked_fill_``.
     """
     scores = _matmul("scores", qb, kb.transpose(1, 2), acc)
     if batch.windows:
@@ -90,11 +76,7 @@ def _scores(
 
 
 def _softmax_lse(scores: torch.Tensor, with_lse: bool = True) -> tuple[torch.Tensor, Any]:
-    """Row softmax in place and its log-sum-exp (None when not asked for).
-
-    The fused softmax is about twice as fast on CPU as a separate ``exp_`` pass, and the lse
-    comes almost for free: lse = max(S) − log(max(P)) is two cheap row reductions.
-    """
+    """Row softmax in place (fused: 2x a separate ``exp_`` on CPU) and lse = max(S) − log(max P)."""
     peak = scores.amax(-1, keepdim=True) if with_lse else None
     probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
     if peak is None:
@@ -158,14 +140,10 @@ def _backward_batch(
     buf.add_keys(batch, dk, _bmm("grad", ds_in.transpose(1, 2), qb))
 
 
-# -------------------------------------------------------------------- whole calls
 def plan_forward(
     plan: TiledPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, Buffers]:
-    """(out (Sq, Hq, D), lse (Hq, Sq), buffers kept for the backward).
-
-    The lse is float32 — float64 for float64 inputs, so fp64 checks stay exact.
-    """
+    """(out (Sq, Hq, D), lse (Hq, Sq), buffers kept for the backward)."""
     buf = Buffers.of(plan, q, k, v)
     width = buf.q.shape[1]
     out = accumulator(plan, width, buf.acc, q.device, 0.0)
@@ -261,3 +239,41 @@ def tiled_attention(
         return out, lse
     out, lse, _ = plan_forward(plan, q, k, v)
     return out, lse
+
+
+class PreparedTiled(PreparedAttention):
+    """A `TiledPlan` bound to its problem; ``run`` is differentiable (real backward)."""
+
+    layout = "shd"
+
+    def __init__(self, plan: TiledPlan) -> None:
+        self.plan = plan
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Output:
+        """(out, lse) of packed q/k/v; autograd runs the engine's own backward."""
+        return tiled_attention(self.plan, q, k, v)
+
+    def backward(
+        self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+    ) -> Grads:
+        """The engine's backward fed the merged statistics (out, lse) of whole rows (ring CP)."""
+        plan = self.plan
+        rows = plan.heads_kv * plan.seqlen_q
+        packed = torch.full(
+            (rows + 1, plan.group), -math.inf, dtype=lse_dtype(q.dtype), device=q.device
+        )
+        packed[:rows] = lse.to(packed.dtype).t().reshape(rows, plan.group)
+        return plan_backward(plan, (q, k, v, out, packed), dout, None, external=True)
+
+
+def plan_for(mask: AttnMask, problem: Problem, items: WorkItems) -> TiledPlan:
+    """Compile ``items`` for ``problem`` (head-shared masks run every KV head in one batch)."""
+    return TiledPlan(
+        items,
+        seqlen_q=problem.seqlen_q,
+        seqlen_k=problem.seqlen_k,
+        heads_q=problem.heads_q,
+        heads_kv=problem.heads_kv,
+        shared=mask.num_heads == 1,
+        device=problem.torch_device,
+    )

@@ -1,10 +1,7 @@
 """Work items: what a kernel cuts a mask into, and the geometry of their key pieces.
 
-A *work item* is a contiguous range of query rows ``[q0, q1)`` of one mask head together with
-the key *pieces* it attends (``[k0, k1)`` column ranges), each masked either by a global band
-``lo <= j - i <= hi`` (slice geometry), by a stored boolean tile (block tables), or not at all.
-The helpers here split pieces where their mask binds, list their columns, cut them to a column
-range and build the boolean "masked out" window of a set of rows (`lcab.kernels.tiled.plan`).
+An item is query rows ``[q0, q1)`` of one mask head with the key pieces it attends, each masked
+by a band ``lo <= j - i <= hi``, by a stored boolean tile, or not at all.
 """
 
 from __future__ import annotations
@@ -45,9 +42,7 @@ class WorkItems:
 def pieces_in_order(items: WorkItems, n: int) -> np.ndarray:
     """(m, 7) int64 array of item n's pieces: k0, k1, lo, hi, tile, tile column offset, bind.
 
-    Band pieces are cut where the band stops binding: columns every row of the item can see
-    form a free middle part, the (at most item-height wide) edges are "binding" parts that need
-    a mask. Tile pieces bind entirely.
+    Band pieces are cut into a free middle and binding edges (at most item-height wide).
     """
     a, b = items.ptr[n], items.ptr[n + 1]
     r0, r1 = int(items.q0[n]), int(items.q1[n])

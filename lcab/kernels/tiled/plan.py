@@ -1,16 +1,9 @@
 """Planning for the tiled engine: work items → batches, all at prepare time (plain data).
 
-Kernels differ only in how they cut a mask into work items (`lcab.kernels.tiled.items`); this
-module turns items into the batches `lcab.kernels.tiled.engine` executes:
-
-* Only the columns where a mask binds are masked: inside a band piece these are at most the
-  item's height wide at each edge. Gathered items put those columns first, so one
-  ``masked_fill`` over a short prefix masks a whole batch. Masks are precomputed as bool.
-* One large item whose keys are a contiguous range runs alone on views of Q/K/V (no copy);
-  small items are padded to a common (rows, keys) bucket (≤ 12.5 % padding) and run as one
-  ``bmm`` on gathered rows and keys, so a call has few Python iterations however many items.
-* Scores of one batch stay below `SCORE_BUDGET_BYTES`; longer key lists are cut into parts
-  merged by log-sum-exp. Parts touching the same rows run in successive *waves*.
+Gathered items put their binding columns first (one masked prefix per batch); a large item with
+contiguous keys runs alone on views; small items are padded to a common bucket (≤ 12.5 %) and
+run as one ``bmm``; a batch's scores stay below `SCORE_BUDGET_BYTES`, longer key lists are cut
+into parts merged by log-sum-exp in successive *waves*.
 """
 
 from __future__ import annotations
@@ -36,9 +29,8 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch", globals())
 
-#: Largest score matrix of one batch, in float32 bytes. Each worker holds about three such
-#: matrices in the backward (P, dP/dS and a cast copy), so two workers stay near 100 MiB —
-#: far below the 256 MiB bound — while a batch is still milliseconds of GEMM work.
+#: Largest score matrix of one batch, in float32 bytes: about three per worker in the backward,
+#: so two workers stay near 100 MiB while a batch is still milliseconds of GEMM work.
 SCORE_BUDGET_BYTES = 16 << 20
 
 #: Items with at least this many scores (all heads) run alone on views when their keys are
@@ -48,16 +40,14 @@ VIEW_MIN_SCORES = 1 << 20
 #: Most masked windows a view item may have (a band piece binds at its two edges).
 MAX_VIEW_WINDOWS = 2
 
-#: Score given to masked pairs. Finite, so a row with every key masked gives a uniform softmax
-#: instead of NaN (no extra pass to guard against it); such rows are recognised by their lse
-#: (about MASKED) and zeroed in the few batches where they can occur (`Batch.may_empty`).
+#: Score of masked pairs: finite, so a row with every key masked gives no NaN; such rows are
+#: recognised by their lse and zeroed in the batches where they can occur (`Batch.may_empty`).
 MASKED = -1e30
 
 #: Log-sum-exp below this means "every key of the row was masked in this batch".
 EMPTY_LSE = MASKED / 2
 
-#: Padding that always counts as cheap (scores): tiny items are padded to coarse buckets so
-#: that thousands of them share a handful of batches.
+#: Padding that always counts as cheap (scores), so thousands of tiny items share few batches.
 CHEAP_PAD_SCORES = 1 << 15
 
 
@@ -112,19 +102,7 @@ class Batch:
 
 
 class TiledPlan:
-    """Work items compiled into batches for one problem (see the module docstring).
-
-    Args:
-        items: the work items (rows of one mask head, key pieces, masks).
-        seqlen_q: query rows of the problem.
-        seqlen_k: key rows.
-        heads_q: query heads.
-        heads_kv: KV heads.
-        shared: True when the mask is the same for every KV head (items' head is 0).
-        device: where the index and mask tensors live.
-        budget_bytes: bound on one batch's float32 score matrix.
-
-    """
+    """Work items compiled into batches for one problem (``shared``: one mask for all KV heads)."""
 
     def __init__(
         self,
@@ -152,7 +130,6 @@ class TiledPlan:
         self.untouched = self._tensor(self._untouched_rows(parts))
         """Packed rows no batch writes (their out stays 0 and lse -inf)."""
 
-    # ------------------------------------------------------------------ planning
     def _parts(self, items: WorkItems) -> list[_Part]:
         """Order each item's columns, cut long items into key parts and assign waves."""
         heads = 1 if self.shared else self.heads_kv
@@ -318,7 +295,6 @@ class TiledPlan:
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
-    # ------------------------------------------------------------------ scheduling
     def wave_batches(self) -> list[list[Batch]]:
         """Batches of each wave, largest first (the order workers pull them in)."""
         return [

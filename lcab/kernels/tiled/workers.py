@@ -1,15 +1,9 @@
 """CPU execution helpers of the tiled engine: coarse-grained worker threads and scratch memory.
 
-Why not just let every torch op use its intra-op threads? A tiled call is hundreds of medium
-ops, and each intra-op parallel region ends in a barrier. When the cores are shared (a busy
-machine, or the benchmark's own other processes) one descheduled thread stalls every barrier:
-measured on 2 cores under load, 2 intra-op threads ran a call 4x *slower* than 1 thread. So
-the engine does what FlashAttention's CPU kernel does with its single parallel loop: it splits
-its batches across ``torch.get_num_threads()`` worker threads, each running single-threaded ops
-(torch releases the GIL inside ops), with one join per wave.
-
-Scratch: score matrices of tens of MiB allocated fresh per batch are page-faulted in on every
-call (large allocations are mmapped); a per-thread reusable buffer avoids that.
+On shared cores each intra-op barrier stalls on a descheduled thread (2 intra-op threads ran a
+call 4x slower than 1 on 2 loaded cores), so batches are split across single-threaded workers
+with one join per wave. A per-thread reusable scratch avoids page-faulting in fresh score
+matrices on every call.
 """
 
 from __future__ import annotations
@@ -100,9 +94,7 @@ def run_parallel(task: Callable[[int], T], workers: int) -> list[T]:
 def run_queue(items: Sequence[T], work: Callable[[T, int], None], workers: int) -> list[int]:
     """``work(item, worker)`` for every item, workers pulling from one shared queue.
 
-    A static split would leave one worker idle whenever another process steals the other's
-    core; pulling the next item (callers sort them largest first) balances itself. Returns
-    the worker indices that ran (each owns its own accumulators, if any).
+    Pulling balances itself where a static split idles when another process steals a core.
     """
     lock = threading.Lock()
     order = iter(range(len(items)))

@@ -1,8 +1,6 @@
 """mit-han-lab Block-Sparse-Attention (``block_sparse_attn``), read at commit 49d6c39 (v0.0.2).
 
-Not on PyPI (a CUDA source build), so no CPU test imports it: the row is held to the
-repository's ``block_sparse_attn/block_sparse_attn_interface.py`` by a one-off AST check (see
-``tests/unit/test_upstream_packages.py``'s docstring). Facts beyond the signature, same file:
+Read in ``block_sparse_attn/block_sparse_attn_interface.py``. Facts beyond the signature:
 the wrapper hard-codes 128x128 blocks (L474), renumbers the ones of ``head_mask_type`` into a
 running count and asserts ``base_blockmask.shape[1]`` equals it (L465-467);
 ``BlockSparseAttnFunc.forward`` returns ``out``, or ``(out, softmax_lse, S_dmask)`` when

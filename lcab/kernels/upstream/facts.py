@@ -1,10 +1,7 @@
 """The row types of the upstream tables: a library function and its LSE, as its source says.
 
-A row is data, not a reading of lcab's needs: parameter names are every parameter of the
-upstream function in its order, with the defaults its source gives, so a stand-in built from
-the row accepts exactly the calls the real function accepts, and a test can compare the row
-with the real signature (``inspect.signature`` of an installed package, or the AST of a
-downloaded source file).
+Parameter names are every parameter of the upstream function in order, with its defaults, so a
+stand-in built from a row accepts exactly the calls the real function accepts.
 """
 
 from __future__ import annotations
@@ -19,12 +16,8 @@ LseLayout = Literal["bhs", "ht", "th", "bhs1"]
 """(B, H, S); (H, total_q); (total_q, H); (B, H, S, 1)."""
 
 CallableKind = Literal["function", "custom_op", "library_op"]
-"""How a library defines a function: plain Python (``function``); wrapped by
-``torch.library.custom_op`` (``custom_op``: a ``CustomOpDef``, also reachable as
-``torch.ops.<namespace>.<name>``); or an operator its C++ extension defines with
-``TORCH_LIBRARY`` (``library_op``: only ``torch.ops.<namespace>.<name>``, an
-``OpOverloadPacket``). ``inspect.signature`` of either op is ``(*args, **kwargs)``: their
-parameters are those of the wrapped function, or of the op's schema."""
+"""Plain Python; wrapped by ``torch.library.custom_op``; or an operator its C++ extension
+defines with ``TORCH_LIBRARY`` (reached only under ``torch.ops``)."""
 
 REQUIRED: Any = inspect.Parameter.empty
 """Marks a parameter without a default in `UpstreamFunction.defaults` (the default)."""
@@ -93,26 +86,14 @@ class UpstreamFunction:
     def signature(self) -> inspect.Signature:
         """The function's signature, built from this row (what a stand-in exposes)."""
         kinds = inspect.Parameter
-        return inspect.Signature(
-            [
-                kinds(
-                    name,
-                    kinds.KEYWORD_ONLY
-                    if name in self.keyword_only
-                    else kinds.POSITIONAL_OR_KEYWORD,
-                    default=self.defaults.get(name, REQUIRED),
-                )
-                for name in self.params
-            ]
-        )
+        parameters: list[inspect.Parameter] = []
+        for name in self.params:
+            kind = kinds.KEYWORD_ONLY if name in self.keyword_only else kinds.POSITIONAL_OR_KEYWORD
+            parameters.append(kinds(name, kind, default=self.defaults.get(name, REQUIRED)))
+        return inspect.Signature(parameters)
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Arguments of a call as the real function would receive them, defaults applied.
-
-        Raises:
-            TypeError: the call does not fit the signature (as the real function would).
-
-        """
+        """Arguments of a call as the real function would receive them (TypeError if it would)."""
         bound = self.signature().bind(*args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)

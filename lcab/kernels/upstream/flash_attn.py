@@ -2,13 +2,9 @@
 
 Read from the sources named in each row's ``source``:
 
-* FA2 — ``flash_attn/flash_attn_interface.py`` of the flash-attn 2.8.3.post2 sdist on PyPI (the
-  file the wheel installs; ``tests/unit/test_upstream_flash_attn.py`` downloads that sdist,
-  compares every FA2 row with the file's own AST, and imports the file over an emulated
-  ``flash_attn_2_cuda`` to compare each row's kind and parameters with the object it defines)
-  and ``csrc/flash_attn/flash_api.cpp`` beside it. The private calls are
-  ``torch.library.custom_op``s (``flash_attn::...``, ``device_types="cuda"``) whenever
-  ``torch.__version__ >= "2.4.0"`` (L54-58), which holds on every torch lcab supports;
+* FA2 — ``flash_attn/flash_attn_interface.py`` and ``csrc/flash_attn/flash_api.cpp`` of the
+  flash-attn 2.8.3.post2 sdist on PyPI. The private calls are ``torch.library.custom_op``s
+  (``flash_attn::...``) whenever ``torch.__version__ >= "2.4.0"`` (L54-58);
 * FA3 — ``hopper/flash_attn_interface.py`` at two commits: 0251105a (HEAD of 2026-08-15; the
   file last changed in 0f82fead), whose private backward — a ``torch.library.custom_op``
   ``flash_attn_3::_flash_attn_backward`` since c7697bbf (2025-11-17) — takes
@@ -183,4 +179,3 @@ FA3_BACKWARD_AUG_2025 = upstream_function(
 )
 
 FA2_ROWS = (FA2_FUNC, FA2_VARLEN_FUNC, FA2_BACKWARD, FA2_VARLEN_BACKWARD)
-FA3_ROWS = (FA3_FUNC, FA3_VARLEN_FUNC, FA3_BACKWARD, FA3_BACKWARD_AUG_2025)

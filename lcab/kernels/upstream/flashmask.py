@@ -2,10 +2,7 @@
 
 Read at PaddlePaddle/flash-attention 9985af53 (``main``, 2026-08-17), directory
 ``flashmask/flash_mask/flashmask_attention_v3/`` (``FM3`` below); every row's ``source`` names
-the file and lines. FlashMask is not on PyPI and needs CUDA to build, so no CPU machine has the
-real package: ``tests/unit/test_upstream_flashmask.py`` holds the rows to these files when a
-checkout of them is given (``LCAB_FLASHMASK_SRC``), and the stand-in in ``tests/helpers`` builds
-its signatures from the rows.
+the file and lines.
 
 Facts beyond the signatures, with their lines:
 
@@ -45,7 +42,6 @@ MODULE = "interface_torch"
 """The module the documented torch build installs (``setup_torch.py`` L819)."""
 DISTRIBUTION = "flashmask"
 VERSION = "3.0.0b1"
-EXTENSION = "flashmask._C"
 
 FLASHMASK_LSE = LseFact(layout="bhs", empty_rows="-inf", differentiable=False, dtype="float32")
 

@@ -62,5 +62,3 @@ FFA_BACKWARD = upstream_function(
     "(L462-467, mutates dq, dk, dv, dsink)",
     kind="function",
 )
-
-FFA_ROWS = (FFA_FUNC, FFA_BACKWARD)

@@ -1,10 +1,7 @@
 """PyTorch's own attention entry points that lcab calls: varlen attention and SDPA.
 
 Read from torch 2.13.0 (git cf30153c), the files the wheel installs; each row's ``source`` names
-the file and lines. ``tests/unit/test_upstream_torch_attention.py`` holds every row to the
-installed torch: Python functions by ``inspect.signature``, ATen and custom ops by their
-registered schema, and the LSE layouts by running the ops on meta tensors and on fake CUDA
-tensors (``FakeTensorMode``), so torch's own meta/fake kernels give the shapes.
+the file and lines.
 
 Facts beyond the signatures, with their lines:
 

@@ -1,8 +1,7 @@
 """FlexAttention (torch 2.13): the public call lcab makes and the fact its backward rests on.
 
 Read from the installed torch 2.13.0 (``torch/nn/attention/flex_attention.py`` and
-``torch/_higher_order_ops/flex_attention.py``) and held to it by
-``tests/unit/test_upstream_torch_flex.py``:
+``torch/_higher_order_ops/flex_attention.py``):
 
 * ``flex_attention(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
   kernel_options, *, return_aux)``; with ``return_aux=AuxRequest(lse=True)`` it returns

@@ -1,10 +1,8 @@
 """fastvideo-kernel's VSA ops (``fastvideo_kernel.block_sparse_attn``), read in the 0.3.5 sdist.
 
-PyPI has a wheel for CPython 3.12 only (pinning torch 2.12) and the sdist needs a CUDA build,
-so no CPU test imports it: the rows are held to the sdist's
-``python/fastvideo_kernel/block_sparse_attn.py`` (hao-ai-lab/FastVideo's ``fastvideo-kernel/``)
-by a one-off AST check (see ``tests/unit/test_upstream_packages.py``'s docstring). Both are
-``torch.library.custom_op`` functions, CUDA only, returning ``(o, lse)``.
+Read in the sdist's ``python/fastvideo_kernel/block_sparse_attn.py`` (hao-ai-lab/FastVideo's
+``fastvideo-kernel/``). Both are ``torch.library.custom_op`` functions, CUDA only, returning
+``(o, lse)``.
 
 Facts beyond the signatures: the Triton op's LSE ``M`` is (B, H, S) float32 (its fake kernel,
 L161-179) holding ``m_i + log2(l_i)`` on scores scaled by scale·log2 e
