@@ -1,11 +1,9 @@
 """What the runner runs a cell on: a `Target` — the kernel itself, or a CP strategy around it.
 
 `KernelTarget` is a single device. `CPTarget` is one rank of a context-parallel cell: it joins
-the process group, checks what the strategy and kernel need, builds this rank's part of the plan
-for each mask, synchronises repetitions (barrier; per-repetition times reduced to the slowest
-rank) and, once per length, measures one call's communication (bytes per operation, max over
-ranks, next to the analytic volume) and its time split into compute, communication and waiting.
-The runner sees only the protocol, so single-device and distributed cells share one path.
+the process group, builds this rank's part of the plan, synchronises repetitions (times reduced
+to the slowest rank) and, once per length, measures one call's communication bytes and its
+compute/communication/wait split. The runner sees only the protocol: one path for both.
 """
 
 from __future__ import annotations
@@ -45,7 +43,8 @@ else:
 
 
 class Target(Protocol):
-    """What runs the attention: a kernel, or a CP strategy around one."""
+    """What runs the attention: a kernel, or a CP strategy around one (the collective methods'
+    defaults are a single device's)."""
 
     rank: int
     world: int
@@ -58,6 +57,7 @@ class Target(Protocol):
 
     def barrier(self) -> None:
         """Synchronise ranks before a repetition (no-op on one device)."""
+        return None
 
     def inputs(self, prepared: PreparedAttention, source: SeededInputs) -> dict[str, torch.Tensor]:
         """The q, k, v, dout this rank holds, in the prepared call's native layout."""
@@ -67,15 +67,19 @@ class Target(Protocol):
 
     def share(self, values: list[float]) -> list[float]:
         """Rank 0's ``values`` on every rank: one decision all ranks follow."""
+        return list(values)
 
     def largest_reading(self, reading: MemoryReading) -> MemoryReading:
         """The reading of the rank with the largest peak (delta, reserved: largest of any rank)."""
+        return reading
 
     def reduce_times(self, times: list[float]) -> list[float]:
         """Per-repetition times as the slowest rank saw them."""
+        return times
 
     def gather(self, value: float) -> list[float]:
         """Every rank's ``value`` (rank order)."""
+        return [value]
 
     def describe(
         self,
@@ -85,9 +89,11 @@ class Target(Protocol):
         backward: bool,
     ) -> None:
         """Distributed fields (comm bytes, phases, balance) from one untimed call."""
+        return None
 
     def close(self) -> None:
         """Release what the target holds (a process group)."""
+        return None
 
 
 @dataclass
@@ -107,46 +113,12 @@ class KernelTarget(Target):
         return self.kernel.prepare(mask, problem)
 
     @override
-    def barrier(self) -> None:
-        return None
-
-    @override
     def inputs(self, prepared: PreparedAttention, source: SeededInputs) -> dict[str, torch.Tensor]:
         return {n: prepared.to_native(source.whole(n)) for n in NAMES}
 
     @override
     def collector(self, prepared: PreparedAttention) -> Collector:
         return LocalCollector(prepared)
-
-    @override
-    def share(self, values: list[float]) -> list[float]:
-        return list(values)
-
-    @override
-    def largest_reading(self, reading: MemoryReading) -> MemoryReading:
-        return reading
-
-    @override
-    def reduce_times(self, times: list[float]) -> list[float]:
-        return times
-
-    @override
-    def gather(self, value: float) -> list[float]:
-        return [value]
-
-    @override
-    def describe(
-        self,
-        record: RunRecord,
-        prepared: PreparedAttention,
-        native: dict[str, torch.Tensor],
-        backward: bool,
-    ) -> None:
-        return None
-
-    @override
-    def close(self) -> None:
-        return None
 
 
 class CPTarget(Target):
@@ -166,13 +138,9 @@ class CPTarget(Target):
 
     @override
     def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:
-        """Why any rank cannot run ``pass_`` (collective: every rank gets the same answer).
-
-        Each rank checks with its own installation and device, and a pass runs only where
-        every rank can run it: a node without a package its peers have would otherwise skip a
-        collective they enter, and the world would hang. A reason only some ranks give names
-        them.
-        """
+        """Why any rank cannot run ``pass_`` (collective: every rank gets the same answer, so
+        a node lacking a package its peers have cannot skip a collective they enter and hang
+        the world). A reason only some ranks give names them."""
         mine = self.strategy.not_supported_reasons(self.kernel, problem, mask, self.world, pass_)
         every = [json.loads(text) for text in gather_strings(json.dumps(mine))]
         merged: list[str] = []
@@ -208,12 +176,8 @@ class CPTarget(Target):
 
     @override
     def largest_reading(self, reading: MemoryReading) -> MemoryReading:
-        """Collective: every rank's peak, baseline and reserved bytes; the largest peak's rank.
-
-        One rank's figure would hide the rank that runs out first (an unbalanced mask, rank 0's
-        numerics, a node's other tenants). The delta and the reserved bytes are each the
-        largest of any rank, which need not be the peak rank's.
-        """
+        """Collective: the largest peak's rank, so the rank that runs out first (an unbalanced
+        mask, rank 0's numerics) is not hidden; delta and reserved are each any rank's largest."""
         peaks = self.gather(float(reading.peak_bytes))
         baselines = self.gather(float(reading.baseline_bytes))
         reserved = self.gather(
@@ -238,12 +202,8 @@ class CPTarget(Target):
         return gather_floats(value)
 
     def _split(self, pass_: str) -> dict[str, float]:
-        """The slowest rank's split of one pass: total, compute, comm, wait, other (ms).
-
-        Taken from one rank (the one with the longest pass) so the parts add up to its total;
-        ``other`` is time outside the phases (merging, layout changes, Python). Every figure
-        is on the device's clock (`lcab.cp.phase_clock`), the total a phase of its own.
-        """
+        """The slowest rank's split of one pass: total, compute, comm, wait, other (ms), from
+        one rank so the parts add up; ``other`` is time outside the phases (merging, Python)."""
         parts = {name: STATS.seconds.get(name, 0.0) for name in ("compute", "comm", "wait")}
         total_s = STATS.seconds.get("total", 0.0)
         STATS.seconds.clear()
@@ -312,13 +272,8 @@ class CPTarget(Target):
 
 
 def node_major_problem(hosts: list[str], devices_per_node: int) -> str | None:
-    """Why ranks are not numbered node-major (None: they are).
-
-    Ulysses groups are runs of consecutive ranks that must share a node (all-to-all over
-    NVLink); ``srun --distribution=cyclic`` deals ranks out round-robin over the nodes, which
-    would put every group across the network. Each block of ``devices_per_node`` consecutive
-    ranks must report one host.
-    """
+    """Why ranks are not numbered node-major (None: they are): Ulysses groups of consecutive
+    ranks must share a node, which ``srun --distribution=cyclic`` would break."""
     for first in range(0, len(hosts), devices_per_node):
         block = hosts[first : first + devices_per_node]
         if len(set(block)) > 1:
@@ -337,11 +292,8 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:
-    """The target of ``cell`` on ``rank``: the kernel, or a CP strategy around it.
-
-    Under CP the rank joins its world: locally at ``rendezvous`` (a world of local processes),
-    or, with ``rendezvous=None``, from the environment (torchrun / SLURM variables).
-    """
+    """The target of ``cell`` on ``rank``; under CP the rank joins its world at ``rendezvous``
+    (local processes) or, with None, from the environment (torchrun / SLURM variables)."""
     if cell.cp == "none":
         return KernelTarget(get_kernel(cell.kernel, **cell.kernel_options))
     high_priority = bool(cell.config.get("topology", {}).get("nccl_high_priority", False))

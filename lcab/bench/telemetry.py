@@ -1,41 +1,25 @@
 """Clocks, power and energy of each pass, read beside its timed repetitions and after them.
 
-**Never inside the timed region, and by default nothing beside it.** The sampler is entered
-just before the first repetition and left after the last has finished on the device (the timing
-protocol synchronises there), and it reads the device at those two ends: the clocks, power,
-temperature and clock-event reasons, and what the device kept by itself in between
-(`Source.since`): on a GPU the driver's own sample buffer of SM clock, memory clock and power
-(``nvmlDeviceGetSamples``) and its violation counters, the time spent held down by the power cap
-or the temperature (``nvmlDeviceGetViolationStatus``), so a throttle in the middle of the window
-is seen though no read happened there. A window's clock is the median of the samples stamped
-inside it (the buffer's, clipped to the window's two ends, or a polling thread's); where none
-fell inside (a window shorter than the driver's sampling period) it is the two end reads', of a
-device idle on either side, and the record says so (``clock_samples`` 0, ``clock_source``).
+**Never inside the timed region.** The sampler reads the device just before the first timed
+repetition and after the last has finished, plus what the device kept by itself in between
+(`Source.since`: NVML's sample buffer of SM clock, memory clock and power, and its power and
+thermal violation counters), so a throttle mid-window is seen though no read happened there. A
+window's clock is the median of the samples inside it, else of its two end reads (the record
+says so: ``clock_samples`` 0, ``clock_source``).
 
-**Energy needs a window its counter can resolve.** NVML's energy counter advances only every
-20-100 ms (`Source.energy_step_s`), so the timed window of a few 1 ms calls reads 0 J or one
-whole step. A pass's energy comes from a window of its own (`energy_calls`): after the timed
-repetitions, untimed calls back to back for `ENERGY_STEPS` of the counter's steps and a margin
-(1.25 s on NVML, 12.5 ms of RAPL's), with no L2 flush or barrier between them (the timed window
-holds a 256 MiB memset before every repetition: ~80-100 us on an H100, a tenth of a 1 ms pass).
-Each end's read is then off by at most one step in ten. A window shorter than its counter's
-`ENERGY_STEPS` steps leaves the energy empty and says why. At each end the energy counter is
-read next to the window's clock, the last read when it opens and the first when it closes, so
-the other reads and a thread's start and join stay outside the window.
+**Energy needs a window its counter can resolve.** NVML's counter advances every 20-100 ms
+(`Source.energy_step_s`), so a pass's energy comes from an untimed window of its own
+(`energy_calls`): calls back to back, without L2 flush or barrier, for `ENERGY_STEPS` of the
+counter's steps and a margin, so each end is off by at most one step in ten. A shorter window
+leaves the energy empty and says why.
 
-**Why not a thread.** A second Python thread costs the pass even while it only waits: each torch
-call releases and takes back the GIL, and with another thread alive that handoff is slower — an
-idle thread made a 1.2 ms single-threaded matmul 1.4-1.7 % slower on a 2-core VM, a sampler at
-10 ms 3.6 %, an NVML one +4.6 % (``python -m lcab.perf telemetry``), over the issue's 1 %. A
-thread that polls every ``interval_ms`` remains for a finer clock trace than the driver's buffer
-(``bench.telemetry_interval_ms``, off by default).
+**Why not a thread.** An idle second Python thread made a 1.2 ms matmul 1.4-1.7 % slower on a
+2-core VM (GIL handoffs), an NVML sampler at 10 ms +4.6 % (``python -m lcab.perf telemetry``);
+a polling thread remains opt-in (``bench.telemetry_interval_ms``) for a finer clock trace.
 
-**A sampler never costs a record, nor hangs a run.** A source whose reads can block (NVML: a
-driver call) is read on a short-lived thread at each end, which the caller waits for with a
-timeout (`WAIT_S`) and which has returned before the window opens; a host's files (RAPL, cpufreq,
-``/proc/cpuinfo``) cannot hang and are read in place. A source that raises gives a reading with a
-note; one that does not answer (a hung driver call) is abandoned for the rest of the process (the
-thread is a daemon) and every later pass says so.
+**A sampler never costs a record, nor hangs a run.** A source whose reads can block (NVML) is
+read on a short-lived thread waited for `WAIT_S`; one that does not answer is abandoned for the
+rest of the process and every later pass says so. A source that raises gives a note.
 """
 
 from __future__ import annotations
@@ -310,14 +294,3 @@ class Sampler:
             self.reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
         finally:
             self._done.set()
-
-
-def open_check(source: Source) -> str | None:
-    """Whether ``source`` opens (None) or why not, in one line (raises nothing)."""
-    try:
-        source.open()
-    except TelemetryUnavailableError as err:
-        return str(err)
-    except Exception as err:
-        return f"{source.kind}: {type(err).__name__}: {err}"
-    return None
