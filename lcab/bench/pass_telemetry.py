@@ -66,8 +66,7 @@ def _float(value: float | None) -> float:
 
 
 def rank_vector(reading: TelemetryReading | None, energy: TelemetryReading | None) -> list[float]:
-    """One rank's figures as floats for a gather (NaN: not read); energy and power from the
-    energy window, the rest from the timed one."""
+    """One rank's figures as floats for a gather (NaN: not read)."""
     if reading is None:
         return [NAN] * COLUMNS
     clocks = reading.clocks() or (NAN, NAN, NAN)
@@ -229,8 +228,7 @@ _SOURCES: dict[tuple[str, int], Source] = {}
 
 
 def device_source(mode: str, device_type: str, index: int | None) -> Source | None:
-    """The source ``bench.telemetry`` asks for on this device (None: off); ``nvml`` on a CPU
-    cell reads the GPU of the rank's local index."""
+    """The source ``bench.telemetry`` asks for (None: off); on a CPU ``nvml`` reads LOCAL_RANK's."""
     if mode == "off":
         return None
     kind = ("nvml" if device_type == "cuda" else "host") if mode == "auto" else mode
@@ -275,8 +273,7 @@ class LengthTelemetry:
         run: Callable[[int], None],
         agree: Callable[[list[float]], list[float]] | None,
     ) -> Sampler | None:
-        """The pass's energy window: rounds of ``run(calls)`` until it is long enough; every
-        rank runs rank 0's counts (``agree``), none where rank 0 has no energy counter."""
+        """The pass's energy window: rounds of ``run(calls)``, every rank runs rank 0's counts."""
         if self.source is None:
             return None
         counter = timed is not None and timed.reading.energy_j is not None

@@ -43,8 +43,7 @@ else:
 
 
 class Target(Protocol):
-    """What runs the attention: a kernel, or a CP strategy around one (the collective methods'
-    defaults are a single device's)."""
+    """What runs the attention: a kernel, or a CP strategy around one (defaults: one device)."""
 
     rank: int
     world: int
@@ -138,9 +137,10 @@ class CPTarget(Target):
 
     @override
     def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:
-        """Why any rank cannot run ``pass_`` (collective: every rank gets the same answer, so
-        a node lacking a package its peers have cannot skip a collective they enter and hang
-        the world). A reason only some ranks give names them."""
+        """Why any rank cannot run ``pass_``: collective, so no rank skips what its peers enter.
+
+        A reason only some ranks give names them.
+        """
         mine = self.strategy.not_supported_reasons(self.kernel, problem, mask, self.world, pass_)
         every = [json.loads(text) for text in gather_strings(json.dumps(mine))]
         merged: list[str] = []
@@ -176,8 +176,7 @@ class CPTarget(Target):
 
     @override
     def largest_reading(self, reading: MemoryReading) -> MemoryReading:
-        """Collective: the largest peak's rank, so the rank that runs out first (an unbalanced
-        mask, rank 0's numerics) is not hidden; delta and reserved are each any rank's largest."""
+        """Collective: the largest peak's rank (delta and reserved: any rank's largest each)."""
         peaks = self.gather(float(reading.peak_bytes))
         baselines = self.gather(float(reading.baseline_bytes))
         reserved = self.gather(
@@ -202,8 +201,7 @@ class CPTarget(Target):
         return gather_floats(value)
 
     def _split(self, pass_: str) -> dict[str, float]:
-        """The slowest rank's split of one pass: total, compute, comm, wait, other (ms), from
-        one rank so the parts add up; ``other`` is time outside the phases (merging, Python)."""
+        """The slowest rank's split of one pass (ms); ``other`` is time outside the phases."""
         parts = {name: STATS.seconds.get(name, 0.0) for name in ("compute", "comm", "wait")}
         total_s = STATS.seconds.get("total", 0.0)
         STATS.seconds.clear()
@@ -272,8 +270,7 @@ class CPTarget(Target):
 
 
 def node_major_problem(hosts: list[str], devices_per_node: int) -> str | None:
-    """Why ranks are not numbered node-major (None: they are): Ulysses groups of consecutive
-    ranks must share a node, which ``srun --distribution=cyclic`` would break."""
+    """Why ranks are not numbered node-major, as Ulysses groups need (None: they are)."""
     for first in range(0, len(hosts), devices_per_node):
         block = hosts[first : first + devices_per_node]
         if len(set(block)) > 1:
@@ -292,8 +289,7 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:
-    """The target of ``cell`` on ``rank``; under CP the rank joins its world at ``rendezvous``
-    (local processes) or, with None, from the environment (torchrun / SLURM variables)."""
+    """The target of ``cell`` on ``rank``; CP joins at ``rendezvous``, else from the environment."""
     if cell.cp == "none":
         return KernelTarget(get_kernel(cell.kernel, **cell.kernel_options))
     high_priority = bool(cell.config.get("topology", {}).get("nccl_high_priority", False))

@@ -23,8 +23,7 @@ class TelemetryUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading at ``t_s``: wall clock from a source, seconds since the window opened in a
-    `TelemetryReading`."""
+    """One reading at ``t_s`` (wall clock; in a `TelemetryReading`, since its window opened)."""
 
     t_s: float
     clock_mhz: float | None
@@ -38,8 +37,7 @@ class Sample:
 
 @dataclass
 class WindowBuffer:
-    """What a source kept by itself over a window: NVML's sample buffer
-    (``nvmlDeviceGetSamples``) and violation counters (``nvmlDeviceGetViolationStatus``)."""
+    """What a source kept by itself over a window (NVML's sample buffer, violation counters)."""
 
     samples: list[Sample] = field(default_factory=list)
     event_bits: int = 0
@@ -338,8 +336,10 @@ class HostSource(Source):
         return Sample(t_s, self._clock_mhz(), None, None, None)
 
     def _clock_mhz(self) -> float | None:
-        """The median clock of this process's cores (cpufreq), else /proc/cpuinfo's figure
-        (nominal in a VM; parsing costs ~50 us of GIL, so once two reads agree it is kept)."""
+        """The median clock of this process's cores (cpufreq), else /proc/cpuinfo's figure.
+
+        That is nominal in a VM and costs ~50 us of GIL to parse: once two reads agree it is kept.
+        """
         if self._freq_files:
             return statistics.median(float(f.read_text()) / 1e3 for f in self._freq_files)
         if self._static_mhz is not None:
