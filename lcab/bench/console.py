@@ -27,11 +27,7 @@ class _Reporter:
 
 @contextmanager
 def progress_bar(total: int, title: str, enabled: bool = True) -> Iterator[_Reporter]:
-    """A progress bar over ``total`` steps; yields a callable advancing it with a description.
-
-    Only on a terminal: elsewhere rich draws nothing but a blank line at the end, and the
-    entry point prints a line per length instead (`lcab.main`).
-    """
+    """A progress bar over ``total`` steps (on a terminal only); yields a callable advancing it."""
     if not enabled or not console().is_terminal:
         yield _Reporter(None, None)
         return
@@ -64,11 +60,7 @@ def token_warnings(records: Sequence[RunRecord]) -> list[str]:
 
 
 def print_records(records: Sequence[RunRecord], title: str = "lcab results") -> None:
-    """Print the results table with its notes (`lcab.records.table`), then the token warnings.
-
-    Not on a terminal (logs, CI, SLURM output files) rich would wrap at 80 columns: the table
-    takes 120 there.
-    """
+    """Print the results table with its notes (`lcab.records.table`), then the token warnings."""
     out = console()
     print_table(records, title, out)
     for record in records:

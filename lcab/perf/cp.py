@@ -1,22 +1,9 @@
 """Where a context-parallel step spends its time on CPU: compute, communication and waiting.
 
-Every strategy runs as the benchmark app runs it (Hydra config composed in-process, one
-supervised cell of ``world`` gloo ranks, the ``ranges`` kernel, ``causal_document``), so the
-figures are the ones a record carries, not a re-implementation that could drift from it.
-
-What the records hold, and so what the table shows:
-
-* ``p50 ms`` per pass (fwd, bwd): median over repetitions of the slowest rank's time.
-* the split of each pass (compute / comm / wait / other) comes from one extra untimed call
-  that every rank starts after a barrier, taken on the slowest rank so the parts add up to that
-  rank's time (``call ms``); ``other`` is time outside the three phases (merges, layout
-  changes, Python and autograd overhead).
-* ``MB``: bytes one rank sent (max over ranks), counted by lcab.cp.comm, against the plan's
-  analytic volume; split into passes by operation name.
-* ``imbal``: max / mean attended area over ranks, from the plan.
-
-A cell that fails with its backward pass is run again forward-only, so one broken pass does
-not hide the other's figures.
+Every strategy runs as the app runs it (Hydra config composed in-process, one supervised cell of
+gloo ranks, ``ranges``, ``causal_document``), so the figures are a record's, not a
+re-implementation's (the columns: `LEGEND`). A cell whose backward fails runs again
+forward-only, so one broken pass does not hide the other's figures.
 """
 
 from __future__ import annotations
@@ -61,11 +48,7 @@ class PassRow:
 
 
 def overrides(strategy: str, passes: tuple[str, ...], seqlen: int = SEQLEN) -> list[str]:
-    """Hydra overrides for one cell of the breakdown.
-
-    Numerics are off: rank 0 checks against the reference after each pass while its peers go
-    on into the untimed phase-split call, whose comm/wait would then include that check.
-    """
+    """Hydra overrides for one cell (numerics off: rank 0's check would land in peers' waits)."""
     return [
         f"cp={strategy}",
         f"topology={TOPOLOGY}",

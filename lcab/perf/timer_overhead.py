@@ -61,9 +61,8 @@ def timer_times_ms(fn: Callable[[], object], min_run_time: float) -> list[float]
 def agreement(fn: Callable[[], object], rounds: int = 30) -> tuple[list[float], list[float]]:
     """(lcab per-rep ms, Timer per-call ms), pooled over short rounds in alternating order.
 
-    Machine load drifts over seconds (a 10 ms matmul read 9 ms then 19 ms a few seconds later
-    on the shared 2-core box); many short interleaved rounds (~0.1 s each) expose both tools to
-    the same load, so the pooled medians compare the protocols, not the moments they ran in.
+    Load drifts over seconds (a 10 ms matmul read 9 then 19 ms on the shared 2-core box): short
+    interleaved rounds expose both tools to the same load.
     """
     ours: list[float] = []
     theirs: list[float] = []
@@ -77,11 +76,7 @@ def agreement(fn: Callable[[], object], rounds: int = 30) -> tuple[list[float], 
 
 
 def rss_delta_mb(hold: bool) -> float:
-    """The reported RSS delta (MB) of a region that allocates and fills 200 MB.
-
-    ``hold``: the tensor lives until after the region; otherwise it is summed and freed inside,
-    so only the kernel's high-water mark (not the RSS at the exit) can see it.
-    """
+    """The reported RSS delta (MB) of a region that fills 200 MB, held past it or freed inside."""
     keep = None
     with PeakMemory(CPU) as peak:
         x = torch.ones(50_000_000)  # 200 MB of float32, every page written
@@ -104,8 +99,7 @@ def run() -> None:
         f"measure() wall / reps {wall:7.3f} us   recorded median {med:7.3f} us   "
         f"recorded mean {mean:7.3f} us   (100,000 reps)"
     )
-    # One torch thread: with two, a core busy with someone else's work stalls the OpenMP
-    # barrier and a matmul's time swings several-fold, which would hide what is compared here.
+    # one torch thread: with two, a busy core stalls OpenMP's barrier and times swing several-fold
     with intra_op_threads(1):
         _workload_figures()
 
