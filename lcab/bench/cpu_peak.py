@@ -1,18 +1,11 @@
 """A CPU host's peak for a pass: its best matmul rate in the dtype computed in, on its threads.
 
-A CPU has no rated figure lcab can trust (FLOP per cycle depends on vector units
-``/proc/cpuinfo`` does not tell; a VM shows a nominal clock), so the peak is **measured**, as
-the Empirical Roofline Toolkit does: the best square ``torch.matmul`` on the pass's threads,
-never below the nominal FMA rate (`nominal_tflops`). On the 2-core development VM fp32 SDPA
-reached 0.7 (full) to 0.9 (causal) of it.
-
-A half-precision pass computes in float32 without a native path (AMX, AVX-512 FP16/BF16): on
-that VM fp16 matmul ran ~1 GFLOP/s, SDPA 15-30, so the ceiling is the faster of the dtype's
-matmul and float32's. Calls are timed on CPU time, best of `CALLS`, so a busy host's other work
-is left out (load 8-10 on 2 cores: wall clock 15-25 % of idle, CPU time 60-80 %); a pass timed
-on a busy host reads low and ``peak_basis`` says so. Implausible is above 1.5, not 1: a measured
-ceiling is no bound, but half as fast again is a FLOP count or timer error (a causal mask
-counted as full). Measured once per process, dtype and thread count, after the passes.
+A CPU has no rated figure lcab can trust, so the ceiling is **measured**, as the Empirical Roofline
+Toolkit does: the best square ``torch.matmul`` on the pass's threads, on CPU time (a busy host's
+other work left out), never below the nominal FMA rate; a half-precision pass gets the faster of its
+dtype's and float32's. Implausible is above 1.5 of it, not 1: a measured ceiling is no bound, but
+half as fast again is a FLOP count or timer error. Figures: the guide, ``lcab/bench/README.md``
+("Measurement protocol").
 """
 
 from __future__ import annotations
@@ -111,7 +104,7 @@ def _operands(side: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _cpu_seconds(call: Callable[[], object], threads: int) -> float:
-    """The process's CPU time of one call over its threads (module docstring: load)."""
+    """The process's CPU time of one call over its threads."""
     start = time.process_time()
     call()
     return max((time.process_time() - start) / threads, 1e-9)

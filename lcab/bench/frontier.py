@@ -1,15 +1,9 @@
 """The memory frontier of a cell: the longest sequence that runs without running out of memory.
 
 At a million tokens memory comes before speed, and no anchor measures it (LongCA-bench writes
--1000 for an out-of-memory cell). ``seqlen=frontier`` doubles from the cell's length until a
-probe runs out of memory or passes ``seqlen.frontier_max``, then bisects the bracket down to
-``1/seqlen.frontier_resolution`` of the length that ran, in whole 128-token blocks per rank.
-
-Each probe is a fresh world of workers (`lcab.bench.supervisor.run_supervised`), run once: a
-failed allocation or an OOM-killer SIGKILL is ``oom`` and the search goes on; any other end
-stops it, and the record says which probe and why. The frontier length then runs the cell's
-own protocol, without the fp64 check (its reference is lcab's memory). The cell's one record is
-that timed run (else the probe's, with the reason) plus the search's fields.
+-1000 for an out-of-memory cell). Doubling then bisection, each probe a fresh world of workers
+run once (``oom`` goes on, any other end stops the search); the frontier length then runs the
+cell's protocol without the fp64 check. The rules: ``lcab/bench/README.md``, "The memory frontier".
 """
 
 from __future__ import annotations

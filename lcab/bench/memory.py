@@ -1,17 +1,10 @@
 """Peak memory of a region of code, on the device the benchmark runs on.
 
-* CUDA (``cuda_max_allocated``): ``max_memory_allocated`` after ``reset_peak_memory_stats``,
-  over ``memory_allocated`` on enter: exact for the caching allocator's tensors, without the
-  CUDA context or NCCL's own buffers; lcab's L2-flush buffer (``exclude_bytes``) is taken out.
-  Reserved bytes are the rise of ``max_memory_reserved`` over the region (fragmentation in;
-  cached blocks reused cost nothing, so it can be below the allocated delta).
-* CPU (``cpu_hwm``): the kernel's own high-water mark of the RSS, reset by writing ``5`` to
-  ``/proc/self/clear_refs`` (Linux 4.0+, ``proc(5)``) and read from ``VmHWM``: no thread, no
-  sampling, however short the peak. RSS counts pages touched, allocator caches included.
-* CPU without that reset (``cpu_maxrss``): the lifetime ``ru_maxrss`` at the two ends, right
-  only if the region set a new record (the delta is a lower bound).
-
-The statistics are process-wide: do not nest regions.
+CUDA: the caching allocator's peak over the region (lcab's L2-flush buffer left out) and its
+reserved rise. CPU: the kernel's own high-water mark of the RSS (reset through
+``/proc/self/clear_refs``, read from ``VmHWM``: no thread, no sampling), else the lifetime
+``ru_maxrss`` (a lower bound). Process-wide: do not nest regions. Details: the guide,
+``lcab/bench/README.md`` ("Measurement protocol").
 """
 
 from __future__ import annotations

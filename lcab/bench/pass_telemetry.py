@@ -1,16 +1,9 @@
 """A pass's telemetry in its record: per rank, over ranks, over mask samples, against the peak.
 
-Ranks gather their figures as floats (NaN: not read) so every rank makes the same collectives.
-Over ranks a clock keeps its lowest, highest and the median of medians; power the mean and the
-highest; energy is the job's: summed over ranks, or one counter's reading where they share it
-(a host's RAPL, a shared GPU). Energy and power come from the energy window, clocks from the
-timed one; over mask samples, medians. A mean power beyond the enforced limit gets a reason.
-
-The share of the peak divides per-device TFLOP/s by the device's dense peak for its dtype at
-the median SM clock sampled in the timed window (`lcab.peaks`; rated clock where none fell
-inside), on a CPU by the host's measured matmul ceiling (`lcab.bench.cpu_peak`). A share above
-1 (1.5 on a CPU) means the FLOP count or the timer is wrong: the pass keeps its times and is
-flagged (`peak_implausible` and a reason), never silently reported.
+Ranks gather their figures as floats (NaN: not read), so every rank makes the same collectives,
+whatever its device exposes. A share of the peak above 1 (1.5 of a CPU's measured ceiling) is
+flagged ``peak_implausible`` with a reason, never silently reported. The rules: the guide,
+``lcab/bench/README.md`` ("Measurement protocol").
 """
 
 from __future__ import annotations
@@ -91,7 +84,7 @@ def rank_vector(reading: TelemetryReading | None, energy: TelemetryReading | Non
 
 
 def over_ranks(vectors: Sequence[Sequence[float]], shared_counter: bool) -> PassTelemetry:
-    """Combine every rank's `rank_vector` (module docstring)."""
+    """Combine every rank's `rank_vector` (the rules: the guide, "Measurement protocol")."""
     columns = list(zip(*vectors, strict=True)) if vectors else [()] * COLUMNS
 
     def read(i: int) -> list[float]:

@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
@@ -36,7 +37,6 @@ from lcab.bench.results import (
 )
 from lcab.bench.targets import Target
 from lcab.bench.timing import (
-    Timing,
     TimingConfig,
     l2_flush_buffer,
     measure,
@@ -126,7 +126,7 @@ class _LengthRun:
         self.telemetry = LengthTelemetry(
             source,
             cell.bench.telemetry_interval_ms,
-            target.gather if self.collective else None,
+            target.gather,
             shared_counter=source is not None and source.kind == "host",
         )
         self.tolerance = tolerance(self.problem.dtype, cell.bench.tolerance)
@@ -230,7 +230,7 @@ class _LengthRun:
                     device=problem.torch_device,
                     before_each=before_each,
                     barrier=target.barrier if self.collective else None,
-                    agree=target.share if self.collective else None,
+                    agree=target.share,
                     flush_buffer=flush,
                     watch=sampler,
                 )
@@ -241,22 +241,19 @@ class _LengthRun:
                     sampler,
                     timing.q(0.5),
                     partial(repeat, fn, before_each=before_each, device=problem.torch_device),
-                    target.share if self.collective else None,
+                    target.share,
                 )
                 telemetry = self.telemetry.after(sampler, energy)
             reading = memory.reading if isinstance(memory, PeakMemory) else None
-            if reading is not None and self.collective:
+            if reading is not None:
                 reading = target.largest_reading(reading)
-            rank_p50 = [timing.q(0.5)]
-            if self.collective:  # the step time is the slowest rank's
-                rank_p50 = target.gather(timing.q(0.5))
-                slowest = target.reduce_times(list(timing.times_ms))
-                timing = Timing(
-                    tuple(slowest),
-                    quantiles(slowest, self.timing.quantiles),
-                    timing.warmup,
-                    timing.clock,
-                )
+            rank_p50 = target.gather(timing.q(0.5))
+            slowest = target.reduce_times(list(timing.times_ms))  # the step is the slowest rank's
+            timing = replace(
+                timing,
+                times_ms=tuple(slowest),
+                quantiles_ms=quantiles(slowest, self.timing.quantiles),
+            )
             self.samples[pass_].append(
                 SampleMeasure(
                     timing=timing,

@@ -1,25 +1,11 @@
 """Clocks, power and energy of each pass, read beside its timed repetitions and after them.
 
-**Never inside the timed region.** The sampler reads the device just before the first timed
-repetition and after the last has finished, plus what the device kept by itself in between
-(`Source.since`: NVML's sample buffer of SM clock, memory clock and power, and its power and
-thermal violation counters), so a throttle mid-window is seen though no read happened there. A
-window's clock is the median of the samples inside it, else of its two end reads (the record
-says so: ``clock_samples`` 0, ``clock_source``).
-
-**Energy needs a window its counter can resolve.** NVML's counter advances every 20-100 ms
-(`Source.energy_step_s`), so a pass's energy comes from an untimed window of its own
-(`energy_calls`): calls back to back, without L2 flush or barrier, for `ENERGY_STEPS` of the
-counter's steps and a margin, so each end is off by at most one step in ten. A shorter window
-leaves the energy empty and says why.
-
-**Why not a thread.** An idle second Python thread made a 1.2 ms matmul 1.4-1.7 % slower on a
-2-core VM (GIL handoffs), an NVML sampler at 10 ms +4.6 % (``python -m lcab.perf telemetry``);
-a polling thread remains opt-in (``bench.telemetry_interval_ms``) for a finer clock trace.
-
-**A sampler never costs a record, nor hangs a run.** A source whose reads can block (NVML) is
-read on a short-lived thread waited for `WAIT_S`; one that does not answer is abandoned for the
-rest of the process and every later pass says so. A source that raises gives a note.
+Never inside the timed region: the device is read at the window's two ends, plus what it kept by
+itself in between (NVML's sample buffer and violation counters). Energy comes from an untimed window
+of its own, `ENERGY_STEPS` of its counter's 20-100 ms steps long. No thread runs beside the pass by
+default: an idle one made a 1.2 ms matmul 1.4-1.7 % slower on a 2-core VM (``python -m lcab.perf
+telemetry``). A blocking read runs on a thread waited for `WAIT_S`; one that hangs is abandoned for
+the process. The whole protocol: the guide, ``lcab/bench/README.md`` ("Measurement protocol").
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Timing protocol: exactly one call per timed repetition, quantiles over the repetitions.
 
-After triton's ``do_bench`` (re-written here): one untimed call (compilation, autotuning, lazy
-allocation stay out); warm-up of ``warmup`` calls, or as many as fit ``warmup_ms``, estimated
-from at most five probe calls so CUDA never queues unbounded launches; then ``reps`` timed
-repetitions, or ``rep_ms / per-call estimate`` clamped to ``[1, max_reps]``. Each repetition
-runs ``before_each()``, the CUDA L2 flush and ``barrier()`` untimed, then times one ``fn()``:
-one call per repetition makes the quantiles a distribution of call times and lets a barrier
-align ranks before each.
-
-Clocks: on a CPU ``time.perf_counter_ns()`` around the call (well under a microsecond of harness
-per repetition); on CUDA an event pair on the current stream, read after one final synchronize
-(device time: launch cost shows only when the device waits for the host), with a 256 MiB buffer
-zeroed before each repetition so no input is found in L2.
-
-Budget mode over several ranks: every call is collective, so every count that depends on the
-clock is decided by rank 0 and shared (``agree``); ranks picking different counts would pair one
-rank's barrier with another's all-to-all and hang NCCL.
+After triton's ``do_bench`` (re-written here): one untimed call, a warm-up (a count, or a budget
+estimated from at most five probe calls), then the timed repetitions, each with ``before_each``, the
+CUDA L2 flush and ``barrier`` untimed around one ``fn()``: one call per repetition makes the
+quantiles a distribution of call times and lets a barrier align ranks before each. In budget mode
+under CP every count is rank 0's (``agree``): ranks picking different counts would hang NCCL. Clocks
+and figures: the guide, ``lcab/bench/README.md`` ("Measurement protocol").
 """
 
 from __future__ import annotations

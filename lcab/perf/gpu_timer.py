@@ -1,16 +1,11 @@
 """The harness against the GPU's own timer: lcab's per-pass time vs ``triton.testing.do_bench``.
 
-``python -m lcab.perf gpu-timer`` times each (kernel, mask, length, pass) on the same prepared
-call and tensors with lcab's harness under the paper's protocol (5 warm-up calls, 20
-repetitions, L2 flushed, CUDA events, median) and with Triton's ``do_bench`` (given the same
-counts, ``grad_to_none`` for the backward), in two rounds of opposite order, and prints lcab /
-do_bench: target within 3 %. The SM clock is sampled beside each timer (never inside a call), so
-a ratio off 1 is read against the clock it ran at.
-
-Cells: `lcab.kernels.registry.gpu_compared` × ``causal``, ``causal_document`` × 8K, 32K tokens
-(bf16, 64:8 heads × 128). ``LCAB_GPU_TIMER_KERNELS=a,b`` narrows the kernels,
-``LCAB_GPU_TIMER_OUT=FILE`` writes JSON lines. Without CUDA it runs ``ranges`` on CPU against
-``torch.utils.benchmark.Timer`` (how the tests check it): two host clocks, nothing more.
+Each (kernel, mask, length, pass) is timed on the same prepared call and tensors by lcab's
+harness under the paper's protocol and by ``do_bench`` given the same counts, in two rounds of
+opposite order, with the SM clock sampled beside each timer; target: within 3 %. Without CUDA it
+runs ``ranges`` against ``torch.utils.benchmark.Timer`` (two host clocks, nothing more).
+``LCAB_GPU_TIMER_KERNELS=a,b`` narrows the kernels, ``LCAB_GPU_TIMER_OUT=FILE`` writes JSON
+lines. Figures: ``lcab/kernels/README.md``.
 """
 
 from __future__ import annotations

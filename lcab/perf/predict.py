@@ -1,11 +1,8 @@
 """How well ``hardware=auto`` predicts CPU cells the planner was never fitted on.
 
-The shipped CPU profile was fitted (``launchers/plan_cpu_measurements.sh``) on ``causal``,
-``causal_document`` and ``share_question`` at 512 tokens per rank; this runs other cells
-(`CELLS`, `MORE_CELLS`) with the fit's heads, kernel and protocol through ``python -m lcab.main
-hardware=auto``, so the predictions are the records'. Each pass is the median of
-``$LCAB_PERF_RUNS`` runs; target: >= 90 % of passes within ±30 %. Run it on an idle machine
-(one run: 4 min on 2 cores at load 10).
+Cells outside the shipped CPU profile's fit (`CELLS`, `MORE_CELLS`), run with the fit's heads,
+kernel and protocol through ``python -m lcab.main hardware=auto``, each pass the median of
+``$LCAB_PERF_RUNS`` runs; target: >= 90 % of passes within ±30 %. Figures: ``lcab/plan/README.md``.
 """
 
 from __future__ import annotations

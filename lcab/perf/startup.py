@@ -1,13 +1,9 @@
 """Start-up figures: how long the first commands a user types take, as the user would time them.
 
-Each figure is the wall time of a fresh ``python -m ...`` process (interpreter, imports, Hydra
-and the work all count), against its target in `figures` on a 2-core machine where ``import
-torch`` alone takes 2-3.5 s (printed first). The commands are read from the guides, so the
-figure is the documented command's; the load average is printed before and after.
-
-``LCAB_PERF_AGAINST=DIR[:DIR...]`` times the `PAIRED` figures of this checkout and others side
-by side, each round running every checkout in a rotating order so a shared host's load falls on
-all alike; medians over ``$LCAB_PERF_RUNS`` rounds (default 5), wall and CPU seconds.
+Each figure is the wall time of a fresh ``python -m ...`` process against its target in
+`figures`, the commands read from the guides; ``LCAB_PERF_AGAINST=DIR[:DIR...]`` times the
+`PAIRED` figures of other checkouts side by side, in rotating rounds (``$LCAB_PERF_RUNS``,
+default 5) so a shared host's load falls on all alike. Figures: ``lcab/plan/README.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """What the telemetry sampler costs a timed pass: ``python -m lcab.perf telemetry``.
 
-The sampler adds no call inside the timed region; it can still cost the pass a thread's GIL
-handoffs or a core's time slice. A ~1 ms float32 matmul (one thread on a CPU) is timed in
-shuffled rounds without a sampler, with ``ends`` (the default), with a polling thread every 10
-and 1 ms (a source read on a thread), and with the runner's ``PeakMemory`` (``memory``). The
-figure is the median of each round's with / without ratio (a drifting host weighs on both sides
-of every pair) with a distribution-free 95 % interval: target < 1 % met when the whole interval
-lies under it, missed when above, else not shown. ``LCAB_PERF_ROUNDS`` (240 of 50 reps),
-``LCAB_PERF_SAMPLERS=ends,memory`` picks samplers; ``LCAB_PERF_TELEMETRY=nvml`` samples NVML
-(on a CPU host whatever ``libnvidia-ml.so.1`` the loader finds). It also times one ``sample()``
-and one window's two ends, outside the timed region.
+A ~1 ms float32 matmul is timed in shuffled rounds without a sampler and with each one (`SAMPLERS`,
+the runner's ``PeakMemory`` too); the figure is the median of each round's with / without ratio
+with a distribution-free 95 % interval, against a target of 1 %. ``LCAB_PERF_ROUNDS`` (240 of 50
+reps); ``LCAB_PERF_TELEMETRY=nvml`` samples NVML. Figures: ``lcab/bench/README.md``.
 """
 
 from __future__ import annotations
@@ -26,31 +20,13 @@ from lcab.bench.memory import PeakMemory
 from lcab.bench.pass_telemetry import device_source
 from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, measure
+from lcab.perf.timer_overhead import sized_matmul
 
 ROUNDS = int(os.environ.get("LCAB_PERF_ROUNDS", "240"))
 SAMPLERS = [s.strip() for s in os.environ.get("LCAB_PERF_SAMPLERS", "").split(",") if s.strip()]
 """Which samplers to time beside ``off`` (``ends``, ``10 ms``, ``1 ms``, ``memory``; all)."""
 TARGET = 0.01
 PROTOCOL = TimingConfig(warmup=10, reps=50, flush_l2=False)
-
-
-def _one_ms_matmul(device: torch.device) -> torch.Tensor:
-    """A square float32 matrix whose product with itself takes about 1 ms here."""
-    n = 64
-    while True:
-        a = torch.randn(n, n, device=device)
-        for _ in range(3):
-            a @ a
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            a @ a
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if (time.perf_counter() - t0) / 10 >= 1e-3 or n >= 16384:
-            return a
-        n = int(n * 1.25)
 
 
 def run() -> None:
@@ -64,11 +40,7 @@ def run() -> None:
     if source is None:
         print("telemetry off: nothing to measure")
         return
-    a = _one_ms_matmul(device)
-
-    def call() -> None:
-        a @ a
-
+    call, _ = sized_matmul(1.0, device)
     with Sampler(source) as probe:
         pass
     print(f"source {source.kind}: {probe.reading.device_name or device.type}")

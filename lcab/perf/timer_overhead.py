@@ -37,19 +37,21 @@ def empty_overhead(reps: int = 100_000) -> tuple[float, float, float]:
     return wall / reps * 1e6, timing.p50 * 1e3, statistics.fmean(timing.times_ms) * 1e3
 
 
-def _matmul(n: int) -> Callable[[], torch.Tensor]:
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
+def _matmul(n: int, device: torch.device) -> Callable[[], torch.Tensor]:
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
     return lambda: a @ b
 
 
-def sized_matmul(target_ms: float = TARGET_MS) -> tuple[Callable[[], torch.Tensor], int]:
+def sized_matmul(
+    target_ms: float = TARGET_MS, device: torch.device = CPU
+) -> tuple[Callable[[], torch.Tensor], int]:
     """A float32 square matmul sized at run time to take about ``target_ms`` here, and its n."""
     n = 256
     for _ in range(4):  # cost ~ n^3: rescale from the measured time a few times
-        ms = measure(_matmul(n), TimingConfig(warmup=2, reps=7), device=CPU).p50
-        n = max(64, round(n * (target_ms / ms) ** (1 / 3)))
-    return _matmul(n), n
+        ms = measure(_matmul(n, device), TimingConfig(warmup=2, reps=7), device=device).p50
+        n = min(max(64, round(n * (target_ms / ms) ** (1 / 3))), 16384)
+    return _matmul(n, device), n
 
 
 def timer_times_ms(fn: Callable[[], object], min_run_time: float) -> list[float]:
