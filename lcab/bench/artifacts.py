@@ -1,10 +1,7 @@
 """What a cell leaves beside its records for people to look at: profiler traces, the mask.
 
-With ``bench.profile=true`` every (length, pass) gets ``bench.profile_reps`` extra repetitions
-under ``torch.profiler`` *after* its timed ones (whose timing the profiler would skew), each an
-``lcab.<pass>`` range holding the CP phases, written per rank as Chrome-trace JSON
-(``traces/S<seqlen>-<pass>-rank<r>.json``). The mask picture of the largest length goes to
-``mask-S<seqlen>.png``.
+Traces are taken in extra repetitions *after* the timed ones (whose timing the profiler would
+skew), one Chrome-trace JSON per rank; see ``lcab/bench/README.md``.
 """
 
 from __future__ import annotations

@@ -28,8 +28,7 @@ IMPLAUSIBLE_CPU_SHARE = 1.5
 """A pass above this share of its host's ceiling is flagged (module docstring)."""
 
 SIZES = (256, 1024)
-"""The matmul's side range: the side whose call takes about `CALL_S` of CPU per thread, in steps
-of 64 (a slow fp16 backend took 15 s at 1024)."""
+"""The side range of a matmul taking about `CALL_S` of CPU (a slow fp16 took 15 s at 1024)."""
 
 CALL_S = 0.02
 
@@ -46,7 +45,6 @@ class CpuCeiling:
     """The dtype of the fastest matmul (float32 for a half-precision pass, where faster)."""
     threads: int
     side: int
-    """The square matmul's side it was measured at."""
     nominal_tflops: float | None = None
 
     @property

@@ -26,22 +26,16 @@ else:
 def git_state() -> tuple[str | None, bool | None]:
     """(commit sha, has uncommitted changes) of the lcab checkout, or (None, None)."""
     root = Path(lcab.__file__).resolve().parent.parent
+    git = ("git", "status", "--porcelain=v2", "--branch", "--untracked-files=no")
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-        )
-        if sha.returncode != 0:
-            return None, None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return sha.stdout.strip(), bool(dirty.stdout.strip())
+        done = subprocess.run(git, cwd=root, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None, None
+    lines = done.stdout.splitlines()
+    sha = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if done.returncode != 0 or sha is None or sha == "(initial)":
+        return None, None
+    return sha, any(not line.startswith("#") for line in lines)
 
 
 def device_name(device: str) -> str:

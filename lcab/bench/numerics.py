@@ -65,8 +65,7 @@ def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 _FULL_OVERHEAD = 3
-"""Score-sized fp64 blocks the full autograd reference keeps per attended pair (scores,
-probabilities and their gradient); the whole score tensor is held for the backward."""
+"""Score-sized fp64 blocks the full reference keeps (scores, probabilities, their gradient)."""
 
 
 def reference_bytes(

@@ -323,7 +323,8 @@ class LengthTelemetry:
                 f"{pass_name}: mean power {max(over):.2f}x the device's enforced power limit: "
                 "implausible, the energy counter or its window is wrong"
             )
-        fill_peak(record, pass_name, self.device_name or _cuda_name(record))
+        cuda_name = (record.device_name or None) if record.device == "cuda" else None  # as NVML
+        fill_peak(record, pass_name, self.device_name or cuda_name)
 
     def _names(self, bits: int) -> list[str]:
         if self.source is None:
@@ -332,8 +333,3 @@ class LengthTelemetry:
             return self.source.event_names(bits)
         except Exception:
             return [f"0x{bits:x}"]
-
-
-def _cuda_name(record: RunRecord) -> str | None:
-    """Torch's name of a CUDA device (the peak table knows it as NVML does)."""
-    return record.device_name if record.device == "cuda" and record.device_name else None

@@ -53,7 +53,6 @@ class SampleMeasure:
     flops: int
     """Useful FLOPs of the pass on this sample (`lcab.flops`)."""
     dense_flops: int
-    """FLOPs of the same pass without a mask."""
     memory: MemoryReading | None = None
     """Peak memory over the timed region (None when ``bench.memory`` is off)."""
     telemetry: PassTelemetry | None = None

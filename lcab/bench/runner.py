@@ -62,7 +62,6 @@ class PassCall(NamedTuple):
     """One pass as the timer calls it."""
 
     fn: Callable[[], object]
-    """The timed call."""
     before_each: Callable[[], None] | None
     """Untimed, before each repetition (the backward's gradients set to None)."""
     leaves: list[torch.Tensor]
@@ -139,7 +138,6 @@ class _LengthRun:
             cell.seed,
         )
 
-    # ------------------------------------------------------------------ phases
     def static_skips(self) -> bool:
         """Skip what cannot run before any mask or tensor exists; whether anything is left."""
         for p in self.passes:
@@ -413,7 +411,6 @@ def run_cell(
         if target.rank == 0:
             emit(record)
         if torch.cuda.is_available() and cell.device == "cuda":
-            # the next length must not inherit this one's cached blocks (fragmentation would
-            # make its peak, or an out-of-memory error, depend on the order of lengths)
+            # cached blocks would make the next length's peak depend on the order of lengths
             gc.collect()
             torch.cuda.empty_cache()

@@ -1,12 +1,9 @@
 """Run a cell as one rank of a scheduler's job: under SLURM every task of the job is a rank.
 
-Each task joins the world from its environment and watches itself: its output goes to
-``rank-<r>.log`` and ``rank-<r>.json`` says where it ran (node, pid); a watchdog gives each
-length ``bench.timeout_s`` (collectives time out after the same, so a peer that died or hangs
-ends the others); a failing rank writes ``rank-<r>.failure.json`` and exits non-zero at once
-(``srun --kill-on-bad-exit`` ends the rest), and the launcher records the unsettled lengths. A
-failure after the scheduler's SIGTERM is the scheduler's stop (``stopped_by_scheduler``), not
-the lost peer it then ran into. Rank 0 alone emits records.
+Each task joins the world from its environment and watches itself (``rank-<r>.log``,
+``rank-<r>.json``, a watchdog per length); a failing rank writes ``rank-<r>.failure.json`` and
+exits at once, and a failure after the scheduler's SIGTERM is the scheduler's stop, not the lost
+peer it then ran into. Rank 0 alone emits records. The story: ``lcab/launch/README.md``.
 """
 
 from __future__ import annotations
@@ -235,7 +232,7 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
         target = make_target(cell, rank, None)
         for seqlen in cell.seqlens:
             watchdog.arm(seqlen)
-            run_cell(cell.with_seqlens([seqlen]), target, emit if rank == 0 else _drop)
+            run_cell(cell.with_seqlens([seqlen]), target, emit if rank == 0 else lambda r: None)
         watchdog.disarm()
         target.close()
     except BaseException as err:  # SystemExit/KeyboardInterrupt too: peers must not wait
@@ -244,7 +241,3 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
         if type(err).__name__ == "UncompletedJobError":  # submitit: the time limit is near
             error = f"SLURM time limit reached ({error})"
         fail(seqlen, classify(err), error, grace_s=SIGTERM_GRACE_S)
-
-
-def _drop(record: RunRecord) -> None:
-    return None

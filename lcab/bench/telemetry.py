@@ -34,8 +34,7 @@ ENERGY_ROUNDS = 4
 """At most this many rounds of calls fill an energy window (`energy_calls`)."""
 
 _ABANDONED: weakref.WeakKeyDictionary[Source, str] = weakref.WeakKeyDictionary()
-"""Sources whose thread did not answer: never sampled again in this process (held weakly, so a
-new source is never taken for a dead one, as an ``id`` reused by Python would be)."""
+"""Sources whose thread did not answer, never sampled again (weak keys: no reused ``id``)."""
 
 
 def energy_calls(source: Source, per_call_ms: float, spent_ms: float = 0.0) -> int:
@@ -62,7 +61,6 @@ class TelemetryReading:
     calls: int | None = None
     """The calls the window holds (an energy window's)."""
     power_limit_w: float | None = None
-    """The power limit the device enforced."""
     samples: list[Sample] = field(default_factory=list)
     """The window's end reads and the samples taken inside it, ``t_s`` from its opening."""
     buffer_event_bits: int = 0
@@ -134,9 +132,7 @@ class Sampler:
         self._mark: object = None
         blocks = bool(getattr(source, "reads_block", True))
         self.mode = "in place" if not blocks else "ends" if interval_ms is None else "thread"
-        """How the device is read: ``in place`` at the window's two ends (a source that cannot
-        block), ``ends`` at the two ends each on a short-lived thread with a timeout, or
-        ``thread``: a thread reading every ``interval_ms`` while the window is open."""
+        """``in place`` (cannot block), ``ends`` (each end on a thread), ``thread`` (polling)."""
 
     @property
     def threaded(self) -> bool:

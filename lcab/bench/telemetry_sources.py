@@ -292,8 +292,7 @@ class HostSource(Source):
             return
         self._opened = True
         powercap = self.root / "sys/class/powercap"
-        # package domains only ("intel-rapl:0"), not their sub-zones ("intel-rapl:0:0"): the
-        # package counter already holds the cores' and the uncore's energy
+        # package domains only ("intel-rapl:0"): they hold their sub-zones' energy
         zones = sorted(p for p in powercap.glob("intel-rapl:*") if p.name.count(":") == 1)
         for zone in zones:
             try:

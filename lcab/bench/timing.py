@@ -128,7 +128,7 @@ def measure(
     made outside a memory-measured region; ``watch`` (the telemetry sampler) is entered just
     before the first timed repetition and left once the last has finished on the device.
     """
-    share = agree if agree is not None else _alone
+    share = agree or (lambda values: values)  # one rank decides for itself
     device = torch.device(device)
     cuda = _is_cuda(device)
     with torch.cuda.device(device) if cuda else contextlib.nullcontext():
@@ -183,17 +183,12 @@ def _block_ms(fn: Callable[[], object], calls: int, cuda: bool) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
-def _alone(values: list[float]) -> list[float]:
-    """One rank decides for itself."""
-    return values
-
-
 def _warm_up(
     fn: Callable[[], object],
     config: TimingConfig,
     cuda: bool,
     first_ms: float,
-    share: Callable[[list[float]], list[float]] = _alone,
+    share: Callable[[list[float]], list[float]],
 ) -> tuple[int, float]:
     """Run the warm-up; return (calls made, per-call estimate in ms for budget mode).
 

@@ -48,8 +48,7 @@ def apply_memory_budget(cell: Cell) -> None:
     import resource
     import threading
 
-    # a thread's stack is a private mapping the limit counts (8 MiB each by default): the
-    # samplers' and the result queue's threads must still start in a rank near its budget
+    # a thread's stack (8 MiB by default) counts: threads must still start near the budget
     threading.stack_size(THREAD_STACK_BYTES)
     held = 0
     with open("/proc/self/status") as status:
@@ -61,8 +60,7 @@ def apply_memory_budget(cell: Cell) -> None:
 
 
 MMAP_THRESHOLD_BYTES = 128 << 10
-"""Allocations this large or larger get their own mapping under a CPU budget (glibc's default
-start, fixed: `_blocks_returned_on_free`)."""
+"""Allocations from this size get their own mapping under a CPU budget (glibc's default start)."""
 
 
 def _blocks_returned_on_free() -> None:
@@ -98,8 +96,7 @@ def worker_main(rank: int, world: int, rendezvous: str, messages: Any, cell: Cel
     if threads is not None:
         torch.set_num_threads(threads)
     if cell.bench.memory_budget_gib is not None:
-        # the result queue starts its feeder thread on the first message: start it while
-        # there is room, so a rank at its budget can still say how it ended
+        # start the queue's feeder thread while there is room: a rank at its budget must report
         messages.put(("budget", rank))
     apply_memory_budget(cell)
     _first_to_go()

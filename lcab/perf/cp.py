@@ -21,8 +21,7 @@ KERNEL = "ranges"
 MASK = "causal_document"
 SEQLEN = 8192
 BENCH = "quick"
-#: Per-strategy overrides: the 2-D strategies default to Ulysses over a whole node (4 here,
-#: leaving a ring of 1); degree 2 makes them genuinely 2-D (2 Ulysses x 2 ring) at world 4.
+#: Per-strategy overrides: 2 Ulysses x 2 ring at world 4 (the default would leave a ring of 1).
 EXTRA = {"usp": ["cp.ulysses_degree=2"], "loongtrain": ["cp.ulysses_degree=2"]}
 
 
