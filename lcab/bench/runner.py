@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from lcab.bench import host_load
 from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
@@ -35,7 +35,7 @@ from lcab.bench.results import (
     short_error,
     summarise,
 )
-from lcab.bench.targets import Target
+from lcab.bench.targets import Target, pass_callable
 from lcab.bench.timing import (
     TimingConfig,
     l2_flush_buffer,
@@ -56,37 +56,6 @@ else:
     torch = lazy_module("torch", globals())
 
 Tensors: TypeAlias = "dict[str, torch.Tensor]"
-
-
-class PassCall(NamedTuple):
-    """One pass as the timer calls it."""
-
-    fn: Callable[[], object]
-    before_each: Callable[[], None] | None
-    """Untimed, before each repetition (the backward's gradients set to None)."""
-    leaves: list[torch.Tensor]
-    """The tensors whose gradients ``before_each`` resets (empty for the forward)."""
-
-
-def pass_callable(pass_: str, prepared: PreparedAttention, native: Tensors) -> PassCall:
-    """The timed call of one pass, with its untimed before-each hook."""
-    q, k, v, dout = native["q"], native["k"], native["v"], native["dout"]
-    if pass_ == "fwd":
-        return PassCall(lambda: prepared.run(q, k, v), None, [])
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-
-    def zero() -> None:
-        for t in leaves:
-            t.grad = None
-
-    if pass_ == "bwd":
-        out, _ = prepared.run(*leaves)
-        return PassCall(lambda: out.backward(dout, retain_graph=True), zero, leaves)
-
-    def fwd_bwd() -> None:
-        prepared.run(*leaves)[0].backward(dout)
-
-    return PassCall(fwd_bwd, zero, leaves)
 
 
 class _LengthRun:

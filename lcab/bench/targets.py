@@ -1,16 +1,16 @@
 """What the runner runs a cell on: a `Target` — the kernel itself, or a CP strategy around it.
 
-`KernelTarget` is a single device. `CPTarget` is one rank of a context-parallel cell: it joins
-the process group, builds this rank's part of the plan, synchronises repetitions (times reduced
-to the slowest rank) and, once per length, measures one call's communication bytes and its
-compute/communication/wait split. The runner sees only the protocol: one path for both.
+`CPTarget` is one rank of a CP cell: it joins the process group, builds this rank's part of the
+plan, synchronises repetitions and measures one call's communication bytes and phase split. The
+runner sees only the protocol, and `pass_callable` gives it each pass's timed call.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from typing_extensions import override
 
@@ -40,6 +40,37 @@ if TYPE_CHECKING:
     import torch
 else:
     torch = lazy_module("torch", globals())
+
+
+class PassCall(NamedTuple):
+    """One pass as the timer calls it, with the untimed hook resetting its leaves' gradients."""
+
+    fn: Callable[[], object]
+    before_each: Callable[[], None] | None
+    leaves: list[torch.Tensor]
+
+
+def pass_callable(
+    pass_: str, prepared: PreparedAttention, native: dict[str, torch.Tensor]
+) -> PassCall:
+    """The timed call of one pass, with its untimed before-each hook."""
+    q, k, v, dout = native["q"], native["k"], native["v"], native["dout"]
+    if pass_ == "fwd":
+        return PassCall(lambda: prepared.run(q, k, v), None, [])
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+
+    def zero() -> None:
+        for t in leaves:
+            t.grad = None
+
+    if pass_ == "bwd":
+        out, _ = prepared.run(*leaves)
+        return PassCall(lambda: out.backward(dout, retain_graph=True), zero, leaves)
+
+    def fwd_bwd() -> None:
+        prepared.run(*leaves)[0].backward(dout)
+
+    return PassCall(fwd_bwd, zero, leaves)
 
 
 class Target(Protocol):

@@ -22,7 +22,7 @@ import torch
 
 from lcab.bench.inputs import NAMES, SeededInputs
 from lcab.bench.pass_telemetry import device_source
-from lcab.bench.runner import pass_callable
+from lcab.bench.targets import pass_callable
 from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, l2_flush_buffer, measure
 from lcab.kernels import Problem, get_kernel
