@@ -1,19 +1,7 @@
 """What a cell leaves beside its records for people to look at: profiler traces, the mask.
 
-**Traces** show what a kernel or strategy spends its time on, beyond the p50. With
-``bench.profile=true`` every (length, pass) gets ``bench.profile_reps`` extra repetitions
-under ``torch.profiler`` *after* its timed ones — the timed repetitions never run under the
-profiler, whose overhead would skew them. Each repetition is one ``lcab.<pass>`` range; under
-CP the strategy's phases (``lcab.cp.compute``, ``lcab.cp.comm``, ``lcab.cp.wait``) are ranges
-inside it, so the trace shows the same split as the record's ``phase_ms``. CPU activities are
-always recorded, CUDA ones on a CUDA device.
-
-The trace is Chrome-trace JSON (``chrome://tracing``, Perfetto) in the job folder:
-``traces/S<seqlen>-<pass>-rank<r>.json`` — every rank writes its own, since under CP the
-ranks' timelines differ. The W&B logger uploads the folder as an ``lcab-trace`` artifact.
-
-**The mask picture** of the cell's largest length (first sample), ``mask-S<seqlen>.png``, so a
-reader sees what was measured; the W&B logger shows it on the run.
+Traces are taken in extra repetitions *after* the timed ones (whose timing the profiler would
+skew), one Chrome-trace JSON per rank; see ``lcab/bench/README.md``.
 """
 
 from __future__ import annotations
@@ -50,12 +38,7 @@ def profile_pass(
     before_each: Callable[[], None] | None = None,
     barrier: Callable[[], None] | None = None,
 ) -> Path:
-    """Run ``fn`` ``reps`` times under the profiler and write the Chrome trace to ``path``.
-
-    ``before_each`` and ``barrier`` run before every repetition, outside its range, as in the
-    timed loop; under CP every rank must call this with the same ``reps`` (the collectives
-    inside ``fn`` pair up rank by rank).
-    """
+    """Run ``fn`` ``reps`` times under the profiler (hooks outside each range); write the trace."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = device.type == "cuda"
@@ -76,11 +59,7 @@ def profile_pass(
 
 
 def save_mask_picture_of(cell: Cell, mask: AttnMask, record: RunRecord) -> Path | None:
-    """Draw ``mask`` into the job folder; a picture that fails is a reason, never a failure.
-
-    A failed picture is removed: on a full disk its half-written bytes would take the room the
-    records need.
-    """
+    """Draw ``mask`` into the job folder; a picture that fails is a reason, never a failure."""
     from lcab.masks.picture import save_mask_picture
 
     path = Path(cell.job.output_dir) / MASK_PICTURE.format(seqlen=mask.seqlen_q)

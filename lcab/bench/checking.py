@@ -1,9 +1,8 @@
 """The numerics check of one (cell, length), as the runner runs it: rows, budget, verdicts.
 
-Which query rows are checked (all, or a seeded sample every rank knows, since under CP every
-rank sends rank 0 its part of them); whether the checking rank can afford it (decided there and
-shared, since the check's call and collection are collective); and the check of each pass,
-whose failure is a recorded reason, never the loss of the pass's timings.
+The rows (all, or a seeded sample every rank knows), whether the checking rank can afford it
+(decided there and shared: the check is collective), and each pass's check, whose failure is a
+recorded reason, never the loss of the pass's timings.
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ class NumericsCheck:
     ) -> None:
         """Check one pass against the reference; a failing check never costs the timings.
 
-        The untimed call and the collection are collective: under CP a failure there ends the
-        cell (peers wait in the collective). The reference itself is computed on rank 0 after
-        every collective, so its failure (an out-of-memory error) is only a recorded reason.
+        Under CP a failure in the collective call ends the cell (peers wait in it); the
+        reference is computed on rank 0 after every collective, so its failure is a reason.
         """
         try:
             results = run_check(pass_, prepared, native, self.rows, self.target.collector(prepared))

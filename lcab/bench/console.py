@@ -5,9 +5,8 @@ The table itself (units, notes, width) is `lcab.records.table`'s, shared with th
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -16,24 +15,11 @@ from lcab.records.schema import RunRecord
 from lcab.records.table import console, frontier_line, print_table
 
 
-class _Reporter:
-    def __init__(self, progress: Progress | None, task: Any) -> None:
-        self.progress, self.task = progress, task
-
-    def __call__(self, description: str) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, description=description, advance=1)
-
-
 @contextmanager
-def progress_bar(total: int, title: str, enabled: bool = True) -> Iterator[_Reporter]:
-    """A progress bar over ``total`` steps; yields a callable advancing it with a description.
-
-    Only on a terminal: elsewhere rich draws nothing but a blank line at the end, and the
-    entry point prints a line per length instead (`lcab.main`).
-    """
+def progress_bar(total: int, title: str, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """A progress bar over ``total`` steps (on a terminal only); yields a callable advancing it."""
     if not enabled or not console().is_terminal:
-        yield _Reporter(None, None)
+        yield lambda description: None
         return
     progress = Progress(
         TextColumn(f"[bold]{title}[/] {{task.description}}"),
@@ -44,7 +30,7 @@ def progress_bar(total: int, title: str, enabled: bool = True) -> Iterator[_Repo
     )
     with progress:
         task = progress.add_task("starting", total=total)
-        yield _Reporter(progress, task)
+        yield lambda description: progress.update(task, description=description, advance=1)
 
 
 def token_warnings(records: Sequence[RunRecord]) -> list[str]:
@@ -64,11 +50,7 @@ def token_warnings(records: Sequence[RunRecord]) -> list[str]:
 
 
 def print_records(records: Sequence[RunRecord], title: str = "lcab results") -> None:
-    """Print the results table with its notes (`lcab.records.table`), then the token warnings.
-
-    Not on a terminal (logs, CI, SLURM output files) rich would wrap at 80 columns: the table
-    takes 120 there.
-    """
+    """Print the results table with its notes (`lcab.records.table`), then the token warnings."""
     out = console()
     print_table(records, title, out)
     for record in records:

@@ -1,36 +1,11 @@
 """A CPU host's peak for a pass: its best matmul rate in the dtype computed in, on its threads.
 
-A GPU's share of the peak divides by a rated figure at the measured clock (`lcab.peaks`). A CPU
-has no such figure lcab can trust: the FLOP per cycle of a core depends on its vector units
-(two 256-bit FMA pipes on AMD Zen 2-4, one or two 512-bit ones on Intel's AVX-512 parts by
-SKU, AMX tiles on Sapphire Rapids for bf16), which ``/proc/cpuinfo`` does not tell, and a
-virtual machine shows only a nominal clock, below the turbo it runs at. So the peak here is
-**measured**, as the Empirical Roofline Toolkit measures its ceilings: the best rate of a square
-``torch.matmul`` (MKL / oneDNN, the same libraries attention runs on) on the threads the pass
-had, never below the host's nominal FMA rate (below). Attention is matmuls and a softmax, so it
-runs below this ceiling; on the 2-core development VM (AMD EPYC) fp32 SDPA reached 0.7 (full)
-to 0.9 (causal) of it.
-
-**The dtype computed in.** A CPU kernel given half precision computes in float32 (ATen's
-``opmath`` type) unless its backend has a faster native path (AMX, AVX-512 FP16/BF16): on the
-development VM, whose CPU has neither, ``torch.matmul`` ran fp16 and bf16 at ~1 GFLOP/s while
-SDPA ran them at 15-30, so an fp16 ceiling flagged every fp16 pass. A half-precision pass's
-ceiling is therefore the faster of its dtype's matmul and float32's.
-
-**Load.** A call is timed on the process's CPU time over its threads, not the wall clock, and
-the best of `CALLS` is kept: time a busy host gives other work is not in it (at load 8-10 on
-2 cores the wall clock read 15-25 % of an idle host's rate, CPU time 60-80 %). CPU time
-overstates a matmul that leaves some of its threads idle: a higher ceiling, never a false flag.
-Nor can load shrink the ceiling below the host's **nominal** FMA rate (`nominal_tflops`: the
-threads at the cores' clock, 32 fp32 FLOP a cycle). A pass timed
-while the host was busy (load above its cores) runs slower and its share reads low: the record
-says so (``peak_basis``).
-
-**Implausible** is above `IMPLAUSIBLE_CPU_SHARE` (1.5) of this ceiling, not above 1: a measured
-ceiling is no bound (a pass can beat a noisy probe by a few per cent), but half as fast again as
-the host's best matmul is a FLOP count or a timer error — the factor-of-two of a causal mask
-counted as full, or of a world size counted twice. Measured once per process, dtype and thread
-count (0.1-0.5 s), never inside a timed region: the record's fill calls it after the passes.
+A CPU has no rated figure lcab can trust, so the ceiling is **measured**, as the Empirical Roofline
+Toolkit does: the best square ``torch.matmul`` on the pass's threads, on CPU time (a busy host's
+other work left out), never below the nominal FMA rate; a half-precision pass gets the faster of its
+dtype's and float32's. Implausible is above 1.5 of it, not 1: a measured ceiling is no bound, but
+half as fast again is a FLOP count or timer error. Figures: the guide, ``lcab/bench/README.md``
+("Measurement protocol").
 """
 
 from __future__ import annotations
@@ -53,9 +28,7 @@ IMPLAUSIBLE_CPU_SHARE = 1.5
 """A pass above this share of its host's ceiling is flagged (module docstring)."""
 
 SIZES = (256, 1024)
-"""The matmul's side, from a first call at the smaller one: the side whose call takes about
-`CALL_S` of CPU per thread, in steps of 64 (fp32 on one core here: ~900; fp16, which this
-CPU's backend runs at ~1 GFLOP/s, 256 — at 1024 its probe took 15 s)."""
+"""The side range of a matmul taking about `CALL_S` of CPU (a slow fp16 took 15 s at 1024)."""
 
 CALL_S = 0.02
 
@@ -72,7 +45,6 @@ class CpuCeiling:
     """The dtype of the fastest matmul (float32 for a half-precision pass, where faster)."""
     threads: int
     side: int
-    """The square matmul's side it was measured at."""
     nominal_tflops: float | None = None
 
     @property
@@ -85,10 +57,7 @@ _MEASURED: dict[tuple[str, int], CpuCeiling | None] = {}
 
 
 def cpu_ceiling(dtype: str) -> CpuCeiling | None:
-    """The ceiling for ``dtype`` ("float32", ...) on torch's current thread count.
-
-    None: torch has no such dtype, or no CPU matmul in it.
-    """
+    """The ceiling for ``dtype`` on torch's thread count (None: no CPU matmul in that dtype)."""
     threads = torch.get_num_threads()
     key = (dtype, threads)
     if key not in _MEASURED:
@@ -100,8 +69,7 @@ def cpu_ceiling(dtype: str) -> CpuCeiling | None:
 def nominal_tflops(threads: int, root: Path = Path("/")) -> float | None:
     """The FMA rate of ``threads`` cores at their clock: None where ``/proc/cpuinfo`` is silent.
 
-    32 fp32 FLOP a cycle (two 256-bit FMA pipes: AMD Zen, most Intel cores; a part with two
-    512-bit pipes has twice that, and its measured rate stands above this), 16 without FMA.
+    32 fp32 FLOP a cycle (two 256-bit FMA pipes: AMD Zen, most Intel cores), 16 without FMA.
     """
     try:
         text = (root / "proc/cpuinfo").read_text()
@@ -134,7 +102,7 @@ def _operands(side: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _cpu_seconds(call: Callable[[], object], threads: int) -> float:
-    """The process's CPU time of one call over its threads (module docstring: load)."""
+    """The process's CPU time of one call over its threads."""
     start = time.process_time()
     call()
     return max((time.process_time() - start) / threads, 1e-9)

@@ -26,22 +26,16 @@ else:
 def git_state() -> tuple[str | None, bool | None]:
     """(commit sha, has uncommitted changes) of the lcab checkout, or (None, None)."""
     root = Path(lcab.__file__).resolve().parent.parent
+    git = ("git", "status", "--porcelain=v2", "--branch", "--untracked-files=no")
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-        )
-        if sha.returncode != 0:
-            return None, None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return sha.stdout.strip(), bool(dirty.stdout.strip())
+        done = subprocess.run(git, cwd=root, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None, None
+    lines = done.stdout.splitlines()
+    sha = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if done.returncode != 0 or sha is None or sha == "(initial)":
+        return None, None
+    return sha, any(not line.startswith("#") for line in lines)
 
 
 def device_name(device: str) -> str:
@@ -58,12 +52,7 @@ def device_name(device: str) -> str:
 
 
 def nccl_version() -> str | None:
-    """NCCL's version as torch was built with it (``2.21.5``), or None without NCCL.
-
-    ``torch.cuda.nccl.version()`` reads ``NCCL_MAJOR``/``MINOR``/``PATCH`` of the headers torch
-    was compiled against (``torch/csrc/cuda/nccl.cpp``, ``version()``), not the library that
-    runs: see `loaded_nccl_version`.
-    """
+    """NCCL's version torch was compiled with (``2.21.5``), or None; see `loaded_nccl_versions`."""
     try:
         version = torch.cuda.nccl.version()
     except (AttributeError, RuntimeError):
@@ -79,14 +68,9 @@ _LIBNCCL = re.compile(r"libnccl\.so(\.\d+)*")
 def loaded_nccl_versions(maps: str = "/proc/self/maps") -> str | None:
     """``ncclGetVersion`` of each libnccl mapped into this process (``2.27.3``), or None.
 
-    The libnccl a process group uses is the one the dynamic linker mapped for torch, and it need
-    not be the one torch was built against: torch's CUDA wheels link NCCL dynamically and load
-    it from the ``nvidia-nccl-cu*`` wheel (torch 2.13 ``torch/__init__.py``,
-    ``_preload_cuda_deps``: ``("nccl", "libnccl.so.*[0-9]")``), so another NCCL wheel,
-    ``LD_LIBRARY_PATH`` or ``LD_PRELOAD`` changes it. So the library is found where the process
-    has it (``/proc/self/maps``), opened with ``RTLD_NOLOAD`` (never a second copy) and asked
-    for its own version. None: no libnccl in the process (a CPU build), no ``/proc``, or a
-    library that does not answer. Several different versions mapped are all named, lowest first.
+    torch loads NCCL dynamically from the ``nvidia-nccl-cu*`` wheel (``_preload_cuda_deps``), so
+    another wheel or ``LD_LIBRARY_PATH`` changes it: the library is found in ``/proc/self/maps``
+    and asked with ``RTLD_NOLOAD``. Several versions are all named, lowest first.
     """
     paths = [p for p in mapped_files(maps) if _LIBNCCL.fullmatch(os.path.basename(p))]
     versions = {v for v in map(_ask_version, paths) if v is not None}
@@ -107,12 +91,8 @@ def mapped_files(maps: str = "/proc/self/maps") -> list[str]:
 def kernel_provenance(package: str | None, maps: str = "/proc/self/maps") -> dict[str, Any]:
     """``kernel_package_version`` and ``kernel_binary`` of a kernel that calls ``package``.
 
-    The binary is identified by what the process really loaded, not by what is installed: each
-    shared object listed in the files of the distribution(s) that provide ``package`` (a
-    subpackage such as ``flash_attn.cute``: those with files under it) and mapped
-    into this process is hashed (sha256 of its contents, as flash-attention's validation files
-    hash the kernels' PTX/CUBIN), so a rebuilt extension under the same version shows. Called
-    after the kernel ran (its package is imported then). Empty for a kernel of torch's own.
+    Each shared object of the providing distribution(s) that the process really mapped is hashed
+    (sha256), so a rebuilt extension under the same version shows. Empty for torch's own.
     """
     if package is None:
         return {}
@@ -173,11 +153,7 @@ def _ask_version(path: str) -> str | None:
 
 
 def _version_text(code: int) -> str:
-    """NCCL's integer version code as ``major.minor.patch``.
-
-    ``NCCL_VERSION_CODE`` (``nccl.h``) is ``major*10000 + minor*100 + patch`` from 2.9 on and
-    ``major*1000 + minor*100 + patch`` before.
-    """
+    """NCCL's version code (``nccl.h``: major*10000 from 2.9 on, major*1000 before) as text."""
     if code >= 10000:
         return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
     return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"

@@ -1,29 +1,9 @@
 """The memory frontier of a cell: the longest sequence that runs without running out of memory.
 
-What practitioners meet first at a million tokens is memory, not speed, and no anchor measures
-it (LongCA-bench writes -1000 for an out-of-memory cell; MagiAttention turns memory
-measurement off). ``seqlen=frontier`` searches it per cell:
-
-1. **Doubling** from the cell's one length until a probe runs out of memory or the next would
-   pass ``seqlen.frontier_max`` (a first probe that fails halves instead, down to one block).
-2. **Bisection** of the bracket [longest that ran, shortest that failed] until its width is
-   within ``1/seqlen.frontier_resolution`` of the length that ran, and never finer than one
-   128-token block per rank: every probe is a whole number of blocks on every rank.
-
-**Each probe is a fresh world of worker processes** (`lcab.bench.supervisor.run_supervised`):
-an allocation that fails (CUDA's ``OutOfMemoryError``, the host allocator's "can't allocate
-memory") ends that probe as ``oom``, and so does a worker the kernel's out-of-memory killer
-SIGKILLs (a host over its cgroup's limit) — the search and the sweep go on. A probe that ends
-any other way (``error``, ``timeout``, ``skipped``) stops the search: the frontier is then not
-a memory figure, and the record says which probe and why. A probe asks only whether the length
-fits and runs once (`search_cells`: no warm-up, one repetition, no telemetry, profile or fp64
-check); the frontier length alone then runs the cell's own protocol, still without the fp64
-check (its reference is lcab's memory, not the kernel's; the record says so).
-
-The cell's one record is that timed run (the probe's, if the timed run did not end ``ok``,
-with the reason), with the search's fields added (`lcab.records.schema`): the frontier in total
-and per-device tokens, the bracket, every probe's status and memory, the peak at the frontier
-and the memory it added per token.
+At a million tokens memory comes before speed, and no anchor measures it (LongCA-bench writes
+-1000 for an out-of-memory cell). Doubling then bisection, each probe a fresh world of workers
+run once (``oom`` goes on, any other end stops the search); the frontier length then runs the
+cell's protocol without the fp64 check. The rules: ``lcab/bench/README.md``, "The memory frontier".
 """
 
 from __future__ import annotations
@@ -54,8 +34,7 @@ def search(
 ) -> Search:
     """Find the longest multiple of ``step`` in [step, limit] for which ``verdict`` is FITS.
 
-    Memory grows with length, so a length that fits implies every shorter one does: doubling
-    finds a bracket, bisection narrows it to ``max(step, fits // resolution)``.
+    Memory grows with length: doubling finds a bracket, bisection narrows it.
     """
     state = Search()
 
@@ -103,12 +82,7 @@ def _blocks(length: int, step: int) -> int:
 
 
 def search_cells(cell: Cell) -> tuple[Cell, Cell]:
-    """(Each probe's cell, the frontier length's).
-
-    A probe asks only whether the length fits and runs once (its first call and one repetition,
-    no warm-up, telemetry or profile); the frontier length runs the cell's own protocol.
-    Neither runs the fp64 check: its reference is lcab's memory, not the kernel's.
-    """
+    """(Each probe's cell: one repetition, bare; the frontier length's), neither with fp64 check."""
     timed = dataclasses.replace(cell.bench, check_numerics=False)
     once = dataclasses.replace(
         timed, warmup=0, reps=1, warmup_ms=None, rep_ms=None, telemetry="off", profile=False

@@ -1,11 +1,9 @@
 """How busy the host was while a length ran: load average and CPU time stolen by a hypervisor.
 
-A CPU measurement that reads far off the planner's prediction is often right and the host
-busy: another job on its cores, or a virtual machine's vCPUs running for someone else (steal
-time). Each record keeps the 1-minute load average when its length began and ended, the cores
-this process may use, and the share of CPU time stolen in between (``/proc/stat``'s ``steal``
-column, where the kernel reports it), so the planner's warning can say why (`lcab.plan.
-record_prediction`) and a reader can tell a slow kernel from a shared machine.
+A CPU figure far off the planner's prediction is often a busy host (another job, or a VM's
+steal time): each record keeps the 1-minute load average at its length's start and end, the
+usable cores and the share of CPU time stolen between, so a reader tells a slow kernel from a
+shared machine.
 """
 
 from __future__ import annotations
@@ -32,9 +30,7 @@ class LoadSnapshot:
 def cpu_ticks(text: str) -> tuple[int | None, int | None]:
     """(all but idle/iowait, steal) ticks of the ``cpu`` line of a ``/proc/stat`` text.
 
-    Fields: user nice system idle iowait irq softirq steal guest guest_nice (``proc(5)``);
-    guest time is already counted in user, so it is left out. Kernels before 2.6.11 have no
-    steal field: None.
+    Fields as ``proc(5)``; guest time, already in user, is left out; no steal field: None.
     """
     for line in text.splitlines():
         fields = line.split()

@@ -1,11 +1,9 @@
 """Benchmark inputs any rank can build in part: q, k, v and dout drawn block by block from a seed.
 
-At context-parallel lengths no process may hold the global tensors (at 8K tokens per GPU x 96
-GPUs one fp32 K is 12 GiB per 32 heads), yet every rank's shard and rank 0's fp64 reference must
-see the same numbers. So the global sequence is cut into blocks of `BLOCK_TOKENS` tokens and
-each block of each tensor has its own generator, seeded from (cell seed, length, mask sample,
-tensor, block): a rank draws only the blocks its tokens fall in, the reference draws key blocks
-as it streams over them, and the values never depend on who draws them or in what order.
+At CP lengths no process may hold the global tensors (8K tokens x 96 GPUs: one fp32 K is 12 GiB
+per 32 heads), yet every shard and the fp64 reference must see the same numbers: each block of
+`BLOCK_TOKENS` of each tensor has its own generator, seeded from (seed, length, sample, tensor,
+block), so values never depend on who draws them or in what order.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ else:
     torch = lazy_module("torch", globals())
 
 BLOCK_TOKENS = 128
-"""Tokens per independently seeded block: small enough that a scattered shard draws little it
-does not keep, large enough that a generator is set up once per 128 tokens, not per token."""
+"""Tokens per seeded block: a scattered shard draws little waste, a generator serves 128 tokens."""
 
 NAMES = ("q", "k", "v", "dout")
 
@@ -53,10 +50,7 @@ class SeededInputs:
         return host.to(dtype=self.problem.torch_dtype, device=self.problem.device)
 
     def rows(self, name: str, index: torch.Tensor) -> torch.Tensor:
-        """Tokens ``index`` (global positions, any order) of ``name``, as the problem's dtype.
-
-        Draws only the blocks the tokens fall in, one block held at a time.
-        """
+        """Tokens ``index`` (global, any order) of ``name``, drawing only the blocks they are in."""
         index = index.to("cpu", torch.long)
         if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.seqlen):
             raise IndexError(f"token index out of range [0, {self.seqlen}) for {name!r}")

@@ -1,12 +1,8 @@
 """The memory a job may really use, and whether the out-of-memory killer ended a rank.
 
-A job is held by more than the host's size: the memory cgroup it runs in (how SLURM enforces
-``--mem`` and containers limit memory; v1 ``memory.limit_in_bytes``, v2 ``memory.max``, the
-smallest along the cgroup's ancestors, found from ``/proc/self/cgroup``), the host's available
-memory, and on a GPU the device's free memory (read through NVML: no CUDA context in the
-process that asks). The cgroup's ``oom_kill`` count (v1 ``memory.oom_control``, v2
-``memory.events``; ``/proc/vmstat``'s for the whole host where the cgroup has none) is the
-evidence that a SIGKILL was the kernel's out-of-memory killer.
+The limits: the memory cgroup (SLURM's ``--mem``, containers; the smallest along its
+ancestors), the host's available memory, a GPU's free memory (through NVML: no CUDA context).
+The cgroup's ``oom_kill`` count (else ``/proc/vmstat``'s) tells a SIGKILL was the OOM killer.
 """
 
 from __future__ import annotations
@@ -51,11 +47,8 @@ def _read(path: Path) -> str:
 def cgroup_room(proc: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> tuple[int, Path, int] | None:
     """(The smallest limit along the cgroup's ancestors, its file, what that cgroup holds now).
 
-    What it holds is its working set, as ``docker stats`` counts it: the usage (v2
-    ``memory.current``, v1 ``memory.usage_in_bytes``) less the inactive page cache the kernel
-    reclaims before it kills (``inactive_file``, v1 ``total_inactive_file``). The processes
-    already there — the supervising ``lcab.main``, a forkserver — keep it while the ranks run,
-    so a job's ranks have the limit less that (a 0.75 GiB job planned on its whole limit
+    What it holds is its working set, as ``docker stats`` counts it (usage less inactive page
+    cache); the supervisor keeps it while ranks run (a 0.75 GiB job planned on its whole limit
     measured 0.45 of the predicted frontier).
     """
     found = memory_cgroup(proc, root)
@@ -141,9 +134,7 @@ def _gpu_free(ranks: int) -> tuple[int, int] | None:
 def job_budget(device: str, ranks: int) -> tuple[float, str] | None:
     """GiB each of this node's ``ranks`` ranks may use, and which limit gave it (None: none read).
 
-    CUDA: the free memory of the fullest GPU the ranks use, shared by the ranks on one GPU. CPU:
-    the smaller of the cgroup's room (its limit less what it holds now: `cgroup_room`) and the
-    host's available memory, shared by the ranks.
+    CUDA: the fullest GPU's free memory; CPU: the smaller of the cgroup's room and the host's.
     """
     limits: list[tuple[float, str]] = []
     if device == "cuda":

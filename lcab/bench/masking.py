@@ -1,13 +1,8 @@
 """A length's mask sample, built on every rank, and under CP one answer to "did it build?".
 
-Every rank builds the mask itself (it is deterministic from the seed, and a rank needs it to
-plan its part). A construction that fails on one rank only — a host ``MemoryError`` on a node
-with less free memory, say — must not let its peers walk on into the next collective while it
-records the failure and leaves: they would wait there until the collective's time-out, or pair
-with the wrong collective of the next length. So under CP (``world > 1``) every rank, after
-its own attempt, takes part in one small collective carrying each rank's outcome (empty text
-for "built"), and all ranks then follow the same verdict: the lowest failing rank's error
-becomes the length's record on every rank.
+A construction that fails on one rank only (a host ``MemoryError``) must not let its peers walk
+into the next collective and wait there until its time-out: under CP every rank shares its
+outcome in one small collective and all follow the lowest failing rank's error.
 """
 
 from __future__ import annotations
@@ -50,11 +45,7 @@ class MaskBuild:
 
 
 def build_mask_sample(cell: Cell, seqlen: int, sample: int, world: int) -> MaskBuild:
-    """Mask sample ``sample`` of ``cell`` at ``seqlen``; under CP collective (every rank calls it).
-
-    Never raises for a failed construction: the failure comes back, and under CP it is the
-    lowest failing rank's on every rank, with no rank holding a mask.
-    """
+    """Mask sample ``sample`` of ``cell`` at ``seqlen`` (collective under CP; never raises)."""
     mask: AttnMask | None = None
     ms: float | None = None
     mine = ""

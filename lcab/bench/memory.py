@@ -1,36 +1,10 @@
 """Peak memory of a region of code, on the device the benchmark runs on.
 
-What is measured, per device:
-
-* CUDA (kind ``"cuda_max_allocated"``): bytes held by tensors through PyTorch's caching
-  allocator on that device. On enter ``torch.cuda.reset_peak_memory_stats(device)`` and the
-  baseline is ``memory_allocated``; on exit the peak is ``max_memory_allocated``. Exact, since
-  the allocator counts every allocation, but it excludes blocks the allocator caches while
-  free, the CUDA context, and memory obtained outside the allocator (e.g. NCCL's own buffers).
-  The peak statistics are per device and process-wide: do not nest regions on one device.
-  Bytes the benchmark itself keeps live through the region (the 256 MiB L2-flush buffer,
-  allocated before it: ``exclude_bytes``) are taken out of the allocated figures, so a
-  reading is the kernel's, not lcab's. The caching allocator's reserved bytes are read as a
-  delta too: ``max_memory_reserved`` over the region minus ``memory_reserved`` on enter
-  (``reset_peak_memory_stats`` starts the peak there), i.e. how much more the region made the
-  process hold from the device, fragmentation included. What the allocator held on enter —
-  the flush buffer's segment, the inputs, blocks cached by earlier lengths or passes — is not
-  in it; cached blocks the region reused cost it nothing, so the delta can be smaller than the
-  allocated one.
-* CPU (kind ``"cpu_hwm"``): the kernel's own high-water mark of this process's resident set
-  size. On enter, writing ``5`` to ``/proc/self/clear_refs`` resets it to the current RSS (the
-  baseline, Linux 4.0+, ``proc(5)``); on exit ``VmHWM`` of ``/proc/self/status`` is the peak.
-  Nothing runs beside the region — no thread, no sampling: the kernel notes the peak itself,
-  however short, to the page. RSS counts pages touched, not bytes requested (an ``empty``
-  tensor never written adds almost nothing), and includes whatever the process keeps resident:
-  allocator caching (glibc keeps small freed blocks; large ones are ``mmap``-ed and returned on
-  free), other threads, Python objects, library pages first touched in the region. The mark is
-  the process's: do not nest regions.
-* CPU where the mark cannot be reset (no ``/proc``, or a kernel that refuses it; kind
-  ``"cpu_maxrss"``): ``resource.getrusage`` ``ru_maxrss``, the process's lifetime high-water
-  mark, at the two ends. The peak is right only if the region set a new record; the baseline is
-  the earlier record, so the delta is a lower bound (zero when the region stayed under an
-  earlier peak).
+CUDA: the caching allocator's peak over the region (lcab's L2-flush buffer left out) and its
+reserved rise. CPU: the kernel's own high-water mark of the RSS (reset through
+``/proc/self/clear_refs``, read from ``VmHWM``: no thread, no sampling), else the lifetime
+``ru_maxrss`` (a lower bound). Process-wide: do not nest regions. Details: the guide,
+``lcab/bench/README.md`` ("Measurement protocol").
 """
 
 from __future__ import annotations
@@ -61,20 +35,15 @@ class MemoryReading:
     baseline_bytes: int
     kind: str
     reserved_bytes: int | None = None
-    """CUDA: peak bytes the caching allocator reserved above what it held on enter (under CP
-    the largest of any rank); None on CPU."""
+    """CUDA: the rise of the caching allocator's reserved bytes (under CP any rank's largest)."""
     rank: int | None = None
-    """Under CP: the rank this reading is from (the one with the largest peak)."""
+    """Under CP: the rank with the largest peak, this reading's."""
     largest_delta_bytes: int | None = None
-    """Under CP: the largest ``peak - baseline`` of any rank (may be another rank's than the
-    peak's: a rank with large inputs and a small kernel peak holds the peak)."""
+    """Under CP: any rank's largest ``peak - baseline`` (perhaps not the peak rank's)."""
 
     @property
     def delta_bytes(self) -> int:
-        """Peak above the baseline: what the region added at its highest point.
-
-        Under CP the largest of any rank (`largest_delta_bytes`), not the peak rank's own.
-        """
+        """Peak above the baseline (under CP, `largest_delta_bytes`)."""
         if self.largest_delta_bytes is not None:
             return self.largest_delta_bytes
         return self.peak_bytes - self.baseline_bytes

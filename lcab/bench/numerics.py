@@ -1,15 +1,9 @@
 """Numerics against the fp64 reference: which tensors, how normalised, which tolerance.
 
-Errors are normalised by the reference's largest magnitude (max |x - ref| / max |ref|), so one
-tolerance per dtype fits out, lse and gradients alike. NaN or a finite/-inf disagreement in the
-LSE is an infinite error: it never passes. When the whole reference would not fit
-(heads_q·Sq·Sk above ``numerics_full_max``), a sample of query rows is checked instead; the rows
-check out, lse and dq exactly, while dk/dv (which sum over every row) are left unchecked.
-
-At context-parallel lengths nothing global is built: the reference draws the sampled rows and
-streams K/V key chunks from the seeded source (`lcab.bench.inputs`), and the results travel to
-rank 0 alone, only the rows checked (`Collector`). What the check needs is estimated first
-(`reference_bytes`); above the memory budget it is skipped with the reason recorded.
+Errors are normalised by the reference's largest magnitude, so one tolerance per dtype fits out,
+lse and gradients alike. Nothing global is built: the reference streams K/V from the seeded
+source (`lcab.bench.inputs`) and only the checked rows travel to rank 0 (`Collector`). The
+rules: ``lcab/bench/README.md``, "Measurement protocol".
 """
 
 from __future__ import annotations
@@ -71,19 +65,13 @@ def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 _FULL_OVERHEAD = 3
-"""Score-sized fp64 blocks the full autograd reference keeps per attended pair (scores,
-probabilities and their gradient); the whole score tensor is held for the backward."""
+"""Score-sized fp64 blocks the full reference keeps (scores, probabilities, their gradient)."""
 
 
 def reference_bytes(
     heads_q: int, heads_kv: int, head_dim: int, seqlen: int, rows: int | None
 ) -> int:
-    """Bytes the checking rank needs for one check: reference and collected results.
-
-    Full mode (``rows`` None) holds q, k, v, dout and their gradients in fp64 and the score
-    tensors of the autograd reference; sampled mode holds only the rows, a few streamed key
-    chunks and a key chunk of K/V.
-    """
+    """Bytes the checking rank needs for one check (full mode: ``rows`` None), fp64."""
     tokens = 4 * (heads_q + heads_kv) * head_dim  # q, dout, dq, out + k, v, dk, dv per token
     if rows is None:
         return seqlen * tokens * 8 * 2 + _FULL_OVERHEAD * heads_q * seqlen * seqlen * 8
@@ -93,8 +81,8 @@ def reference_bytes(
 def memory_budget(device: torch.device) -> int:
     """Bytes a numerics check may take: 90 % of the free GPU memory, half the host's available.
 
-    In a memory cgroup, half of the cgroup's room now if that is less: a check sized by the
-    host's memory killed the timed run of every frontier in a 0.75 GiB cgroup.
+    In a memory cgroup, half its room if less (sized by the host's memory, a check killed every
+    frontier's timed run in a 0.75 GiB cgroup).
     """
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -107,11 +95,8 @@ def memory_budget(device: torch.device) -> int:
 class Reference:
     """The fp64 reference of one (seqlen, mask sample), computed on first use.
 
-    Full (out, lse and every gradient) up to ``bench.numerics_full_max`` from the whole inputs
-    (bounded by that setting); above it, the exact rows of a seeded sample of queries (out, lse,
-    dq) with K/V streamed in key chunks from the seeded source, so no global tensor is held.
-    The chunks are whole seeded blocks and out, lse and dq come from one pass over them, so
-    each K/V block is drawn once (rank 0 draws while its peers wait).
+    Full up to ``bench.numerics_full_max``; above it the sampled rows' out, lse and dq in one
+    pass over K/V chunks of whole seeded blocks, each drawn once.
     """
 
     def __init__(self, mask: AttnMask, source: SeededInputs, rows: torch.Tensor | None) -> None:
@@ -199,12 +184,10 @@ def run_check(
     rows: torch.Tensor | None,
     collector: Collector,
 ) -> Results | None:
-    """One untimed call of ``pass_`` and its results, rows ``rows``, on the checking rank.
+    """One untimed call of ``pass_`` and its results (rows ``rows``) on the checking rank.
 
-    Every rank makes the call and the collection (under CP both are collective); other ranks
-    get None. The root gets ``out`` and ``lse`` for fwd, else ``dq``, ``dk``, ``dv`` (None for a
-    gradient the kernel did not produce). dk and dv sum over every query row, so a sample of
-    rows cannot check them: in sampled mode they are left out.
+    Every rank calls and collects (collective under CP); other ranks get None. A gradient the
+    kernel did not produce is None; sampled mode leaves dk and dv out.
     """
     if pass_ == "fwd":
         with torch.no_grad():

@@ -1,23 +1,9 @@
 """A pass's telemetry in its record: per rank, over ranks, over mask samples, against the peak.
 
-Each rank samples its own device (`lcab.bench.telemetry`); the ranks' figures are gathered as
-floats (NaN where a rank read nothing) so every rank makes the same collectives whatever its
-device exposes. Over ranks a clock keeps its lowest and highest reading and the median of the
-ranks' medians; power the mean and the highest rank's mean; energy is the job's: summed over
-ranks when each has its own device, one counter's reading when the ranks share it (a CPU host's
-RAPL counter, or ranks sharing one GPU). Energy and power come from the pass's energy window,
-the clocks from its timed one (`lcab.bench.telemetry`). Over mask samples: the same, with
-medians of energy and power. A mean power above the device's enforced limit (by more than the
-counter's resolution) cannot be measured either: the pass keeps it and gets a reason.
-
-The share of the peak divides the pass's per-device TFLOP/s by the device's dense peak for its
-dtype at the median SM clock sampled inside the timed window (`lcab.peaks`), at the rated clock
-where no sample fell inside. A share above 1 cannot be measured: the FLOP count or the timer is
-wrong. On a CPU the peak is the host's own best dense matmul rate in the dtype it computes in
-on the pass's threads, never below its nominal FMA rate (`lcab.bench.cpu_peak`: no rated figure
-is known for a CPU), and a pass above 1.5 of it is the error. The pass keeps its status and
-times (they were measured) and is flagged (`peak_implausible`, a reason in the record, a mark in
-the console and the report), never silently reported.
+Ranks gather their figures as floats (NaN: not read), so every rank makes the same collectives,
+whatever its device exposes. A share of the peak above 1 (1.5 of a CPU's measured ceiling) is
+flagged ``peak_implausible`` with a reason, never silently reported. The rules: the guide,
+``lcab/bench/README.md`` ("Measurement protocol").
 """
 
 from __future__ import annotations
@@ -73,11 +59,7 @@ def _float(value: float | None) -> float:
 
 
 def rank_vector(reading: TelemetryReading | None, energy: TelemetryReading | None) -> list[float]:
-    """One rank's figures as floats for a gather (NaN: not read).
-
-    Clocks, temperature and events are the timed window's; energy per call and power the energy
-    window's.
-    """
+    """One rank's figures as floats for a gather (NaN: not read)."""
     if reading is None:
         return [NAN] * COLUMNS
     clocks = reading.clocks() or (NAN, NAN, NAN)
@@ -102,7 +84,7 @@ def rank_vector(reading: TelemetryReading | None, energy: TelemetryReading | Non
 
 
 def over_ranks(vectors: Sequence[Sequence[float]], shared_counter: bool) -> PassTelemetry:
-    """Combine every rank's `rank_vector` (module docstring)."""
+    """Combine every rank's `rank_vector` (the rules: the guide, "Measurement protocol")."""
     columns = list(zip(*vectors, strict=True)) if vectors else [()] * COLUMNS
 
     def read(i: int) -> list[float]:
@@ -239,11 +221,7 @@ _SOURCES: dict[tuple[str, int], Source] = {}
 
 
 def device_source(mode: str, device_type: str, index: int | None) -> Source | None:
-    """The source ``bench.telemetry`` asks for on this device (None: off).
-
-    ``auto`` reads NVML on a GPU and the host's files on a CPU; ``nvml`` on a CPU cell reads
-    the GPU of the rank's local index (a host whose GPU runs something else, or a test).
-    """
+    """The source ``bench.telemetry`` asks for (None: off); on a CPU ``nvml`` reads LOCAL_RANK's."""
     if mode == "off":
         return None
     kind = ("nvml" if device_type == "cuda" else "host") if mode == "auto" else mode
@@ -288,11 +266,7 @@ class LengthTelemetry:
         run: Callable[[int], None],
         agree: Callable[[list[float]], list[float]] | None,
     ) -> Sampler | None:
-        """The pass's energy window: rounds of ``run(calls)`` until it is long enough.
-
-        Every rank calls it and runs rank 0's counts (``agree``): none where rank 0's device has
-        no energy counter (`lcab.bench.telemetry`).
-        """
+        """The pass's energy window: rounds of ``run(calls)``, every rank runs rank 0's counts."""
         if self.source is None:
             return None
         counter = timed is not None and timed.reading.energy_j is not None
@@ -349,7 +323,8 @@ class LengthTelemetry:
                 f"{pass_name}: mean power {max(over):.2f}x the device's enforced power limit: "
                 "implausible, the energy counter or its window is wrong"
             )
-        fill_peak(record, pass_name, self.device_name or _cuda_name(record))
+        cuda_name = (record.device_name or None) if record.device == "cuda" else None  # as NVML
+        fill_peak(record, pass_name, self.device_name or cuda_name)
 
     def _names(self, bits: int) -> list[str]:
         if self.source is None:
@@ -358,8 +333,3 @@ class LengthTelemetry:
             return self.source.event_names(bits)
         except Exception:
             return [f"0x{bits:x}"]
-
-
-def _cuda_name(record: RunRecord) -> str | None:
-    """Torch's name of a CUDA device (the peak table knows it as NVML does)."""
-    return record.device_name if record.device == "cuda" and record.device_name else None

@@ -1,8 +1,7 @@
 """From measurements to a `RunRecord`: identity, mask fields, failures and per-pass summaries.
 
-A length is measured on several mask samples; each sample gives one `SampleMeasure` per pass,
-and `summarise` combines them (medians, with the spread kept) into the pass's `PassResult`.
-Failures are classified here too, so the runner and the supervisor word them alike.
+Each mask sample gives one `SampleMeasure` per pass; `summarise` combines them (medians, spread
+kept). Failures are classified here, so the runner and the supervisor word them alike.
 """
 
 from __future__ import annotations
@@ -35,11 +34,9 @@ OOM_WORDS = (
     "memoryerror",
     "can't start new thread",
 )
-"""How a failed allocation reads: CUDA's and the host allocator's messages, Python's
-MemoryError (in a rank's last words), a thread whose stack could not be mapped."""
+"""How a failed allocation reads (CUDA, the host allocator, MemoryError, a thread's stack)."""
 NULL_WITHOUT_ERROR = "error return without exception set"
-"""CPython's SystemError for a C function that failed with no exception: under a host memory
-budget, a malloc that returned NULL (`is_oom`)."""
+"""CPython's SystemError of a C function failing silently: under a memory budget, a NULL malloc."""
 
 MAX_LISTED_DOCS = 512
 """Documents listed in a record before only their digest is kept."""
@@ -56,7 +53,6 @@ class SampleMeasure:
     flops: int
     """Useful FLOPs of the pass on this sample (`lcab.flops`)."""
     dense_flops: int
-    """FLOPs of the same pass without a mask."""
     memory: MemoryReading | None = None
     """Peak memory over the timed region (None when ``bench.memory`` is off)."""
     telemetry: PassTelemetry | None = None
@@ -69,12 +65,7 @@ def is_oom(err: BaseException) -> bool:
         return True
     text = str(err).lower()
     if isinstance(err, SystemError) and NULL_WITHOUT_ERROR in text:
-        # a C function that got NULL from malloc and returned it as an error without a
-        # MemoryError (met in torch's backward at a CPU memory budget): memory, where the
-        # process has a data limit; a bug anywhere else
-        return _data_limited()
-    # "can't start new thread": a thread's stack could not be mapped (a rank at its memory
-    # budget: the allocator's and the samplers' threads need memory too)
+        return _data_limited()  # met in torch's backward at a CPU budget; a bug elsewhere
     return any(words in text for words in OOM_WORDS)
 
 
@@ -186,11 +177,7 @@ def summarise(result: PassResult, samples: list[SampleMeasure], world: int) -> N
 def unfinished_records(
     cell: Cell, pending: list[int], status: str, reason: str, env: dict[str, Any]
 ) -> list[RunRecord]:
-    """Records for the lengths a cell did not finish, one each.
-
-    The first ended in ``status`` for ``reason``; the ones after it were never reached
-    (``skipped``, "not run", which ``resume=true`` runs again).
-    """
+    """Records for the lengths a cell did not finish: the first ``status``, the rest not run."""
     out = []
     for i, seqlen in enumerate(pending):
         this_status = status if i == 0 else "skipped"
@@ -205,10 +192,7 @@ def unfinished_records(
 
 
 def refused_records(cell: Cell, reason: str, env: dict[str, Any]) -> list[RunRecord]:
-    """A ``skipped`` record per length of a cell refused before any rank started.
-
-    Every pass is skipped for ``reason``, as the runner's own first check records it.
-    """
+    """A ``skipped`` record per length of a cell refused before any rank started."""
     out = []
     for seqlen in cell.seqlens:
         record = base_record(cell, seqlen, env)

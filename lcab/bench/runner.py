@@ -1,14 +1,9 @@
 """Run one cell on one rank: for each length, masks → setup → timed passes → numerics → record.
 
-Nothing here raises for a failing kernel: unsupported passes become ``skipped`` with reasons
-(static checks first, so a skip costs milliseconds), an out-of-memory error ``oom``, any other
-exception ``error`` with its type and message, and a result off the fp64 reference
-``numerics_mismatch`` (with its timing kept). The supervisor adds ``timeout`` and crash records.
-
-One length runs in named phases (`_LengthRun`): static skips, then per mask sample the mask,
-the checks that need it, the setup, the timed passes (each with its numerics), and at the end
-the summary. Under CP (``target.world > 1``) a failure inside a collective is re-raised rather
-than recorded: peers wait in the collective with this rank, so the supervisor ends the cell.
+Nothing here raises for a failing kernel: unsupported passes become ``skipped`` (static checks
+first, so a skip costs milliseconds), an out-of-memory error ``oom``, any other ``error``, a
+result off the fp64 reference ``numerics_mismatch`` (timing kept). Under CP a failure inside a
+collective is re-raised instead: peers wait in it, so the supervisor ends the cell.
 """
 
 from __future__ import annotations
@@ -19,8 +14,9 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from lcab.bench import host_load
 from lcab.bench.artifacts import profile_pass, save_mask_picture_of, trace_path
@@ -39,9 +35,8 @@ from lcab.bench.results import (
     short_error,
     summarise,
 )
-from lcab.bench.targets import Target
+from lcab.bench.targets import Target, pass_callable
 from lcab.bench.timing import (
-    Timing,
     TimingConfig,
     l2_flush_buffer,
     measure,
@@ -63,82 +58,43 @@ else:
 Tensors: TypeAlias = "dict[str, torch.Tensor]"
 
 
-class PassCall(NamedTuple):
-    """One pass as the timer calls it."""
-
-    fn: Callable[[], object]
-    """The timed call."""
-    before_each: Callable[[], None] | None
-    """Untimed, before each repetition (the backward's gradients set to None)."""
-    leaves: list[torch.Tensor]
-    """The tensors whose gradients ``before_each`` resets (empty for the forward)."""
-
-
-def pass_callable(pass_: str, prepared: PreparedAttention, native: Tensors) -> PassCall:
-    """The timed call of one pass, with its untimed before-each hook."""
-    q, k, v, dout = native["q"], native["k"], native["v"], native["dout"]
-    if pass_ == "fwd":
-        return PassCall(lambda: prepared.run(q, k, v), None, [])
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-
-    def zero() -> None:
-        for t in leaves:
-            t.grad = None
-
-    if pass_ == "bwd":
-        out, _ = prepared.run(*leaves)
-        return PassCall(lambda: out.backward(dout, retain_graph=True), zero, leaves)
-
-    def fwd_bwd() -> None:
-        prepared.run(*leaves)[0].backward(dout)
-
-    return PassCall(fwd_bwd, zero, leaves)
-
-
-def _problem(cell: Cell, seqlen: int) -> Problem:
-    return Problem(
-        seqlen,
-        seqlen,
-        cell.heads_q,
-        cell.heads_kv,
-        cell.head_dim,
-        cell.torch_dtype,
-        torch.device(cell.device),
-    )
-
-
-def _timing_config(cell: Cell) -> TimingConfig:
-    bench = cell.bench
-    return TimingConfig(
-        warmup=bench.warmup,
-        reps=bench.reps,
-        warmup_ms=bench.warmup_ms,
-        rep_ms=bench.rep_ms,
-        max_reps=bench.max_reps,
-        quantiles=tuple(bench.quantiles),
-        flush_l2=bench.flush_l2,
-    )
-
-
 class _LengthRun:
     """The state of one (cell, seqlen) while its phases run; `record` is the result."""
 
     def __init__(self, cell: Cell, target: Target, seqlen: int, env: dict[str, Any]) -> None:
         self.cell, self.target, self.seqlen = cell, target, seqlen
         self.record = base_record(cell, seqlen, env)
-        self.problem = _problem(cell, seqlen)
+        self.problem = Problem(
+            seqlen,
+            seqlen,
+            cell.heads_q,
+            cell.heads_kv,
+            cell.head_dim,
+            cell.torch_dtype,
+            torch.device(cell.device),
+        )
+        self.collective = target.world > 1
         self.passes: list[str] = list(cell.bench.passes)
         self.results = {p: self.record.pass_result(p) for p in self.passes}
         self.live: list[str] = []
         self.samples: dict[str, list[SampleMeasure]] = {}
         self.setup_mask_ms: list[float] = []
         self.setup_prepare_ms: list[float] = []
-        self.timing = _timing_config(cell)
+        bench = cell.bench
+        self.timing = TimingConfig(
+            warmup=bench.warmup,
+            reps=bench.reps,
+            warmup_ms=bench.warmup_ms,
+            rep_ms=bench.rep_ms,
+            max_reps=bench.max_reps,
+            quantiles=tuple(bench.quantiles),
+            flush_l2=bench.flush_l2,
+        )
         source = device_source(cell.bench.telemetry, cell.device, self.problem.torch_device.index)
         self.telemetry = LengthTelemetry(
             source,
             cell.bench.telemetry_interval_ms,
-            target.gather if target.world > 1 else None,
+            target.gather,
             shared_counter=source is not None and source.kind == "host",
         )
         self.tolerance = tolerance(self.problem.dtype, cell.bench.tolerance)
@@ -151,7 +107,6 @@ class _LengthRun:
             cell.seed,
         )
 
-    # ------------------------------------------------------------------ phases
     def static_skips(self) -> bool:
         """Skip what cannot run before any mask or tensor exists; whether anything is left."""
         for p in self.passes:
@@ -166,11 +121,7 @@ class _LengthRun:
         return bool(self.live)
 
     def build_mask(self, sample: int) -> AttnMask | None:
-        """Mask sample ``sample`` (timed as setup), or None after recording why it failed.
-
-        Under CP every rank gets the same verdict (`lcab.bench.masking`): a construction that
-        failed on any rank is the error of this length on all of them, so none walks on alone.
-        """
+        """Mask sample ``sample`` (timed as setup; the same verdict on every rank), or None."""
         built = build_mask_sample(self.cell, self.seqlen, sample, self.target.world)
         if built.failure is not None:
             failure = built.failure
@@ -210,16 +161,12 @@ class _LengthRun:
                     torch.cuda.synchronize()
                 self.record.setup_first_call_ms = (time.perf_counter() - start) * 1e3
         except Exception as err:
-            if self.target.world > 1:
+            if self.collective:
                 raise
-            status = "oom" if is_oom(err) else "error"
-            for p in self.live:
-                self.results[p].status = status
-                self.results[p].reason = f"setup failed: {short_error(err, 300)}"
-            self.record.error_type, self.record.error_msg = type(err).__name__, short_error(err)
-            if status == "error":
+            if not is_oom(err):
                 self.record.reasons.append(traceback.format_exc(limit=3)[-800:])
-            self.live = []
+            for p in list(self.live):
+                self._fail(p, err, "setup failed: ")
             return None
         return prepared, native
 
@@ -235,8 +182,7 @@ class _LengthRun:
         target, problem = self.target, self.problem
         try:
             fn, before_each, _ = pass_callable(pass_, prepared, native)
-            # lcab's own L2-flush buffer is made before the measured region and left out of it
-            flush = None
+            flush = None  # made before the measured region and left out of it
             if problem.device_type == "cuda" and self.timing.flush_l2:
                 flush = l2_flush_buffer(problem.torch_device)
             excluded = 0 if flush is None else flush.numel() * flush.element_size()
@@ -250,8 +196,8 @@ class _LengthRun:
                     self.timing,
                     device=problem.torch_device,
                     before_each=before_each,
-                    barrier=target.barrier if target.world > 1 else None,
-                    agree=target.share if target.world > 1 else None,
+                    barrier=target.barrier if self.collective else None,
+                    agree=target.share,
                     flush_buffer=flush,
                     watch=sampler,
                 )
@@ -262,22 +208,19 @@ class _LengthRun:
                     sampler,
                     timing.q(0.5),
                     partial(repeat, fn, before_each=before_each, device=problem.torch_device),
-                    target.share if target.world > 1 else None,
+                    target.share,
                 )
                 telemetry = self.telemetry.after(sampler, energy)
             reading = memory.reading if isinstance(memory, PeakMemory) else None
-            if reading is not None and target.world > 1:
+            if reading is not None:
                 reading = target.largest_reading(reading)
-            rank_p50 = [timing.q(0.5)]
-            if target.world > 1:  # the step time is the slowest rank's
-                rank_p50 = target.gather(timing.q(0.5))
-                slowest = target.reduce_times(list(timing.times_ms))
-                timing = Timing(
-                    tuple(slowest),
-                    quantiles(slowest, self.timing.quantiles),
-                    timing.warmup,
-                    timing.clock,
-                )
+            rank_p50 = target.gather(timing.q(0.5))
+            slowest = target.reduce_times(list(timing.times_ms))  # the step is the slowest rank's
+            timing = replace(
+                timing,
+                times_ms=tuple(slowest),
+                quantiles_ms=quantiles(slowest, self.timing.quantiles),
+            )
             self.samples[pass_].append(
                 SampleMeasure(
                     timing=timing,
@@ -297,15 +240,9 @@ class _LengthRun:
                 self._profile(pass_, fn, before_each)
             del fn, before_each
         except Exception as err:
-            if target.world > 1:
-                # peers wait inside collectives with this rank: end the cell (the
-                # supervisor records it) rather than deadlock them
-                raise
-            self.results[pass_].status = "oom" if is_oom(err) else "error"
-            self.results[pass_].reason = short_error(err, 300)
-            self.record.error_type, self.record.error_msg = type(err).__name__, short_error(err)
-            self.live.remove(pass_)
-            self.samples.pop(pass_)
+            if self.collective:
+                raise  # peers wait inside collectives with this rank
+            self._fail(pass_, err)
 
     def run_sample(
         self, sample: int, mask: AttnMask, on_progress: Callable[[str], None] | None
@@ -326,7 +263,7 @@ class _LengthRun:
             for p in list(self.live):
                 self.check.run(p, prepared, native, reference)
             del reference
-        if sample == 0 and target.world > 1 and self.live:
+        if sample == 0 and self.collective and self.live:
             target.describe(self.record, prepared, native, any(p != "fwd" for p in self.live))
         del prepared, native
         gc.collect()
@@ -372,12 +309,20 @@ class _LengthRun:
                 device=self.problem.torch_device,
                 path=path,
                 before_each=before_each,
-                barrier=target.barrier if target.world > 1 else None,
+                barrier=target.barrier if self.collective else None,
             )
         except Exception as err:
-            if target.world > 1:
+            if self.collective:
                 raise  # peers may be inside a collective of the traced loop
             self.record.reasons.append(f"{pass_}: profiler trace failed: {short_error(err, 200)}")
+
+    def _fail(self, pass_: str, err: Exception, prefix: str = "") -> None:
+        """End a live pass on ``err`` (``oom`` or ``error``), naming it in the record."""
+        self.results[pass_].status = "oom" if is_oom(err) else "error"
+        self.results[pass_].reason = prefix + short_error(err, 300)
+        self.record.error_type, self.record.error_msg = type(err).__name__, short_error(err)
+        self.live.remove(pass_)
+        self.samples.pop(pass_)
 
     def _skip(self, pass_: str, why: list[str]) -> None:
         self.results[pass_].status, self.results[pass_].reason = "skipped", "; ".join(why)
@@ -435,7 +380,6 @@ def run_cell(
         if target.rank == 0:
             emit(record)
         if torch.cuda.is_available() and cell.device == "cuda":
-            # the next length must not inherit this one's cached blocks (fragmentation would
-            # make its peak, or an out-of-memory error, depend on the order of lengths)
+            # cached blocks would make the next length's peak depend on the order of lengths
             gc.collect()
             torch.cuda.empty_cache()

@@ -1,22 +1,9 @@
 """Run a cell as one rank of a scheduler's job: under SLURM every task of the job is a rank.
 
-Locally, lcab's supervisor starts and watches the ranks (`lcab.bench.supervisor`). On a cluster
-the scheduler starts them — one task per rank across nodes — so each task joins the world from
-its environment and watches itself:
-
-* its output goes to ``rank-<r>.log`` in the cell folder, and ``rank-<r>.json`` says where it
-  ran (node, pid), so a failure can name the rank *and* the node;
-* a watchdog gives each length ``bench.timeout_s``; collectives time out after the same, so a
-  peer that raised, died or hangs ends the waiting ranks too;
-* a rank that fails writes ``rank-<r>.failure.json`` (status, length, error, host) and exits
-  non-zero at once; ``srun --kill-on-bad-exit`` then ends every other rank. The launcher reads
-  these files when the job ends and writes the records of the lengths left unsettled;
-* a rank that fails after the scheduler's SIGTERM (scancel, time limit, pre-emption: noted by
-  `watch_scheduler_signals`, as in a one-task job) says so: its failure is the scheduler's
-  stop (``stopped_by_scheduler``), not the lost peer or time-out it then ran into, and the
-  length is the launcher's to record with the job's state — the scheduler's word wins.
-
-Rank 0 alone emits records; the other ranks only compute.
+Each task joins the world from its environment and watches itself (``rank-<r>.log``,
+``rank-<r>.json``, a watchdog per length); a failing rank writes ``rank-<r>.failure.json`` and
+exits at once, and a failure after the scheduler's SIGTERM is the scheduler's stop, not the lost
+peer it then ran into. Rank 0 alone emits records. The story: ``lcab/launch/README.md``.
 """
 
 from __future__ import annotations
@@ -81,11 +68,8 @@ _SCHEDULER_SIGNALS: list[int] = []
 def watch_scheduler_signals() -> None:
     """Note a SIGTERM from the scheduler (scancel, time limit, pre-emption), then pass it on.
 
-    The scheduler sends SIGTERM to every process of the job at once, so a cell's worker may die
-    of it before this process has a word to say; without the note, the supervisor would record
-    the worker's death as the cell's ``error`` and hide the scheduler's state. The handler that
-    was there (submitit's, which lets the job run on until SIGKILL) still runs. Call it in the
-    job's main thread.
+    A worker killed by the same signal must not be recorded as the cell's ``error``, hiding the
+    scheduler's state. The previous handler (submitit's) still runs. Call in the main thread.
     """
     previous = signal.getsignal(signal.SIGTERM)
 
@@ -100,11 +84,7 @@ def watch_scheduler_signals() -> None:
 
 
 def stopped_by_scheduler(grace_s: float = 0.0) -> bool:
-    """Whether the scheduler's SIGTERM arrived, waiting up to ``grace_s`` for it.
-
-    The grace covers the race of the previous paragraph: a worker killed by the same signal
-    can be seen dead a moment before this process's own SIGTERM is handled.
-    """
+    """Whether the scheduler's SIGTERM arrived, waiting up to ``grace_s`` for it to be handled."""
     deadline = time.monotonic() + grace_s
     while not _SCHEDULER_SIGNALS and time.monotonic() < deadline:
         time.sleep(0.05)  # the signal handler runs between these sleeps
@@ -130,11 +110,9 @@ def classify(err: BaseException) -> str:
 
 
 def write_job_environment(cell: Cell) -> None:
-    """Rank 0 of a scheduled job notes its environment (device, host, threads) in the folder.
+    """Rank 0 notes its environment, for the records the launcher writes (not the login node's).
 
-    Records the launcher writes for this job's unsettled lengths carry it, not the environment
-    of the submitting host (a login node without the job's GPU). Best effort: a folder that
-    cannot take it costs only that detail.
+    Best effort: a folder that cannot take it costs only that detail.
     """
     path = Path(cell.job.output_dir) / JOB_ENVIRONMENT_FILE
     try:
@@ -208,11 +186,7 @@ def _redirect_output(path: Path) -> None:
 
 
 def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world: int) -> None:
-    """Run ``cell`` as ``rank`` of a world the scheduler started; never returns on failure.
-
-    Raises nothing: a failure is written to ``rank-<r>.failure.json`` and the process exits
-    with code 1 (so the scheduler ends the other ranks).
-    """
+    """Run ``cell`` as ``rank`` of the scheduler's world; a failure exits 1 after its file."""
     cell_dir = Path(cell.job.output_dir)
     cell_dir.mkdir(parents=True, exist_ok=True)
     host = node_name()
@@ -258,7 +232,7 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
         target = make_target(cell, rank, None)
         for seqlen in cell.seqlens:
             watchdog.arm(seqlen)
-            run_cell(cell.with_seqlens([seqlen]), target, emit if rank == 0 else _drop)
+            run_cell(cell.with_seqlens([seqlen]), target, emit if rank == 0 else lambda r: None)
         watchdog.disarm()
         target.close()
     except BaseException as err:  # SystemExit/KeyboardInterrupt too: peers must not wait
@@ -266,10 +240,4 @@ def run_as_rank(cell: Cell, emit: Callable[[RunRecord], None], rank: int, world:
         error = short_error(err)
         if type(err).__name__ == "UncompletedJobError":  # submitit: the time limit is near
             error = f"SLURM time limit reached ({error})"
-        # a peer stopped by the same signal can fail this rank a moment before its own SIGTERM
-        # is handled (as in `lcab.bench.supervisor`): a short grace for it
         fail(seqlen, classify(err), error, grace_s=SIGTERM_GRACE_S)
-
-
-def _drop(record: RunRecord) -> None:
-    return None

@@ -1,15 +1,10 @@
 """Supervise a cell: its ranks run in watched processes, and every length ends with a record.
 
-The cell runs on ``world_size`` local processes (one for a single device) started by
-`lcab.distributed.launch`. Each length's record must arrive within ``bench.timeout_s`` of the
-previous one; otherwise, or when a rank raises or dies, every rank is killed and the current
-length gets a ``timeout`` / ``error`` record (``oom`` when a rank was SIGKILLed and the memory
-cgroup counted an out-of-memory kill meanwhile: `lcab.bench.job_memory.oom_kills`; a scheduler's
-or a user's SIGKILL is an ``error`` naming the signal), and lengths never reached get
-``skipped`` records saying why. So a sweep never dies of one cell and never hangs. One
-exception: in a scheduler's job that the scheduler itself ended (scancel, time limit), the
-lengths are left without a record, for the launcher to write them with the scheduler's state
-(`lcab.launch.outcome`) — the scheduler's word wins.
+Each length's record must arrive within ``bench.timeout_s`` of the previous one; otherwise, or
+when a rank raises or dies, every rank is killed, the current length gets a ``timeout`` /
+``error`` record (``oom`` for a SIGKILL while the cgroup counted an OOM kill) and the lengths
+never reached ``skipped`` ones. In a job the scheduler ended, the lengths are left to the
+launcher, which records them with the scheduler's state (`lcab.launch.outcome`).
 """
 
 from __future__ import annotations
@@ -29,11 +24,7 @@ from lcab.records.schema import RunRecord
 
 
 def _status(result: LaunchResult, host_budget: bool, oom_killed: bool) -> str:
-    """How a world that did not finish ended.
-
-    ``host_budget``: its ranks ran under RLIMIT_DATA; ``oom_killed``: the out-of-memory killer
-    killed a process of this cgroup meanwhile (without it a SIGKILL is no memory figure).
-    """
+    """How a world that did not finish ended (``host_budget``: under RLIMIT_DATA)."""
     if result.status == "timeout":
         return "timeout"
     if "SIGKILL" in result.reason and oom_killed:
@@ -45,11 +36,7 @@ def _status(result: LaunchResult, host_budget: bool, oom_killed: bool) -> str:
 
 
 def _scheduler_stopped_it() -> bool:
-    """Whether the scheduler ended this job: its word (sacct's state) then names the failure.
-
-    Only inside a scheduler's job; there, a worker that died gets a short grace for the
-    scheduler's SIGTERM to reach this process too (`stopped_by_scheduler`).
-    """
+    """Whether the scheduler ended this job (waiting briefly for its SIGTERM to arrive here)."""
     return scheduled_rank() is not None and stopped_by_scheduler(grace_s=2.0)
 
 

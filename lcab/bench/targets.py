@@ -1,18 +1,16 @@
 """What the runner runs a cell on: a `Target` — the kernel itself, or a CP strategy around it.
 
-`KernelTarget` is a single device. `CPTarget` is one rank of a context-parallel cell: it joins
-the process group, checks what the strategy and kernel need, builds this rank's part of the plan
-for each mask, synchronises repetitions (barrier; per-repetition times reduced to the slowest
-rank) and, once per length, measures one call's communication (bytes per operation, max over
-ranks, next to the analytic volume) and its time split into compute, communication and waiting.
-The runner sees only the protocol, so single-device and distributed cells share one path.
+`CPTarget` is one rank of a CP cell: it joins the process group, builds this rank's part of the
+plan, synchronises repetitions and measures one call's communication bytes and phase split. The
+runner sees only the protocol, and `pass_callable` gives it each pass's timed call.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from typing_extensions import override
 
@@ -44,8 +42,39 @@ else:
     torch = lazy_module("torch", globals())
 
 
+class PassCall(NamedTuple):
+    """One pass as the timer calls it, with the untimed hook resetting its leaves' gradients."""
+
+    fn: Callable[[], object]
+    before_each: Callable[[], None] | None
+    leaves: list[torch.Tensor]
+
+
+def pass_callable(
+    pass_: str, prepared: PreparedAttention, native: dict[str, torch.Tensor]
+) -> PassCall:
+    """The timed call of one pass, with its untimed before-each hook."""
+    q, k, v, dout = native["q"], native["k"], native["v"], native["dout"]
+    if pass_ == "fwd":
+        return PassCall(lambda: prepared.run(q, k, v), None, [])
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+
+    def zero() -> None:
+        for t in leaves:
+            t.grad = None
+
+    if pass_ == "bwd":
+        out, _ = prepared.run(*leaves)
+        return PassCall(lambda: out.backward(dout, retain_graph=True), zero, leaves)
+
+    def fwd_bwd() -> None:
+        prepared.run(*leaves)[0].backward(dout)
+
+    return PassCall(fwd_bwd, zero, leaves)
+
+
 class Target(Protocol):
-    """What runs the attention: a kernel, or a CP strategy around one."""
+    """What runs the attention: a kernel, or a CP strategy around one (defaults: one device)."""
 
     rank: int
     world: int
@@ -58,6 +87,7 @@ class Target(Protocol):
 
     def barrier(self) -> None:
         """Synchronise ranks before a repetition (no-op on one device)."""
+        return None
 
     def inputs(self, prepared: PreparedAttention, source: SeededInputs) -> dict[str, torch.Tensor]:
         """The q, k, v, dout this rank holds, in the prepared call's native layout."""
@@ -67,15 +97,19 @@ class Target(Protocol):
 
     def share(self, values: list[float]) -> list[float]:
         """Rank 0's ``values`` on every rank: one decision all ranks follow."""
+        return list(values)
 
     def largest_reading(self, reading: MemoryReading) -> MemoryReading:
         """The reading of the rank with the largest peak (delta, reserved: largest of any rank)."""
+        return reading
 
     def reduce_times(self, times: list[float]) -> list[float]:
         """Per-repetition times as the slowest rank saw them."""
+        return times
 
     def gather(self, value: float) -> list[float]:
         """Every rank's ``value`` (rank order)."""
+        return [value]
 
     def describe(
         self,
@@ -85,9 +119,11 @@ class Target(Protocol):
         backward: bool,
     ) -> None:
         """Distributed fields (comm bytes, phases, balance) from one untimed call."""
+        return None
 
     def close(self) -> None:
         """Release what the target holds (a process group)."""
+        return None
 
 
 @dataclass
@@ -107,46 +143,12 @@ class KernelTarget(Target):
         return self.kernel.prepare(mask, problem)
 
     @override
-    def barrier(self) -> None:
-        return None
-
-    @override
     def inputs(self, prepared: PreparedAttention, source: SeededInputs) -> dict[str, torch.Tensor]:
         return {n: prepared.to_native(source.whole(n)) for n in NAMES}
 
     @override
     def collector(self, prepared: PreparedAttention) -> Collector:
         return LocalCollector(prepared)
-
-    @override
-    def share(self, values: list[float]) -> list[float]:
-        return list(values)
-
-    @override
-    def largest_reading(self, reading: MemoryReading) -> MemoryReading:
-        return reading
-
-    @override
-    def reduce_times(self, times: list[float]) -> list[float]:
-        return times
-
-    @override
-    def gather(self, value: float) -> list[float]:
-        return [value]
-
-    @override
-    def describe(
-        self,
-        record: RunRecord,
-        prepared: PreparedAttention,
-        native: dict[str, torch.Tensor],
-        backward: bool,
-    ) -> None:
-        return None
-
-    @override
-    def close(self) -> None:
-        return None
 
 
 class CPTarget(Target):
@@ -166,12 +168,9 @@ class CPTarget(Target):
 
     @override
     def reasons(self, problem: Problem, mask: AttnMask | None, pass_: str) -> list[str]:
-        """Why any rank cannot run ``pass_`` (collective: every rank gets the same answer).
+        """Why any rank cannot run ``pass_``: collective, so no rank skips what its peers enter.
 
-        Each rank checks with its own installation and device, and a pass runs only where
-        every rank can run it: a node without a package its peers have would otherwise skip a
-        collective they enter, and the world would hang. A reason only some ranks give names
-        them.
+        A reason only some ranks give names them.
         """
         mine = self.strategy.not_supported_reasons(self.kernel, problem, mask, self.world, pass_)
         every = [json.loads(text) for text in gather_strings(json.dumps(mine))]
@@ -208,12 +207,7 @@ class CPTarget(Target):
 
     @override
     def largest_reading(self, reading: MemoryReading) -> MemoryReading:
-        """Collective: every rank's peak, baseline and reserved bytes; the largest peak's rank.
-
-        One rank's figure would hide the rank that runs out first (an unbalanced mask, rank 0's
-        numerics, a node's other tenants). The delta and the reserved bytes are each the
-        largest of any rank, which need not be the peak rank's.
-        """
+        """Collective: the largest peak's rank (delta and reserved: any rank's largest each)."""
         peaks = self.gather(float(reading.peak_bytes))
         baselines = self.gather(float(reading.baseline_bytes))
         reserved = self.gather(
@@ -238,12 +232,7 @@ class CPTarget(Target):
         return gather_floats(value)
 
     def _split(self, pass_: str) -> dict[str, float]:
-        """The slowest rank's split of one pass: total, compute, comm, wait, other (ms).
-
-        Taken from one rank (the one with the longest pass) so the parts add up to its total;
-        ``other`` is time outside the phases (merging, layout changes, Python). Every figure
-        is on the device's clock (`lcab.cp.phase_clock`), the total a phase of its own.
-        """
+        """The slowest rank's split of one pass (ms); ``other`` is time outside the phases."""
         parts = {name: STATS.seconds.get(name, 0.0) for name in ("compute", "comm", "wait")}
         total_s = STATS.seconds.get("total", 0.0)
         STATS.seconds.clear()
@@ -312,13 +301,7 @@ class CPTarget(Target):
 
 
 def node_major_problem(hosts: list[str], devices_per_node: int) -> str | None:
-    """Why ranks are not numbered node-major (None: they are).
-
-    Ulysses groups are runs of consecutive ranks that must share a node (all-to-all over
-    NVLink); ``srun --distribution=cyclic`` deals ranks out round-robin over the nodes, which
-    would put every group across the network. Each block of ``devices_per_node`` consecutive
-    ranks must report one host.
-    """
+    """Why ranks are not numbered node-major, as Ulysses groups need (None: they are)."""
     for first in range(0, len(hosts), devices_per_node):
         block = hosts[first : first + devices_per_node]
         if len(set(block)) > 1:
@@ -337,11 +320,7 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def make_target(cell: Cell, rank: int, rendezvous: str | None) -> Target:
-    """The target of ``cell`` on ``rank``: the kernel, or a CP strategy around it.
-
-    Under CP the rank joins its world: locally at ``rendezvous`` (a world of local processes),
-    or, with ``rendezvous=None``, from the environment (torchrun / SLURM variables).
-    """
+    """The target of ``cell`` on ``rank``; CP joins at ``rendezvous``, else from the environment."""
     if cell.cp == "none":
         return KernelTarget(get_kernel(cell.kernel, **cell.kernel_options))
     high_priority = bool(cell.config.get("topology", {}).get("nccl_high_priority", False))

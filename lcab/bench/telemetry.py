@@ -1,41 +1,11 @@
 """Clocks, power and energy of each pass, read beside its timed repetitions and after them.
 
-**Never inside the timed region, and by default nothing beside it.** The sampler is entered
-just before the first repetition and left after the last has finished on the device (the timing
-protocol synchronises there), and it reads the device at those two ends: the clocks, power,
-temperature and clock-event reasons, and what the device kept by itself in between
-(`Source.since`): on a GPU the driver's own sample buffer of SM clock, memory clock and power
-(``nvmlDeviceGetSamples``) and its violation counters, the time spent held down by the power cap
-or the temperature (``nvmlDeviceGetViolationStatus``), so a throttle in the middle of the window
-is seen though no read happened there. A window's clock is the median of the samples stamped
-inside it (the buffer's, clipped to the window's two ends, or a polling thread's); where none
-fell inside (a window shorter than the driver's sampling period) it is the two end reads', of a
-device idle on either side, and the record says so (``clock_samples`` 0, ``clock_source``).
-
-**Energy needs a window its counter can resolve.** NVML's energy counter advances only every
-20-100 ms (`Source.energy_step_s`), so the timed window of a few 1 ms calls reads 0 J or one
-whole step. A pass's energy comes from a window of its own (`energy_calls`): after the timed
-repetitions, untimed calls back to back for `ENERGY_STEPS` of the counter's steps and a margin
-(1.25 s on NVML, 12.5 ms of RAPL's), with no L2 flush or barrier between them (the timed window
-holds a 256 MiB memset before every repetition: ~80-100 us on an H100, a tenth of a 1 ms pass).
-Each end's read is then off by at most one step in ten. A window shorter than its counter's
-`ENERGY_STEPS` steps leaves the energy empty and says why. At each end the energy counter is
-read next to the window's clock, the last read when it opens and the first when it closes, so
-the other reads and a thread's start and join stay outside the window.
-
-**Why not a thread.** A second Python thread costs the pass even while it only waits: each torch
-call releases and takes back the GIL, and with another thread alive that handoff is slower — an
-idle thread made a 1.2 ms single-threaded matmul 1.4-1.7 % slower on a 2-core VM, a sampler at
-10 ms 3.6 %, an NVML one +4.6 % (``python -m lcab.perf telemetry``), over the issue's 1 %. A
-thread that polls every ``interval_ms`` remains for a finer clock trace than the driver's buffer
-(``bench.telemetry_interval_ms``, off by default).
-
-**A sampler never costs a record, nor hangs a run.** A source whose reads can block (NVML: a
-driver call) is read on a short-lived thread at each end, which the caller waits for with a
-timeout (`WAIT_S`) and which has returned before the window opens; a host's files (RAPL, cpufreq,
-``/proc/cpuinfo``) cannot hang and are read in place. A source that raises gives a reading with a
-note; one that does not answer (a hung driver call) is abandoned for the rest of the process (the
-thread is a daemon) and every later pass says so.
+Never inside the timed region: the device is read at the window's two ends, plus what it kept by
+itself in between (NVML's sample buffer and violation counters). Energy comes from an untimed window
+of its own, `ENERGY_STEPS` of its counter's 20-100 ms steps long. No thread runs beside the pass by
+default: an idle one made a 1.2 ms matmul 1.4-1.7 % slower on a 2-core VM (``python -m lcab.perf
+telemetry``). A blocking read runs on a thread waited for `WAIT_S`; one that hangs is abandoned for
+the process. The whole protocol: the guide, ``lcab/bench/README.md`` ("Measurement protocol").
 """
 
 from __future__ import annotations
@@ -64,8 +34,7 @@ ENERGY_ROUNDS = 4
 """At most this many rounds of calls fill an energy window (`energy_calls`)."""
 
 _ABANDONED: weakref.WeakKeyDictionary[Source, str] = weakref.WeakKeyDictionary()
-"""Sources whose thread did not answer: never sampled again in this process (held weakly, so a
-new source is never taken for a dead one, as an ``id`` reused by Python would be)."""
+"""Sources whose thread did not answer, never sampled again (weak keys: no reused ``id``)."""
 
 
 def energy_calls(source: Source, per_call_ms: float, spent_ms: float = 0.0) -> int:
@@ -92,7 +61,6 @@ class TelemetryReading:
     calls: int | None = None
     """The calls the window holds (an energy window's)."""
     power_limit_w: float | None = None
-    """The power limit the device enforced."""
     samples: list[Sample] = field(default_factory=list)
     """The window's end reads and the samples taken inside it, ``t_s`` from its opening."""
     buffer_event_bits: int = 0
@@ -164,9 +132,7 @@ class Sampler:
         self._mark: object = None
         blocks = bool(getattr(source, "reads_block", True))
         self.mode = "in place" if not blocks else "ends" if interval_ms is None else "thread"
-        """How the device is read: ``in place`` at the window's two ends (a source that cannot
-        block), ``ends`` at the two ends each on a short-lived thread with a timeout, or
-        ``thread``: a thread reading every ``interval_ms`` while the window is open."""
+        """``in place`` (cannot block), ``ends`` (each end on a thread), ``thread`` (polling)."""
 
     @property
     def threaded(self) -> bool:
@@ -310,14 +276,3 @@ class Sampler:
             self.reading.notes.append(f"{self.source.kind}: {type(err).__name__}: {err}")
         finally:
             self._done.set()
-
-
-def open_check(source: Source) -> str | None:
-    """Whether ``source`` opens (None) or why not, in one line (raises nothing)."""
-    try:
-        source.open()
-    except TelemetryUnavailableError as err:
-        return str(err)
-    except Exception as err:
-        return f"{source.kind}: {type(err).__name__}: {err}"
-    return None

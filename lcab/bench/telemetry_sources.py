@@ -1,15 +1,9 @@
 """Where a pass's clocks, power and energy are read: NVML on a GPU, the kernel's files on a CPU.
 
-A throughput is comparable across machines only with the clock it ran at, and energy per token
-is what no attention benchmark records. A GPU is read through NVIDIA's own binding, ``pynvml``
-(the ``nvidia-ml-py`` package: pure Python over the driver's ``libnvidia-ml.so``), imported only
-when a GPU pass is sampled. A CPU host offers what its kernel exposes: the package energy
-counter of Intel's RAPL under ``/sys/class/powercap`` (root-only on most kernels since 2020),
-each core's clock under ``cpufreq``, or only the nominal ``cpu MHz`` of ``/proc/cpuinfo`` in a
-virtual machine. What cannot be read is None with one line saying why, never an error: a
-sampler never costs a record.
-
-Units at this interface: MHz, watts, joules, degrees Celsius (NVML reports mW and mJ).
+A GPU is read through NVIDIA's ``pynvml`` (``nvidia-ml-py``), imported only when sampled; a CPU
+host through RAPL's package energy counter (``/sys/class/powercap``, root-only on most kernels),
+``cpufreq``, or ``/proc/cpuinfo``'s nominal clock in a VM. What cannot be read is None with a
+one-line note, never an error. Units: MHz, W, J, °C (NVML reports mW and mJ).
 """
 
 from __future__ import annotations
@@ -29,11 +23,7 @@ class TelemetryUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading of the device at ``t_s``.
-
-    From a source ``t_s`` is the wall clock (``time.time()``); in a `TelemetryReading` the
-    seconds since its window opened (negative: read before it).
-    """
+    """One reading at ``t_s`` (wall clock; in a `TelemetryReading`, since its window opened)."""
 
     t_s: float
     clock_mhz: float | None
@@ -47,13 +37,7 @@ class Sample:
 
 @dataclass
 class WindowBuffer:
-    """What a source kept by itself over a window: the driver's own samples, throttle counters.
-
-    NVML's driver samples the SM and memory clocks and the power into a buffer of its own
-    (``nvmlDeviceGetSamples``) and counts the time the GPU spent held below its clocks by each
-    policy (``nvmlDeviceGetViolationStatus``): read at the window's two ends, they give the
-    clocks and the throttling in between with nothing running beside the pass.
-    """
+    """What a source kept by itself over a window (NVML's sample buffer, violation counters)."""
 
     samples: list[Sample] = field(default_factory=list)
     event_bits: int = 0
@@ -67,18 +51,16 @@ class Source(Protocol):
     kind: str
     """"nvml" or "host"."""
     reads_block: bool
-    """Whether a read can block (a driver call that may hang): such a source is read on the
-    sampler's thread; one that cannot is read in place at the window's two ends
-    (`lcab.bench.telemetry`)."""
+    """Whether a read can hang (a driver call): then it is read on a thread with a timeout."""
     energy_step_s: float
-    """How often the energy counter advances: a window must span many steps (`lcab.bench.
-    telemetry.ENERGY_STEPS`) for its difference to be the window's energy."""
+    """How often the energy counter advances (an energy window spans `ENERGY_STEPS` of them)."""
 
     def open(self) -> None:
         """Get ready (load the library, find the device); raise `TelemetryUnavailableError`."""
 
     def device_name(self) -> str | None:
         """The name the device reports (NVML's, for the peak table)."""
+        return None
 
     def energy_j(self) -> float | None:
         """A counter of energy spent so far, in joules (None: not exposed, see `energy_note`)."""
@@ -88,30 +70,31 @@ class Source(Protocol):
 
     def power_limit_w(self) -> float | None:
         """The power limit the device enforces (None: none known)."""
+        return None
 
     def sample(self, t_s: float) -> Sample:
         """The device's clocks, power and temperature now."""
 
     def event_names(self, bits: int) -> list[str]:
         """The names of the clock-event reasons in ``bits``."""
+        return []
 
     def mark(self) -> object:
         """Where the source's own buffer and counters stand as a window opens (`since`'s key)."""
+        return None
 
     def since(self, mark: object) -> WindowBuffer:
         """What the source kept by itself after ``mark`` (nothing, for a source that keeps none)."""
+        return WindowBuffer()
 
 
 _BUFFERED = (("clock_mhz", 5, 1.0), ("mem_clock_mhz", 6, 1.0), ("power_w", 0, 1e-3))
-"""NVML sampling types read from the driver's buffer: (Sample field, nvmlSamplingType_t, scale
-to MHz or W): NVML_PROCESSOR_CLK_SAMPLES 5, NVML_MEMORY_CLK_SAMPLES 6, NVML_TOTAL_POWER_SAMPLES
-0 (mW) — nvidia-ml-py 13.615.71's pynvml.py, L342-352."""
+"""(Sample field, nvmlSamplingType_t, scale to MHz or W): PROCESSOR_CLK 5, MEMORY_CLK 6,
+TOTAL_POWER 0 (mW), as nvidia-ml-py 13.615.71's pynvml.py numbers them."""
 
 _VIOLATIONS = ((0, "PowerViolation", 1 << 32), (1, "ThermalViolation", 1 << 33))
-"""NVML_PERF_POLICY_POWER 0 and _THERMAL 1 (pynvml.py L310-311): the time the GPU spent below
-its clocks because of its power cap, or of its temperature; each with a bit of its own above
-NVML's clock-event reason bits (the highest is 0x100 in nvidia-ml-py 13.615.71, L2190-2199),
-so a window's events travel with the reasons' as one integer, exact in a float64 gather."""
+"""NVML_PERF_POLICY_POWER 0 and _THERMAL 1, each with a bit above NVML's clock-event reason bits
+(highest 0x100), so a window's events travel as one integer, exact in a float64 gather."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +110,7 @@ class NvmlSource(Source):
     reads_block = True
     energy_step_s = 0.1
     """The driver's energy counter advances every 20-100 ms (PETSc's PetscLogGpuEnergyMeter
-    notes; Zeus v0.6.1: a window shorter than that reads 0 J): the longest is taken."""
+    notes; Zeus v0.6.1): the longest is taken."""
 
     def __init__(self, index: int, uuid: str | None = None) -> None:
         self.index, self.uuid = index, uuid
@@ -136,8 +119,7 @@ class NvmlSource(Source):
         self._energy_note: str | None = None
         self._reasons: dict[int, str] = {}
         self._newest_us: dict[int, int] = {}
-        """Per sampling type, the newest driver sample seen (0: none yet); a type the driver
-        refuses is left out after its first answer."""
+        """Per sampling type the driver answers, the newest sample's stamp seen (0: none)."""
         self._refused: dict[str, str] = {}
         """What the driver refused ("samples", "violations"): the note, said every window."""
 
@@ -219,11 +201,7 @@ class NvmlSource(Source):
 
     @override
     def mark(self) -> object:
-        """The newest stamp of each buffered type and the violation counters.
-
-        The first window reads the driver's whole buffer once to learn its newest stamp; later
-        ones ask only for what came after the previous window's last sample.
-        """
+        """The newest stamp of each buffered type and the violation counters."""
         if not self._newest_us and "samples" not in self._refused:
             self._newest_us = dict.fromkeys((kind for _, kind, _ in _BUFFERED), 0)
         for kind in list(self._newest_us):
@@ -314,8 +292,7 @@ class HostSource(Source):
             return
         self._opened = True
         powercap = self.root / "sys/class/powercap"
-        # package domains only ("intel-rapl:0"), not their sub-zones ("intel-rapl:0:0"): the
-        # package counter already holds the cores' and the uncore's energy
+        # package domains only ("intel-rapl:0"): they hold their sub-zones' energy
         zones = sorted(p for p in powercap.glob("intel-rapl:*") if p.name.count(":") == 1)
         for zone in zones:
             try:
@@ -337,10 +314,6 @@ class HostSource(Source):
         ]
 
     @override
-    def device_name(self) -> str | None:
-        return None
-
-    @override
     def energy_j(self) -> float | None:
         if not self._rapl:
             return None
@@ -358,19 +331,13 @@ class HostSource(Source):
         return self._energy_note
 
     @override
-    def power_limit_w(self) -> float | None:
-        return None
-
-    @override
     def sample(self, t_s: float) -> Sample:
         return Sample(t_s, self._clock_mhz(), None, None, None)
 
     def _clock_mhz(self) -> float | None:
         """The median clock of this process's cores (cpufreq), else /proc/cpuinfo's figure.
 
-        Without cpufreq (a virtual machine) ``cpu MHz`` is the nominal clock and does not
-        move; parsing the whole file cost ~50 us of the GIL a read, so once two reads agree
-        the figure is kept.
+        That is nominal in a VM and costs ~50 us of GIL to parse: once two reads agree it is kept.
         """
         if self._freq_files:
             return statistics.median(float(f.read_text()) / 1e3 for f in self._freq_files)
@@ -388,18 +355,6 @@ class HostSource(Source):
             self._static_mhz = now
         self._last_mhz = now
         return now
-
-    @override
-    def event_names(self, bits: int) -> list[str]:
-        return []
-
-    @override
-    def mark(self) -> object:
-        return None
-
-    @override
-    def since(self, mark: object) -> WindowBuffer:
-        return WindowBuffer()
 
 
 def _affinity() -> set[int]:

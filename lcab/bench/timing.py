@@ -1,35 +1,11 @@
 """Timing protocol: exactly one call per timed repetition, quantiles over the repetitions.
 
-The protocol follows triton's ``do_bench`` (re-written here, not imported):
-
-1. one untimed call, so compilation, autotuning, lazy allocation and cold caches stay out;
-2. warm-up: ``warmup`` calls, or with ``warmup_ms`` as many calls as fit in that budget, the
-   count estimated from the first calls (at most five, timed one by one) because on CUDA the
-   host must not enqueue an unbounded queue of launches ahead of the device;
-3. ``reps`` timed repetitions, or with ``rep_ms`` ``rep_ms / per-call estimate`` of them
-   clamped to ``[1, max_reps]``. Each repetition runs ``before_each()``, the CUDA L2 flush and
-   ``barrier()`` outside the timed region, then times exactly one ``fn()``.
-
-One call per repetition (not a batch averaged) is what makes the quantiles a distribution of
-call times, and what lets a barrier align ranks before every timed call in distributed runs.
-
-Clocks:
-
-* CPU (``"perf_counter"``): ``time.perf_counter_ns()`` immediately around the call: monotonic,
-  integer nanoseconds; the loop stores one integer per rep into a pre-sized list, so the
-  harness adds well under a microsecond per repetition.
-* CUDA (``"cuda_event"``): a ``torch.cuda.Event(enable_timing=True)`` pair recorded on the
-  current stream of ``device`` around the call, one synchronize after the last repetition, then
-  ``elapsed_time``. This is device time between the two events, so host-side launch cost shows
-  only when the device waits for the host. Before each rep a 256 MiB buffer is zeroed (untimed)
-  so the call does not find its inputs in L2 left there by the previous rep.
-
-Budget mode and several ranks: every call is collective there, so every rank must make the same
-number of calls, while each rank's clock gives its own estimate. With ``agree`` (rank 0's
-values on every rank, e.g. a broadcast) each count is decided once and shared: whether to take
-another probe call, the warm-up calls left, the repetitions. Without it, ranks could pick
-different counts and pair one rank's barrier with another's all-to-all: NCCL hangs until its
-timeout. ``before_each`` runs only before timed repetitions, not during warm-up.
+After triton's ``do_bench`` (re-written here): one untimed call, a warm-up (a count, or a budget
+estimated from at most five probe calls), then the timed repetitions, each with ``before_each``, the
+CUDA L2 flush and ``barrier`` untimed around one ``fn()``: one call per repetition makes the
+quantiles a distribution of call times and lets a barrier align ranks before each. In budget mode
+under CP every count is rank 0's (``agree``): ranks picking different counts would hang NCCL. Clocks
+and figures: the guide, ``lcab/bench/README.md`` ("Measurement protocol").
 """
 
 from __future__ import annotations
@@ -110,23 +86,12 @@ class Timing:
         """Median time (ms)."""
         return self.q(0.5)
 
-    @property
-    def p20(self) -> float:
-        """20th-percentile time (ms)."""
-        return self.q(0.2)
-
-    @property
-    def p80(self) -> float:
-        """80th-percentile time (ms)."""
-        return self.q(0.8)
-
 
 def quantiles(values: Sequence[float], qs: Sequence[float]) -> dict[float, float]:
     """Quantiles by linear interpolation between order statistics (numpy's default method).
 
-    Written out rather than calling numpy so the hot path imports nothing heavy and the rule is
-    visible: position ``q * (n - 1)`` in the sorted values, interpolated as numpy's ``_lerp``
-    does (from the upper neighbour when the fraction is >= 0.5, for the same rounding).
+    Written out so the hot path imports no numpy; interpolated as numpy's ``_lerp`` does (from
+    the upper neighbour when the fraction is >= 0.5, for the same rounding).
     """
     ordered = sorted(values)
     if not ordered:
@@ -152,24 +117,18 @@ def measure(
     device: torch.device,
     before_each: Callable[[], None] | None = None,
     barrier: Callable[[], None] | None = None,
-    reduce: Callable[[list[float]], list[float]] | None = None,
     agree: Callable[[list[float]], list[float]] | None = None,
     flush_buffer: torch.Tensor | None = None,
     watch: AbstractContextManager[object] | None = None,
 ) -> Timing:
     """Time ``fn`` following the protocol in the module docstring.
 
-    ``before_each`` (e.g. setting grads to None) and ``barrier`` (e.g. a process-group barrier)
-    run before every timed repetition, outside the timed region. ``reduce`` receives the list
-    of per-rep times (ms) and returns the list the quantiles are taken over (e.g. an all-reduce
-    MAX over ranks, so a rep costs what its slowest rank took). ``agree`` shares the counts
-    budget mode derives from the clock (see the module docstring). ``flush_buffer``: the
-    L2-flush buffer (`l2_flush_buffer`), made by the caller outside a memory-measured region;
-    without it, CUDA timing allocates one for this call. ``watch`` is entered just before the
-    first timed repetition and left once the last has finished on the device (the telemetry
-    sampler, `lcab.bench.telemetry`): nothing is added inside any repetition's clock.
+    ``before_each`` and ``barrier`` run untimed before every timed repetition (not in warm-up);
+    ``agree`` shares budget mode's counts; ``flush_buffer`` is the caller's L2-flush buffer,
+    made outside a memory-measured region; ``watch`` (the telemetry sampler) is entered just
+    before the first timed repetition and left once the last has finished on the device.
     """
-    share = agree if agree is not None else _alone
+    share = agree or (lambda values: values)  # one rank decides for itself
     device = torch.device(device)
     cuda = _is_cuda(device)
     with torch.cuda.device(device) if cuda else contextlib.nullcontext():
@@ -188,12 +147,9 @@ def measure(
                 raw = _timed_reps_cuda(fn, reps, before_each, barrier, cache)
             else:
                 raw = _timed_reps_host(fn, reps, before_each, barrier)
-    times = raw if reduce is None else [float(t) for t in reduce(list(raw))]
-    if not times:
-        raise ValueError("reduce returned no times")
     return Timing(
-        times_ms=tuple(times),
-        quantiles_ms=quantiles(times, config.quantiles),
+        times_ms=tuple(raw),
+        quantiles_ms=quantiles(raw, config.quantiles),
         warmup=warmup,
         clock="cuda_event" if cuda else "perf_counter",
     )
@@ -227,23 +183,17 @@ def _block_ms(fn: Callable[[], object], calls: int, cuda: bool) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
-def _alone(values: list[float]) -> list[float]:
-    """One rank decides for itself."""
-    return values
-
-
 def _warm_up(
     fn: Callable[[], object],
     config: TimingConfig,
     cuda: bool,
     first_ms: float,
-    share: Callable[[list[float]], list[float]] = _alone,
+    share: Callable[[list[float]], list[float]],
 ) -> tuple[int, float]:
     """Run the warm-up; return (calls made, per-call estimate in ms for budget mode).
 
-    With a count and no warm-up calls, the estimate falls back on the first (cold) call, which
-    can only over-estimate, so a rep budget then yields fewer reps, never a longer run. In
-    budget mode every count that depends on the clock goes through ``share``.
+    Without warm-up calls the estimate is the first (cold) call's: an over-estimate, so a rep
+    budget yields fewer reps, never a longer run.
     """
     if config.warmup_ms is None:
         if config.warmup == 0:
@@ -318,10 +268,7 @@ def repeat(
     before_each: Callable[[], None] | None,
     device: torch.device,
 ) -> None:
-    """``calls`` untimed calls back to back, finished on the device: an energy window.
-
-    No L2 flush nor barrier runs between them (`lcab.bench.telemetry`).
-    """
+    """``calls`` untimed calls back to back, no L2 flush nor barrier: an energy window."""
     for _ in range(calls):
         if before_each is not None:
             before_each()

@@ -1,8 +1,6 @@
 """The entry point of a worker process: build the target, run the cell, send records back.
 
-Workers start from a forkserver that imported torch and lcab once, so starting a cell's ranks
-costs milliseconds, not a fresh interpreter each (and never forks a process whose OpenMP
-threads are running).
+Workers start from a forkserver that imported torch and lcab once: milliseconds per rank.
 """
 
 from __future__ import annotations
@@ -20,9 +18,7 @@ THREAD_STACK_BYTES = 1 << 20
 """Stack of each Python thread a rank under a CPU memory budget starts (`apply_memory_budget`)."""
 
 PRELOAD = ("torch", __name__)
-"""Modules the local forkserver imports once for every rank it starts (`lcab.distributed.launch`).
-
-This module imports the runner, the targets and through them every kernel and strategy."""
+"""Modules the local forkserver imports once (this one brings every kernel and strategy)."""
 
 
 def _threads(cell: Cell) -> int | None:
@@ -35,14 +31,9 @@ def _threads(cell: Cell) -> int | None:
 def apply_memory_budget(cell: Cell) -> None:
     """Hold this rank to ``bench.memory_budget_gib`` (a frontier below the device's memory).
 
-    CUDA: the caching allocator's fraction of the device. CPU: ``RLIMIT_DATA`` (heap and private
-    mappings, where tensors live) at what the rank holds now plus the budget, so the budget
-    counts from a rank with torch loaded; an allocation past it fails with "can't allocate
-    memory", recorded as ``oom``. Under a CPU budget, and in any CPU frontier search, every
-    allocation of 128 KiB or more is its own mapping, returned when freed
-    (`_blocks_returned_on_free`), so the limit (a budget's or the memory cgroup's) counts the
-    tensors alive, not the heap glibc keeps after them, and a timed run needs no more than the
-    probe that ran once.
+    CUDA: the caching allocator's fraction. CPU: ``RLIMIT_DATA`` at what the rank holds now plus
+    the budget (past it: "can't allocate memory", ``oom``), with large blocks returned on free
+    (`_blocks_returned_on_free`, also in any CPU frontier search) so it counts live tensors.
     """
     budget = cell.bench.memory_budget_gib
     if cell.device == "cpu" and (budget is not None or cell.frontier is not None):
@@ -57,8 +48,7 @@ def apply_memory_budget(cell: Cell) -> None:
     import resource
     import threading
 
-    # a thread's stack is a private mapping the limit counts (8 MiB each by default): the
-    # samplers' and the result queue's threads must still start in a rank near its budget
+    # a thread's stack (8 MiB by default) counts: threads must still start near the budget
     threading.stack_size(THREAD_STACK_BYTES)
     held = 0
     with open("/proc/self/status") as status:
@@ -70,19 +60,15 @@ def apply_memory_budget(cell: Cell) -> None:
 
 
 MMAP_THRESHOLD_BYTES = 128 << 10
-"""Allocations this large or larger get their own mapping under a CPU budget (glibc's default
-start, fixed: `_blocks_returned_on_free`)."""
+"""Allocations from this size get their own mapping under a CPU budget (glibc's default start)."""
 
 
 def _blocks_returned_on_free() -> None:
     """Fix glibc's mmap threshold at 128 KiB, so a freed tensor's memory leaves the process.
 
-    glibc raises the threshold to the largest block freed so far (up to 32 MiB), after which
-    tensors of that size come from the heap, whose top is kept after they are freed: the data
-    segment ``RLIMIT_DATA`` counts then grows with the allocation history, not with what is
-    alive (a 2,432-token frontier of `ranges` instead of 2,944 at 0.2 GiB). ``mallopt`` with a
-    threshold turns the adjustment off. Nothing happens where the C library has no ``mallopt``
-    (musl, macOS): the limit then counts what that allocator keeps.
+    glibc's sliding threshold (up to 32 MiB) keeps freed tensors in the heap, so the limit grew
+    with history (a 2,432-token frontier of `ranges` instead of 2,944 at 0.2 GiB). No-op
+    without ``mallopt`` (musl, macOS).
     """
     import ctypes
 
@@ -96,12 +82,7 @@ def _blocks_returned_on_free() -> None:
 
 
 def _first_to_go() -> None:
-    """Offer this rank to the kernel's out-of-memory killer before the supervisor.
-
-    A host (or cgroup) out of memory kills the process with the highest badness; a rank and
-    its parent both hold torch, so either could go. Raising one's own ``oom_score_adj`` needs
-    no privilege: the rank dies, the supervisor records ``oom`` and the sweep goes on.
-    """
+    """Offer this rank to the out-of-memory killer before the supervisor (``oom_score_adj``)."""
     try:
         with open("/proc/self/oom_score_adj", "w") as adj:
             adj.write("1000")
@@ -115,8 +96,7 @@ def worker_main(rank: int, world: int, rendezvous: str, messages: Any, cell: Cel
     if threads is not None:
         torch.set_num_threads(threads)
     if cell.bench.memory_budget_gib is not None:
-        # the result queue starts its feeder thread on the first message: start it while
-        # there is room, so a rank at its budget can still say how it ended
+        # start the queue's feeder thread while there is room: a rank at its budget must report
         messages.put(("budget", rank))
     apply_memory_budget(cell)
     _first_to_go()

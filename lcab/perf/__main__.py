@@ -3,37 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import sys
 from collections.abc import Callable
 
 
 def _topics() -> dict[str, Callable[[], None]]:
-    from lcab.perf import (
-        balance,
-        cp,
-        gpu_timer,
-        kernels,
-        masks,
-        predict,
-        schedule,
-        startup,
-        telemetry,
-        timer_overhead,
-    )
+    """Every module of this package is a topic (its ``run``), plus predict's second set."""
+    import lcab.perf
+    from lcab.perf.predict import run_more
 
-    return {
-        "masks": masks.run,
-        "timer-overhead": timer_overhead.run,
-        "gpu-timer": gpu_timer.run,
-        "kernels": kernels.run,
-        "balance": balance.run,
-        "cp": cp.run,
-        "predict": predict.run,
-        "predict-more": predict.run_more,
-        "schedule": schedule.run,
-        "startup": startup.run,
-        "telemetry": telemetry.run,
-    }
+    modules = [m.name for m in pkgutil.iter_modules(lcab.perf.__path__) if m.name[0] != "_"]
+    topics = {m.replace("_", "-"): importlib.import_module(f"lcab.perf.{m}").run for m in modules}
+    return topics | {"predict-more": run_more}
 
 
 def main(argv: list[str] | None = None) -> int:

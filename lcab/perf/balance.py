@@ -1,13 +1,9 @@
 """Load balance of context-parallel placements, from the plans alone (no attention is run).
 
-The compute a ring-style strategy does for a rank is the attended area of the query rows it
-holds, so max / mean area over ranks bounds the step time against a perfectly balanced run.
-Comparing the balancers here is cheap (numpy over slices) and tells whether a placement is
-worth benchmarking before any process is spawned.
-
-Targets (issue: CP load balance): ``area`` imbalance <= 1.05 on ``causal`` and
-``causal_document`` at 8 ranks; ``zigzag`` (the paper's scheme) is the anchor to match, at
-less padding. Documents come from the ``auto`` source: ProLong512K lengths at S = 131,072.
+A rank's compute is the attended area of its query rows, so max / mean area over ranks bounds
+the step time against a balanced run. Targets: ``area`` imbalance <= 1.05 on ``causal`` and
+``causal_document`` at 8 ranks (ProLong512K documents at S = 131,072); ``zigzag`` (the paper's)
+is the anchor to match, at less padding.
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
 """Where a context-parallel step spends its time on CPU: compute, communication and waiting.
 
-Every strategy runs as the benchmark app runs it (Hydra config composed in-process, one
-supervised cell of ``world`` gloo ranks, the ``ranges`` kernel, ``causal_document``), so the
-figures are the ones a record carries, not a re-implementation that could drift from it.
-
-What the records hold, and so what the table shows:
-
-* ``p50 ms`` per pass (fwd, bwd): median over repetitions of the slowest rank's time.
-* the split of each pass (compute / comm / wait / other) comes from one extra untimed call
-  that every rank starts after a barrier, taken on the slowest rank so the parts add up to that
-  rank's time (``call ms``); ``other`` is time outside the three phases (merges, layout
-  changes, Python and autograd overhead).
-* ``MB``: bytes one rank sent (max over ranks), counted by lcab.cp.comm, against the plan's
-  analytic volume; split into passes by operation name.
-* ``imbal``: max / mean attended area over ranks, from the plan.
-
-A cell that fails with its backward pass is run again forward-only, so one broken pass does
-not hide the other's figures.
+Every strategy runs as the app runs it (Hydra config composed in-process, one supervised cell of
+gloo ranks, ``ranges``, ``causal_document``), so the figures are a record's, not a
+re-implementation's (the columns: `LEGEND`). A cell whose backward fails runs again
+forward-only, so one broken pass does not hide the other's figures.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 
 from lcab.config import CONF_DIR
 from lcab.cp import STRATEGIES
@@ -36,36 +21,12 @@ KERNEL = "ranges"
 MASK = "causal_document"
 SEQLEN = 8192
 BENCH = "quick"
-#: Per-strategy overrides: the 2-D strategies default to Ulysses over a whole node (4 here,
-#: leaving a ring of 1); degree 2 makes them genuinely 2-D (2 Ulysses x 2 ring) at world 4.
+#: Per-strategy overrides: 2 Ulysses x 2 ring at world 4 (the default would leave a ring of 1).
 EXTRA = {"usp": ["cp.ulysses_degree=2"], "loongtrain": ["cp.ulysses_degree=2"]}
 
 
-@dataclass(frozen=True)
-class PassRow:
-    """One printed row: a pass of a strategy, or the phase split of the whole call."""
-
-    strategy: str
-    pass_: str
-    p50_ms: float | None
-    call_ms: float | None = None
-    compute_ms: float | None = None
-    comm_ms: float | None = None
-    wait_ms: float | None = None
-    other_ms: float | None = None
-    comm_mb_measured: float | None = None
-    comm_mb_analytic: float | None = None
-    imbalance: float | None = None
-    rank_spread: str = ""
-    note: str = ""
-
-
 def overrides(strategy: str, passes: tuple[str, ...], seqlen: int = SEQLEN) -> list[str]:
-    """Hydra overrides for one cell of the breakdown.
-
-    Numerics are off: rank 0 checks against the reference after each pass while its peers go
-    on into the untimed phase-split call, whose comm/wait would then include that check.
-    """
+    """Hydra overrides for one cell (numerics off: rank 0's check would land in peers' waits)."""
     return [
         f"cp={strategy}",
         f"topology={TOPOLOGY}",
@@ -102,83 +63,52 @@ def _mb(value: float | None) -> float | None:
     return None if value is None else value / 2**20
 
 
-def _failure(record: RunRecord) -> str:
-    why = "; ".join(record.reasons) or record.error_msg or ""
-    return f"{record.status}: {why.splitlines()[0][:110] if why else '?'}"
+def _cell(value: float | None, width: int, digits: int = 1) -> str:
+    return f"{'-':>{width}s}" if value is None else f"{value:>{width}.{digits}f}"
 
 
-def rows_of(record: RunRecord) -> list[PassRow]:
-    """Table rows of one record: one per timed pass, then the phase split of the call."""
+def lines_of(record: RunRecord, note: str = "") -> list[str]:
+    """Table lines of one record: one per timed pass (or one saying why it failed)."""
     from lcab.cp.comm import is_backward_op
 
     name = record.cp
     if record.status != "ok":
-        return [PassRow(name, "-", None, note=_failure(record))]
+        why = "; ".join(record.reasons) or record.error_msg or ""
+        failure = f"{record.status}: {why.splitlines()[0][:110] if why else '?'}"
+        return [f"{name:14s} {'-':7s} {f'{note} {failure}'.strip()}"]
     by_op = record.comm_bytes_by_op or {}
-    passes = [p for p in ("fwd", "bwd") if p in record.passes]
-    rows: list[PassRow] = []
-    for pass_ in passes:
+    phases = record.phase_ms or {}
+    cp = record.cp_params
+    layout = f"u{cp.get('ulysses_degree')} x r{cp.get('ring_degree')}"
+    layout += f" w{cp.get('windows')} {cp.get('balancer')}"
+    lines = []
+    for pass_ in (p for p in ("fwd", "bwd") if p in record.passes):
         result = record.pass_result(pass_)
         ops = [v for op, v in by_op.items() if is_backward_op(op) == (pass_ == "bwd")]
         spread = ""
         if result.rank_ms_p50:
             spread = f"{min(result.rank_ms_p50):.1f}-{max(result.rank_ms_p50):.1f}"
-        phases = record.phase_ms or {}
         total, compute, comm, wait, other = (
             phases.get(f"{pass_}_{k}") for k in ("total", "compute", "comm", "wait", "other")
         )
-        cp = record.cp_params
-        rows.append(
-            PassRow(
-                name,
-                pass_,
-                result.ms_p50,
-                call_ms=total,
-                compute_ms=compute,
-                comm_ms=comm,
-                wait_ms=wait,
-                other_ms=other,
-                comm_mb_measured=_mb(sum(m for m, _ in ops)),
-                comm_mb_analytic=_mb(sum(a for _, a in ops)),
-                imbalance=record.balance_imbalance,
-                rank_spread=spread,
-                note=f"u{cp.get('ulysses_degree')} x r{cp.get('ring_degree')}"
-                f" w{cp.get('windows')} {cp.get('balancer')}",
-            )
+        lines.append(
+            f"{name:14s} {pass_:7s} {_cell(result.ms_p50, 8)} {spread:>13s}"
+            f" {_cell(total, 8)} {_cell(compute, 8)} {_cell(comm, 7)} {_cell(wait, 7)}"
+            f" {_cell(other, 7)} {_cell(_mb(sum(m for m, _ in ops)), 8, 2)}"
+            f" {_cell(_mb(sum(a for _, a in ops)), 8, 2)}"
+            f" {_cell(record.balance_imbalance, 6, 3)}  {f'{note} {layout}'.strip()}"
         )
-    return rows
+    return lines
 
 
-def breakdown(strategy: str, output_dir: str) -> list[PassRow]:
-    """Rows of one strategy; forward-only (after the failure row) if fwd+bwd fails."""
-    rows = [
-        row for record in run_cell(strategy, ("fwd", "bwd"), output_dir) for row in rows_of(record)
-    ]
-    if any(row.pass_ == "-" for row in rows):
+def breakdown(strategy: str, output_dir: str) -> list[str]:
+    """Lines of one strategy; forward-only (after the failure line) if fwd+bwd fails."""
+    records = run_cell(strategy, ("fwd", "bwd"), output_dir)
+    lines = [line for record in records for line in lines_of(record)]
+    if any(record.status != "ok" for record in records):
         retry = run_cell(strategy, ("fwd",), output_dir)
-        rows += [
-            dataclasses.replace(row, note=f"fwd only (rerun) {row.note}".strip())
-            for record in retry
-            for row in rows_of(record)
-        ]
-    return rows
-
-
-def _cell(value: float | None, width: int, digits: int = 1) -> str:
-    return f"{'-':>{width}s}" if value is None else f"{value:>{width}.{digits}f}"
-
-
-def format_row(row: PassRow) -> str:
-    """One aligned line of the table."""
-    if row.pass_ == "-":
-        return f"{row.strategy:14s} {'-':7s} {row.note}"
-    return (
-        f"{row.strategy:14s} {row.pass_:7s} {_cell(row.p50_ms, 8)} {row.rank_spread:>13s}"
-        f" {_cell(row.call_ms, 8)} {_cell(row.compute_ms, 8)} {_cell(row.comm_ms, 7)}"
-        f" {_cell(row.wait_ms, 7)}"
-        f" {_cell(row.other_ms, 7)} {_cell(row.comm_mb_measured, 8, 2)}"
-        f" {_cell(row.comm_mb_analytic, 8, 2)} {_cell(row.imbalance, 6, 3)}  {row.note}"
-    )
+        lines += [line for record in retry for line in lines_of(record, "fwd only (rerun)")]
+    return lines
 
 
 HEADER = (
@@ -211,8 +141,8 @@ def run() -> None:
     with tempfile.TemporaryDirectory(prefix="lcab-perf-cp-") as tmp:
         for strategy in STRATEGIES.names():
             t0 = time.perf_counter()
-            for row in breakdown(strategy, tmp):
-                print(format_row(row))
+            for line in breakdown(strategy, tmp):
+                print(line)
             print(f"{'':14s} ({time.perf_counter() - t0:.1f} s wall for this strategy)")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     print(f"total {time.perf_counter() - start:.1f} s")

@@ -1,27 +1,11 @@
 """The harness against the GPU's own timer: lcab's per-pass time vs ``triton.testing.do_bench``.
 
-``python -m lcab.perf gpu-timer`` times each (kernel, mask, length, pass) twice in one process,
-on the same prepared call and the same tensors: once with lcab's harness (`lcab.bench.timing.
-measure` under the paper's protocol — 5 warm-up calls, 20 timed repetitions, L2 flushed before
-each, CUDA events around each call, the median) and once with Triton's ``do_bench`` (its own
-warm-up, its own L2 flush, CUDA events, ``return_mode="median"``), and prints lcab / do_bench.
-Target: within 3 % (the harness adds nothing a GPU timer would not see). The backward is timed
-as the bench times it: ``out.backward(dout, retain_graph=True)`` with the gradients set to None
-before each repetition (do_bench's ``grad_to_none``), outside both timers. do_bench gets the
-protocol's counts (its budgets in multiples of lcab's median), and each cell is measured in two
-rounds of opposite order (lcab, do_bench; do_bench, lcab), the figures being their means. The
-SM clock is sampled beside each timer (`lcab.bench.telemetry`, NVML; never inside a timed
-call) and printed per round, lcab's / the reference's median, with any clock-event reasons: a
-ratio off 1 is then read against the clock it ran at.
-
-Cells: the GPU-compared kernels (`lcab.kernels.registry.gpu_compared`: torch's own first, then
-the libraries; those not installed are printed with the reason) × ``causal``,
-``causal_document`` × 8K, 32K tokens, the paper's dense problem (bf16, 64:8 heads × 128).
-``LCAB_GPU_TIMER_KERNELS=a,b`` narrows the kernels; ``LCAB_GPU_TIMER_OUT=FILE`` also writes one
-JSON line per cell. Without CUDA the same machinery
-runs on CPU with ``ranges`` at small lengths and ``torch.utils.benchmark.Timer`` as the
-reference clock (how the test suite checks it); those figures compare two host clocks, nothing
-more.
+Each (kernel, mask, length, pass) is timed on the same prepared call and tensors by lcab's
+harness under the paper's protocol and by ``do_bench`` given the same counts, in two rounds of
+opposite order, with the SM clock sampled beside each timer; target: within 3 %. Without CUDA it
+runs ``ranges`` against ``torch.utils.benchmark.Timer`` (two host clocks, nothing more).
+``LCAB_GPU_TIMER_KERNELS=a,b`` narrows the kernels, ``LCAB_GPU_TIMER_OUT=FILE`` writes JSON
+lines. Figures: ``lcab/kernels/README.md``.
 """
 
 from __future__ import annotations
@@ -38,7 +22,7 @@ import torch
 
 from lcab.bench.inputs import NAMES, SeededInputs
 from lcab.bench.pass_telemetry import device_source
-from lcab.bench.runner import pass_callable
+from lcab.bench.targets import pass_callable
 from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, l2_flush_buffer, measure
 from lcab.kernels import Problem, get_kernel
@@ -70,8 +54,7 @@ class Row:
     rounds_ms: list[tuple[float, float]] | None = None
     """(lcab, reference) of each round; the first measures lcab first, the second the reference."""
     clock_mhz: list[tuple[float | None, float | None]] | None = None
-    """Median SM clock (CPU: core clock) while each timer of each round ran, as `rounds_ms`:
-    a ratio off 1 with clocks apart is the device's, not the harness's."""
+    """Median SM clock (CPU: core clock) while each timer of each round ran, as `rounds_ms`."""
     clock_events: list[str] | None = None
     """Clock-event (throttle) reasons NVML reported during the cell's timers."""
 
@@ -83,9 +66,8 @@ Clock = Callable[[Callable[[], object], Hook, list[torch.Tensor], float], float]
 def _reference_clock(device: torch.device) -> tuple[str, Clock]:
     """(name, timer(fn, before_each, leaves, call_ms) -> median ms) of the clock lcab is held to.
 
-    do_bench's budgets are given in calls of ``call_ms`` (lcab's median), so it takes the
-    protocol's 5 warm-up calls and 20 repetitions too: left to its defaults (25 / 100 ms) it
-    took 1 warm-up call and 3 repetitions of a 30 ms pass in the first H100 run.
+    do_bench's budgets are in calls of ``call_ms``: its defaults (25 / 100 ms) gave a 30 ms pass
+    1 warm-up call and 3 repetitions on an H100.
     """
     if device.type == "cuda":
         from triton.testing import do_bench
@@ -178,8 +160,7 @@ def time_cell(
             continue
         try:
             fn, before_each, leaves = pass_callable(row.pass_, prepared, native)
-            # two rounds in opposite orders: a clock or power state that drifts over a cell
-            # then weighs on both timers alike; each timer's clock is sampled beside it
+            # two rounds in opposite orders: a drifting clock weighs on both timers alike
             clocks = _Clocks(device)
             watches = [clocks.sampler() for _ in range(4)]
             first = _lcab_p50(fn, before_each, device, watches[0])

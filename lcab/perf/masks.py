@@ -1,6 +1,6 @@
 """Mask-engine speed: building masks, counting areas and lowering them (FlexAttention above all).
 
-Targets (issue 2): ``causal_document`` at S = 1,048,576 built and its area counted in <= 50 ms,
+Targets: ``causal_document`` at S = 1,048,576 built and its area counted in <= 50 ms,
 S = 4,194,304 in <= 200 ms, cost linear in the number of documents; the Flex BlockMask from
 slices at S = 65,536 at least 10x faster than ``create_block_mask`` on an equivalent mask_mod.
 Every lowering (varlen, FlashMask, FFA, block table, Flex BlockMask) of a 1M-token mask in
@@ -10,6 +10,7 @@ Every lowering (varlen, FlashMask, FFA, block table, Flex BlockMask) of a 1M-tok
 from __future__ import annotations
 
 import statistics
+import time
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -26,7 +27,23 @@ from lcab.masks.lowering import (
     to_flashmask,
     to_varlen,
 )
-from lcab.perf.clock import median_ms, time_calls
+
+
+def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
+    """Seconds per call of ``fn`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def median_ms(samples: list[float]) -> float:
+    """Median of second samples, in milliseconds."""
+    return statistics.median(samples) * 1e3
 
 
 def _build_and_area(seqlen: int, seed: int, **params: object) -> int:

@@ -1,17 +1,8 @@
 """How well ``hardware=auto`` predicts CPU cells the planner was never fitted on.
 
-The shipped CPU profile was fitted (``launchers/plan_cpu_measurements.sh``) on the masks
-``causal``, ``causal_document`` and ``share_question`` at 512 tokens per rank. This topic runs
-cells outside that set — masks ``full`` and ``prefix_lm_causal``, 768 tokens per rank, Ulysses,
-Ring P2P and Ring All-Gather on 2 and 4 gloo ranks, the fit's heads (24:8 of dim 32) and kernel
-(``ranges``) and protocol (1 warm-up, 5 repetitions) — through ``python -m lcab.main
-hardware=auto``, so the predictions are the ones every record carries; the set runs 3 times
-(``$LCAB_PERF_RUNS``) and each pass is the median of its runs, as the profile's own points are.
-It prints each pass and how many are within ±30 % (|predicted / measured time − 1| ≤ 0.3;
-target ≥ 90 %), and the median ratio: the one speed factor between this host and the profile's.
-
-Wall-clock figures: run it on an otherwise idle machine (one run of the set: 4 min on 2 cores
-under a load average of 10, 11 min under 15-25; less when idle).
+Cells outside the shipped CPU profile's fit (`CELLS`, `MORE_CELLS`), run with the fit's heads,
+kernel and protocol through ``python -m lcab.main hardware=auto``, each pass the median of
+``$LCAB_PERF_RUNS`` runs; target: >= 90 % of passes within ±30 %. Figures: ``lcab/plan/README.md``.
 """
 
 from __future__ import annotations
@@ -46,9 +37,7 @@ MORE_CELLS = [
     "seqlen.values=[1024]",
     "seqlen.per_device=true",
 ]
-"""A second unseen set (``python -m lcab.perf predict-more``), chosen after the first was met:
-other masks (documents without a diagonal, a causal window that binds, causal blocks) at 1024
-tokens per rank: 18 cells, 36 passes."""
+"""A second unseen set (``python -m lcab.perf predict-more``): 18 cells, 36 passes."""
 
 PROTOCOL = [
     "kernel=ranges",
@@ -75,11 +64,7 @@ def _records(root: Path) -> list[RunRecord]:
 
 
 def runs() -> int:
-    """Runs of the whole set: ``$LCAB_PERF_RUNS``, default 3.
-
-    Each pass is then the median of its runs, as the profile's own points are
-    (``lcab.plan.calibrate.points_of``): one run that a neighbour's work stalled does not decide.
-    """
+    """Runs of the whole set: ``$LCAB_PERF_RUNS``, default 3 (a stalled run does not decide)."""
     try:
         return max(int(os.environ.get("LCAB_PERF_RUNS", "3")), 1)
     except ValueError:

@@ -1,8 +1,7 @@
 """``python -m lcab.perf schedule``: every strategy's schedule checked at 8 to 96 ranks, timed.
 
-The grid of `lcab.cp.schedule_check` (every registered strategy x `GRID_MASKS` x `GRID_WORLDS`,
-forward and backward), its cells dealt over the usable cores (`lcab.config.fork_map`), the most
-expensive first. Target (issue 61): the whole grid in <= 60 s on 2 cores.
+The grid of `lcab.cp.schedule_check` (every strategy x `GRID_MASKS` x `GRID_WORLDS`, fwd and
+bwd) dealt over the usable cores, the most expensive first. Target: <= 60 s on 2 cores.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Start-up figures: how long the first commands a user types take, as the user would time them.
 
-Each figure is the wall time of a fresh ``python -m ...`` process (median of several runs; the
-slow ones fewer times, said in the output), so interpreter start, imports, Hydra's composition
-and the work itself all count. Targets (issue 40, a 2-core machine where ``import torch`` alone
-takes 2-3.5 s, which is printed first for reference): ``--help`` of ``lcab.main`` and
-``lcab.plan`` <= 3 s; the dry run of one 96-GPU cell <= 5 s; the dry run of the SLURM guide's
-scaling sweep <= 20 s; the README's first planner command <= 10 s (issue 50: and at least twice
-as fast as the 19.1 s it took), its recommendation <= 10 s (47 s at 96 ranks before), its
-context-parallel example (5 cells on 4 local ranks) <= 3 minutes.
-
-The sweep and the planner command are read from the guides (``lcab/launch/README.md``,
-``README.md``) so the figure is for the command as documented. Processes run in a temporary
-folder (the planner writes its ``outputs/`` there). The machine should be otherwise idle: the
-load average is printed before the first run and after the last.
-
-``LCAB_PERF_AGAINST=DIR[:DIR...]`` times the `PAIRED` figures of this checkout and of each other
-checkout named (another branch, the same code with one piece taken out) side by side: each round
-runs every checkout once in a rotating order, so load that comes and goes on a shared host falls
-on all of them alike; medians over ``$LCAB_PERF_RUNS`` rounds (default 5), wall and CPU seconds.
+Each figure is the wall time of a fresh ``python -m ...`` process against its target in
+`figures`, the commands read from the guides; ``LCAB_PERF_AGAINST=DIR[:DIR...]`` times the
+`PAIRED` figures of other checkouts side by side, in rotating rounds (``$LCAB_PERF_RUNS``,
+default 5) so a shared host's load falls on all alike. Figures: ``lcab/plan/README.md``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """What the telemetry sampler costs a timed pass: ``python -m lcab.perf telemetry``.
 
-The sampler adds no call inside the timed region (`lcab.bench.telemetry`: it is entered before
-the first repetition and left after the last); what it can still cost is the time a thread
-beside the pass takes from the one that runs it: the GIL between ctypes calls, a core's time
-slice on a CPU host. This measures it on a pass of about 1 ms (the issue's target: under 1 % of
-it): a float32 matmul sized here to ~1 ms on the device (one thread on a CPU), timed by lcab's
-``measure`` in rounds without a sampler, with the default one (``ends``: the device read at the
-window's two ends, nothing alive between them) and, for a source read on a thread (NVML), with
-a polling thread every 10 ms and every 1 ms (``bench.telemetry_interval_ms``), and with the
-peak-memory reading around the measured calls as the runner takes it (``memory``:
-`lcab.bench.memory.PeakMemory`, the default ``bench.memory``), each round in a shuffled order;
-the figure is the median over rounds of each round's with / without ratio, so a host whose
-speed drifts between rounds (a shared VM) weighs on both sides of every pair. With it comes a
-95 % confidence interval of that median (order statistics of the rounds' ratios, no assumption
-on their spread): the target is met when the whole interval lies under 1 %, missed when the
-whole interval lies above, and not shown when it straddles (more rounds, or a quieter host,
-narrow it: ``LCAB_PERF_ROUNDS``, default 240 of 50 repetitions; ``LCAB_PERF_SAMPLERS=ends``
-times that one alone, ``=memory`` the memory reading). It also times one ``sample()`` of the
-source and one window's two ends, which lie outside the timed region.
-
-``LCAB_PERF_TELEMETRY=nvml`` samples NVML (on a CPU host: whatever ``libnvidia-ml.so.1`` the
-loader finds, e.g. the tests' emulated one); the default is the device's own (``auto``).
+A ~1 ms float32 matmul is timed in shuffled rounds without a sampler and with each one (`SAMPLERS`,
+the runner's ``PeakMemory`` too); the figure is the median of each round's with / without ratio
+with a distribution-free 95 % interval, against a target of 1 %. ``LCAB_PERF_ROUNDS`` (240 of 50
+reps); ``LCAB_PERF_TELEMETRY=nvml`` samples NVML. Figures: ``lcab/bench/README.md``.
 """
 
 from __future__ import annotations
@@ -37,32 +20,13 @@ from lcab.bench.memory import PeakMemory
 from lcab.bench.pass_telemetry import device_source
 from lcab.bench.telemetry import Sampler
 from lcab.bench.timing import TimingConfig, measure
+from lcab.perf.timer_overhead import sized_matmul
 
 ROUNDS = int(os.environ.get("LCAB_PERF_ROUNDS", "240"))
 SAMPLERS = [s.strip() for s in os.environ.get("LCAB_PERF_SAMPLERS", "").split(",") if s.strip()]
-"""Which samplers to time beside ``off`` (``ends``, ``10 ms``, ``1 ms``, ``memory``); empty:
-all."""
+"""Which samplers to time beside ``off`` (``ends``, ``10 ms``, ``1 ms``, ``memory``; all)."""
 TARGET = 0.01
 PROTOCOL = TimingConfig(warmup=10, reps=50, flush_l2=False)
-
-
-def _one_ms_matmul(device: torch.device) -> torch.Tensor:
-    """A square float32 matrix whose product with itself takes about 1 ms here."""
-    n = 64
-    while True:
-        a = torch.randn(n, n, device=device)
-        for _ in range(3):
-            a @ a
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            a @ a
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if (time.perf_counter() - t0) / 10 >= 1e-3 or n >= 16384:
-            return a
-        n = int(n * 1.25)
 
 
 def run() -> None:
@@ -76,11 +40,7 @@ def run() -> None:
     if source is None:
         print("telemetry off: nothing to measure")
         return
-    a = _one_ms_matmul(device)
-
-    def call() -> None:
-        a @ a
-
+    call, _ = sized_matmul(1.0, device)
     with Sampler(source) as probe:
         pass
     print(f"source {source.kind}: {probe.reading.device_name or device.type}")
@@ -142,9 +102,8 @@ def run() -> None:
 def median_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
     """A distribution-free confidence interval of the median: two order statistics of ``values``.
 
-    The count of values below the median is binomial (n, 1/2); the k-th smallest and k-th
-    largest bracket the median with about the confidence of ``z`` (normal approximation, 95 %
-    for 1.96). Fewer than 6 values give their whole range.
+    Values below the median are binomial (n, 1/2): the k-th smallest and largest bracket it at
+    about ``z``'s confidence (normal approximation). Fewer than 6 values give their whole range.
     """
     ordered = sorted(values)
     n = len(ordered)

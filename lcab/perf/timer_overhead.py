@@ -37,19 +37,21 @@ def empty_overhead(reps: int = 100_000) -> tuple[float, float, float]:
     return wall / reps * 1e6, timing.p50 * 1e3, statistics.fmean(timing.times_ms) * 1e3
 
 
-def _matmul(n: int) -> Callable[[], torch.Tensor]:
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
+def _matmul(n: int, device: torch.device) -> Callable[[], torch.Tensor]:
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
     return lambda: a @ b
 
 
-def sized_matmul(target_ms: float = TARGET_MS) -> tuple[Callable[[], torch.Tensor], int]:
+def sized_matmul(
+    target_ms: float = TARGET_MS, device: torch.device = CPU
+) -> tuple[Callable[[], torch.Tensor], int]:
     """A float32 square matmul sized at run time to take about ``target_ms`` here, and its n."""
     n = 256
     for _ in range(4):  # cost ~ n^3: rescale from the measured time a few times
-        ms = measure(_matmul(n), TimingConfig(warmup=2, reps=7), device=CPU).p50
-        n = max(64, round(n * (target_ms / ms) ** (1 / 3)))
-    return _matmul(n), n
+        ms = measure(_matmul(n, device), TimingConfig(warmup=2, reps=7), device=device).p50
+        n = min(max(64, round(n * (target_ms / ms) ** (1 / 3))), 16384)
+    return _matmul(n, device), n
 
 
 def timer_times_ms(fn: Callable[[], object], min_run_time: float) -> list[float]:
@@ -61,9 +63,8 @@ def timer_times_ms(fn: Callable[[], object], min_run_time: float) -> list[float]
 def agreement(fn: Callable[[], object], rounds: int = 30) -> tuple[list[float], list[float]]:
     """(lcab per-rep ms, Timer per-call ms), pooled over short rounds in alternating order.
 
-    Machine load drifts over seconds (a 10 ms matmul read 9 ms then 19 ms a few seconds later
-    on the shared 2-core box); many short interleaved rounds (~0.1 s each) expose both tools to
-    the same load, so the pooled medians compare the protocols, not the moments they ran in.
+    Load drifts over seconds (a 10 ms matmul read 9 then 19 ms on the shared 2-core box): short
+    interleaved rounds expose both tools to the same load.
     """
     ours: list[float] = []
     theirs: list[float] = []
@@ -77,11 +78,7 @@ def agreement(fn: Callable[[], object], rounds: int = 30) -> tuple[list[float], 
 
 
 def rss_delta_mb(hold: bool) -> float:
-    """The reported RSS delta (MB) of a region that allocates and fills 200 MB.
-
-    ``hold``: the tensor lives until after the region; otherwise it is summed and freed inside,
-    so only the kernel's high-water mark (not the RSS at the exit) can see it.
-    """
+    """The reported RSS delta (MB) of a region that fills 200 MB, held past it or freed inside."""
     keep = None
     with PeakMemory(CPU) as peak:
         x = torch.ones(50_000_000)  # 200 MB of float32, every page written
@@ -104,8 +101,7 @@ def run() -> None:
         f"measure() wall / reps {wall:7.3f} us   recorded median {med:7.3f} us   "
         f"recorded mean {mean:7.3f} us   (100,000 reps)"
     )
-    # One torch thread: with two, a core busy with someone else's work stalls the OpenMP
-    # barrier and a matmul's time swings several-fold, which would hide what is compared here.
+    # one torch thread: with two, a busy core stalls OpenMP's barrier and times swing several-fold
     with intra_op_threads(1):
         _workload_figures()
 
