@@ -1,37 +1,25 @@
 """``python -m lcab.report COMMAND``: reports from lcab's registries and records.
 
-Commands:
-  support                      print the support matrices (from the registries)
-  docs                         rewrite the generated sections of the README, the guides and
-                               the --help template
-  build PATH... [--out DIR]    the report of sweeps, run folders or records files: an offline
-                               HTML page, PNG plots, CSV and Markdown tables; NAME=PATH names
-                               a run (``baseline=A new=B``: labelled by name, and the summary
-                               gains each pass's speed-up over the first named run)
-  wandb-workspace SWEEP        the sweep's standard W&B workspace (``--dry-run PATH``: its JSON,
-                               offline; without: saved, which needs a W&B login)
-  gpu-table FILE               the GPU verification table a ``launchers/gpu_check.sh`` run wrote
-  compare OLD NEW              two campaigns cell by cell: the time ratio with its 95 %
-                               interval and a verdict, what differs between them (versions,
-                               driver, the kernels' binaries, clocks, protocol), unmatched
-                               cells; --fail-slower PCT gates a nightly run
-  anchors PATH...              published figures (papers, vendor tables) beside lcab's records
-                               and planner rows with the ratio (``--all``: also those without
-                               a match, and why; ``--markdown``: a Markdown table)
-
-Each command is a subparser with its own ``run`` function (``set_defaults(run=...)``), so a
-new command is one ``_add_<name>`` function and a line in `parser`. Heavy imports (torch for
-the matrices, pandas/matplotlib/plotly for the report) happen inside the commands.
+Each command's ``--help`` (and the guide's table) says what it does. Each is a subparser
+with its own ``run`` function; heavy imports (torch for the matrices, pandas/matplotlib/plotly
+for the report) happen inside the commands.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
 """Exit status for input that cannot be reported on (as argparse uses for bad arguments)."""
+
+
+def _command_of(module: str) -> Callable[[argparse.Namespace], int]:
+    """The ``command`` function of ``module``, imported only when it runs."""
+    return lambda args: int(importlib.import_module(module).command(args))
 
 
 def _support(args: argparse.Namespace) -> int:
@@ -122,12 +110,6 @@ def _add_wandb_workspace(commands: argparse._SubParsersAction[argparse.ArgumentP
     command.set_defaults(run=workspace.main)
 
 
-def _anchors(args: argparse.Namespace) -> int:
-    from lcab.report.anchors import command
-
-    return command(args)
-
-
 def _add_anchors(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     anchors = commands.add_parser(
         "anchors",
@@ -148,13 +130,7 @@ def _add_anchors(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--all", action="store_true", help="also list published figures without a match, and why"
     )
     anchors.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    anchors.set_defaults(run=_anchors)
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from lcab.report.compare import command
-
-    return command(args)
+    anchors.set_defaults(run=_command_of("lcab.report.anchors"))
 
 
 def _add_compare(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -182,7 +158,7 @@ def _add_compare(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     compare.add_argument("--entity", help="W&B entity (default: $WANDB_ENTITY, the inputs')")
     compare.add_argument("--project", help="W&B project (default: the inputs', else lcab)")
-    compare.set_defaults(run=_compare)
+    compare.set_defaults(run=_command_of("lcab.report.compare"))
 
 
 def parser() -> argparse.ArgumentParser:

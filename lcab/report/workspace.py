@@ -1,47 +1,24 @@
 """W&B dashboards as code: the standard workspace of one lcab sweep's W&B group.
 
-A workspace built here shows the runs of one sweep (one W&B run per cell, see
-`lcab.records.wandb_run`) the way lcab's questions are asked:
+Sections (one W&B run per cell, `lcab.records.wandb_run`): TFLOP/s against ``seqlen`` by kernel,
+by CP strategy (and by mask with several masks); per-GPU headline TFLOP/s against
+``world_size`` (a scatter over runs: each run has one world size, so no history axis shows it)
+and a parallel coordinates plot; measured vs predicted; peak memory; numerical error; status
+counts. The runset is filtered to the sweep's group.
 
-* **Throughput** — fwd and bwd TFLOP/s per GPU against ``seqlen`` (the history's step metric),
-  one section grouped by kernel and one by CP strategy; a third grouped by mask when the view
-  holds more than one mask.
-* **Scaling** — per-GPU headline TFLOP/s against the run config's ``world_size`` (a scatter over
-  runs: each run has one world size, so no history axis can show this), and a parallel
-  coordinates plot of kernel, cp, mask, world size and the headline figures.
-* **Memory** — ``fwd/bwd_mem_peak_mib`` against seqlen; **Numerics** — ``fwd/bwd_max_abs_err``
-  against seqlen (log y).
-* **Status** — the summary counts ``n_ok`` … ``n_numerics_mismatch`` summed per kernel and per
-  CP strategy (bar charts), and the same counts pinned in the runs table next to the axes.
+Why it is built this way:
 
-The runset is filtered to the sweep's group (``Group = <group>``), so the view shows that sweep
-only. The runs table is left ungrouped so each panel's own ``groupBy`` is the only grouping (the
-library always writes ``useRunsTableGroupingInPanels: true`` and does not expose it; how the live
-app combines it with panel grouping could not be checked from here, offline).
+* wandb-workspaces 0.4.13 filters only the whole workspace (no section or panel filter), so a
+  section per mask would show every mask under a false title; ``--mask`` narrows the runset to
+  one mask instead (one saved view per mask).
+* A kernel's group mixes the sweep's other axes, so a mean means nothing: panels aggregate with
+  ``max`` and shade ``minmax`` (the best the group reached, and its spread).
+* W&B fetches 10 runs per panel by default and draws groups from those only, so ``max_runs`` is
+  raised to the sweep's number of cells.
 
-**Faceting by mask.** wandb-workspaces 0.4.13 cannot filter per section or per panel: a
-`Workspace` has one runset (`RunsetSettings.filters`), `Section` has no filter field and a panel
-groups by a single key (`LinePlot.groupby`). A section per mask would therefore show every mask
-in every section, under a false title. Instead: (1) a "by mask" section groups the same metrics
-by mask, and (2) ``build_workspace(..., mask=m)`` (``--mask`` on the command line) narrows the
-runset to ``Group = <group> and mask = m`` — one saved view per mask gives true per-mask facets
-of the kernel and CP sections.
-
-**Aggregation.** A kernel's group mixes the sweep's other axes (cp, mask, world size, dtype), so
-the mean of a group has no meaning. Panels aggregate with ``max`` and shade ``minmax``: the line
-is the best throughput (the largest memory, the worst error) the group reached at that length and
-the band shows the spread across its configurations.
-
-**Ranks that shared a GPU** (``shared_device``, a numerics-only CP check over gloo) never log a
-time or a TFLOP/s (`lcab.records.wandb_run` logs `RunRecord.measured_flat`), so every throughput
-and scaling panel here leaves them out while their memory, numerics and status panels show them.
-
-**Run limit.** W&B fetches 10 runs per panel by default and computes group lines from the
-fetched runs only, so ``max_runs`` is raised to the sweep's number of cells.
-
-Building and serialising never touch the network or need a login (only ``save`` and the saved
-workspace's ``url`` call the W&B API; the unit tests check this with sockets disabled).
-``wandb_workspaces`` is imported inside the functions: importing it (and wandb) takes seconds.
+Building and serialising need no network or login (only ``save`` calls the W&B API; the tests
+check this with sockets disabled); ``wandb_workspaces`` is imported inside the functions, as
+importing it takes seconds.
 """
 
 from __future__ import annotations
@@ -152,16 +129,6 @@ def read_sweep(sweep: Path) -> SweepRuns:
         project=next((p for c in wandb if (p := _select(c, "logger.project"))), None),
         entity=next((e for c in wandb if (e := _select(c, "logger.entity"))), None),
     )
-
-
-def sweep_group(sweep: Path) -> str:
-    """The W&B group of ``sweep``'s runs: the cells' ``logger.group``, else the dated folder.
-
-    Raises:
-        ValueError: see `read_sweep`.
-
-    """
-    return read_sweep(sweep).group
 
 
 def _by(key: str, title: str, metrics: tuple[str, ...], log_y: bool = False) -> Section:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from lcab.report.workspace import add_arguments, build_workspace, main, sweep_group
+from lcab.report.workspace import add_arguments, build_workspace, main, read_sweep
 
 # wandb-workspaces 0.4.13 declares pydantic-v1 style `@validator`s; pydantic 2 warns once per
 # class at import (PydanticDeprecatedSince20, a DeprecationWarning). Not ours to fix.
@@ -168,12 +168,12 @@ def test_runs_table_pins_the_axes_and_status_counts(tmp_path):
 
 
 def test_sweep_group_is_the_dated_sweep_folder(tmp_path):
-    assert sweep_group(make_sweep(tmp_path)) == GROUP
+    assert read_sweep(make_sweep(tmp_path)).group == GROUP
 
 
 def test_logger_group_of_the_cells_wins(tmp_path):
     sweep = make_sweep(tmp_path, group="mygroup")
-    assert sweep_group(sweep) == "mygroup"
+    assert read_sweep(sweep).group == "mygroup"
     data = dry_run(tmp_path, sweep)
     assert filter_leaves(data) == [("run", "group", "=", "mygroup")]
     assert data["displayName"] == "lcab mygroup"
@@ -199,7 +199,7 @@ def test_a_single_runs_folder_is_its_own_group(tmp_path):
     run = tmp_path / "outputs" / "runs" / "2026-11-23" / "11-00-00_def456"
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text("mask:\n  name: causal\nlogger:\n  name: none\n")
-    assert sweep_group(run) == "2026-11-23_11-00-00_def456"
+    assert read_sweep(run).group == "2026-11-23_11-00-00_def456"
 
 
 @pytest.mark.parametrize("where", ["missing", "empty"])
@@ -208,7 +208,7 @@ def test_a_folder_that_is_not_a_sweep_is_named(tmp_path, capsys, where):
     if where == "empty":
         bad.mkdir()
     with pytest.raises(ValueError, match=re.escape(str(bad)) + ".*expected an lcab sweep folder"):
-        sweep_group(bad)
+        read_sweep(bad)
     assert main(parse(str(bad), "--entity", "me", "--dry-run", str(tmp_path / "x.json"))) == 2
     assert str(bad) in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
@@ -219,14 +219,14 @@ def test_an_unreadable_job_config_is_named(tmp_path):
     broken = next(sweep.glob("*/.hydra/config.yaml"))
     broken.write_text("kernel: [unclosed\n")
     with pytest.raises(ValueError, match=re.escape(f"{broken}: unreadable")):
-        sweep_group(sweep)
+        read_sweep(sweep)
 
 
 def test_a_job_folder_is_refused_for_its_sweep(tmp_path):
     sweep = make_sweep(tmp_path)
     job = next(p for p in sweep.iterdir() if p.is_dir())
     with pytest.raises(ValueError, match="pass the sweep"):
-        sweep_group(job)
+        read_sweep(job)
 
 
 def test_a_mask_view_filters_to_that_mask(tmp_path):
