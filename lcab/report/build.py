@@ -35,13 +35,12 @@ from lcab.report.compare import compare, compare_figures, compared_tables, write
 from lcab.report.figures import build_figures
 from lcab.report.frame import RUN, SOURCE, load_records, named_input
 from lcab.report.frontier import frontier_table
-from lcab.report.page import (
-    PageInputs,
+from lcab.report.page import PageInputs, render_page
+from lcab.report.tables import (
     markdown_table,
     predictions_headline,
     predictions_table,
     reasons_table,
-    render_page,
     shown_columns,
     summary_markdown,
     summary_table,
@@ -109,43 +108,30 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
         render_png(figure, png_dir / f"{figure.name}.png")
 
     summary, reasons = summary_table(frame), reasons_table(frame)
-    summary.to_csv(folder / "summary.csv", index=False)
-    (folder / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
+    _write(folder, "summary", summary, summary_markdown(summary))
     predicted = predictions_table(frame)
-    predicted.to_csv(folder / "predicted.csv", index=False)
-    (folder / "predicted.md").write_text(
-        predictions_headline(predicted) + "\n\n" + markdown_table(shown_columns(predicted)),
-        encoding="utf-8",
-    )
+    markdown = markdown_table(shown_columns(predicted))
+    _write(folder, "predicted", predicted, predictions_headline(predicted) + "\n\n" + markdown)
     pairs = side_by_side(rows_from_frame(frame))
     anchors = anchors_frame(pairs) if pairs else None
-    for stale in (folder / "anchors.csv", folder / "anchors.md"):
-        stale.unlink(missing_ok=True)  # a rebuild whose records match no published figure
+    notes = "".join(f"\n- {n}" for n in source_notes(pairs))
     if anchors is not None:
-        anchors.to_csv(folder / "anchors.csv", index=False)
-        notes = "\n".join(f"- {n}" for n in source_notes(pairs))
-        (folder / "anchors.md").write_text(
-            markdown_table(shown_anchors(anchors)) + "\nSources:\n\n" + notes + "\n",
-            encoding="utf-8",
-        )
-    sections = {} if compared is None else {"compare": compared_tables(compared)}
-    for stale in (folder / "compare.csv", folder / "compare.md"):
-        stale.unlink(missing_ok=True)
+        markdown = markdown_table(shown_anchors(anchors)) + "\nSources:\n" + notes + "\n"
+    _write(folder, "anchors", anchors, markdown)
+    _write(folder, "compare", None, "")  # written whole by `write` below
     if compared is not None:
         write(compared, folder)
     frontier = frontier_table(frame)
-    for stale in (folder / "frontier.csv", folder / "frontier.md"):
-        stale.unlink(missing_ok=True)
-    if frontier is not None:
-        frontier.to_csv(folder / "frontier.csv", index=False)
-        (folder / "frontier.md").write_text(markdown_table(frontier), encoding="utf-8")
-    reasons.to_csv(folder / "reasons.csv", index=False)
-    (folder / "reasons.md").write_text(
+    _write(folder, "frontier", frontier, "" if frontier is None else markdown_table(frontier))
+    _write(
+        folder,
+        "reasons",
+        reasons,
         markdown_table(reasons, max_text=400)
         if len(reasons)
         else "Every pass of every record ran `ok`: no reason to give.\n",
-        encoding="utf-8",
     )
+    sections = {} if compared is None else {"compare": compared_tables(compared)}
 
     page = render_page(
         figures,
@@ -172,6 +158,15 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
         omitted=[f"{o.section}: {o.why}" for o in figures.omitted],
         num_records=len(frame),
     )
+
+
+def _write(folder: Path, name: str, table: pd.DataFrame | None, markdown: str) -> None:
+    """``<name>.csv`` and ``<name>.md``; None removes an earlier build's (nothing to show now)."""
+    for stale in (folder / f"{name}.csv", folder / f"{name}.md"):
+        stale.unlink(missing_ok=True)
+    if table is not None:
+        table.to_csv(folder / f"{name}.csv", index=False)
+        (folder / f"{name}.md").write_text(markdown, encoding="utf-8")
 
 
 def _count_from(frame: pd.DataFrame, path: Path) -> int:

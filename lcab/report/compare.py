@@ -1,21 +1,11 @@
 """Two campaigns compared cell by cell, and what differs between them that could explain it.
 
-``python -m lcab.report compare OLD NEW`` (records files, sweep or run folders, or W&B groups,
-`lcab.report.compare_wandb`; ``NAME=PATH`` labels one, as ``report build`` does). A cell
-matches its twin on what defines it (`CELL_KEY`: kernel and its options, strategy and its
-options, mask and its parameters, length, world, problem) and nothing else: a campaign may change
-the protocol, threads, seeds, driver or GPU — the provenance table says what changed. A cell run
-twice in one campaign counts once, its latest record. Per matched cell and pass: the time ratio
-NEW/OLD with its 95 % interval and a verdict (`lcab.report.compare_stats`); a pass that ran in
-OLD and not in NEW is ``stopped`` (a regression too), one that now runs ``started``. Cells in one
-campaign only are listed apart.
-
-The table is sorted by effect (passes that stopped or started running first, then the largest
-change either way) and written as ``compare.csv`` (every number) and ``compare.md`` (with the
-provenance and the unmatched cells); the figure (``png/compare_<new>_<mask>.png``: the ratio
-against length with its interval, a panel per pass) is drawn by the report's own renderers, and
-``report build`` shows all of it as its *Compared with* section when its inputs are named runs
-(``base=A new=B``).
+``python -m lcab.report compare OLD NEW``; the guide (lcab/report/README.md, *Two campaigns
+compared*) says what it does and why. A cell matches its twin on `CELL_KEY` only, so campaigns
+may change protocol, threads, seeds, driver or GPU (the provenance table says what changed); a
+cell run twice in one campaign counts once, its latest record. Per matched cell and pass: the
+time ratio NEW/OLD with its 95 % interval and a verdict (`lcab.report.compare_stats`), or
+``stopped``/``started`` when a pass ran in one campaign only.
 """
 
 from __future__ import annotations
@@ -49,22 +39,20 @@ from lcab.report.plot_style import Styler, hardware_label
 from lcab.report.provenance import provenance_table
 
 SECTION = "compare"
-CELL_KEY = tuple(
-    [
-        "kernel",
-        "kernel_options",
-        "cp",
-        "cp_params",
-        "mask",
-        "mask_params",
-        "seqlen",
-        "world_size",
-        "nodes",
-        "dtype",
-        "heads_q",
-        "heads_kv",
-        "head_dim",
-    ]
+CELL_KEY = (
+    "kernel",
+    "kernel_options",
+    "cp",
+    "cp_params",
+    "mask",
+    "mask_params",
+    "seqlen",
+    "world_size",
+    "nodes",
+    "dtype",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
 )
 """What defines a cell across campaigns (``kernel_options``: the config's ``kernel`` group)."""
 NAMED = ("kernel", "cp", "mask", "seqlen", "world_size")
@@ -312,7 +300,7 @@ def compare_figures(comparison: Comparison, frame: pd.DataFrame) -> list[LineFig
 
 def markdown(comparison: Comparison) -> str:
     """``compare.md``: the counts, the table, what differs, the unmatched cells."""
-    from lcab.report.page import markdown_table
+    from lcab.report.tables import markdown_table
 
     parts = [comparison.counts() + ".", markdown_table(shown_table(comparison)), INTERVAL_NOTE]
     parts += ["", "Provenance:", "", markdown_table(comparison.provenance)]

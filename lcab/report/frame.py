@@ -44,8 +44,6 @@ SERIES = "series"
 VARIANT = "variant"
 SOURCE = "source"
 RUN = "run"
-DERIVED_COLUMNS = (SERIES, VARIANT, SOURCE, RUN)
-"""Columns `load_records` adds to the `RunRecord.flat` keys."""
 
 POINT_KEY = ("series", "mask", "world_size", "seqlen")
 """What makes one point of a plot; rows sharing it are told apart by ``variant``."""

@@ -41,7 +41,7 @@ FIND = textwrap.dedent(
     from lcab.masks import list_masks
     from lcab.report import support
     from lcab.report.plot_style import palette
-    from lcab.report.readme import SECTIONS
+    from lcab.report.generated_docs import SECTIONS
     from tests.unit.test_registry_plugin import hand_typed_counts, registry_counts
 
     k, m = plugin.KERNEL, plugin.MASK
