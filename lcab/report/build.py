@@ -1,26 +1,16 @@
 """`build_report`: records in, a report folder out (HTML page, PNGs, CSV and Markdown tables).
 
-The output folder holds::
-
-    index.html           one self-contained page (plotly.js inlined, works offline)
-    png/<figure>.png     one PNG per figure (per mask where a figure is faceted; the clocks
-                         figure per sweep)
-    summary.csv/.md      one row per cell and length (a TFLOP/s above the device's peak is
-                         marked ``!`` in the .md, its passes named in ``above_peak``)
-    predicted.csv/.md    measured vs the planner's prediction, one row per pass
-    reasons.csv/.md      why things did not run, grouped with counts
-    anchors.csv/.md      published figures beside the records of the same problem (when any)
-    frontier.csv/.md     each memory-frontier search: bracket, probes, peak, the planner's
-    compare.csv/.md      with two named runs (``base=A new=B``): the second against the first,
-                         cell by cell (`lcab.report.compare`)
-
-Every input is read before anything is written, so bad input leaves no half-built report.
-PNGs of figures that the records no longer produce are removed from ``png/``, so the folder
-always matches the page.
+The folder holds ``index.html`` (offline, plotly.js inlined), ``png/<figure>.png``, and
+``summary``, ``predicted``, ``reasons``, ``anchors``, ``frontier`` and ``compare`` as ``.csv``
+and ``.md`` (the last three only when they have rows). Every input is read before anything is
+written, so bad input leaves no half-built report; PNGs of figures no longer drawn are removed,
+so the folder always matches the page.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,18 +62,9 @@ def default_out(first: Path) -> Path:
 
 
 def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> BuiltReport:
-    """Read the records under ``paths`` and write the report folder.
+    """Write the report of the records under ``paths`` to ``out`` (default: `default_out`).
 
-    Args:
-        paths: sweep folders, run folders or ``records.jsonl`` files (merged, no duplicates).
-        out: the output folder; default `default_out` of the first path.
-
-    Returns:
-        The `BuiltReport` (paths of the page and the PNG folder, the figures drawn).
-
-    Raises:
-        lcab.report.frame.BadInputError: a path does not exist or holds no records.
-
+    `lcab.report.frame.BadInputError`: a path does not exist or holds no records.
     """
     inputs = [named_input(p)[1] for p in paths]
     frame = load_records(list(paths))
@@ -175,3 +156,20 @@ def _count_from(frame: pd.DataFrame, path: Path) -> int:
     if root.is_file() or root.name == RECORDS_FILE:
         return int((frame[SOURCE].map(lambda s: Path(s).resolve() == root)).sum())
     return int(frame[SOURCE].map(lambda s: root in Path(s).resolve().parents).sum())
+
+
+def command(args: argparse.Namespace) -> int:
+    """``python -m lcab.report build``: write the report and say where (2: bad input)."""
+    from lcab.report.frame import BadInputError
+
+    try:
+        report = build_report(args.paths, out=args.out)
+    except BadInputError as err:
+        print(f"python -m lcab.report build: {err}", file=sys.stderr)
+        return 2
+    print(f"{report.num_records} records, {len(report.figures)} figures")
+    for why in report.omitted:
+        print(f"  not drawn: {why}")
+    print(f"page: {report.index}")
+    print(f"PNGs: {report.png_dir}")
+    return 0

@@ -23,7 +23,6 @@ import pandas as pd
 from lcab.flops import PASSES
 from lcab.plot.data import (
     Axis,
-    Line,
     LineFigure,
     Panel,
     RefLine,
@@ -259,13 +258,9 @@ def compare_figures(comparison: Comparison, frame: pd.DataFrame) -> list[LineFig
                 style = styler.line(str(series), int(world), str(variant), "/" in str(series))
                 g = g.sort_values("seqlen")
                 lines.append(
-                    Line(
-                        label=style.label,
-                        series=style.series,
-                        colour=style.colour,
-                        dash=style.dash,
-                        x=tuple(float(x) for x in g["seqlen"]),
-                        y=tuple(g["ratio"]),
+                    style.draw(
+                        (float(x) for x in g["seqlen"]),
+                        g["ratio"],
                         low=tuple(g["low"].fillna(math.nan)),
                         high=tuple(g["high"].fillna(math.nan)),
                         hover=tuple(

@@ -1,16 +1,14 @@
 """What each figure of the report shows, decided from `load_records`' frame.
 
-Per-length figures have one line per (series, world size, variant) and a panel per pass
-(forward, backward); lengths whose pass did not run ``ok`` become failed points at the panel's
-floor, marked by status. Throughput is the record's own ``tflops`` (so the plotted p50 is
-exactly what the record says) with the p20–p80 band computed the same way from the p20/p80
-times. A figure with nothing to draw is left out and named in `Figures.omitted` with why.
+Per-length figures have one line per (series, world size, variant) and a panel per pass; a
+length whose pass did not run ``ok`` is a failed point at the panel's floor, marked by status.
+Throughput is the record's own ``tflops``, its band the same from the p20/p80 times. A figure
+with nothing to draw is named in `Figures.omitted` with why.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,7 +31,7 @@ from lcab.plot.data import (
 )
 from lcab.records.table import throughput_unit
 from lcab.report.clocks import clock_figures
-from lcab.report.frame import SERIES, VARIANT
+from lcab.report.frame import SERIES, VARIANT, finite
 from lcab.report.frontier import frontier_figures
 from lcab.report.plot_data import Figures, Omitted
 from lcab.report.plot_style import LineStyle, Styler, hardware_label
@@ -111,18 +109,13 @@ def tflops_band(row: pd.Series, pass_: str) -> tuple[float, float] | None:
     """
     flops, world = row.get(f"{pass_}_flops"), row.get("world_size") or 1
     p20, p80 = row.get(f"{pass_}_ms_p20"), row.get(f"{pass_}_ms_p80")
-    if not (_number(flops) and _number(p20) and _number(p80)) or p20 <= 0 or p80 <= 0:
+    if None in (finite(flops), finite(p20), finite(p80)) or p20 <= 0 or p80 <= 0:
         return None
     low, high = flops / (world * p80 * 1e9), flops / (world * p20 * 1e9)
     mid = row.get(f"{pass_}_tflops")
-    if _number(mid):
+    if finite(mid) is not None:
         low, high = min(low, mid), max(high, mid)
     return low, high
-
-
-def _number(value: Any) -> bool:
-    """A finite number (numpy scalars included; None, NaN and booleans are not)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 LINE_KEY = [SERIES, "world_size", VARIANT]
@@ -180,7 +173,7 @@ def metric_panel(
                 where = f"S = {seqlen_label(row['seqlen'])}, world size {int(row['world_size'])}"
                 why = f"{where}: {_reason(row, pass_)}"
                 failures.append((float(row[x_column]), str(status), style, why))
-            elif _number(y) and (y > 0 or not metric.y_log):
+            elif finite(y) is not None and (y > 0 or not metric.y_log):
                 band = tflops_band(row, pass_) if metric.suffix == "tflops" else None
                 band = None if band is None else (band[0] * metric.scale, band[1] * metric.scale)
                 y *= metric.scale
@@ -192,16 +185,12 @@ def metric_panel(
             continue  # nothing asked of this line in this pass
         banded = any(b is not None for b in bands)
         lines.append(
-            Line(
-                x=tuple(xs),
-                y=tuple(ys),
+            style.draw(
+                xs,
+                ys,
                 low=tuple(b[0] if b else math.nan for b in bands) if banded else None,
                 high=tuple(b[1] if b else math.nan for b in bands) if banded else None,
                 hover=tuple(hover),
-                label=style.label,
-                series=style.series,
-                colour=style.colour,
-                dash=style.dash,
             )
         )
     floor = _floor(lines, list(refs), metric.y_log)
@@ -334,20 +323,17 @@ def _column_line(
     points = [
         (float(r["seqlen"]), float(r[column]) * scale)
         for _, r in rows.iterrows()
-        if _number(r.get(column)) and r[column] > 0
+        if (finite(r.get(column)) or 0) > 0
     ]
     if not points:
         return []
     label = style.label + suffix
     hover = tuple(f"S = {seqlen_label(x)}\n{label}: {y:.4g}" for x, y in points)
     return [
-        Line(
+        style.draw(
+            (p[0] for p in points),
+            (p[1] for p in points),
             label=label,
-            series=style.series,
-            colour=style.colour,
-            dash=style.dash,
-            x=tuple(p[0] for p in points),
-            y=tuple(p[1] for p in points),
             markers_only=markers_only,
             hover=hover,
             in_legend=not markers_only,

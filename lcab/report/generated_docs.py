@@ -1,16 +1,14 @@
 """Generated sections of the docs: text between ``BEGIN generated:NAME`` and its END marker.
 
-The README and the guides beside the code (``lcab/*/README.md``) carry tables made from the
-registries, and ``python -m lcab.main --help`` lists the config groups a user picks; all of it
-is generated here, never typed. `python -m lcab.report docs` rewrites every section in every
-file of `GENERATED_FILES`; a test fails when a committed file differs from what the code
-generates, so no table can go stale. A section may live in any of those files (Markdown files
-mark it with ``<!-- BEGIN generated:NAME -->``, YAML files with ``# BEGIN generated:NAME``), but
-each section must appear somewhere, so moving text between guides cannot drop a table.
+The README, the guides and ``python -m lcab.main --help`` carry tables made from the registries;
+`python -m lcab.report docs` rewrites every section of `GENERATED_FILES`, and a test fails when a
+committed file differs, so no table goes stale. Every section must appear in some file, so
+moving text between guides cannot drop a table.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -206,3 +204,11 @@ def update(paths: Iterable[Path] = GENERATED_FILES) -> list[Path]:
             path.write_text(new)
             changed.append(path)
     return changed
+
+
+def command(args: argparse.Namespace) -> int:
+    """``python -m lcab.report docs``: rewrite every generated section, saying which changed."""
+    changed = update()
+    for path in GENERATED_FILES:
+        print(f"{path}: {'updated' if path in changed else 'already current'}")
+    return 0

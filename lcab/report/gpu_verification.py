@@ -1,20 +1,16 @@
 """The GPU verification table: what a GPU run of the ``gpu`` test tier showed, kernel × mask.
 
 `launchers/gpu_check.sh` runs ``tests/gpu`` on a CUDA machine with
-``LCAB_GPU_VERIFICATION=<file>``; every case appends one JSON line (kernel, mask, pass, verdict
-``verified`` / ``failed`` / ``unsupported``, errors or reason, versions, GPU name). This module
-turns those lines into the Markdown table the README shows — the only source of a
-"GPU-verified" claim: nothing here runs a kernel, it reports what the GPU run wrote.
-
-The same file holds the CP rows of the one-GPU CP step (``python -m tests.gpu.cp_shared``): a
-row with ``cp`` (strategy), ``cp_options`` and ``world`` judges a kernel *under* a strategy,
-ranks sharing the GPU. `read_verification` keeps the two apart — kernel rows by default, so the
-support matrix's kernel marks never read a CP verdict — and `cp_verification_markdown` renders
-strategy × kernel. ``python -m lcab.report.gpu_verification FILE`` prints both tables.
+``LCAB_GPU_VERIFICATION=<file>``; every case appends one JSON line (kernel, mask, pass, verdict,
+errors or reason, versions, GPU name). Those lines are the only source of a "GPU-verified"
+claim: nothing here runs a kernel. Rows with ``cp`` come from the one-GPU CP step
+(``tests.gpu.cp_shared``: a kernel under a strategy, ranks sharing the GPU); `read_verification`
+keeps them apart, so the support matrix's kernel marks never read a CP verdict.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -185,22 +181,14 @@ def cp_verification_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the kernel table and the CP table of a verification file (exit 2: bad file)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m lcab.report.gpu_verification FILE", file=sys.stderr)
-        return 2
+def command(args: argparse.Namespace) -> int:
+    """``report gpu-table FILE``: the kernel table, then the CP table (2: a bad file)."""
     try:
-        kernel_rows, cp_rows = read_verification(args[0]), read_verification(args[0], cp=True)
+        rows, cp_rows = read_verification(args.file), read_verification(args.file, cp=True)
     except (OSError, ValueError) as err:
-        print(f"python -m lcab.report.gpu_verification: {err}", file=sys.stderr)
+        print(f"python -m lcab.report gpu-table: {err}", file=sys.stderr)
         return 2
-    print(verification_markdown(kernel_rows))
+    print(verification_markdown(rows))
     if cp_rows:
         print("\n" + cp_verification_markdown(cp_rows))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

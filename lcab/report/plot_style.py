@@ -1,20 +1,20 @@
 """The report's colours and dashes, decided once for every figure (`lcab.plot.data` the rest).
 
-A reader compares figures side by side, so one kernel (or one CP strategy) has one colour in
-every plot and in both renderers, and the lines of one series (its world sizes, variants) differ
-by dash. `Styler` fixes colours from the registries (`palette`: a kernel keeps its colour across
-reports) and dashes from the sorted (world size, variant) pairs of each series, so neither
-depends on the order plots are drawn in.
+One kernel (or CP strategy) has one colour in every plot and both renderers (`palette`, from
+the registries); the lines of one series differ by dash, from its sorted (world size, variant)
+pairs, so nothing depends on the order plots are drawn in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
-from lcab.plot.data import DASHES
+from lcab.plot.data import DASHES, Line
 from lcab.report.frame import SERIES, VARIANT
 
 SERIES_COLOURS = (
@@ -120,6 +120,10 @@ class LineStyle:
     series: str
     colour: str
     dash: str
+
+    def draw(self, x: Iterable[float], y: Iterable[float], **fields: Any) -> Line:
+        """A `Line` in this style through ``x``, ``y``; ``fields`` set the rest (or the label)."""
+        return Line(**{**dataclasses.asdict(self), **fields}, x=tuple(x), y=tuple(y))
 
 
 class Styler:

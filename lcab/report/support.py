@@ -1,21 +1,15 @@
 """Support matrices generated from the registries, never written by hand.
 
-* kernel x mask x pass: each kernel is judged on its *home* problem — the CPU defaults for
-  kernels that run on CPU, the paper's GPU shape (bf16, GQA 64:8, head dim 128) on CUDA for
-  GPU-only kernels — with this machine's circumstances (no CUDA, package not installed)
-  left out, so the matrix says what a kernel can do, not what this laptop has.
-* strategy x mask: which CPU local kernels run forward+backward under each CP strategy at
-  world 4, checked by the same `Strategy.not_supported_reasons` the runner uses;
-* strategy x GPU kernel: on how many masks each GPU kernel runs forward+backward (or forward
-  only) under each strategy at world 4, on the GPU problem, by the same check — every block a
-  rank would give the kernel included.
-
-Cells are derived from `Kernel.not_supported_reasons` and the CP checks, so the matrix cannot
-drift from what the runner actually skips; tests keep the README copy current.
+kernel x mask x pass (each kernel on its *home* problem: CPU defaults if it runs on CPU, else
+the paper's GPU shape, with this machine's circumstances left out), strategy x mask (CPU local
+kernels at world 4) and strategy x GPU kernel (masks each runs at world 4). Cells come from
+`Kernel.not_supported_reasons` and `Strategy.not_supported_reasons`, the checks the runner uses,
+so a matrix cannot drift from what the runner skips.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -352,3 +346,14 @@ def gpu_strategy_matrix_markdown() -> str:
         [f"`{s}`", *(gpu_strategy_cell(s, k, masks) for k in kernels)] for s in STRATEGIES.names()
     ]
     return "\n".join(_table(["strategy", *(f"`{k}`" for k in kernels)], rows))
+
+
+def command(args: argparse.Namespace) -> int:
+    """``python -m lcab.report support``: print the three support matrices."""
+    print(
+        kernel_matrix_markdown(),
+        strategy_matrix_markdown(),
+        gpu_strategy_matrix_markdown(),
+        sep="\n\n",
+    )
+    return 0
