@@ -31,6 +31,10 @@ MARKERS = {
     "star-open": "*",
 }
 """Marker symbols (plotly's names; ``-open``: hollow) and matplotlib's marker for each."""
+FAILED_NUDGE = 0.07
+"""Octaves between failed points of different lines at one x (`FailedPoint.slot`)."""
+MAX_RIMS = 4
+"""At most this many steps wider for a line covered by later ones (`Line.under`)."""
 EVENT_COLOUR = "#000000"
 """Rings around points a clock event flags."""
 

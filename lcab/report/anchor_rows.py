@@ -33,11 +33,10 @@ _MODEL = re.compile(r"(?<![A-Z0-9])((?:GB|GH|MI|[ABHLPTV])\d{1,3}[A-Z]?)(?![A-Z0
 
 
 def gpu_model(name: str) -> str | None:
-    """The GPU model in a device or profile name (``NVIDIA H100 80GB HBM3`` -> ``H100``).
+    """The GPU model in a device or profile name (``NVIDIA H100 80GB HBM3`` -> ``H100``), or None.
 
-    The first token that stands alone and is a GPU family's letters, digits and at most one
-    letter (``GB200``, ``H200``, ``A100``, ``L40S``, ``MI300X``), so H100 never reads as H200
-    and ``HBM3``, ``SXM5`` or ``x86`` are no model. None when there is none.
+    The first stand-alone token of a family's letters, digits and at most one letter, so H100
+    never reads as H200 and ``HBM3``, ``SXM5`` or ``x86`` are no model.
     """
     found = _MODEL.search(name.upper())
     return found.group(1) if found else None
@@ -152,12 +151,7 @@ def _plan_shape(plan: Path, hardware: str) -> tuple[dict[str, Any], str | None, 
 
 
 def plan_rows(path: Path) -> list[LcabRow]:
-    """Predicted rows of one ``plan.jsonl``.
-
-    Raises:
-        BadInputError: a line that is not a planner row (the path and line named).
-
-    """
+    """Predicted rows of one ``plan.jsonl`` (BadInputError names a line that is not one)."""
     out = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -207,12 +201,7 @@ def _kind(path: Path) -> str:
 
 
 def read_lcab_rows(paths: Sequence[str | Path]) -> list[LcabRow]:
-    """Measured and predicted rows of ``paths`` (files, or folders holding either kind).
-
-    Raises:
-        BadInputError: a path that does not exist or holds neither kind (the path named).
-
-    """
+    """Measured and predicted rows of ``paths`` (BadInputError: a path holding neither)."""
     records: list[Path] = []
     plans: list[Path] = []
     for given in map(Path, paths):

@@ -38,11 +38,7 @@ RINGS = ("circle-open", "diamond-open", "hexagon-open", "pentagon-open", "star-o
 
 
 def clock_figures(frame: pd.DataFrame, styler: Styler) -> tuple[list[LineFigure], list[Omitted]]:
-    """One figure per sweep with clock readings (stacked panels), and those left out with why.
-
-    Both lists are empty when no record has a clock reading (telemetry off, or records from
-    before lcab read it): the page then has no clocks section.
-    """
+    """One figure per sweep with clock readings, and those left out with why (none: no section)."""
     if not any(_readings(row) for _, row in frame.iterrows()):
         return [], []
     figures: list[LineFigure] = []
@@ -131,12 +127,7 @@ class _Point:
 def _panel(
     title: str, y_label: str, points: list[_Point], span: float, rings: dict[tuple[str, ...], str]
 ) -> Panel:
-    """Markers per (series, pass), nudged apart by pass, and a ring per set of clock events.
-
-    A pass's markers are its series' colour in the pass's symbol (`PASS_SYMBOLS`); the passes
-    of one record sit side by side (``PASS_NUDGE`` of the sweep's ``span``: fwd left of bwd),
-    so neither hides the other's bar; the hover gives the time itself.
-    """
+    """Markers per (series, pass), nudged apart by pass (`PASS_NUDGE`), rings per clock events."""
     groups: dict[tuple[str, str], list[_Point]] = {}
     for point in points:
         groups.setdefault((point.style.label, point.pass_), []).append(point)

@@ -39,19 +39,8 @@ from lcab.report.provenance import provenance_table
 
 SECTION = "compare"
 CELL_KEY = (
-    "kernel",
-    "kernel_options",
-    "cp",
-    "cp_params",
-    "mask",
-    "mask_params",
-    "seqlen",
-    "world_size",
-    "nodes",
-    "dtype",
-    "heads_q",
-    "heads_kv",
-    "head_dim",
+    *("kernel", "kernel_options", "cp", "cp_params", "mask", "mask_params", "seqlen"),
+    *("world_size", "nodes", "dtype", "heads_q", "heads_kv", "head_dim"),
 )
 """What defines a cell across campaigns (``kernel_options``: the config's ``kernel`` group)."""
 NAMED = ("kernel", "cp", "mask", "seqlen", "world_size")
@@ -109,8 +98,7 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
 def _labels(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     """Per cell of either campaign: ``cell`` (its label), ``group`` and ``variant``.
 
-    ``group`` is the label without the length; ``variant`` the key fields beyond `NAMED` in
-    which cells sharing those fields differ (a kernel option, the mask's parameters).
+    ``variant``: the key fields beyond `NAMED` in which cells sharing those fields differ.
     """
     both = pd.concat([old, new])
     both = both[~both.index.duplicated()]

@@ -90,22 +90,16 @@ NUMERICS = Metric(
 
 
 def throughput_metric(frame: pd.DataFrame) -> Metric:
-    """`THROUGHPUT` in the machine's units: GFLOP/s when every record ran on a CPU.
-
-    A CPU sweep's axis read "TFLOP/s per device" with ticks of 0.0025-0.0175; the console
-    already said GFLOP/s (`lcab.records.table.throughput_unit`).
-    """
+    """`THROUGHPUT` in the machine's units (`throughput_unit`): GFLOP/s where all ran on a CPU."""
     unit, factor = throughput_unit(frame["device"])
     return replace(THROUGHPUT, y_label=f"{unit} per device", scale=factor)
 
 
 def tflops_band(row: pd.Series, pass_: str) -> tuple[float, float] | None:
-    """The p20–p80 TFLOP/s band of a pass, computed as `lcab.bench.results.summarise` does.
+    """The p20–p80 TFLOP/s band of a pass, as `lcab.bench.results.summarise` computes TFLOP/s.
 
-    TFLOP/s = flops / (world size x time x 1e9) with the time in ms: per device under CP. The
-    slow end (the p80 time) is the band's low end. With several mask samples flops and times
-    are medians over samples while ``tflops`` is the median of per-sample values, so the band
-    is widened to include ``tflops`` if they disagree.
+    The p80 time gives the low end; the band is widened to hold ``tflops`` (with several mask
+    samples that is a median of per-sample values, which may fall outside).
     """
     flops, world = row.get(f"{pass_}_flops"), row.get("world_size") or 1
     p20, p80 = row.get(f"{pass_}_ms_p20"), row.get(f"{pass_}_ms_p80")
@@ -258,8 +252,8 @@ def scaling_figure(
 ) -> LineFigure | None:
     """Per-device TFLOP/s against world size for one mask's CP rows, at one length.
 
-    The length is the largest that every series of the mask has a record for (whatever its
-    status), so each strategy shows a point or a failure there; with none common, the largest.
+    The largest length every series has a record for, so each strategy shows a point or a
+    failure there; with none common, the largest.
     """
     per_series = [set(s) for _, s in frame.groupby(SERIES)["seqlen"]]
     common = set.intersection(*per_series) if per_series else set()

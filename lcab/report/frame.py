@@ -30,16 +30,8 @@ RUN = "run"
 POINT_KEY = ("series", "mask", "world_size", "seqlen")
 """What makes one point of a plot; rows sharing it are told apart by ``variant``."""
 VARIANT_CANDIDATES = (
-    RUN,
-    "dtype",
-    "heads_q",
-    "heads_kv",
-    "head_dim",
-    "device_name",
-    "nodes",
-    "cp_balance",
-    "mask_samples",
-    "sweep_id",
+    *(RUN, "dtype", "heads_q", "heads_kv", "head_dim", "device_name", "nodes", "cp_balance"),
+    *("mask_samples", "sweep_id"),
 )
 """Settings that may tell apart rows sharing a `POINT_KEY`, in the order they are tried."""
 _SAME_RECORD = ("run_id", "seqlen", "created_at", "kernel", "cp", "mask")

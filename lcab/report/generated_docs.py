@@ -62,10 +62,7 @@ GROUP_GUIDES: dict[str, tuple[str, str]] = {
 
 
 def committed_gpu_table() -> str:
-    """The committed GPU run's tables (the support matrix's ``G`` source).
-
-    Kernel x mask, then strategy x kernel when the run had the one-GPU CP step.
-    """
+    """The committed GPU run's tables: kernel x mask, then strategy x kernel when it has CP rows."""
     if not VERIFICATION_FILE.exists():
         return "No GPU verification records."
     table = verification_markdown(read_verification(VERIFICATION_FILE))
@@ -74,11 +71,7 @@ def committed_gpu_table() -> str:
 
 
 def user_groups(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
-    """The config groups of ``conf/`` a user picks, with their options (Hydra's own excluded).
-
-    The typed schemas live in ConfigStore groups (``schema/*``), not in ``conf/``, which is why
-    Hydra's default help lists them and this list does not.
-    """
+    """The config groups of ``conf/`` a user picks, with their options (not the schemas)."""
     groups = {}
     for folder in sorted(p for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"):
         options = sorted(f.stem for f in folder.glob("*.yaml"))
@@ -88,12 +81,7 @@ def user_groups(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
 
 
 def help_template() -> str:
-    """The Hydra help template of ``python -m lcab.main --help`` (YAML, ``template:`` key).
-
-    Raises:
-        ValueError: a group of ``conf/`` has no entry in `GROUP_GUIDES`.
-
-    """
+    """The ``python -m lcab.main --help`` template (ValueError: a group without `GROUP_GUIDES`)."""
     groups = user_groups()
     missing = sorted(set(groups) - set(GROUP_GUIDES))
     if missing:
@@ -158,12 +146,7 @@ def sections_in(text: str) -> list[str]:
 
 
 def render(text: str, path: Path = README) -> str:
-    """``text`` (the content of ``path``) with every generated section it marks made current.
-
-    Raises:
-        ValueError: a marker names no known section, or has no END marker.
-
-    """
+    """``text`` (of ``path``) with its sections made current (ValueError: a bad marker)."""
     markers = _markers(path)
     for name in sections_in(text):
         if name not in SECTIONS:
@@ -177,12 +160,7 @@ def render(text: str, path: Path = README) -> str:
 
 
 def render_all(paths: Iterable[Path] = GENERATED_FILES) -> dict[Path, str]:
-    """The current text of every file, each generated section rewritten.
-
-    Raises:
-        ValueError: a section appears in none of the files.
-
-    """
+    """Every file's text, sections rewritten (ValueError: a section in none of the files)."""
     texts = {path: path.read_text() for path in paths}
     found = {name for text in texts.values() for name in sections_in(text)}
     missing = [name for name in SECTIONS if name not in found]

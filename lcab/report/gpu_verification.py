@@ -27,12 +27,7 @@ def is_cp_row(row: dict[str, Any]) -> bool:
 
 
 def read_verification(path: str | Path, cp: bool = False) -> list[dict[str, Any]]:
-    """The JSON lines of a verification file (blank lines ignored): kernel rows, or CP rows.
-
-    Raises:
-        ValueError: a line is not JSON or lacks kernel, mask, pass or verdict (line named).
-
-    """
+    """Kernel rows (or CP rows) of a verification file; ValueError names a bad line."""
     rows = []
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
@@ -51,11 +46,7 @@ def read_verification(path: str | Path, cp: bool = False) -> list[dict[str, Any]
 
 
 def _gaps(rows: list[dict[str, Any]], masks: set[str]) -> list[str]:
-    """Lines naming what the run could not judge.
-
-    Kernels whose package was missing (their ``–`` says nothing of the kernel) and registered
-    masks no case recorded.
-    """
+    """What the run could not judge: kernels whose package was missing, masks never recorded."""
     from lcab.masks import list_masks
 
     missing = sorted({r["kernel"] for r in rows if "not installed" in str(r.get("reason", ""))})
@@ -71,11 +62,7 @@ def _gaps(rows: list[dict[str, Any]], masks: set[str]) -> list[str]:
 
 
 def verification_markdown(rows: list[dict[str, Any]]) -> str:
-    """Markdown: the run's environment, then kernel × mask cells ``fwd / bwd`` verdicts.
-
-    A failed pass names its error below the table, so a reader sees what broke, not only that
-    something did; an unsupported pass is ``–`` (the support matrix says why).
-    """
+    """Markdown: the run's environment, kernel × mask ``fwd / bwd`` verdicts, errors below."""
     if not rows:
         return "No GPU verification records."
     env = rows[0]
@@ -123,11 +110,10 @@ def _strategy_label(row: dict[str, Any]) -> str:
 
 
 def cp_verification_markdown(rows: list[dict[str, Any]]) -> str:
-    """Markdown: strategy × kernel rows, one column per mask, cells ``fwd / bwd`` verdicts.
+    """Markdown: strategy × kernel rows, a column per mask, cells ``fwd / bwd`` verdicts.
 
-    The ranks shared one GPU over gloo (each rank's kernels real CUDA, transfers through
-    gloo and host copies): numerics and bytes, never a timing. Only kernels that ran under some
-    strategy get rows; refusals (`–`) are counted below the table with their first reason.
+    The ranks shared one GPU over gloo: numerics and bytes, never a timing. Refusals (`–`) are
+    counted below the table with their first reason.
     """
     if not rows:
         return "No CP verification records."

@@ -56,12 +56,10 @@ def gpu_verdicts(path: Path = VERIFICATION_FILE) -> dict[tuple[str, str, str], s
 def evidence(
     kernel: Kernel, mask_name: str, verdict: Verdict, gpu: dict[tuple[str, str, str], str]
 ) -> str:
-    """What backs a supported cell beyond the declaration, per shown pass.
+    """What backs a supported cell beyond the declaration, per shown pass (`EVIDENCE`).
 
-    CPU kernels are run against the fp64 reference by the test suite (no mark); a CUDA-only
-    kernel is ``c`` when CPU contract-tested, ``G`` when a committed GPU run verified the pass,
-    ``G!`` when that run failed it, ``n`` when nothing has run it yet (torch's own CUDA
-    backends, which no stand-in could test). Two different marks read ``fwd/bwd``.
+    CPU kernels: nothing (the suite runs them against the reference); CUDA-only ones: ``c``
+    CPU contract-tested, ``G``/``G!`` verified/failed by the committed GPU run, ``n`` nothing.
     """
     if "cpu" in kernel.caps.devices or not verdict.passes:
         return ""
@@ -224,11 +222,7 @@ def _category(reason: str) -> str:
 
 
 def strategy_matrix_markdown() -> str:
-    """Markdown: strategies x masks; each row names its CPU local kernels (fwd+bwd).
-
-    A cell is ✓ when every kernel of its row runs that mask under the strategy, else it lists
-    the kernels that do (``–``: none).
-    """
+    """Markdown: strategies x masks; ✓ where all the row's CPU kernels run, else which do."""
     masks = list_masks()
     rows = []
     for strategy in STRATEGIES.names():
@@ -265,17 +259,8 @@ def kernel_list_markdown() -> str:
                 proof_on_cpu(caps),
             ]
         )
-    header = [
-        "kernel",
-        "what",
-        "devices",
-        "backward",
-        "mask form",
-        "per-head masks",
-        "LSE on",
-        "needs",
-        "shown here",
-    ]
+    header = ["kernel", "what", "devices", "backward", "mask form", "per-head masks", "LSE on"]
+    header += ["needs", "shown here"]
     return "\n".join(_table(header, rows))
 
 
@@ -312,9 +297,7 @@ def kernel_install_markdown() -> str:
 def gpu_strategy_cell(strategy: str, kernel_name: str, masks: list[str]) -> str:
     """How many masks run fwd+bwd (and forward only) under ``strategy`` with a GPU kernel.
 
-    Judged on the kernel's home GPU problem at `CP_WORLD` ranks with this machine's
-    circumstances (no CUDA, package missing) left out, by the runner's own
-    `Strategy.not_supported_reasons` — every block each rank would call the kernel with included.
+    On the kernel's home GPU problem at `CP_WORLD` ranks, this machine's circumstances left out.
     """
     kernel = get_kernel(kernel_name)
     problem = home_problem(kernel, gpu=True)

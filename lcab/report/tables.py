@@ -20,25 +20,10 @@ from lcab.records.table import throughput_unit
 from lcab.report.clocks import implausible
 
 SUMMARY_COLUMNS = (
-    "mask",
-    "series",
-    "kernel",
-    "cp",
-    "world_size",
-    "variant",
-    "seqlen",
-    "status",
-    "fwd_ms_p50",
-    "fwd_tflops",
-    "bwd_ms_p50",
-    "bwd_tflops",
-    "fwd_predicted_ratio",
-    "bwd_predicted_ratio",
-    "fwd_mem_peak_mib",
-    "bwd_mem_peak_mib",
-    "fwd_max_abs_err",
-    "bwd_max_abs_err",
-    "run_id",
+    *("mask", "series", "kernel", "cp", "world_size", "variant", "seqlen", "status"),
+    *("fwd_ms_p50", "fwd_tflops", "bwd_ms_p50", "bwd_tflops"),
+    *("fwd_predicted_ratio", "bwd_predicted_ratio", "fwd_mem_peak_mib", "bwd_mem_peak_mib"),
+    *("fwd_max_abs_err", "bwd_max_abs_err", "run_id"),
 )
 """Record columns of the summary table, in order; a ``reason`` column follows."""
 SUMMARY_PASSES = ("fwd", "bwd")
@@ -47,9 +32,8 @@ TELEMETRY_COLUMNS = (
     ("peak_pct", "peak_share", 100.0),
     ("energy_j_per_token", "energy_j_per_token", 1.0),
 )
-"""(summary column after ``<pass>_``, record field after ``<pass>_``, factor): the share of the
-device's peak at the measured clock (in %) and the energy per token (J), after the TFLOP/s
-columns, for each pass that has a value in some record (none: no column)."""
+"""(summary column, record field, factor) after ``<pass>_``: the peak share (%) and energy per
+token (J), shown for a pass only where some record has a value."""
 ABOVE_PEAK = "above_peak"
 """Summary column naming the passes that ran above their device's peak (only when one did)."""
 IMPLAUSIBLE_MARK = "!"
@@ -59,19 +43,8 @@ IMPLAUSIBLE_NOTE = (
 )
 REASON_COLUMNS = ("status", "reason", "passes", "records", "where")
 PREDICTION_COLUMNS = (
-    "mask",
-    "series",
-    "world_size",
-    "variant",
-    "seqlen",
-    "pass",
-    "measured_ms",
-    "predicted_ms",
-    "measured_tflops",
-    "predicted_tflops",
-    "ratio",
-    "hardware",
-    "flag",
+    *("mask", "series", "world_size", "variant", "seqlen", "pass", "measured_ms", "predicted_ms"),
+    *("measured_tflops", "predicted_tflops", "ratio", "hardware", "flag"),
 )
 """Measured vs predicted, one row per pass of an ``ok`` record that has a prediction."""
 WITHIN = 0.30
@@ -83,9 +56,8 @@ MAX_WHERE = 6
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per record: cell, length, status, p50 times, TFLOP/s, memory, errors, reason.
 
-    With telemetry, ``<pass>_peak_pct`` and ``<pass>_energy_j_per_token`` follow the TFLOP/s
-    columns (`TELEMETRY_COLUMNS`), and ``above_peak`` names the passes that ran above their
-    device's peak; records without telemetry add none of them.
+    Telemetry adds `TELEMETRY_COLUMNS` after the TFLOP/s and ``above_peak`` (passes above their
+    device's peak) where records have them.
     """
     table = frame[list(SUMMARY_COLUMNS)].copy()
     at = list(table.columns).index("bwd_tflops") + 1
@@ -108,11 +80,7 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def in_machine_units(table: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with its ``*_tflops`` columns as ``*_gflops`` when every record ran on a CPU.
-
-    A CPU's 5 GFLOP/s read "0.005"; the console and the figures say GFLOP/s there too
-    (`lcab.records.table.throughput_unit`).
-    """
+    """``table`` with ``*_tflops`` as ``*_gflops`` when every record ran on a CPU."""
     _, factor = throughput_unit(frame["device"])
     if factor == 1.0:
         return table
@@ -181,10 +149,7 @@ def _last_line(text: str) -> str:
 
 
 def reasons_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Why things did not run, grouped by (status, reason): passes, record count, where.
-
-    Sorted worst status first, then by how many records share the reason.
-    """
+    """Why things did not run, by (status, reason), worst first: passes, record count, where."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for index, row in frame.iterrows():
         for status, pass_, reason in record_reasons(row):
@@ -212,10 +177,9 @@ def reasons_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def predictions_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measured vs predicted per pass (``ratio`` = measured / predicted throughput).
+    """Measured vs predicted per pass, furthest from 1 first (``ratio`` = measured / predicted).
 
-    ``flag`` repeats the record's warning mark (outside the band of
-    ``lcab.plan.record_prediction``); rows are sorted furthest from 1 first.
+    ``flag`` repeats the record's warning mark (outside ``lcab.plan.record_prediction``'s band).
     """
     rows: list[dict[str, Any]] = []
     for _, row in frame.iterrows():
