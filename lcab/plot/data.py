@@ -275,6 +275,12 @@ class Heatmap:
 FigureData = LineFigure | Heatmap
 
 
+def log2_axis(label: str, values: Iterable[float], *, seqlens: bool = True) -> Axis:
+    """A log2 x axis ticked at the data (`log2_ticks`; ``seqlens``: ``8K`` labels), padded."""
+    xs = list(values)
+    return Axis(label, log2_ticks(xs, label=seqlens), log2_range(xs))
+
+
 def name_stem(text: str) -> str:
     """``text`` as part of a figure name (a file stem and a page id): ``causal_document``."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"

@@ -21,13 +21,12 @@ from lcab.flops import PASSES
 from lcab.plot.data import EVENT_COLOUR, Axis, Line, LineFigure, Panel, name_stem, seqlen_label
 from lcab.report.frame import SERIES, VARIANT, finite
 from lcab.report.plot_data import Omitted
-from lcab.report.plot_style import LineStyle, Styler
+from lcab.report.plot_style import PASS_TITLES, LineStyle, Styler
 
 SECTION = "telemetry"
 NOT_FLAGGED = frozenset({"GpuIdle"})
 """Clock events that flag no point: the device waited between calls, nothing held it back (the
 hover still lists them)."""
-PASS_NAMES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
 X_LABEL = "minutes after the sweep's first record (when each length began)"
 PASS_SYMBOLS = {"fwd": "circle", "bwd": "square", "fwd_bwd": "diamond"}
 _ORDER = {p: i for i, p in enumerate(PASS_SYMBOLS)}
@@ -176,10 +175,7 @@ def _panel(
 
 
 def device_label(rows: pd.DataFrame) -> str:
-    """The device the readings came from: the telemetry's name for it, else torch's.
-
-    ``NVIDIA H200 (nvml)``; several are counted, as `lcab.report.plot_style.hardware_label`.
-    """
+    """The readings' device: the telemetry's name, else torch's (``NVIDIA H200 (nvml)``)."""
     names = set()
     for _, row in rows.iterrows():
         name = row.get("telemetry_device") or row.get("device_name") or row.get("device")
@@ -239,7 +235,7 @@ def _time(row: pd.Series) -> datetime | None:
 
 def _hover(row: pd.Series, pass_: str, minutes: float, kind: str) -> str:
     """Every reading of the pass, for the hover (the same text in both panels)."""
-    lines = [f"{PASS_NAMES[pass_]}, S = {seqlen_label(row['seqlen'])} ({int(row['seqlen']):,})"]
+    lines = [f"{PASS_TITLES[pass_]}, S = {seqlen_label(row['seqlen'])} ({int(row['seqlen']):,})"]
     if int(row["world_size"]) > 1:
         lines[0] += f", world size {int(row['world_size'])}"
     lines.append(f"+{minutes:.1f} min ({row['created_at']})")

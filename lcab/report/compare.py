@@ -22,19 +22,17 @@ import pandas as pd
 
 from lcab.flops import PASSES
 from lcab.plot.data import (
-    Axis,
     LineFigure,
     Panel,
     RefLine,
-    log2_range,
-    log2_ticks,
+    log2_axis,
     name_stem,
     seqlen_label,
 )
 from lcab.records.table import console, duration
 from lcab.report.compare_stats import BASIS_QUANTILES, BASIS_REPS, PassTimes, compare_times
 from lcab.report.frame import SERIES, VARIANT, BadInputError, load_records, named_input
-from lcab.report.plot_style import Styler, hardware_label
+from lcab.report.plot_style import PASS_TITLES, SEQLEN_AXIS, Styler, hardware_label
 from lcab.report.provenance import provenance_table
 
 SECTION = "compare"
@@ -46,7 +44,6 @@ CELL_KEY = (
 NAMED = ("kernel", "cp", "mask", "seqlen", "world_size")
 """Key fields every cell label shows; the others only where the compared cells differ in them."""
 STOPPED, STARTED = "stopped", "started"
-PASS_TITLES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
 EXIT_GATE = 1
 """Exit status of ``--fail-slower`` when a cell is slower beyond its interval and the threshold."""
 
@@ -265,10 +262,7 @@ def compare_figures(comparison: Comparison, frame: pd.DataFrame) -> list[LineFig
         band = "95 % interval" if bases == {BASIS_REPS} else "95 % interval or p20–p80 band"
         title = f"{new} vs {old}: {mask} (line: time ratio, band: its {band})"
         hardware = hardware_label(frame[frame["mask"] == mask])
-        seqlens = of_mask["seqlen"]
-        axis = Axis(
-            "sequence length (tokens, log2 scale)", log2_ticks(seqlens), log2_range(seqlens)
-        )
+        axis = log2_axis(SEQLEN_AXIS, of_mask["seqlen"])
         figures.append(
             LineFigure(
                 f"{SECTION}_{name_stem(new)}_{name_stem(str(mask))}",

@@ -16,15 +16,13 @@ from typing import Any
 import pandas as pd
 
 from lcab.plot.data import (
-    Axis,
     FailedPoint,
     Heatmap,
     Line,
     LineFigure,
     Panel,
     RefLine,
-    log2_range,
-    log2_ticks,
+    log2_axis,
     name_stem,
     seqlen_label,
     severity,
@@ -34,11 +32,10 @@ from lcab.report.clocks import clock_figures
 from lcab.report.frame import SERIES, VARIANT, finite
 from lcab.report.frontier import frontier_figures
 from lcab.report.plot_data import Figures, Omitted
-from lcab.report.plot_style import LineStyle, Styler, hardware_label
+from lcab.report.plot_style import PASS_TITLES, SEQLEN_AXIS, LineStyle, Styler, hardware_label
 
-PLOT_PASSES = {"fwd": "forward", "bwd": "backward"}
+PLOT_PASSES = ("fwd", "bwd")
 """Passes drawn as panels (fwd_bwd is their sum; the tables have it)."""
-SEQLEN_AXIS = "sequence length (tokens, log2 scale)"
 
 
 @dataclass(frozen=True)
@@ -196,7 +193,7 @@ def metric_panel(
         seen[x] += 1
         failed.append(FailedPoint(x, floor, status, s.series, s.label, s.colour, why, slot))
     return Panel(
-        PLOT_PASSES[pass_],
+        PASS_TITLES[pass_],
         metric.y_label,
         metric.y_log,
         stacked(lines),
@@ -227,10 +224,6 @@ def _passes_of(frame: pd.DataFrame) -> list[str]:
     return [p for p in PLOT_PASSES if p in asked]
 
 
-def _seqlen_axis(frame: pd.DataFrame) -> Axis:
-    return Axis(SEQLEN_AXIS, log2_ticks(frame["seqlen"]), log2_range(frame["seqlen"]))
-
-
 def per_length_figure(
     frame: pd.DataFrame, styler: Styler, metric: Metric, mask: str
 ) -> LineFigure | None:
@@ -244,7 +237,9 @@ def per_length_figure(
         return None
     name, title = f"{metric.section}_{name_stem(mask)}", metric.title.format(mask=mask)
     title = " · ".join(t for t in (title, hardware_label(frame)) if t)
-    return LineFigure(name, metric.section, title, _seqlen_axis(frame), tuple(panels))
+    return LineFigure(
+        name, metric.section, title, log2_axis(SEQLEN_AXIS, frame["seqlen"]), tuple(panels)
+    )
 
 
 def scaling_figure(
@@ -266,10 +261,7 @@ def scaling_figure(
     which = "the largest length in every strategy's records" if common else "the largest length"
     title = f"Per-device throughput vs world size: {mask}, S = {seqlen_label(seqlen)} ({which})"
     title = " · ".join(t for t in (title, hardware_label(rows)) if t)
-    worlds = rows["world_size"]
-    axis = Axis(
-        "world size (ranks, log2 scale)", log2_ticks(worlds, label=False), log2_range(worlds)
-    )
+    axis = log2_axis("world size (ranks, log2 scale)", rows["world_size"], seqlens=False)
     return LineFigure(name, section, title, axis, tuple(panels))
 
 
@@ -302,7 +294,7 @@ def cp_figure(
         panels.append(Panel(what, "bytes sent per rank, fwd+bwd (MiB)", True, stacked(comm)))
     if not panels:
         return None
-    return LineFigure(name, section, title, _seqlen_axis(frame), tuple(panels))
+    return LineFigure(name, section, title, log2_axis(SEQLEN_AXIS, frame["seqlen"]), tuple(panels))
 
 
 def _column_line(

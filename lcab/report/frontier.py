@@ -15,12 +15,10 @@ from typing import Any
 import pandas as pd
 
 from lcab.plot.data import (
-    Axis,
     Line,
     LineFigure,
     Panel,
-    log2_range,
-    log2_ticks,
+    log2_axis,
     name_stem,
     seqlen_label,
 )
@@ -83,8 +81,7 @@ def frontier_figures(frame: pd.DataFrame, styler: Styler) -> tuple[list[LineFigu
         if not lines:
             omitted.append(Omitted(SECTION, f"{mask}: no frontier with a world size"))
             continue
-        worlds = of_mask["world_size"]
-        axis = Axis("ranks (log2 scale)", log2_ticks(worlds, label=False), log2_range(worlds))
+        axis = log2_axis("ranks (log2 scale)", of_mask["world_size"], seqlens=False)
         panel = Panel(
             "longest length that ran (measured: solid or ×; the planner's model: dashed)",
             "tokens per device",

@@ -17,6 +17,9 @@ import pandas as pd
 from lcab.plot.data import DASHES, Line
 from lcab.report.frame import SERIES, VARIANT
 
+PASS_TITLES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
+"""How a pass is named in panel titles and hovers."""
+SEQLEN_AXIS = "sequence length (tokens, log2 scale)"
 SERIES_COLOURS = (
     *("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"),
     *("#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"),

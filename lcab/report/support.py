@@ -84,10 +84,7 @@ class Verdict:
 
 
 def home_problem(kernel: Kernel, heads_kv: int | None = None, gpu: bool = False) -> Problem:
-    """The problem a kernel is judged on: CPU defaults if it runs on CPU, else the GPU shape.
-
-    ``gpu``: the GPU shape on CUDA whatever the kernel also runs on (the GPU matrices).
-    """
+    """CPU defaults if the kernel runs on CPU (and not ``gpu``), else the GPU shape on CUDA."""
     on_cpu = "cpu" in kernel.caps.devices and not gpu
     shape: dict[str, Any] = CPU_PROBLEM if on_cpu else GPU_PROBLEM
     if not kernel.caps.gqa:  # judged on MHA (the paper's 64:64 runs), not refused for GQA

@@ -94,10 +94,7 @@ def in_machine_units(table: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def marked_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """The summary to read (Markdown, the page): TFLOP/s above the peak end in ``!``.
-
-    The CSV keeps the numbers, with the passes in ``above_peak``.
-    """
+    """The summary to read (Markdown, page): TFLOP/s above the peak end in ``!`` (not in CSV)."""
     if ABOVE_PEAK not in table.columns:
         return table
     out = table.copy()
