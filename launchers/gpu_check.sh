@@ -152,7 +152,7 @@ if has numerics; then
     cat "$out/cp_shared.$i.jsonl" >>"$out/verification.jsonl" 2>/dev/null
   done
   if [ -s "$out/verification.jsonl" ]; then
-    "$python" -m lcab.report.gpu_verification "$out/verification.jsonl" >"$out/verification.md"
+    "$python" -m lcab.report gpu-table "$out/verification.jsonl" >"$out/verification.md"
     echo "verification table: $out/verification.md"
     # the support matrix's GPU-verified marks are read from here: commit it with the README
     mkdir -p notebooks/data

@@ -1,15 +1,10 @@
-"""lcab's figures as plain data, and how they look: the one data layer both renderers draw.
+"""lcab's figures as plain data: the one layer both renderers draw.
 
-A figure is panels of lines against a shared x axis (`LineFigure`: side by side, or stacked over
-one time axis) or a status grid (`Heatmap`). Everything a reader sees — titles, axis labels with
-units, legend text, colours, bands and error bars, failed points and why they failed, markers —
-is fixed here, so the PNG (`lcab.plot.png`, matplotlib) and the interactive page
-(`lcab.plot.html`, plotly) show the same thing and tests check numbers without parsing images.
-The report (`lcab.report.figures`) and the planner (`lcab.plan.figure`) build these; this module
-imports nothing of lcab, so both can.
-
-One failure status has one colour and one marker, one pass one marker, and sequence lengths read
-as ``1K``, ``8K``, ``128K`` on a log2 axis everywhere.
+A figure is panels of lines against a shared x axis (`LineFigure`) or a status grid
+(`Heatmap`); everything a reader sees (titles, labels, colours, bands, failed points and why) is
+fixed here, so the PNG (`lcab.plot.png`) and the page (`lcab.plot.html`) show the same and tests
+check numbers without parsing images. It imports nothing of lcab, so the report and the planner
+both build on it.
 """
 
 from __future__ import annotations
@@ -36,6 +31,10 @@ MARKERS = {
     "star-open": "*",
 }
 """Marker symbols (plotly's names; ``-open``: hollow) and matplotlib's marker for each."""
+FAILED_NUDGE = 0.07
+"""Octaves between failed points of different lines at one x (`FailedPoint.slot`)."""
+MAX_RIMS = 4
+"""At most this many steps wider for a line covered by later ones (`Line.under`)."""
 EVENT_COLOUR = "#000000"
 """Rings around points a clock event flags."""
 
@@ -274,6 +273,12 @@ class Heatmap:
 
 
 FigureData = LineFigure | Heatmap
+
+
+def log2_axis(label: str, values: Iterable[float], *, seqlens: bool = True) -> Axis:
+    """A log2 x axis ticked at the data (`log2_ticks`; ``seqlens``: ``8K`` labels), padded."""
+    xs = list(values)
+    return Axis(label, log2_ticks(xs, label=seqlens), log2_range(xs))
 
 
 def name_stem(text: str) -> str:

@@ -1,17 +1,18 @@
 """The plotly renderer: `lcab.plot.data` figures as interactive plots for an HTML page.
 
-It draws the same figures as the PNG renderer, with the same colours, dashes and markers, and
-adds hover text (the numbers, the band, why a length failed). A page inlines plotly.js once
-(`plotly_js`); each figure is a ``<div>`` plus the script that draws it (`figure_div`), so the
-page works offline. plotly is imported inside the functions.
+The same figures as the PNGs, plus hover text. A page inlines plotly.js once (`plotly_js`) and
+each figure is a ``<div>`` with its script (`figure_div`), so the page works offline.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from lcab.plot.data import (
+    FAILED_NUDGE,
+    MAX_RIMS,
     STATUS_SEVERITY,
     FigureData,
     Heatmap,
@@ -26,13 +27,9 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
-FAILED_NUDGE = 0.07
-"""Octaves between failed points of different lines at one x (as in the PNGs)."""
 PANEL_HEIGHT = 470
 STACKED_PANEL_HEIGHT = 330
 """Pixels per panel of a stacked figure."""
-MAX_RIMS = 4
-"""At most this many steps wider for a line covered by later ones (`Line.under`)."""
 PX_PER_POINT = 1.5
 """A marker's size in pixels per point of `Line.marker_size`."""
 
@@ -213,7 +210,9 @@ def _panel_traces(panel: Panel, figure: LineFigure, shown: set[str]) -> list[Any
                     "line": {"color": [f.colour for f in points], "width": 1.5},
                 },
                 cliponaxis=False,
-                hovertext=[_html(f"{f.label}: {f.status}\n{_wrap(f.reason)}") for f in points],
+                hovertext=[
+                    _html(f"{f.label}: {f.status}\n{textwrap.fill(f.reason, 80)}") for f in points
+                ],
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
@@ -245,18 +244,6 @@ def _bars(line: Line) -> dict[str, Any]:
         "thickness": 1,
         "width": 3,
     }
-
-
-def _wrap(text: str, width: int = 80) -> str:
-    """Hover text broken into lines of about ``width`` characters."""
-    words, lines, current = text.split(), [], ""
-    for word in words:
-        if current and len(current) + len(word) + 1 > width:
-            lines.append(current)
-            current = word
-        else:
-            current = f"{current} {word}".strip()
-    return "\n".join([*lines, current])
 
 
 def _heatmap(figure: Heatmap) -> go.Figure:

@@ -1,9 +1,7 @@
 """The matplotlib renderer: one PNG per `lcab.plot.data` figure, for papers and the README.
 
-It draws the figures as they are (no decisions of its own beyond layout) on a
-`matplotlib.figure.Figure` with the Agg canvas — no pyplot, so no global backend state and no
-display needed. matplotlib is imported inside the functions so importing a figure's builder
-stays fast for commands that draw nothing.
+It draws on a `matplotlib.figure.Figure` with the Agg canvas: no pyplot, so no global backend
+state and no display; matplotlib is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -11,7 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lcab.plot.data import MARKERS, FigureData, Heatmap, Line, LineFigure, Panel, severity
+from lcab.plot.data import (
+    FAILED_NUDGE,
+    MARKERS,
+    MAX_RIMS,
+    FigureData,
+    Heatmap,
+    Line,
+    LineFigure,
+    Panel,
+    severity,
+)
 from lcab.plot.data import status_style as style_of
 
 if TYPE_CHECKING:
@@ -19,10 +27,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 DPI = 150
-FAILED_NUDGE = 0.07
-"""Octaves between failed points of different lines at one x (`FailedPoint.slot`)."""
-MAX_RIMS = 4
-"""At most this many steps wider for a line covered by later ones (`Line.under`)."""
 DASH_STYLES = {"solid": "-", "dash": "--", "dot": ":", "dashdot": "-."}
 
 

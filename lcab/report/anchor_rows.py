@@ -1,23 +1,15 @@
 """lcab's side of a comparison with published figures: measured rows and the planner's rows.
 
-`read_lcab_rows` takes what ``python -m lcab.report anchors`` is given — records files, sweep or
-run folders (read by `lcab.report.frame.load_records`, as ``report build`` reads them), and the
-planner's ``plan.jsonl`` files or the sweep folders holding them — and returns one `LcabRow`
-per cell and length: its shape, the GPU model it ran (or was predicted) on, and its TFLOP/s and
-milliseconds per pass. Records are labelled ``measured``, planner rows ``predicted (planner)``.
-
-The planner's rows name their cell (strategy, kernel, mask, length, world, nodes, hardware
-profile) but not its heads or dtype; those come from the sweep's ``multirun.yaml`` (its
-``problem`` node, with a job folder's own ``problem.*`` overrides on top), and where a key is
-left open, or no ``multirun.yaml`` exists (a single planner run writes none), from the defaults
-``problem: auto`` resolves to on the profile's device — said in the row's note. The profile's
-GPU model is read from its ``description`` in ``conf/hardware/<name>.yaml``.
+`read_lcab_rows` reads records (as ``report build`` does) and the planner's ``plan.jsonl`` files
+into one `LcabRow` per cell and length: shape, GPU model, TFLOP/s and ms per pass. Planner rows
+lack heads and dtype: those come from the sweep's ``multirun.yaml`` ``problem`` node (a job's
+own overrides on top), else from what ``problem: auto`` resolves to on the profile's device,
+said in the row's note; the GPU model is the profile's ``description``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,7 +21,7 @@ import yaml
 from lcab.config import CONF_DIR
 from lcab.flops import PASSES
 from lcab.records.sinks import RECORDS_FILE
-from lcab.report.frame import BadInputError, load_records
+from lcab.report.frame import BadInputError, finite, load_records
 
 MEASURED = "measured"
 PREDICTED = "predicted (planner)"
@@ -41,11 +33,10 @@ _MODEL = re.compile(r"(?<![A-Z0-9])((?:GB|GH|MI|[ABHLPTV])\d{1,3}[A-Z]?)(?![A-Z0
 
 
 def gpu_model(name: str) -> str | None:
-    """The GPU model in a device or profile name (``NVIDIA H100 80GB HBM3`` -> ``H100``).
+    """The GPU model in a device or profile name (``NVIDIA H100 80GB HBM3`` -> ``H100``), or None.
 
-    The first token that stands alone and is a GPU family's letters, digits and at most one
-    letter (``GB200``, ``H200``, ``A100``, ``L40S``, ``MI300X``), so H100 never reads as H200
-    and ``HBM3``, ``SXM5`` or ``x86`` are no model. None when there is none.
+    The first stand-alone token of a family's letters, digits and at most one letter, so H100
+    never reads as H200 and ``HBM3``, ``SXM5`` or ``x86`` are no model.
     """
     found = _MODEL.search(name.upper())
     return found.group(1) if found else None
@@ -80,14 +71,6 @@ class LcabRow:
     note: str = ""
 
 
-def _number(value: Any) -> float | None:
-    """A finite float, or None (missing, NaN)."""
-    if value is None or isinstance(value, bool):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
 def rows_from_frame(frame: Any) -> list[LcabRow]:
     """Measured rows of a `load_records` frame: each record's ``ok`` passes."""
     out = []
@@ -95,10 +78,10 @@ def rows_from_frame(frame: Any) -> list[LcabRow]:
         tflops: dict[str, float] = {}
         ms: dict[str, float] = {}
         for p in PASSES:
-            value = _number(r.get(f"{p}_tflops"))
+            value = finite(r.get(f"{p}_tflops"))
             if r.get(f"{p}_status") == "ok" and value is not None:
                 tflops[p] = value
-                if (time := _number(r.get(f"{p}_ms_p50"))) is not None:
+                if (time := finite(r.get(f"{p}_ms_p50"))) is not None:
                     ms[p] = time
         on_gpu = r.get("device") != "cpu"
         out.append(
@@ -168,12 +151,7 @@ def _plan_shape(plan: Path, hardware: str) -> tuple[dict[str, Any], str | None, 
 
 
 def plan_rows(path: Path) -> list[LcabRow]:
-    """Predicted rows of one ``plan.jsonl``.
-
-    Raises:
-        BadInputError: a line that is not a planner row (the path and line named).
-
-    """
+    """Predicted rows of one ``plan.jsonl`` (BadInputError names a line that is not one)."""
     out = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -184,7 +162,7 @@ def plan_rows(path: Path) -> list[LcabRow]:
         except (json.JSONDecodeError, AssertionError) as err:
             raise BadInputError(f"{path}:{number}: not a planner row ({PLAN_FILE})") from err
         shape, model, note = _plan_shape(path, str(row["hardware"]))
-        passes = [p for p in PASSES if _number(row.get(f"{p}_tflops")) is not None]
+        passes = [p for p in PASSES if finite(row.get(f"{p}_tflops")) is not None]
         out.append(
             LcabRow(
                 label=PREDICTED,
@@ -223,12 +201,7 @@ def _kind(path: Path) -> str:
 
 
 def read_lcab_rows(paths: Sequence[str | Path]) -> list[LcabRow]:
-    """Measured and predicted rows of ``paths`` (files, or folders holding either kind).
-
-    Raises:
-        BadInputError: a path that does not exist or holds neither kind (the path named).
-
-    """
+    """Measured and predicted rows of ``paths`` (BadInputError: a path holding neither)."""
     records: list[Path] = []
     plans: list[Path] = []
     for given in map(Path, paths):

@@ -1,25 +1,11 @@
 """Published figures beside lcab's own: the matching, the side-by-side table, the command.
 
 ``python -m lcab.report anchors RECORDS...`` puts each published number of
-`lcab.records.published` beside every lcab row (`lcab.report.anchor_rows`: records measured,
-planner rows predicted) of the same problem, with the ratio lcab / published: above 1, lcab is
-faster (TFLOP/s) — or slower, for a figure in milliseconds.
-
-**Same problem** means every check of `CHECKS` passes: GPU model (by name: an H200 row never
-stands beside an H100 figure), dtype, heads and head dimension, batch, CP strategy and world
-size (hence tokens per GPU), GPUs a node where the source says, mask and its parameters, a
-kernel that runs the published library, tokens, and a figure for the pass. The checks run in
-that order, from the broadest, and the first that no lcab row passes is the reason a number has
-no match ("no lcab row on B200", "no lcab row of fa3"), so ``--all`` says why for each.
-Document masks are matched by name: the sources' document samplers differ from lcab's, so a
-ratio there compares like shapes, not identical masks (the footnote names the sampler); and
-lcab's ``sdpa_cudnn`` gets a document mask as a dense mask and computes every tile, so beside
-cuDNN's varlen figures it reads about 0.1 — that path's cost, not cuDNN's.
-
-Output: a terminal table within the terminal's width (120 columns off a terminal, as
-`lcab.records.table` does): what every row shares in the title, each source once in a note
-below; ``--markdown`` the same as a Markdown table. The report (``report build``) shows the
-matched rows as its "Published figures side by side" section (`anchors_frame`).
+`lcab.records.published` beside every lcab row (`lcab.report.anchor_rows`) of the same problem,
+with the ratio lcab / published. *Same problem* means every check of `CHECKS` passes; they run
+broadest first, so the first that no lcab row passes is why a number has no match (``--all``).
+The guide (lcab/report/README.md, *Published figures side by side*) says what the checks cover
+and how to read document-mask ratios.
 """
 
 from __future__ import annotations
@@ -309,7 +295,7 @@ def command(args: argparse.Namespace) -> int:
     from lcab.records.published import BadPublishedError
     from lcab.report.anchor_rows import PREDICTED, read_lcab_rows
     from lcab.report.frame import BadInputError
-    from lcab.report.page import markdown_table
+    from lcab.report.tables import markdown_table
 
     try:
         rows = read_lcab_rows(args.paths)

@@ -1,26 +1,16 @@
 """`build_report`: records in, a report folder out (HTML page, PNGs, CSV and Markdown tables).
 
-The output folder holds::
-
-    index.html           one self-contained page (plotly.js inlined, works offline)
-    png/<figure>.png     one PNG per figure (per mask where a figure is faceted; the clocks
-                         figure per sweep)
-    summary.csv/.md      one row per cell and length (a TFLOP/s above the device's peak is
-                         marked ``!`` in the .md, its passes named in ``above_peak``)
-    predicted.csv/.md    measured vs the planner's prediction, one row per pass
-    reasons.csv/.md      why things did not run, grouped with counts
-    anchors.csv/.md      published figures beside the records of the same problem (when any)
-    frontier.csv/.md     each memory-frontier search: bracket, probes, peak, the planner's
-    compare.csv/.md      with two named runs (``base=A new=B``): the second against the first,
-                         cell by cell (`lcab.report.compare`)
-
-Every input is read before anything is written, so bad input leaves no half-built report.
-PNGs of figures that the records no longer produce are removed from ``png/``, so the folder
-always matches the page.
+The folder holds ``index.html`` (offline, plotly.js inlined), ``png/<figure>.png``, and
+``summary``, ``predicted``, ``reasons``, ``anchors``, ``frontier`` and ``compare`` as ``.csv``
+and ``.md`` (the last three only when they have rows). Every input is read before anything is
+written, so bad input leaves no half-built report; PNGs of figures no longer drawn are removed,
+so the folder always matches the page.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +25,12 @@ from lcab.report.compare import compare, compare_figures, compared_tables, write
 from lcab.report.figures import build_figures
 from lcab.report.frame import RUN, SOURCE, load_records, named_input
 from lcab.report.frontier import frontier_table
-from lcab.report.page import (
-    PageInputs,
+from lcab.report.page import PageInputs, render_page
+from lcab.report.tables import (
     markdown_table,
     predictions_headline,
     predictions_table,
     reasons_table,
-    render_page,
     shown_columns,
     summary_markdown,
     summary_table,
@@ -73,18 +62,9 @@ def default_out(first: Path) -> Path:
 
 
 def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> BuiltReport:
-    """Read the records under ``paths`` and write the report folder.
+    """Write the report of the records under ``paths`` to ``out`` (default: `default_out`).
 
-    Args:
-        paths: sweep folders, run folders or ``records.jsonl`` files (merged, no duplicates).
-        out: the output folder; default `default_out` of the first path.
-
-    Returns:
-        The `BuiltReport` (paths of the page and the PNG folder, the figures drawn).
-
-    Raises:
-        lcab.report.frame.BadInputError: a path does not exist or holds no records.
-
+    `lcab.report.frame.BadInputError`: a path does not exist or holds no records.
     """
     inputs = [named_input(p)[1] for p in paths]
     frame = load_records(list(paths))
@@ -109,43 +89,30 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
         render_png(figure, png_dir / f"{figure.name}.png")
 
     summary, reasons = summary_table(frame), reasons_table(frame)
-    summary.to_csv(folder / "summary.csv", index=False)
-    (folder / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
+    _write(folder, "summary", summary, summary_markdown(summary))
     predicted = predictions_table(frame)
-    predicted.to_csv(folder / "predicted.csv", index=False)
-    (folder / "predicted.md").write_text(
-        predictions_headline(predicted) + "\n\n" + markdown_table(shown_columns(predicted)),
-        encoding="utf-8",
-    )
+    markdown = markdown_table(shown_columns(predicted))
+    _write(folder, "predicted", predicted, predictions_headline(predicted) + "\n\n" + markdown)
     pairs = side_by_side(rows_from_frame(frame))
     anchors = anchors_frame(pairs) if pairs else None
-    for stale in (folder / "anchors.csv", folder / "anchors.md"):
-        stale.unlink(missing_ok=True)  # a rebuild whose records match no published figure
+    notes = "".join(f"\n- {n}" for n in source_notes(pairs))
     if anchors is not None:
-        anchors.to_csv(folder / "anchors.csv", index=False)
-        notes = "\n".join(f"- {n}" for n in source_notes(pairs))
-        (folder / "anchors.md").write_text(
-            markdown_table(shown_anchors(anchors)) + "\nSources:\n\n" + notes + "\n",
-            encoding="utf-8",
-        )
-    sections = {} if compared is None else {"compare": compared_tables(compared)}
-    for stale in (folder / "compare.csv", folder / "compare.md"):
-        stale.unlink(missing_ok=True)
+        markdown = markdown_table(shown_anchors(anchors)) + "\nSources:\n" + notes + "\n"
+    _write(folder, "anchors", anchors, markdown)
+    _write(folder, "compare", None, "")  # written whole by `write` below
     if compared is not None:
         write(compared, folder)
     frontier = frontier_table(frame)
-    for stale in (folder / "frontier.csv", folder / "frontier.md"):
-        stale.unlink(missing_ok=True)
-    if frontier is not None:
-        frontier.to_csv(folder / "frontier.csv", index=False)
-        (folder / "frontier.md").write_text(markdown_table(frontier), encoding="utf-8")
-    reasons.to_csv(folder / "reasons.csv", index=False)
-    (folder / "reasons.md").write_text(
+    _write(folder, "frontier", frontier, "" if frontier is None else markdown_table(frontier))
+    _write(
+        folder,
+        "reasons",
+        reasons,
         markdown_table(reasons, max_text=400)
         if len(reasons)
         else "Every pass of every record ran `ok`: no reason to give.\n",
-        encoding="utf-8",
     )
+    sections = {} if compared is None else {"compare": compared_tables(compared)}
 
     page = render_page(
         figures,
@@ -174,9 +141,35 @@ def build_report(paths: Sequence[Path | str], out: Path | str | None = None) -> 
     )
 
 
+def _write(folder: Path, name: str, table: pd.DataFrame | None, markdown: str) -> None:
+    """``<name>.csv`` and ``<name>.md``; None removes an earlier build's (nothing to show now)."""
+    for stale in (folder / f"{name}.csv", folder / f"{name}.md"):
+        stale.unlink(missing_ok=True)
+    if table is not None:
+        table.to_csv(folder / f"{name}.csv", index=False)
+        (folder / f"{name}.md").write_text(markdown, encoding="utf-8")
+
+
 def _count_from(frame: pd.DataFrame, path: Path) -> int:
     """Records of ``frame`` read from ``path`` (a file, or any records file below a folder)."""
     root = path.resolve()
     if root.is_file() or root.name == RECORDS_FILE:
         return int((frame[SOURCE].map(lambda s: Path(s).resolve() == root)).sum())
     return int(frame[SOURCE].map(lambda s: root in Path(s).resolve().parents).sum())
+
+
+def command(args: argparse.Namespace) -> int:
+    """``python -m lcab.report build``: write the report and say where (2: bad input)."""
+    from lcab.report.frame import BadInputError
+
+    try:
+        report = build_report(args.paths, out=args.out)
+    except BadInputError as err:
+        print(f"python -m lcab.report build: {err}", file=sys.stderr)
+        return 2
+    print(f"{report.num_records} records, {len(report.figures)} figures")
+    for why in report.omitted:
+        print(f"  not drawn: {why}")
+    print(f"page: {report.index}")
+    print(f"PNGs: {report.png_dir}")
+    return 0

@@ -1,21 +1,15 @@
 """The clock-and-power figure: a sweep's telemetry against the time its lengths ran.
 
-A throughput figure cannot say whether a slow length met a slow clock. Each pass of a record
-carries the compute clock read beside its timed repetitions (lowest, median, highest), the mean
-power, and the clock-event (throttle) reasons the driver gave (`lcab.bench.pass_telemetry`).
-Drawn against the time each length began (``created_at``, in minutes after the sweep's first
-record), a GPU that heats up and reaches its power cap shows as a clock sinking over the sweep,
-and the passes the driver held back are ringed, with their reasons in the legend and the hover.
-
-One figure per sweep (``sweep_id``) with clock readings; none at all when no record has one (no
-page section either). A sweep of CPU records whose every reading is one number (a nominal clock
-from ``/proc/cpuinfo``) is left out and named: a flat line would say nothing.
+A throughput figure cannot say whether a slow length met a slow clock. Each pass carries its
+compute clock (lowest, median, highest), mean power and the driver's clock-event reasons
+(`lcab.bench.pass_telemetry`); against when each length began, a GPU reaching its power cap
+shows as a sinking clock, and held-back passes are ringed. One figure per sweep with readings;
+a CPU sweep at one nominal clock is left out and named (a flat line says nothing).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -25,15 +19,14 @@ import pandas as pd
 
 from lcab.flops import PASSES
 from lcab.plot.data import EVENT_COLOUR, Axis, Line, LineFigure, Panel, name_stem, seqlen_label
-from lcab.report.frame import SERIES, VARIANT
+from lcab.report.frame import SERIES, VARIANT, finite
 from lcab.report.plot_data import Omitted
-from lcab.report.plot_style import LineStyle, Styler
+from lcab.report.plot_style import PASS_TITLES, LineStyle, Styler
 
 SECTION = "telemetry"
 NOT_FLAGGED = frozenset({"GpuIdle"})
 """Clock events that flag no point: the device waited between calls, nothing held it back (the
 hover still lists them)."""
-PASS_NAMES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
 X_LABEL = "minutes after the sweep's first record (when each length began)"
 PASS_SYMBOLS = {"fwd": "circle", "bwd": "square", "fwd_bwd": "diamond"}
 _ORDER = {p: i for i, p in enumerate(PASS_SYMBOLS)}
@@ -44,11 +37,7 @@ RINGS = ("circle-open", "diamond-open", "hexagon-open", "pentagon-open", "star-o
 
 
 def clock_figures(frame: pd.DataFrame, styler: Styler) -> tuple[list[LineFigure], list[Omitted]]:
-    """One figure per sweep with clock readings (stacked panels), and those left out with why.
-
-    Both lists are empty when no record has a clock reading (telemetry off, or records from
-    before lcab read it): the page then has no clocks section.
-    """
+    """One figure per sweep with clock readings, and those left out with why (none: no section)."""
     if not any(_readings(row) for _, row in frame.iterrows()):
         return [], []
     figures: list[LineFigure] = []
@@ -90,7 +79,7 @@ def sweep_figure(rows: pd.DataFrame, styler: Styler, sweep: str) -> tuple[LineFi
             events = tuple(e for e in clock_events(row, pass_) if e not in NOT_FLAGGED)
             hover = _hover(row, pass_, minutes, kind)
             clock_points.append(_Point(minutes, pass_, style, median, low, high, events, hover))
-            power = _value(row, f"{pass_}_power_w")
+            power = finite(row.get(f"{pass_}_power_w"))
             if power is not None:
                 power_points.append(_Point(minutes, pass_, style, power, None, None, events, hover))
     found = {p.events for p in clock_points if p.events}
@@ -137,12 +126,7 @@ class _Point:
 def _panel(
     title: str, y_label: str, points: list[_Point], span: float, rings: dict[tuple[str, ...], str]
 ) -> Panel:
-    """Markers per (series, pass), nudged apart by pass, and a ring per set of clock events.
-
-    A pass's markers are its series' colour in the pass's symbol (`PASS_SYMBOLS`); the passes
-    of one record sit side by side (``PASS_NUDGE`` of the sweep's ``span``: fwd left of bwd),
-    so neither hides the other's bar; the hover gives the time itself.
-    """
+    """Markers per (series, pass), nudged apart by pass (`PASS_NUDGE`), rings per clock events."""
     groups: dict[tuple[str, str], list[_Point]] = {}
     for point in points:
         groups.setdefault((point.style.label, point.pass_), []).append(point)
@@ -191,10 +175,7 @@ def _panel(
 
 
 def device_label(rows: pd.DataFrame) -> str:
-    """The device the readings came from: the telemetry's name for it, else torch's.
-
-    ``NVIDIA H200 (nvml)``; several are counted, as `lcab.report.plot_style.hardware_label`.
-    """
+    """The readings' device: the telemetry's name, else torch's (``NVIDIA H200 (nvml)``)."""
     names = set()
     for _, row in rows.iterrows():
         name = row.get("telemetry_device") or row.get("device_name") or row.get("device")
@@ -215,11 +196,11 @@ def _readings(row: pd.Series) -> dict[str, tuple[float, float, float]]:
     for pass_ in PASSES:
         if pass_ not in (row.get("passes") or ()):
             continue
-        median = _value(row, f"{pass_}_clock_mhz_median")
+        median = finite(row.get(f"{pass_}_clock_mhz_median"))
         if median is None:
             continue
-        low = _value(row, f"{pass_}_clock_mhz_min")
-        high = _value(row, f"{pass_}_clock_mhz_max")
+        low = finite(row.get(f"{pass_}_clock_mhz_min"))
+        high = finite(row.get(f"{pass_}_clock_mhz_max"))
         out[pass_] = (median if low is None else low, median, median if high is None else high)
     return out
 
@@ -252,23 +233,15 @@ def _time(row: pd.Series) -> datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
 
 
-def _value(row: pd.Series, column: str) -> float | None:
-    """A finite number in ``column`` (NaN, None, booleans and text: None)."""
-    value = row.get(column)
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def _hover(row: pd.Series, pass_: str, minutes: float, kind: str) -> str:
     """Every reading of the pass, for the hover (the same text in both panels)."""
-    lines = [f"{PASS_NAMES[pass_]}, S = {seqlen_label(row['seqlen'])} ({int(row['seqlen']):,})"]
+    lines = [f"{PASS_TITLES[pass_]}, S = {seqlen_label(row['seqlen'])} ({int(row['seqlen']):,})"]
     if int(row["world_size"]) > 1:
         lines[0] += f", world size {int(row['world_size'])}"
     lines.append(f"+{minutes:.1f} min ({row['created_at']})")
 
     def get(field: str) -> float | None:
-        return _value(row, f"{pass_}_{field}")
+        return finite(row.get(f"{pass_}_{field}"))
 
     low, median, high = get("clock_mhz_min"), get("clock_mhz_median"), get("clock_mhz_max")
     text = f"{kind}: {median:,.0f} MHz median"

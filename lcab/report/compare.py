@@ -1,21 +1,11 @@
 """Two campaigns compared cell by cell, and what differs between them that could explain it.
 
-``python -m lcab.report compare OLD NEW`` (records files, sweep or run folders, or W&B groups,
-`lcab.report.compare_wandb`; ``NAME=PATH`` labels one, as ``report build`` does). A cell
-matches its twin on what defines it (`CELL_KEY`: kernel and its options, strategy and its
-options, mask and its parameters, length, world, problem) and nothing else: a campaign may change
-the protocol, threads, seeds, driver or GPU — the provenance table says what changed. A cell run
-twice in one campaign counts once, its latest record. Per matched cell and pass: the time ratio
-NEW/OLD with its 95 % interval and a verdict (`lcab.report.compare_stats`); a pass that ran in
-OLD and not in NEW is ``stopped`` (a regression too), one that now runs ``started``. Cells in one
-campaign only are listed apart.
-
-The table is sorted by effect (passes that stopped or started running first, then the largest
-change either way) and written as ``compare.csv`` (every number) and ``compare.md`` (with the
-provenance and the unmatched cells); the figure (``png/compare_<new>_<mask>.png``: the ratio
-against length with its interval, a panel per pass) is drawn by the report's own renderers, and
-``report build`` shows all of it as its *Compared with* section when its inputs are named runs
-(``base=A new=B``).
+``python -m lcab.report compare OLD NEW``; the guide (lcab/report/README.md, *Two campaigns
+compared*) says what it does and why. A cell matches its twin on `CELL_KEY` only, so campaigns
+may change protocol, threads, seeds, driver or GPU (the provenance table says what changed); a
+cell run twice in one campaign counts once, its latest record. Per matched cell and pass: the
+time ratio NEW/OLD with its 95 % interval and a verdict (`lcab.report.compare_stats`), or
+``stopped``/``started`` when a pass ran in one campaign only.
 """
 
 from __future__ import annotations
@@ -32,45 +22,28 @@ import pandas as pd
 
 from lcab.flops import PASSES
 from lcab.plot.data import (
-    Axis,
-    Line,
     LineFigure,
     Panel,
     RefLine,
-    log2_range,
-    log2_ticks,
+    log2_axis,
     name_stem,
     seqlen_label,
 )
 from lcab.records.table import console, duration
 from lcab.report.compare_stats import BASIS_QUANTILES, BASIS_REPS, PassTimes, compare_times
 from lcab.report.frame import SERIES, VARIANT, BadInputError, load_records, named_input
-from lcab.report.plot_style import Styler, hardware_label
+from lcab.report.plot_style import PASS_TITLES, SEQLEN_AXIS, Styler, hardware_label
 from lcab.report.provenance import provenance_table
 
 SECTION = "compare"
-CELL_KEY = tuple(
-    [
-        "kernel",
-        "kernel_options",
-        "cp",
-        "cp_params",
-        "mask",
-        "mask_params",
-        "seqlen",
-        "world_size",
-        "nodes",
-        "dtype",
-        "heads_q",
-        "heads_kv",
-        "head_dim",
-    ]
+CELL_KEY = (
+    *("kernel", "kernel_options", "cp", "cp_params", "mask", "mask_params", "seqlen"),
+    *("world_size", "nodes", "dtype", "heads_q", "heads_kv", "head_dim"),
 )
 """What defines a cell across campaigns (``kernel_options``: the config's ``kernel`` group)."""
 NAMED = ("kernel", "cp", "mask", "seqlen", "world_size")
 """Key fields every cell label shows; the others only where the compared cells differ in them."""
 STOPPED, STARTED = "stopped", "started"
-PASS_TITLES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
 EXIT_GATE = 1
 """Exit status of ``--fail-slower`` when a cell is slower beyond its interval and the threshold."""
 
@@ -122,8 +95,7 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
 def _labels(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     """Per cell of either campaign: ``cell`` (its label), ``group`` and ``variant``.
 
-    ``group`` is the label without the length; ``variant`` the key fields beyond `NAMED` in
-    which cells sharing those fields differ (a kernel option, the mask's parameters).
+    ``variant``: the key fields beyond `NAMED` in which cells sharing those fields differ.
     """
     both = pd.concat([old, new])
     both = both[~both.index.duplicated()]
@@ -271,13 +243,9 @@ def compare_figures(comparison: Comparison, frame: pd.DataFrame) -> list[LineFig
                 style = styler.line(str(series), int(world), str(variant), "/" in str(series))
                 g = g.sort_values("seqlen")
                 lines.append(
-                    Line(
-                        label=style.label,
-                        series=style.series,
-                        colour=style.colour,
-                        dash=style.dash,
-                        x=tuple(float(x) for x in g["seqlen"]),
-                        y=tuple(g["ratio"]),
+                    style.draw(
+                        (float(x) for x in g["seqlen"]),
+                        g["ratio"],
                         low=tuple(g["low"].fillna(math.nan)),
                         high=tuple(g["high"].fillna(math.nan)),
                         hover=tuple(
@@ -294,10 +262,7 @@ def compare_figures(comparison: Comparison, frame: pd.DataFrame) -> list[LineFig
         band = "95 % interval" if bases == {BASIS_REPS} else "95 % interval or p20–p80 band"
         title = f"{new} vs {old}: {mask} (line: time ratio, band: its {band})"
         hardware = hardware_label(frame[frame["mask"] == mask])
-        seqlens = of_mask["seqlen"]
-        axis = Axis(
-            "sequence length (tokens, log2 scale)", log2_ticks(seqlens), log2_range(seqlens)
-        )
+        axis = log2_axis(SEQLEN_AXIS, of_mask["seqlen"])
         figures.append(
             LineFigure(
                 f"{SECTION}_{name_stem(new)}_{name_stem(str(mask))}",
@@ -312,7 +277,7 @@ def compare_figures(comparison: Comparison, frame: pd.DataFrame) -> list[LineFig
 
 def markdown(comparison: Comparison) -> str:
     """``compare.md``: the counts, the table, what differs, the unmatched cells."""
-    from lcab.report.page import markdown_table
+    from lcab.report.tables import markdown_table
 
     parts = [comparison.counts() + ".", markdown_table(shown_table(comparison)), INTERVAL_NOTE]
     parts += ["", "Provenance:", "", markdown_table(comparison.provenance)]

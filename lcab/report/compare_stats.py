@@ -1,26 +1,11 @@
 """One cell's pass in two campaigns: the time ratio NEW/OLD, its 95 % interval, a verdict.
 
-**The interval is a rank interval, not a bootstrap**: the Hodges–Lehmann estimate of the shift
-between the two campaigns' log times (the median of every pairwise difference
-``log new_j - log old_i``) with the Mann–Whitney confidence interval around it (Hollander &
-Wolfe, *Nonparametric Statistical Methods*, ch. 4: the ``k``-th smallest and largest pairwise
-differences, ``k`` from the normal approximation of the U statistic with continuity correction:
-the exact distribution's ``k`` at 4 to 20 repetitions a side, one step wider at 40). Why:
-timings are skewed and have outliers (a preempted repetition, a clock step), which ranks
-ignore; the interval's coverage holds at the small repetition counts benchmarks use, where a
-bootstrap of the median is coarse and under-covers; and it has no random seed, so a nightly
-gate gives the same answer twice. It assumes what a slowdown is: every repetition scaled by one
-factor (a shift of log times).
-
-Each campaign's own spread decides the width: a noisy campaign (or few repetitions) gives a
-wide interval, so the same 3 % reads ``slower`` on a quiet GPU and ``within noise`` on a busy
-host. Repetitions of one run are treated as independent draws; drift between runs on one
-machine (clocks, placement, the 5–9 % that flash-attention#2570 reports between machines of one
-model) is not in them — that is what a gate's threshold (``--fail-slower``) is for.
-
-Records from before the repetitions were kept, or with too few of them for a 95 % interval
-(3 + 3 cannot give one), fall back on their quantiles: the band ``new p20 / old p80`` to
-``new p80 / old p20`` (basis ``p20–p80``, wider than an interval, not a confidence statement).
+The interval is the Mann–Whitney interval around the Hodges–Lehmann shift of log times
+(Hollander & Wolfe, *Nonparametric Statistical Methods*, ch. 4; ``k`` from the normal
+approximation with continuity correction): ranks ignore the outliers timings have, it covers at
+small repetition counts where a bootstrap of the median does not, and it has no seed, so a gate
+answers the same twice (the guide says more). Records without enough repetitions fall back on
+the band ``new p20 / old p80`` to ``new p80 / old p20`` (basis ``p20–p80``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """A comparison of two campaigns on W&B: groups as inputs, the comparison as a W&B report.
 
-**Inputs** ``wandb:ENTITY/PROJECT/GROUP`` (``NAME=wandb:...`` labels it): the ``lcab-records``
-artifact of every run of the group (`lcab.records.wandb_run` logs one per cell) is downloaded
-into a fresh folder, which is then read like any records folder.
-
-**The report** (``--wandb-report``: saved, needs a W&B login; ``--wandb-dry-run PATH``: its
-JSON, offline, no login): built with ``wandb-workspaces``, as the sweep workspace is
-(`lcab.report.workspace`) — the comparison's Markdown (counts, the table with verdicts, what
-differs, unmatched cells), then a panel grid with one run set per campaign (the W&B group of a
-sweep folder or of a ``wandb:`` input; records files have none and give no run set), TFLOP/s
-against ``seqlen`` grouped by kernel. A run set names no entity or project of its own (it takes
-the report's): wandb-workspaces looks one up on the server while serialising, which an offline
-report cannot do.
+Input ``wandb:ENTITY/PROJECT/GROUP``: the ``lcab-records`` artifact of every run of the group is
+downloaded into a fresh folder and read like any records folder. The report (wandb-workspaces,
+as `lcab.report.workspace`): the comparison's Markdown, then one run set per campaign that has a
+W&B group. A run set names no entity or project of its own (it takes the report's):
+wandb-workspaces would look one up on the server while serialising, which offline cannot do.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lcab.report.frame import named_input
-from lcab.report.workspace import DEFAULT_PROJECT, STEP, read_sweep
+from lcab.report.workspace import DEFAULT_PROJECT, STEP, read_sweep, save, workspace_json
 
 PREFIX = "wandb:"
 ARTIFACT_TYPE = "lcab-records"
@@ -34,12 +27,7 @@ API_TIMEOUT_S = 30
 
 
 def _spec(given: str) -> tuple[str, str, str] | None:
-    """(entity, project, group) of a ``wandb:`` input; None for a path.
-
-    Raises:
-        ValueError: a ``wandb:`` input that is not ``wandb:ENTITY/PROJECT/GROUP``.
-
-    """
+    """(entity, project, group) of a ``wandb:`` input (ValueError: malformed); None for a path."""
     text = str(named_input(given)[1])
     if not text.startswith(PREFIX):
         return None
@@ -52,10 +40,7 @@ def _spec(given: str) -> tuple[str, str, str] | None:
 def fetched(given: str) -> str:
     """``given`` itself, or for a ``wandb:`` input a folder holding its group's records.
 
-    Raises:
-        ValueError: a malformed ``wandb:`` input, W&B unreachable or refusing, or a group
-            with no ``lcab-records`` artifact — one line each.
-
+    ValueError, one line: a malformed input, W&B unreachable or refusing, no records artifact.
     """
     spec = _spec(given)
     if spec is None:
@@ -91,14 +76,9 @@ def _where(given: str) -> tuple[str | None, str | None, str | None]:
 
 
 def build_report(args: argparse.Namespace, labels: tuple[str, str], text: str) -> Any:
-    """The comparison (its runs' ``labels``, old first) as a ``wandb_workspaces`` report.
+    """The comparison (``labels``: old, new) as a ``wandb_workspaces`` report, not saved.
 
-    Built only; ``save`` uploads it.
-
-    Raises:
-        ValueError: no entity (``--entity``, ``$WANDB_ENTITY``, a ``wandb:`` input or a
-            sweep's ``logger.entity``).
-
+    ValueError: no entity (``--entity``, ``$WANDB_ENTITY``, a ``wandb:`` input or a sweep's).
     """
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces import expr
@@ -136,20 +116,9 @@ def wandb_report(args: argparse.Namespace, labels: tuple[str, str], text: str) -
         print(f"lcab compare: {err}", file=sys.stderr)
         return 2
     if args.wandb_dry_run:
-        model = report._to_model().model_dump(by_alias=True, mode="json", exclude_none=True)
-        args.wandb_dry_run.write_text(json.dumps(model, indent=1) + "\n", encoding="utf-8")
+        text = json.dumps(workspace_json(report), indent=1) + "\n"
+        args.wandb_dry_run.write_text(text, encoding="utf-8")
         print(f"W&B report (not saved): {args.wandb_dry_run}")
     if args.wandb_report:
-        from lcab.records.loggers import first_line, has_credentials
-
-        if not has_credentials():
-            print("lcab compare: saving a W&B report needs `wandb login`", file=sys.stderr)
-            return 1
-        try:
-            print(f"W&B report: {report.save().url}")
-        except Exception as err:  # network, auth, server: one line
-            print(
-                f"lcab compare: saving the W&B report failed ({first_line(err)})", file=sys.stderr
-            )
-            return 1
+        return save(report, "the W&B report", "--wandb-dry-run")
     return 0

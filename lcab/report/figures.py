@@ -1,16 +1,14 @@
 """What each figure of the report shows, decided from `load_records`' frame.
 
-Per-length figures have one line per (series, world size, variant) and a panel per pass
-(forward, backward); lengths whose pass did not run ``ok`` become failed points at the panel's
-floor, marked by status. Throughput is the record's own ``tflops`` (so the plotted p50 is
-exactly what the record says) with the p20–p80 band computed the same way from the p20/p80
-times. A figure with nothing to draw is left out and named in `Figures.omitted` with why.
+Per-length figures have one line per (series, world size, variant) and a panel per pass; a
+length whose pass did not run ``ok`` is a failed point at the panel's floor, marked by status.
+Throughput is the record's own ``tflops``, its band the same from the p20/p80 times. A figure
+with nothing to draw is named in `Figures.omitted` with why.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,29 +16,26 @@ from typing import Any
 import pandas as pd
 
 from lcab.plot.data import (
-    Axis,
     FailedPoint,
     Heatmap,
     Line,
     LineFigure,
     Panel,
     RefLine,
-    log2_range,
-    log2_ticks,
+    log2_axis,
     name_stem,
     seqlen_label,
     severity,
 )
 from lcab.records.table import throughput_unit
 from lcab.report.clocks import clock_figures
-from lcab.report.frame import SERIES, VARIANT
+from lcab.report.frame import SERIES, VARIANT, finite
 from lcab.report.frontier import frontier_figures
 from lcab.report.plot_data import Figures, Omitted
-from lcab.report.plot_style import LineStyle, Styler, hardware_label
+from lcab.report.plot_style import PASS_TITLES, SEQLEN_AXIS, LineStyle, Styler, hardware_label
 
-PLOT_PASSES = {"fwd": "forward", "bwd": "backward"}
+PLOT_PASSES = ("fwd", "bwd")
 """Passes drawn as panels (fwd_bwd is their sum; the tables have it)."""
-SEQLEN_AXIS = "sequence length (tokens, log2 scale)"
 
 
 @dataclass(frozen=True)
@@ -92,37 +87,26 @@ NUMERICS = Metric(
 
 
 def throughput_metric(frame: pd.DataFrame) -> Metric:
-    """`THROUGHPUT` in the machine's units: GFLOP/s when every record ran on a CPU.
-
-    A CPU sweep's axis read "TFLOP/s per device" with ticks of 0.0025-0.0175; the console
-    already said GFLOP/s (`lcab.records.table.throughput_unit`).
-    """
+    """`THROUGHPUT` in the machine's units (`throughput_unit`): GFLOP/s where all ran on a CPU."""
     unit, factor = throughput_unit(frame["device"])
     return replace(THROUGHPUT, y_label=f"{unit} per device", scale=factor)
 
 
 def tflops_band(row: pd.Series, pass_: str) -> tuple[float, float] | None:
-    """The p20–p80 TFLOP/s band of a pass, computed as `lcab.bench.results.summarise` does.
+    """The p20–p80 TFLOP/s band of a pass, as `lcab.bench.results.summarise` computes TFLOP/s.
 
-    TFLOP/s = flops / (world size x time x 1e9) with the time in ms: per device under CP. The
-    slow end (the p80 time) is the band's low end. With several mask samples flops and times
-    are medians over samples while ``tflops`` is the median of per-sample values, so the band
-    is widened to include ``tflops`` if they disagree.
+    The p80 time gives the low end; the band is widened to hold ``tflops`` (with several mask
+    samples that is a median of per-sample values, which may fall outside).
     """
     flops, world = row.get(f"{pass_}_flops"), row.get("world_size") or 1
     p20, p80 = row.get(f"{pass_}_ms_p20"), row.get(f"{pass_}_ms_p80")
-    if not (_number(flops) and _number(p20) and _number(p80)) or p20 <= 0 or p80 <= 0:
+    if None in (finite(flops), finite(p20), finite(p80)) or p20 <= 0 or p80 <= 0:
         return None
     low, high = flops / (world * p80 * 1e9), flops / (world * p20 * 1e9)
     mid = row.get(f"{pass_}_tflops")
-    if _number(mid):
+    if finite(mid) is not None:
         low, high = min(low, mid), max(high, mid)
     return low, high
-
-
-def _number(value: Any) -> bool:
-    """A finite number (numpy scalars included; None, NaN and booleans are not)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 LINE_KEY = [SERIES, "world_size", VARIANT]
@@ -180,7 +164,7 @@ def metric_panel(
                 where = f"S = {seqlen_label(row['seqlen'])}, world size {int(row['world_size'])}"
                 why = f"{where}: {_reason(row, pass_)}"
                 failures.append((float(row[x_column]), str(status), style, why))
-            elif _number(y) and (y > 0 or not metric.y_log):
+            elif finite(y) is not None and (y > 0 or not metric.y_log):
                 band = tflops_band(row, pass_) if metric.suffix == "tflops" else None
                 band = None if band is None else (band[0] * metric.scale, band[1] * metric.scale)
                 y *= metric.scale
@@ -192,16 +176,12 @@ def metric_panel(
             continue  # nothing asked of this line in this pass
         banded = any(b is not None for b in bands)
         lines.append(
-            Line(
-                x=tuple(xs),
-                y=tuple(ys),
+            style.draw(
+                xs,
+                ys,
                 low=tuple(b[0] if b else math.nan for b in bands) if banded else None,
                 high=tuple(b[1] if b else math.nan for b in bands) if banded else None,
                 hover=tuple(hover),
-                label=style.label,
-                series=style.series,
-                colour=style.colour,
-                dash=style.dash,
             )
         )
     floor = _floor(lines, list(refs), metric.y_log)
@@ -213,7 +193,7 @@ def metric_panel(
         seen[x] += 1
         failed.append(FailedPoint(x, floor, status, s.series, s.label, s.colour, why, slot))
     return Panel(
-        PLOT_PASSES[pass_],
+        PASS_TITLES[pass_],
         metric.y_label,
         metric.y_log,
         stacked(lines),
@@ -244,10 +224,6 @@ def _passes_of(frame: pd.DataFrame) -> list[str]:
     return [p for p in PLOT_PASSES if p in asked]
 
 
-def _seqlen_axis(frame: pd.DataFrame) -> Axis:
-    return Axis(SEQLEN_AXIS, log2_ticks(frame["seqlen"]), log2_range(frame["seqlen"]))
-
-
 def per_length_figure(
     frame: pd.DataFrame, styler: Styler, metric: Metric, mask: str
 ) -> LineFigure | None:
@@ -261,7 +237,9 @@ def per_length_figure(
         return None
     name, title = f"{metric.section}_{name_stem(mask)}", metric.title.format(mask=mask)
     title = " · ".join(t for t in (title, hardware_label(frame)) if t)
-    return LineFigure(name, metric.section, title, _seqlen_axis(frame), tuple(panels))
+    return LineFigure(
+        name, metric.section, title, log2_axis(SEQLEN_AXIS, frame["seqlen"]), tuple(panels)
+    )
 
 
 def scaling_figure(
@@ -269,8 +247,8 @@ def scaling_figure(
 ) -> LineFigure | None:
     """Per-device TFLOP/s against world size for one mask's CP rows, at one length.
 
-    The length is the largest that every series of the mask has a record for (whatever its
-    status), so each strategy shows a point or a failure there; with none common, the largest.
+    The largest length every series has a record for, so each strategy shows a point or a
+    failure there; with none common, the largest.
     """
     per_series = [set(s) for _, s in frame.groupby(SERIES)["seqlen"]]
     common = set.intersection(*per_series) if per_series else set()
@@ -283,10 +261,7 @@ def scaling_figure(
     which = "the largest length in every strategy's records" if common else "the largest length"
     title = f"Per-device throughput vs world size: {mask}, S = {seqlen_label(seqlen)} ({which})"
     title = " · ".join(t for t in (title, hardware_label(rows)) if t)
-    worlds = rows["world_size"]
-    axis = Axis(
-        "world size (ranks, log2 scale)", log2_ticks(worlds, label=False), log2_range(worlds)
-    )
+    axis = log2_axis("world size (ranks, log2 scale)", rows["world_size"], seqlens=False)
     return LineFigure(name, section, title, axis, tuple(panels))
 
 
@@ -319,7 +294,7 @@ def cp_figure(
         panels.append(Panel(what, "bytes sent per rank, fwd+bwd (MiB)", True, stacked(comm)))
     if not panels:
         return None
-    return LineFigure(name, section, title, _seqlen_axis(frame), tuple(panels))
+    return LineFigure(name, section, title, log2_axis(SEQLEN_AXIS, frame["seqlen"]), tuple(panels))
 
 
 def _column_line(
@@ -334,20 +309,17 @@ def _column_line(
     points = [
         (float(r["seqlen"]), float(r[column]) * scale)
         for _, r in rows.iterrows()
-        if _number(r.get(column)) and r[column] > 0
+        if (finite(r.get(column)) or 0) > 0
     ]
     if not points:
         return []
     label = style.label + suffix
     hover = tuple(f"S = {seqlen_label(x)}\n{label}: {y:.4g}" for x, y in points)
     return [
-        Line(
+        style.draw(
+            (p[0] for p in points),
+            (p[1] for p in points),
             label=label,
-            series=style.series,
-            colour=style.colour,
-            dash=style.dash,
-            x=tuple(p[0] for p in points),
-            y=tuple(p[1] for p in points),
             markers_only=markers_only,
             hover=hover,
             in_legend=not markers_only,

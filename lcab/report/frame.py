@@ -1,36 +1,18 @@
 """`load_records`: the records of sweeps, run folders or records files as one DataFrame.
 
-This is the single entry point from records on disk to anything tabular — the report's
-figures and tables, and notebooks (``from lcab.report.frame import load_records``). One row is
-one record (one cell at one length); the columns are `RunRecord.flat` keys (pass fields as
-``fwd_ms_p50``, ``bwd_tflops``, ...), plus a few derived ones every view needs:
-
-``series``
-    what a line of a plot stands for: the kernel when ``cp == "none"``, else
-    ``"<cp>/<kernel>"`` (a CP strategy with its local kernel). Every figure colours by it.
-``variant``
-    usually empty; names the settings (``dtype=bfloat16``, ``sweep_id=...``) that tell apart
-    records which would otherwise share a point — same series, mask, world size and length —
-    because the inputs mix, say, two dtypes or the same cell from two sweeps.
-``source``
-    the records file a row was read from.
-``run``
-    the name a user gave its input (``python -m lcab.report build baseline=PATH new=PATH``;
-    empty when unnamed): what a comparison of two runs is labelled by (`variant` tries it
-    first; `lcab.report.compare` compares the second named run with the first).
-
-A record whose ranks shared a GPU (``shared_device``: a numerics-only check over gloo) keeps
-its numerics, bytes and memory, but its times and TFLOP/s are empty here
-(`RunRecord.measured_flat`), so no figure or table reads a throughput off it.
-
-A sweep folder holds each job's ``records.jsonl`` *and* the merged copy at its root; only the
-job files are read (a records file whose folder has other records files below it is a merge
-of those), and rows that are the same record (same run id, length and creation time) are kept
-once, so nothing is counted twice however the inputs overlap.
+The one way from records on disk to anything tabular (the report, notebooks). One row is one
+record (one cell at one length) with the `RunRecord.measured_flat` columns (times and TFLOP/s
+empty for ranks that shared a GPU), plus ``series`` (the kernel, or ``<cp>/<kernel>``: what a
+line stands for), ``variant`` (the settings that tell apart rows that would share a point,
+such as two dtypes), ``source`` (the records file) and ``run`` (the name given to its input,
+``build base=A new=B``). A sweep's merged root copy is not read beside its job files, and a
+record read twice is kept once.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,44 +26,23 @@ SERIES = "series"
 VARIANT = "variant"
 SOURCE = "source"
 RUN = "run"
-DERIVED_COLUMNS = (SERIES, VARIANT, SOURCE, RUN)
-"""Columns `load_records` adds to the `RunRecord.flat` keys."""
 
 POINT_KEY = ("series", "mask", "world_size", "seqlen")
 """What makes one point of a plot; rows sharing it are told apart by ``variant``."""
 VARIANT_CANDIDATES = (
-    RUN,
-    "dtype",
-    "heads_q",
-    "heads_kv",
-    "head_dim",
-    "device_name",
-    "nodes",
-    "cp_balance",
-    "mask_samples",
-    "sweep_id",
+    *(RUN, "dtype", "heads_q", "heads_kv", "head_dim", "device_name", "nodes", "cp_balance"),
+    *("mask_samples", "sweep_id"),
 )
 """Settings that may tell apart rows sharing a `POINT_KEY`, in the order they are tried."""
 _SAME_RECORD = ("run_id", "seqlen", "created_at", "kernel", "cp", "mask")
 
 
 class BadInputError(ValueError):
-    """An input path does not exist, holds no records, or has a line that is not a record.
-
-    The message names the path (and line), so a command can print it as it is.
-    """
+    """An input path does not exist, holds no records, or has a line that is not a record."""
 
 
 def record_files(path: Path) -> list[Path]:
-    """The records files to read for ``path`` (a records file, a run folder or a sweep).
-
-    A folder contributes its leaf records files: a ``records.jsonl`` with another records file
-    somewhere below its folder is a merged copy (a sweep root's) and is left out.
-
-    Raises:
-        BadInputError: ``path`` does not exist or has no records file.
-
-    """
+    """The records files of ``path``: itself, or a folder's leaf ones (not a sweep's merge)."""
     if not path.exists():
         raise BadInputError(
             f"{path}: no such file or folder (expected a sweep or run folder, or a "
@@ -100,26 +61,23 @@ def record_files(path: Path) -> list[Path]:
     return leaves
 
 
+def finite(value: Any) -> float | None:
+    """``value`` as a float if it is a finite number (numpy's too; booleans are not), else None."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def series_name(kernel: str, cp: str) -> str:
     """The ``series`` of a record: its kernel, or ``<cp>/<kernel>`` under context parallelism."""
     return kernel if cp == "none" else f"{cp}/{kernel}"
 
 
 def load_records(paths: Path | str | Sequence[Path | str]) -> pd.DataFrame:
-    """One row per record found under ``paths``, merged and de-duplicated.
+    """One row per record under ``paths``, sorted by mask, series, world size and length.
 
-    Args:
-        paths: one sweep folder, run folder or ``records.jsonl`` file, or several in any mix
-            (a single path given as a string is one path, not a sequence of characters).
-
-    Returns:
-        A DataFrame with the `RunRecord.flat` columns plus ``series``, ``variant`` and
-        ``source`` (see the module docstring), sorted by mask, series, world size and length.
-
-    Raises:
-        BadInputError: a path does not exist, or it (or its files) holds no records, or a
-            line that is not a record; the message names the path (and the line).
-
+    ``paths``: sweep or run folders or records files, in any mix; `BadInputError` names a bad
+    path or line.
     """
     if isinstance(paths, str | Path):
         paths = [paths]
@@ -146,8 +104,7 @@ def load_records(paths: Path | str | Sequence[Path | str]) -> pd.DataFrame:
         if count == 0:
             raise BadInputError(f"{path}: its {RECORDS_FILE} file(s) hold no records")
     frame = pd.DataFrame(rows)
-    # the same record read from two files (a job's and a merged copy given explicitly): keep
-    # the first file's; rows of one file are never dropped, whatever their identity fields
+    # one record read from two files (a job's and a merged copy): the first file's is kept
     first = frame.groupby(list(_SAME_RECORD), dropna=False, sort=False)[SOURCE].transform("first")
     frame = frame[frame[SOURCE] == first].copy()
     frame[VARIANT] = variant_labels(frame)

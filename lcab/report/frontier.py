@@ -1,14 +1,9 @@
 """The memory frontier in the report: how long a context fits, measured and as the planner has it.
 
-A ``seqlen=frontier`` cell (`lcab.bench.frontier`) ends in one record that carries the longest
-length that ran, the bracket it was found in, the probes made, the peak memory there, and the
-planner's frontier for the same cell and budget (`lcab.plan.frontier`). The figure puts tokens
-per device against world size, one line per series: measured (solid, with markers) beside the
-planner's (dashed), so a reader sees which strategy lets a context grow with the ranks (Ring and
-USP keep a shard per rank) and which does not (Ring All-Gather holds every rank's K/V), and how far
-the model is from the run. The table lists every frontier record with its bracket and probes.
-
-Records of ordinary sweeps have no frontier: then there is no figure, no table and no section.
+A ``seqlen=frontier`` cell (`lcab.bench.frontier`) ends in one record with the longest length
+that ran, its bracket, probes, peak memory and the planner's frontier (`lcab.plan.frontier`).
+The figure puts tokens per device against world size, measured (solid) beside the planner's
+(dashed); the table lists every search. Ordinary sweeps have neither, and no section.
 """
 
 from __future__ import annotations
@@ -20,12 +15,10 @@ from typing import Any
 import pandas as pd
 
 from lcab.plot.data import (
-    Axis,
     Line,
     LineFigure,
     Panel,
-    log2_range,
-    log2_ticks,
+    log2_axis,
     name_stem,
     seqlen_label,
 )
@@ -88,8 +81,7 @@ def frontier_figures(frame: pd.DataFrame, styler: Styler) -> tuple[list[LineFigu
         if not lines:
             omitted.append(Omitted(SECTION, f"{mask}: no frontier with a world size"))
             continue
-        worlds = of_mask["world_size"]
-        axis = Axis("ranks (log2 scale)", log2_ticks(worlds, label=False), log2_range(worlds))
+        axis = log2_axis("ranks (log2 scale)", of_mask["world_size"], seqlens=False)
         panel = Panel(
             "longest length that ran (measured: solid or ×; the planner's model: dashed)",
             "tokens per device",
@@ -132,13 +124,11 @@ def _lines(rows: pd.DataFrame, styler: Styler) -> list[Line]:
                 continue
             label = style.label + suffix
             lines.append(
-                Line(
+                style.draw(
+                    (x for x, _, _ in points),
+                    (y for _, y, _ in points),
                     label=label,
-                    series=style.series,
-                    colour=style.colour,
                     dash=dash,
-                    x=tuple(x for x, _, _ in points),
-                    y=tuple(y for _, y, _ in points),
                     markers_only=len(points) == 1 and not suffix,
                     hover=tuple(_hover(label, x, y, r) for x, y, r in points),
                 )

@@ -1,16 +1,14 @@
 """Generated sections of the docs: text between ``BEGIN generated:NAME`` and its END marker.
 
-The guides beside the code (``lcab/*/README.md``) carry tables made from the registries, and
-``python -m lcab.main --help`` lists the config groups a user picks; all of it is generated
-here, never typed. `python -m lcab.report docs` rewrites every section in every
-file of `GENERATED_FILES`; a test fails when a committed file differs from what the code
-generates, so no table can go stale. A section may live in any of those files (Markdown files
-mark it with ``<!-- BEGIN generated:NAME -->``, YAML files with ``# BEGIN generated:NAME``), but
-each section must appear somewhere, so moving text between guides cannot drop a table.
+The guides (``lcab/*/README.md``) and ``python -m lcab.main --help`` carry tables made from the
+registries; `python -m lcab.report docs` rewrites every section of `GENERATED_FILES`, and a test
+fails when a committed file differs, so no table goes stale. Every section must appear in some
+file, so moving text between guides cannot drop a table.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -63,10 +61,7 @@ GROUP_GUIDES: dict[str, tuple[str, str]] = {
 
 
 def committed_gpu_table() -> str:
-    """The committed GPU run's tables (the support matrix's ``G`` source).
-
-    Kernel x mask, then strategy x kernel when the run had the one-GPU CP step.
-    """
+    """The committed GPU run's tables: kernel x mask, then strategy x kernel when it has CP rows."""
     if not VERIFICATION_FILE.exists():
         return "No GPU verification records."
     table = verification_markdown(read_verification(VERIFICATION_FILE))
@@ -75,11 +70,7 @@ def committed_gpu_table() -> str:
 
 
 def user_groups(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
-    """The config groups of ``conf/`` a user picks, with their options (Hydra's own excluded).
-
-    The typed schemas live in ConfigStore groups (``schema/*``), not in ``conf/``, which is why
-    Hydra's default help lists them and this list does not.
-    """
+    """The config groups of ``conf/`` a user picks, with their options (not the schemas)."""
     groups = {}
     for folder in sorted(p for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"):
         options = sorted(f.stem for f in folder.glob("*.yaml"))
@@ -89,12 +80,7 @@ def user_groups(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
 
 
 def help_template() -> str:
-    """The Hydra help template of ``python -m lcab.main --help`` (YAML, ``template:`` key).
-
-    Raises:
-        ValueError: a group of ``conf/`` has no entry in `GROUP_GUIDES`.
-
-    """
+    """The ``python -m lcab.main --help`` template (ValueError: a group without `GROUP_GUIDES`)."""
     groups = user_groups()
     missing = sorted(set(groups) - set(GROUP_GUIDES))
     if missing:
@@ -159,12 +145,7 @@ def sections_in(text: str) -> list[str]:
 
 
 def render(text: str, path: Path = README) -> str:
-    """``text`` (the content of ``path``) with every generated section it marks made current.
-
-    Raises:
-        ValueError: a marker names no known section, or has no END marker.
-
-    """
+    """``text`` (of ``path``) with its sections made current (ValueError: a bad marker)."""
     markers = _markers(path)
     for name in sections_in(text):
         if name not in SECTIONS:
@@ -178,12 +159,7 @@ def render(text: str, path: Path = README) -> str:
 
 
 def render_all(paths: Iterable[Path] = GENERATED_FILES) -> dict[Path, str]:
-    """The current text of every file, each generated section rewritten.
-
-    Raises:
-        ValueError: a section appears in none of the files.
-
-    """
+    """Every file's text, sections rewritten (ValueError: a section in none of the files)."""
     texts = {path: path.read_text() for path in paths}
     found = {name for text in texts.values() for name in sections_in(text)}
     missing = [name for name in SECTIONS if name not in found]
@@ -205,3 +181,11 @@ def update(paths: Iterable[Path] = GENERATED_FILES) -> list[Path]:
             path.write_text(new)
             changed.append(path)
     return changed
+
+
+def command(args: argparse.Namespace) -> int:
+    """``python -m lcab.report docs``: rewrite every generated section, saying which changed."""
+    changed = update()
+    for path in GENERATED_FILES:
+        print(f"{path}: {'updated' if path in changed else 'already current'}")
+    return 0

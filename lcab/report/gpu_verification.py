@@ -1,20 +1,16 @@
 """The GPU verification table: what a GPU run of the ``gpu`` test tier showed, kernel × mask.
 
 `launchers/gpu_check.sh` runs ``tests/gpu`` on a CUDA machine with
-``LCAB_GPU_VERIFICATION=<file>``; every case appends one JSON line (kernel, mask, pass, verdict
-``verified`` / ``failed`` / ``unsupported``, errors or reason, versions, GPU name). This module
-turns those lines into the Markdown table the README shows — the only source of a
-"GPU-verified" claim: nothing here runs a kernel, it reports what the GPU run wrote.
-
-The same file holds the CP rows of the one-GPU CP step (``python -m tests.gpu.cp_shared``): a
-row with ``cp`` (strategy), ``cp_options`` and ``world`` judges a kernel *under* a strategy,
-ranks sharing the GPU. `read_verification` keeps the two apart — kernel rows by default, so the
-support matrix's kernel marks never read a CP verdict — and `cp_verification_markdown` renders
-strategy × kernel. ``python -m lcab.report.gpu_verification FILE`` prints both tables.
+``LCAB_GPU_VERIFICATION=<file>``; every case appends one JSON line (kernel, mask, pass, verdict,
+errors or reason, versions, GPU name). Those lines are the only source of a "GPU-verified"
+claim: nothing here runs a kernel. Rows with ``cp`` come from the one-GPU CP step
+(``tests.gpu.cp_shared``: a kernel under a strategy, ranks sharing the GPU); `read_verification`
+keeps them apart, so the support matrix's kernel marks never read a CP verdict.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -31,12 +27,7 @@ def is_cp_row(row: dict[str, Any]) -> bool:
 
 
 def read_verification(path: str | Path, cp: bool = False) -> list[dict[str, Any]]:
-    """The JSON lines of a verification file (blank lines ignored): kernel rows, or CP rows.
-
-    Raises:
-        ValueError: a line is not JSON or lacks kernel, mask, pass or verdict (line named).
-
-    """
+    """Kernel rows (or CP rows) of a verification file; ValueError names a bad line."""
     rows = []
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
@@ -55,11 +46,7 @@ def read_verification(path: str | Path, cp: bool = False) -> list[dict[str, Any]
 
 
 def _gaps(rows: list[dict[str, Any]], masks: set[str]) -> list[str]:
-    """Lines naming what the run could not judge.
-
-    Kernels whose package was missing (their ``–`` says nothing of the kernel) and registered
-    masks no case recorded.
-    """
+    """What the run could not judge: kernels whose package was missing, masks never recorded."""
     from lcab.masks import list_masks
 
     missing = sorted({r["kernel"] for r in rows if "not installed" in str(r.get("reason", ""))})
@@ -75,11 +62,7 @@ def _gaps(rows: list[dict[str, Any]], masks: set[str]) -> list[str]:
 
 
 def verification_markdown(rows: list[dict[str, Any]]) -> str:
-    """Markdown: the run's environment, then kernel × mask cells ``fwd / bwd`` verdicts.
-
-    A failed pass names its error below the table, so a reader sees what broke, not only that
-    something did; an unsupported pass is ``–`` (the support matrix says why).
-    """
+    """Markdown: the run's environment, kernel × mask ``fwd / bwd`` verdicts, errors below."""
     if not rows:
         return "No GPU verification records."
     env = rows[0]
@@ -127,11 +110,10 @@ def _strategy_label(row: dict[str, Any]) -> str:
 
 
 def cp_verification_markdown(rows: list[dict[str, Any]]) -> str:
-    """Markdown: strategy × kernel rows, one column per mask, cells ``fwd / bwd`` verdicts.
+    """Markdown: strategy × kernel rows, a column per mask, cells ``fwd / bwd`` verdicts.
 
-    The ranks shared one GPU over gloo (each rank's kernels real CUDA, transfers through
-    gloo and host copies): numerics and bytes, never a timing. Only kernels that ran under some
-    strategy get rows; refusals (`–`) are counted below the table with their first reason.
+    The ranks shared one GPU over gloo: numerics and bytes, never a timing. Refusals (`–`) are
+    counted below the table with their first reason.
     """
     if not rows:
         return "No CP verification records."
@@ -185,22 +167,14 @@ def cp_verification_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the kernel table and the CP table of a verification file (exit 2: bad file)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m lcab.report.gpu_verification FILE", file=sys.stderr)
-        return 2
+def command(args: argparse.Namespace) -> int:
+    """``report gpu-table FILE``: the kernel table, then the CP table (2: a bad file)."""
     try:
-        kernel_rows, cp_rows = read_verification(args[0]), read_verification(args[0], cp=True)
+        rows, cp_rows = read_verification(args.file), read_verification(args.file, cp=True)
     except (OSError, ValueError) as err:
-        print(f"python -m lcab.report.gpu_verification: {err}", file=sys.stderr)
+        print(f"python -m lcab.report gpu-table: {err}", file=sys.stderr)
         return 2
-    print(verification_markdown(kernel_rows))
+    print(verification_markdown(rows))
     if cp_rows:
         print("\n" + cp_verification_markdown(cp_rows))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,55 +1,30 @@
 """The report's colours and dashes, decided once for every figure (`lcab.plot.data` the rest).
 
-A reader compares figures side by side, so one kernel (or one CP strategy) has one colour in
-every plot and in both renderers, and the lines of one series (its world sizes, variants) differ
-by dash. `Styler` fixes colours from the registries (`palette`: a kernel keeps its colour across
-reports) and dashes from the sorted (world size, variant) pairs of each series, so neither
-depends on the order plots are drawn in.
+One kernel (or CP strategy) has one colour in every plot and both renderers (`palette`, from
+the registries); the lines of one series differ by dash, from its sorted (world size, variant)
+pairs, so nothing depends on the order plots are drawn in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
-from lcab.plot.data import DASHES
+from lcab.plot.data import DASHES, Line
 from lcab.report.frame import SERIES, VARIANT
 
+PASS_TITLES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
+"""How a pass is named in panel titles and hovers."""
+SEQLEN_AXIS = "sequence length (tokens, log2 scale)"
 SERIES_COLOURS = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-    "#393b79",
-    "#637939",
-    "#8c6d31",
-    "#843c39",
-    "#7b4173",
-    "#3182bd",
-    "#e7ba52",
-    "#ad494a",
-    "#a55194",
-    "#6b6ecf",
-    "#9c9ede",
-    "#cedb9c",
-    "#e7969c",
-    "#de9ed6",
-    "#31a354",
-    "#756bb1",
-    "#636363",
-    "#fd8d3c",
-    "#3b5b92",
-    "#b5cf6b",
-    "#d6616b",
-    "#8ca252",
+    *("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"),
+    *("#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"),
+    *("#e7ba52", "#ad494a", "#a55194", "#6b6ecf", "#9c9ede", "#cedb9c", "#e7969c", "#de9ed6"),
+    *("#31a354", "#756bb1", "#636363", "#fd8d3c", "#3b5b92", "#b5cf6b", "#d6616b", "#8ca252"),
 )
 """Qualitative colours: the kernels declare theirs (`Kernel.colour`); CP strategies and series
 the registries do not know take the rest (see `palette`)."""
@@ -120,6 +95,10 @@ class LineStyle:
     series: str
     colour: str
     dash: str
+
+    def draw(self, x: Iterable[float], y: Iterable[float], **fields: Any) -> Line:
+        """A `Line` in this style through ``x``, ``y``; ``fields`` set the rest (or the label)."""
+        return Line(**{**dataclasses.asdict(self), **fields}, x=tuple(x), y=tuple(y))
 
 
 class Styler:

@@ -1,9 +1,7 @@
 """What differs between two campaigns that could explain a difference in their times.
 
-`provenance_table` sets side by side, for each of `PROVENANCE`, the values the records of each
-campaign hold (distinct texts, or a range for numbers) and marks what differs (``≠``; ``?``
-where only one campaign's records have the field, being older than it). Used by
-`lcab.report.compare`, the command and the report's comparison section.
+`provenance_table` sets side by side, for each of `PROVENANCE`, each campaign's values (distinct
+texts, or a range for numbers), marking what differs (``≠``; ``?`` where one side lacks it).
 """
 
 from __future__ import annotations

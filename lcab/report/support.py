@@ -1,21 +1,15 @@
 """Support matrices generated from the registries, never written by hand.
 
-* kernel x mask x pass: each kernel is judged on its *home* problem — the CPU defaults for
-  kernels that run on CPU, the paper's GPU shape (bf16, GQA 64:8, head dim 128) on CUDA for
-  GPU-only kernels — with this machine's circumstances (no CUDA, package not installed)
-  left out, so the matrix says what a kernel can do, not what this laptop has.
-* strategy x mask: which CPU local kernels run forward+backward under each CP strategy at
-  world 4, checked by the same `Strategy.not_supported_reasons` the runner uses;
-* strategy x GPU kernel: on how many masks each GPU kernel runs forward+backward (or forward
-  only) under each strategy at world 4, on the GPU problem, by the same check — every block a
-  rank would give the kernel included.
-
-Cells are derived from `Kernel.not_supported_reasons` and the CP checks, so the matrix cannot
-drift from what the runner actually skips; tests keep the README copy current.
+kernel x mask x pass (each kernel on its *home* problem: CPU defaults if it runs on CPU, else
+the paper's GPU shape, with this machine's circumstances left out), strategy x mask (CPU local
+kernels at world 4) and strategy x GPU kernel (masks each runs at world 4). Cells come from
+`Kernel.not_supported_reasons` and `Strategy.not_supported_reasons`, the checks the runner uses,
+so a matrix cannot drift from what the runner skips.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -62,12 +56,10 @@ def gpu_verdicts(path: Path = VERIFICATION_FILE) -> dict[tuple[str, str, str], s
 def evidence(
     kernel: Kernel, mask_name: str, verdict: Verdict, gpu: dict[tuple[str, str, str], str]
 ) -> str:
-    """What backs a supported cell beyond the declaration, per shown pass.
+    """What backs a supported cell beyond the declaration, per shown pass (`EVIDENCE`).
 
-    CPU kernels are run against the fp64 reference by the test suite (no mark); a CUDA-only
-    kernel is ``c`` when CPU contract-tested, ``G`` when a committed GPU run verified the pass,
-    ``G!`` when that run failed it, ``n`` when nothing has run it yet (torch's own CUDA
-    backends, which no stand-in could test). Two different marks read ``fwd/bwd``.
+    CPU kernels: nothing (the suite runs them against the reference); CUDA-only ones: ``c``
+    CPU contract-tested, ``G``/``G!`` verified/failed by the committed GPU run, ``n`` nothing.
     """
     if "cpu" in kernel.caps.devices or not verdict.passes:
         return ""
@@ -92,10 +84,7 @@ class Verdict:
 
 
 def home_problem(kernel: Kernel, heads_kv: int | None = None, gpu: bool = False) -> Problem:
-    """The problem a kernel is judged on: CPU defaults if it runs on CPU, else the GPU shape.
-
-    ``gpu``: the GPU shape on CUDA whatever the kernel also runs on (the GPU matrices).
-    """
+    """CPU defaults if the kernel runs on CPU (and not ``gpu``), else the GPU shape on CUDA."""
     on_cpu = "cpu" in kernel.caps.devices and not gpu
     shape: dict[str, Any] = CPU_PROBLEM if on_cpu else GPU_PROBLEM
     if not kernel.caps.gqa:  # judged on MHA (the paper's 64:64 runs), not refused for GQA
@@ -230,11 +219,7 @@ def _category(reason: str) -> str:
 
 
 def strategy_matrix_markdown() -> str:
-    """Markdown: strategies x masks; each row names its CPU local kernels (fwd+bwd).
-
-    A cell is ✓ when every kernel of its row runs that mask under the strategy, else it lists
-    the kernels that do (``–``: none).
-    """
+    """Markdown: strategies x masks; ✓ where all the row's CPU kernels run, else which do."""
     masks = list_masks()
     rows = []
     for strategy in STRATEGIES.names():
@@ -271,17 +256,8 @@ def kernel_list_markdown() -> str:
                 proof_on_cpu(caps),
             ]
         )
-    header = [
-        "kernel",
-        "what",
-        "devices",
-        "backward",
-        "mask form",
-        "per-head masks",
-        "LSE on",
-        "needs",
-        "shown here",
-    ]
+    header = ["kernel", "what", "devices", "backward", "mask form", "per-head masks", "LSE on"]
+    header += ["needs", "shown here"]
     return "\n".join(_table(header, rows))
 
 
@@ -318,9 +294,7 @@ def kernel_install_markdown() -> str:
 def gpu_strategy_cell(strategy: str, kernel_name: str, masks: list[str]) -> str:
     """How many masks run fwd+bwd (and forward only) under ``strategy`` with a GPU kernel.
 
-    Judged on the kernel's home GPU problem at `CP_WORLD` ranks with this machine's
-    circumstances (no CUDA, package missing) left out, by the runner's own
-    `Strategy.not_supported_reasons` — every block each rank would call the kernel with included.
+    On the kernel's home GPU problem at `CP_WORLD` ranks, this machine's circumstances left out.
     """
     kernel = get_kernel(kernel_name)
     problem = home_problem(kernel, gpu=True)
@@ -352,3 +326,14 @@ def gpu_strategy_matrix_markdown() -> str:
         [f"`{s}`", *(gpu_strategy_cell(s, k, masks) for k in kernels)] for s in STRATEGIES.names()
     ]
     return "\n".join(_table(["strategy", *(f"`{k}`" for k in kernels)], rows))
+
+
+def command(args: argparse.Namespace) -> int:
+    """``python -m lcab.report support``: print the three support matrices."""
+    print(
+        kernel_matrix_markdown(),
+        strategy_matrix_markdown(),
+        gpu_strategy_matrix_markdown(),
+        sep="\n\n",
+    )
+    return 0

@@ -1,47 +1,24 @@
 """W&B dashboards as code: the standard workspace of one lcab sweep's W&B group.
 
-A workspace built here shows the runs of one sweep (one W&B run per cell, see
-`lcab.records.wandb_run`) the way lcab's questions are asked:
+Sections (one W&B run per cell, `lcab.records.wandb_run`): TFLOP/s against ``seqlen`` by kernel,
+by CP strategy (and by mask with several masks); per-GPU headline TFLOP/s against
+``world_size`` (a scatter over runs: each run has one world size, so no history axis shows it)
+and a parallel coordinates plot; measured vs predicted; peak memory; numerical error; status
+counts. The runset is filtered to the sweep's group.
 
-* **Throughput** — fwd and bwd TFLOP/s per GPU against ``seqlen`` (the history's step metric),
-  one section grouped by kernel and one by CP strategy; a third grouped by mask when the view
-  holds more than one mask.
-* **Scaling** — per-GPU headline TFLOP/s against the run config's ``world_size`` (a scatter over
-  runs: each run has one world size, so no history axis can show this), and a parallel
-  coordinates plot of kernel, cp, mask, world size and the headline figures.
-* **Memory** — ``fwd/bwd_mem_peak_mib`` against seqlen; **Numerics** — ``fwd/bwd_max_abs_err``
-  against seqlen (log y).
-* **Status** — the summary counts ``n_ok`` … ``n_numerics_mismatch`` summed per kernel and per
-  CP strategy (bar charts), and the same counts pinned in the runs table next to the axes.
+Why it is built this way:
 
-The runset is filtered to the sweep's group (``Group = <group>``), so the view shows that sweep
-only. The runs table is left ungrouped so each panel's own ``groupBy`` is the only grouping (the
-library always writes ``useRunsTableGroupingInPanels: true`` and does not expose it; how the live
-app combines it with panel grouping could not be checked from here, offline).
+* wandb-workspaces 0.4.13 filters only the whole workspace (no section or panel filter), so a
+  section per mask would show every mask under a false title; ``--mask`` narrows the runset to
+  one mask instead (one saved view per mask).
+* A kernel's group mixes the sweep's other axes, so a mean means nothing: panels aggregate with
+  ``max`` and shade ``minmax`` (the best the group reached, and its spread).
+* W&B fetches 10 runs per panel by default and draws groups from those only, so ``max_runs`` is
+  raised to the sweep's number of cells.
 
-**Faceting by mask.** wandb-workspaces 0.4.13 cannot filter per section or per panel: a
-`Workspace` has one runset (`RunsetSettings.filters`), `Section` has no filter field and a panel
-groups by a single key (`LinePlot.groupby`). A section per mask would therefore show every mask
-in every section, under a false title. Instead: (1) a "by mask" section groups the same metrics
-by mask, and (2) ``build_workspace(..., mask=m)`` (``--mask`` on the command line) narrows the
-runset to ``Group = <group> and mask = m`` — one saved view per mask gives true per-mask facets
-of the kernel and CP sections.
-
-**Aggregation.** A kernel's group mixes the sweep's other axes (cp, mask, world size, dtype), so
-the mean of a group has no meaning. Panels aggregate with ``max`` and shade ``minmax``: the line
-is the best throughput (the largest memory, the worst error) the group reached at that length and
-the band shows the spread across its configurations.
-
-**Ranks that shared a GPU** (``shared_device``, a numerics-only CP check over gloo) never log a
-time or a TFLOP/s (`lcab.records.wandb_run` logs `RunRecord.measured_flat`), so every throughput
-and scaling panel here leaves them out while their memory, numerics and status panels show them.
-
-**Run limit.** W&B fetches 10 runs per panel by default and computes group lines from the
-fetched runs only, so ``max_runs`` is raised to the sweep's number of cells.
-
-Building and serialising never touch the network or need a login (only ``save`` and the saved
-workspace's ``url`` call the W&B API; the unit tests check this with sockets disabled).
-``wandb_workspaces`` is imported inside the functions: importing it (and wandb) takes seconds.
+Building and serialising need no network or login (only ``save`` calls the W&B API; the tests
+check this with sockets disabled); ``wandb_workspaces`` is imported inside the functions, as
+importing it takes seconds.
 """
 
 from __future__ import annotations
@@ -88,12 +65,7 @@ class SweepRuns:
 
 
 def _job_folders(sweep: Path) -> tuple[list[Path], Path]:
-    """The job folders of ``sweep`` and the folder its W&B group is named after.
-
-    A multirun folder holds ``<n>_<overrides>/.hydra/config.yaml`` (group: the sweep folder); a
-    single run's folder holds ``.hydra/config.yaml`` itself (group: that folder), as in
-    `lcab.records.wandb_run.run_group`.
-    """
+    """The job folders of ``sweep`` and the folder its W&B group is named after."""
     expected = (
         "expected an lcab sweep folder (<sweep>/<n>_<overrides>/.hydra/config.yaml) "
         "or a single run's folder (<run>/.hydra/config.yaml)"
@@ -129,10 +101,7 @@ def _load(path: Path) -> DictConfig:
 def read_sweep(sweep: Path) -> SweepRuns:
     """The W&B group, masks and logger settings of ``sweep``'s cells.
 
-    Raises:
-        ValueError: ``sweep`` is not a sweep (or run) folder, or its cells name different
-            ``logger.group`` values (no one group to filter on).
-
+    ValueError: not a sweep (or run) folder, or its cells log to several groups.
     """
     from lcab.records.wandb_run import group_of_folder  # imports torch: only when needed
 
@@ -152,16 +121,6 @@ def read_sweep(sweep: Path) -> SweepRuns:
         project=next((p for c in wandb if (p := _select(c, "logger.project"))), None),
         entity=next((e for c in wandb if (e := _select(c, "logger.entity"))), None),
     )
-
-
-def sweep_group(sweep: Path) -> str:
-    """The W&B group of ``sweep``'s runs: the cells' ``logger.group``, else the dated folder.
-
-    Raises:
-        ValueError: see `read_sweep`.
-
-    """
-    return read_sweep(sweep).group
 
 
 def _by(key: str, title: str, metrics: tuple[str, ...], log_y: bool = False) -> Section:
@@ -193,22 +152,25 @@ def _section(title: str, panels: list[Any]) -> Section:
     return ws.Section(name=title, panels=panels, is_open=True, layout_settings=layout)
 
 
-def _scaling() -> Section:
-    """Per-GPU headline TFLOP/s against world size: one point per run (config x summary).
-
-    The headline is each run's largest ``ok`` length, so two points may stand at different
-    lengths; the parallel coordinates plot puts ``headline/seqlen`` beside them.
-    """
+def _headline_scatters(title: str, x: Any) -> list[Any]:
+    """Headline TFLOP/s (each run's largest ``ok`` length) of fwd and bwd against ``x``."""
     import wandb_workspaces.reports.v2 as wr
 
-    scatters = [
+    return [
         wr.ScatterPlot(
-            title=f"{pass_} TFLOP/s per GPU vs world size (headline length)",
-            x=wr.Config("world_size"),
+            title=f"{pass_} TFLOP/s per GPU {title} (headline length)",
+            x=x(pass_),
             y=wr.SummaryMetric(f"headline/{pass_}_tflops"),
         )
         for pass_ in ("fwd", "bwd")
     ]
+
+
+def _scaling() -> Section:
+    """Per-GPU headline TFLOP/s against world size, one point per run; runs' lengths beside."""
+    import wandb_workspaces.reports.v2 as wr
+
+    scatters = _headline_scatters("vs world size", lambda _: wr.Config("world_size"))
     axes = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in CONFIG_AXES]
     heads = [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(k)) for k in HEADLINE_KEYS]
     coords = wr.ParallelCoordinatesPlot(title="headline per run", columns=[*axes, *heads])
@@ -216,21 +178,12 @@ def _scaling() -> Section:
 
 
 def _planned() -> Section:
-    """Each run's headline TFLOP/s against what the planner predicted for it (one point per run).
-
-    Records carry the planner's prediction (``lcab.plan.record_prediction``); a point far off
-    the diagonal is a cell that ran far from its model: a wrong backend, a busy host.
-    """
+    """Headline TFLOP/s against the planner's: far off the diagonal, a run far from its model."""
     import wandb_workspaces.reports.v2 as wr
 
-    scatters = [
-        wr.ScatterPlot(
-            title=f"{pass_} TFLOP/s per GPU: measured vs predicted (headline length)",
-            x=wr.SummaryMetric(f"headline/{pass_}_predicted_tflops"),
-            y=wr.SummaryMetric(f"headline/{pass_}_tflops"),
-        )
-        for pass_ in ("fwd", "bwd")
-    ]
+    scatters = _headline_scatters(
+        ": measured vs predicted", lambda p: wr.SummaryMetric(f"headline/{p}_predicted_tflops")
+    )
     return _section("Measured vs predicted", scatters)
 
 
@@ -253,14 +206,9 @@ def _status() -> Section:
 def build_workspace(
     sweep: Path, entity: str, project: str, *, name: str | None = None, mask: str | None = None
 ) -> Workspace:
-    """The standard workspace of ``sweep``'s W&B group (built only: `Workspace.save` uploads).
+    """The standard workspace of ``sweep``'s W&B group, or of one ``mask`` (built, not saved).
 
-    ``mask`` narrows the view to one of the sweep's masks (see the module docstring: the
-    library cannot facet sections by mask); ``name`` defaults to ``lcab <group>``.
-
-    Raises:
-        ValueError: see `read_sweep`; or ``mask`` is not one of the sweep's masks.
-
+    ValueError: see `read_sweep`, or ``mask`` is not one of the sweep's.
     """
     import wandb_workspaces.workspaces as ws
     from wandb_workspaces.utils.validators import validate_no_emoji
@@ -310,10 +258,9 @@ def build_workspace(
 def _check_filters(workspace: Workspace, values: list[str]) -> None:
     """Refuse a workspace whose runset filter would not hold exactly ``values``.
 
-    wandb-workspaces turns filters into a Python-like string and parses it back, quoting
-    naively: a value with a quote fails to parse, a backslash or `` = `` comes back changed.
-    Such a view would show other runs or none, so a user's ``logger.group`` of that kind is an
-    error here rather than a wrong dashboard.
+    wandb-workspaces writes filters as a Python-like string and parses it back, quoting naively
+    (a quote fails to parse, a backslash or `` = `` comes back changed): better an error than
+    a dashboard of other runs.
     """
     try:
         got = _filter_values(workspace_json(workspace)["spec"]["section"]["runSets"])
@@ -337,13 +284,9 @@ def _filter_values(node: Any) -> list[Any]:
     return []
 
 
-def workspace_json(workspace: Workspace) -> dict[str, Any]:
-    """The workspace as W&B stores it: its view model, camelCase keys, ``None``s left out.
-
-    This is the spec `Workspace.save` uploads (plus entity, project and display name), so a
-    dry run shows exactly what a save would write.
-    """
-    model = workspace._to_model()
+def workspace_json(view: Workspace | Any) -> dict[str, Any]:
+    """The spec ``save`` uploads (a workspace's or a report's), so a dry run shows the same."""
+    model = view._to_model()
     data: dict[str, Any] = model.model_dump(by_alias=True, mode="json", exclude_none=True)
     return data
 
@@ -371,12 +314,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mask", help="show only this mask's runs (one view per mask)")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Build the sweep's workspace; write it (``--dry-run``) or save it and print its URL.
-
-    Returns 0 on success, 1 when saving is impossible or fails, 2 for a bad sweep or
-    missing entity — each with one line on stderr saying what to do.
-    """
+def command(args: argparse.Namespace) -> int:
+    """Write the workspace (``--dry-run``) or save it: 0, 1 when saving fails, 2 for bad input."""
     try:
         runs = read_sweep(args.sweep)
     except ValueError as err:
@@ -403,32 +342,25 @@ def main(args: argparse.Namespace) -> int:
         args.dry_run.write_text(json.dumps(workspace_json(workspace), indent=2) + "\n")
         print(args.dry_run)
         return 0
-    return _save(workspace)
+    return save(workspace, "the workspace")
 
 
-def _save(workspace: Workspace) -> int:
-    """Upload ``workspace`` and print its URL; 1 with one line when that cannot be done."""
+def save(view: Any, what: str, dry_run: str = "--dry-run") -> int:
+    """Upload ``view`` (a workspace or a report) and print its URL; 1 with one line if not."""
     from lcab.records.loggers import first_line, has_credentials  # imports torch
 
     if not has_credentials():  # checked first: wandb would prompt, or fail deep in a request
         print(
-            "lcab: saving a workspace needs a W&B login: no WANDB_API_KEY and no W&B entry in "
-            "~/.netrc. Run `wandb login` or set WANDB_API_KEY, or use --dry-run PATH to write "
-            "the workspace JSON offline",
+            f"lcab: saving {what} needs a W&B login: no WANDB_API_KEY and no W&B entry in "
+            f"~/.netrc. Run `wandb login` or set WANDB_API_KEY, or use {dry_run} PATH to write "
+            "its JSON offline",
             file=sys.stderr,
         )
         return 1
     try:
-        saved = workspace.save()
-        url = saved.url
+        url = view.save().url
     except Exception as err:  # network, auth, server: one line, not a traceback
-        print(f"lcab: saving the workspace to W&B failed ({first_line(err)})", file=sys.stderr)
+        print(f"lcab: saving {what} to W&B failed ({first_line(err)})", file=sys.stderr)
         return 1
     print(url)
     return 0
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m lcab.report.workspace")
-    add_arguments(_parser)
-    sys.exit(main(_parser.parse_args()))

@@ -90,9 +90,10 @@ NEEDS_GPU = {
     "kernel=fa4": "CP ranks sharing one GPU need that GPU",
 }
 
-#: Modules whose argument is a file a GPU run writes: checked on the committed file of that kind.
+#: Commands (module, subcommand) whose argument is a file a GPU run writes: checked on the
+#: committed file of that kind.
 COMMITTED_INPUT = {
-    "lcab.report.gpu_verification": ROOT / "notebooks" / "data" / "gpu_verification.jsonl",
+    ("lcab.report", "gpu-table"): ROOT / "notebooks" / "data" / "gpu_verification.jsonl",
 }
 
 
@@ -256,8 +257,9 @@ def check_command(command: str, sweep_dir: Path) -> None:
         _check_help(words[1], words[2:], env)
     elif program in ("python", ".venv/bin/python") and words[1] == "-m":
         module, args = words[2], words[3:]
-        if module in COMMITTED_INPUT:
-            result = _run([sys.executable, "-m", module, str(COMMITTED_INPUT[module])], env)
+        committed = COMMITTED_INPUT.get((module, args[0] if args else ""))
+        if committed is not None:
+            result = _run([sys.executable, "-m", module, args[0], str(committed)], env)
             assert result.returncode == 0 and result.stdout.strip(), result.stderr[-2000:]
         elif module == "lcab.main":
             _check_main(args, env)

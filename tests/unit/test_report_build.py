@@ -23,9 +23,9 @@ from lcab.report.__main__ import main
 from lcab.report.build import BuiltReport, build_report
 from lcab.report.figures import build_figures, stacked
 from lcab.report.frame import load_records, record_files, variant_labels
-from lcab.report.page import reasons_table
 from lcab.report.plot_data import Figures
 from lcab.report.plot_style import SERIES_COLOURS, palette
+from lcab.report.tables import reasons_table
 from tests.helpers.synthetic_records import (
     LENGTHS,
     cp_jobs,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from lcab.report.workspace import add_arguments, build_workspace, main, sweep_group
+from lcab.report.workspace import add_arguments, build_workspace, command, read_sweep
 
 # wandb-workspaces 0.4.13 declares pydantic-v1 style `@validator`s; pydantic 2 warns once per
 # class at import (PydanticDeprecatedSince20, a DeprecationWarning). Not ours to fix.
@@ -110,7 +110,7 @@ def filter_leaves(node: Any) -> list[tuple[str, str, str, Any]]:
 
 def dry_run(tmp_path: Path, sweep: Path, *extra: str) -> dict[str, Any]:
     out = tmp_path / "out" / "workspace.json"
-    assert main(parse(str(sweep), "--entity", "me", "--dry-run", str(out), *extra)) == 0
+    assert command(parse(str(sweep), "--entity", "me", "--dry-run", str(out), *extra)) == 0
     data: dict[str, Any] = json.loads(out.read_text())
     return data
 
@@ -168,12 +168,12 @@ def test_runs_table_pins_the_axes_and_status_counts(tmp_path):
 
 
 def test_sweep_group_is_the_dated_sweep_folder(tmp_path):
-    assert sweep_group(make_sweep(tmp_path)) == GROUP
+    assert read_sweep(make_sweep(tmp_path)).group == GROUP
 
 
 def test_logger_group_of_the_cells_wins(tmp_path):
     sweep = make_sweep(tmp_path, group="mygroup")
-    assert sweep_group(sweep) == "mygroup"
+    assert read_sweep(sweep).group == "mygroup"
     data = dry_run(tmp_path, sweep)
     assert filter_leaves(data) == [("run", "group", "=", "mygroup")]
     assert data["displayName"] == "lcab mygroup"
@@ -189,7 +189,7 @@ def test_a_group_the_library_would_mangle_is_refused(tmp_path, group):
 def test_a_name_w_and_b_refuses_is_an_error_that_says_so(tmp_path, capsys):
     out = tmp_path / "ws.json"
     sweep = str(make_sweep(tmp_path))
-    assert main(parse(sweep, "--entity", "me", "--dry-run", str(out), "--name", "a = b")) == 2
+    assert command(parse(sweep, "--entity", "me", "--dry-run", str(out), "--name", "a = b")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--name" in err
     assert not out.exists()
@@ -199,7 +199,7 @@ def test_a_single_runs_folder_is_its_own_group(tmp_path):
     run = tmp_path / "outputs" / "runs" / "2026-11-23" / "11-00-00_def456"
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text("mask:\n  name: causal\nlogger:\n  name: none\n")
-    assert sweep_group(run) == "2026-11-23_11-00-00_def456"
+    assert read_sweep(run).group == "2026-11-23_11-00-00_def456"
 
 
 @pytest.mark.parametrize("where", ["missing", "empty"])
@@ -208,8 +208,8 @@ def test_a_folder_that_is_not_a_sweep_is_named(tmp_path, capsys, where):
     if where == "empty":
         bad.mkdir()
     with pytest.raises(ValueError, match=re.escape(str(bad)) + ".*expected an lcab sweep folder"):
-        sweep_group(bad)
-    assert main(parse(str(bad), "--entity", "me", "--dry-run", str(tmp_path / "x.json"))) == 2
+        read_sweep(bad)
+    assert command(parse(str(bad), "--entity", "me", "--dry-run", str(tmp_path / "x.json"))) == 2
     assert str(bad) in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 
@@ -219,14 +219,14 @@ def test_an_unreadable_job_config_is_named(tmp_path):
     broken = next(sweep.glob("*/.hydra/config.yaml"))
     broken.write_text("kernel: [unclosed\n")
     with pytest.raises(ValueError, match=re.escape(f"{broken}: unreadable")):
-        sweep_group(sweep)
+        read_sweep(sweep)
 
 
 def test_a_job_folder_is_refused_for_its_sweep(tmp_path):
     sweep = make_sweep(tmp_path)
     job = next(p for p in sweep.iterdir() if p.is_dir())
     with pytest.raises(ValueError, match="pass the sweep"):
-        sweep_group(job)
+        read_sweep(job)
 
 
 def test_a_mask_view_filters_to_that_mask(tmp_path):
@@ -249,10 +249,10 @@ def test_name_and_project_arguments(tmp_path):
 def test_entity_comes_from_the_environment_or_is_asked_for(tmp_path, monkeypatch, capsys):
     sweep = make_sweep(tmp_path)
     out = tmp_path / "ws.json"
-    assert main(parse(str(sweep), "--dry-run", str(out))) == 2
+    assert command(parse(str(sweep), "--dry-run", str(out))) == 2
     assert "--entity" in capsys.readouterr().err
     monkeypatch.setenv("WANDB_ENTITY", "team")
-    assert main(parse(str(sweep), "--dry-run", str(out))) == 0
+    assert command(parse(str(sweep), "--dry-run", str(out))) == 0
     assert json.loads(out.read_text())["entity"] == "team"
 
 
@@ -263,7 +263,7 @@ def test_a_sweep_without_wandb_cells_gets_a_note(tmp_path, capsys):
 
 def test_saving_without_credentials_says_how_to_log_in(tmp_path, capsys):
     start = time.monotonic()
-    assert main(parse(str(make_sweep(tmp_path)), "--entity", "me")) == 1
+    assert command(parse(str(make_sweep(tmp_path)), "--entity", "me")) == 1
     assert time.monotonic() - start < 30  # no prompt, no retries: the import of wandb dominates
     err = capsys.readouterr().err
     assert "wandb login" in err and "WANDB_API_KEY" in err and "--dry-run" in err
@@ -277,7 +277,7 @@ def test_a_failed_save_is_one_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setattr(ws.Workspace, "save", fail)
-    assert main(parse(str(make_sweep(tmp_path)), "--entity", "me")) == 1
+    assert command(parse(str(make_sweep(tmp_path)), "--entity", "me")) == 1
     err = capsys.readouterr().err.strip()
     assert err == "lcab: saving the workspace to W&B failed (ConnectionError: server unreachable)"
 
@@ -295,6 +295,6 @@ def test_a_save_prints_the_workspace_url(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setattr(ws.Workspace, "save", save)
     monkeypatch.setattr(ws.Workspace, "url", property(lambda self: url))
-    assert main(parse(str(make_sweep(tmp_path)), "--entity", "me")) == 0
+    assert command(parse(str(make_sweep(tmp_path)), "--entity", "me")) == 0
     assert saved == [f"lcab {GROUP}"]
     assert capsys.readouterr().out.strip() == url
