@@ -10,7 +10,7 @@ shard cost one pass over the rows: O(rows × shards) for the whole matrix, exact
 (`lcab.plan.areas_chunks`: segments of rows that touch the same key chunks, O(segments ×
 shards)), and row by row only where the chunks cannot stand for the rows (rows with several
 spans, a token in two key shards, layouts in more pieces than rows). Both give the same
-integers; the row count stays as the definition (`row_work_reference`).
+integers; the row count stays as the definition (`_row_work` with ``fast=False``).
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def _row_work(
     per_doc: IntArray | None = None,
     shards: tuple[Shards, Shards] | None = None,
     with_area: bool = True,
+    fast: bool = True,
 ) -> PairWork:
     """Area, active rows and runs of every (row shard, column shard) pair.
 
@@ -136,32 +137,10 @@ def _row_work(
     and ``col_sets`` (`Shards.of`), where the caller already has them. ``with_area=False``
     leaves ``area`` and ``runs`` zero: the transposed pass of `pair_work` reads only the rows
     and documents, and the chunks then skip the area's product with the token table.
+    ``fast=False`` counts every head row by row: the definition the chunks must match.
     """
     if shards is None:
         shards = (Shards.of(row_sets, mask.seqlen_q), Shards.of(col_sets, mask.seqlen_k))
-    return _count(mask, shards, col_sets, per_doc, fast=True, with_area=with_area)
-
-
-def row_work_reference(
-    mask: AttnMask,
-    row_sets: Sequence[IntArray],
-    col_sets: Sequence[IntArray],
-    per_doc: IntArray | None = None,
-) -> PairWork:
-    """`_row_work` counted row by row for every head: the definition the chunks must match."""
-    shards = (Shards.of(row_sets, mask.seqlen_q), Shards.of(col_sets, mask.seqlen_k))
-    return _count(mask, shards, col_sets, per_doc, fast=False)
-
-
-def _count(
-    mask: AttnMask,
-    shards: tuple[Shards, Shards],
-    col_sets: Sequence[IntArray],
-    per_doc: IntArray | None,
-    fast: bool,
-    with_area: bool = True,
-) -> PairWork:
-    """`_row_work`, through the chunks where ``fast`` and they can, else row by row."""
     rows_of, keys_of = shards
     n_i, n_j = rows_of.count, keys_of.count
     shape = (mask.num_heads, n_i, n_j)

@@ -332,10 +332,3 @@ LONGCA = Harness(
 )
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (LCAB, LONGCA)}
-
-
-def harness_named(name: str) -> Harness:
-    """The harness called ``name`` (ValueError names the valid ones)."""
-    if name not in HARNESSES:
-        raise ValueError(f"harness={name!r} is not known; valid: {sorted(HARNESSES)}")
-    return HARNESSES[name]
