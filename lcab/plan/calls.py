@@ -157,7 +157,7 @@ class CallWorks:
         return per
 
     def step(self, per: PerCall, ui: int, i: int, j: int) -> tuple[Work | None, tuple[Work, ...]]:
-        """(the call's work, `accumulate_work`) of ``per``'s call by member ``ui`` on pair (i, j)."""
+        """(its work, `accumulate_work`) of ``per``'s call by member ``ui`` on pair (i, j)."""
         if self._table is not None:
             figures = self._table[i][j]
         else:
