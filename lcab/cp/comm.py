@@ -6,18 +6,12 @@ its input bound for other ranks; an all-gather or reduce-scatter sends (g-1) chu
 bandwidth-optimal ring algorithms do). Tests compare these counts with each strategy's analytic
 `comm_volume`, so a strategy cannot move more data than its design says without a test failing.
 
-Time spent inside communication calls is recorded too, split into ``comm`` (blocking
-collectives, including waiting for slower peers) and ``wait`` (blocking on a P2P transfer that
-was posted before compute), so users see where a step's time goes — on the GPU's clock while a
-call is described on CUDA (`lcab.cp.phase_clock`).
-
-The collectives used are the ones gloo and NCCL both implement (all_to_all_single, the flat
-all-gather and reduce-scatter, batch_isend_irecv), so the
-same code runs on CPU and GPU. Ranks that share a GPU talk over gloo, which cannot send a CUDA
-tensor point to point: those transfers go through host copies (`lcab.distributed.staging`; every
-transfer when forced, which is how tests run the staging path on CPU). Counts are the same.
-On a group of the schedule check (`lcab.cp.schedule.RecordedGroup`) every call is written into
-the rank's log instead, with buffers of the right shapes handed back: nothing is sent.
+Time inside the calls is recorded too: ``comm`` (blocking collectives, waiting for slower peers
+included) and ``wait`` (blocking on a P2P transfer posted before compute), on the GPU's clock
+under CUDA (`lcab.cp.phase_clock`). Only collectives gloo and NCCL both implement are used, so
+the same code runs on CPU and GPU; gloo's CUDA P2P goes through host copies
+(`lcab.distributed.staging`). On a group of the schedule check (`lcab.cp.schedule`) every call is
+written into the rank's log instead, with buffers of the right shapes handed back.
 """
 
 from __future__ import annotations
@@ -56,19 +50,6 @@ class CommStats:
         self.calls.clear()
         self.bytes_sent.clear()
         self.seconds.clear()
-
-    @property
-    def total_bytes(self) -> int:
-        """All bytes sent."""
-        return int(sum(self.bytes_sent.values()))
-
-    def snapshot(self) -> dict[str, Any]:
-        """A plain copy (for records and tests)."""
-        return {
-            "calls": dict(self.calls),
-            "bytes_sent": dict(self.bytes_sent),
-            "seconds": dict(self.seconds),
-        }
 
 
 STATS = CommStats()
@@ -156,9 +137,8 @@ def exchange(
 class _Recorded(PendingExchange):
     """An exchange of the schedule check: waiting is an event.
 
-    What it "receives" is what was sent (the shapes a peer sends; the data is garbage anyway):
-    no buffer is made. A runner must then not write in place into a received tensor that
-    autograd saved — it does not.
+    What it "receives" is what was sent (the shapes a peer sends): no buffer is made, so a
+    runner must not write in place into a received tensor that autograd saved (none does).
     """
 
     def __init__(self, log: RankSchedule, op: str, handle: int, send: list[torch.Tensor]) -> None:

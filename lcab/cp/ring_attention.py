@@ -7,15 +7,11 @@ while the inner ring works. It is an autograd Function with an explicit backward
 backward must move data too: K/V travel again and each block's dK/dV accumulator travels *with*
 its block, one hop behind, until it is back at its owner — so gradients need no all-reduce.
 
-Each step computes local queries against one block with the step's own sub-mask (an empty
-sub-mask skips the compute but not the transfer). Partial results merge by log-sum-exp in
-float32 (float64 for float64 inputs); gradients use the kernel's backward from the merged
-statistics (`PreparedAttention.backward`). Transfers are posted before the step's compute and
-waited after it, so communication overlaps computation — in the backward the dK/dV accumulator
-too, as ring-flash-attn and InternEvo do it: a step posts its accumulator and the next step
-waits for the one it receives only after its own kernel, adding its gradient then. Inner,
-outer and accumulator transfers each go on their own group (`RingChannels`), so none queues
-behind another on one NCCL stream.
+Each step computes local queries against one block with the step's own sub-mask (an empty one
+skips the compute, not the transfer); partials merge by log-sum-exp in float32 (float64 for
+float64 inputs), gradients come from the kernel's backward from merged statistics. Transfers
+are posted before a step's compute and waited after it — the backward's dK/dV accumulator too,
+as ring-flash-attn and InternEvo do — each kind on its own group (`RingChannels`).
 """
 
 from __future__ import annotations
