@@ -1,11 +1,8 @@
 """One kernel call of a replayed step: its work, and the copies its implementation makes.
 
-A strategy's schedule (`lcab.plan.replay`) says which shard pair a step computes; this module
-turns that pair into the `Work` of one call — the exact attended area and its row, column and
-document counts from `lcab.plan.areas`, and the memory passes the harness (`lcab.plan.harness`)
-makes around the call over the tensors it hands the kernel — and the copies it makes apart from
-the call: once a ring step's transfer has arrived (`accumulate_work`) and after the whole ring
-(`merge_work`).
+A shard pair becomes the `Work` of one call: its attended area and counts (`lcab.plan.areas`)
+and the memory passes the harness makes around it; plus the copies made apart from calls, once
+a ring step's transfer has arrived (`accumulate_work`) and after the whole ring (`merge_work`).
 """
 
 from __future__ import annotations
@@ -131,11 +128,9 @@ def work_of(
 class CallWorks:
     """The work of each call of one replay (one plan, problem and pair table), memoised.
 
-    A 96-rank replay asks for ~18,000 calls per pass, and most of them are alike (every
-    off-diagonal zigzag pair of a causal mask has the same figures). The figures of a one-head
-    mask are read for all pairs at once (the same arithmetic, element by element, as
-    `figures_of`), and calls with equal figures share one `Work` object, which lets the cost
-    model cost each distinct call once (`lcab.plan.model`).
+    A 96-rank replay asks for ~18,000 calls per pass, most of them alike. A one-head mask's
+    figures are read for all pairs at once, and calls with equal figures share one `Work`
+    object, so the cost model costs each distinct call once.
     """
 
     def __init__(self, works: PairWork, plan: Plan, problem: Problem) -> None:
