@@ -1,10 +1,8 @@
 """All communication of context parallelism goes through here, and is counted.
 
-Every call records, per operation name, the calls made and the bytes this rank *sends* (the
-logical volume of the operation: a P2P send is its tensor; an all-to-all sends the (g-1)/g of
-its input bound for other ranks; an all-gather or reduce-scatter sends (g-1) chunks, as the
-bandwidth-optimal ring algorithms do). Tests compare these counts with each strategy's analytic
-`comm_volume`, so a strategy cannot move more data than its design says without a test failing.
+Every call records, per operation name, the calls and the bytes this rank *sends* (logical
+volume: an all-to-all the (g-1)/g of its input, an all-gather or reduce-scatter (g-1) chunks, as
+ring algorithms do); tests hold them equal to each strategy's analytic `comm_volume`.
 
 Time inside the calls is recorded too: ``comm`` (blocking collectives, waiting for slower peers
 included) and ``wait`` (blocking on a P2P transfer posted before compute), on the GPU's clock
@@ -70,10 +68,7 @@ def nbytes(t: torch.Tensor) -> int:
 
 
 def phase(name: str) -> timed_phase:
-    """Add the duration of the block to ``STATS.seconds[name]`` (compute, comm, wait, ...).
-
-    On the phase clock (`lcab.cp.phase_clock`): the GPU's while a call is described on CUDA.
-    """
+    """Add the block's duration to ``STATS.seconds[name]``, on the phase clock (`phase_clock`)."""
     return timed_phase(name, STATS.seconds)
 
 
@@ -114,10 +109,7 @@ class PendingExchange:
 def exchange(
     send: list[torch.Tensor], dst: int, src: int, group: Any, op: str = "p2p"
 ) -> PendingExchange:
-    """Post sends of ``send`` to rank ``dst`` and receives of the same shapes from ``src``.
-
-    Returns immediately (the transfer overlaps whatever the caller computes next).
-    """
+    """Post sends of ``send`` to ``dst`` and receives of the same shapes from ``src``; no wait."""
     if isinstance(group, RecordedGroup):  # the schedule check: nothing is sent or counted
         return _Recorded(group.log, op, group.log.post(op, group, dst, src, send), send)
     send = [t.contiguous() for t in send]

@@ -1,11 +1,9 @@
 """A kernel call's own autograd graph, kept inside a custom Function and differentiated on demand.
 
-Ulysses and Ring All-Gather wrap the local kernel call in an autograd Function (to time its
-backward as compute, or to run collectives around it) but let autograd differentiate the call
-itself. The call runs on detached leaves under ``enable_grad``; the Function's backward asks for
-the leaves' gradients with ``retain_graph`` because benchmarks repeat the backward of one
-forward, and `torch.autograd.grad` (not ``.backward``) so nothing accumulates in ``.grad``
-between repetitions.
+Ulysses and Ring All-Gather wrap the local call in an autograd Function (to time its backward,
+or run collectives around it) but let autograd differentiate the call itself, on detached
+leaves: `torch.autograd.grad` with ``retain_graph``, as benchmarks repeat the backward of one
+forward and nothing may accumulate in ``.grad`` between repetitions.
 """
 
 from __future__ import annotations

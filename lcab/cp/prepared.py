@@ -68,10 +68,9 @@ class CPPrepared(PreparedAttention):
     def collect(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor | None:
         """Global rows ``rows`` (sorted; None: all) of a sharded (n, ...) tensor, on rank 0.
 
-        Collective: rank r broadcasts the slots of its shard that hold wanted rows, in rank
-        order; rank 0 places them and the others drop them. Every rank derives every part's
-        size from the plan, so nothing but the rows themselves travels, and no rank holds more
-        than one shard's part at a time besides rank 0's result. Other ranks return None.
+        Collective: each rank in turn broadcasts its wanted rows (sizes come from the plan, so
+        only rows travel), and no rank holds more than one part at a time besides rank 0's
+        result. Other ranks return None.
         """
         wanted = np.arange(self.seqlen) if rows is None else rows.to("cpu", torch.long).numpy()
         out = None

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lcab.cp.base import register_strategy
-from lcab.cp.ring import RingP2P
+from lcab.cp.hybrid import RingP2P
 from lcab.kernels import register_kernel
 from lcab.kernels.naive import NaiveKernel
 from lcab.kernels.packages import PackageProbe
