@@ -1,11 +1,8 @@
 """Ring executors: K/V blocks travel around a ring while each rank attends to the block in hand.
 
-`RingAttention` runs a `RingSpec`: the plain ring (Ring P2P, and the ring dimension of USP) is
-one window; LoongTrain's double ring cuts the ring into windows, an inner ring rotates blocks
-inside a window and an outer ring passes each window's block to the next window, prefetched
-while the inner ring works. It is an autograd Function with an explicit backward, because the
-backward must move data too: K/V travel again and each block's dK/dV accumulator travels *with*
-its block, one hop behind, until it is back at its owner — so gradients need no all-reduce.
+`RingAttention` runs a `RingSpec` (the plain ring is one window; LoongTrain's has several). It
+is an autograd Function with an explicit backward because the backward moves data too: K/V
+travel again and each block's dK/dV accumulator follows its block home — no all-reduce.
 
 Each step computes local queries against one block with the step's own sub-mask (an empty one
 skips the compute, not the transfer); partials merge by log-sum-exp in float32 (float64 for
@@ -85,10 +82,9 @@ def attend_backward(
 class RingSpec:
     """A ring schedule: global ranks in ring order, this rank's position, its steps.
 
-    ``windows == 1`` is the plain ring (Ring P2P, USP's ring); ``windows > 1`` is LoongTrain's
-    double ring of ``windows`` windows of ``size // windows`` positions. Transfers are counted
-    under ``{inner}_kv``, ``{inner}_kv_bwd``, ``{inner}_dkv`` inside a window and the same
-    suffixes on ``outer`` between windows.
+    ``windows > 1``: LoongTrain's double ring of ``windows`` windows of ``size // windows``
+    positions. Counted under ``{inner}_kv``, ``{inner}_kv_bwd``, ``{inner}_dkv`` inside a
+    window, the same on ``outer`` between windows.
     """
 
     ranks: list[int]
@@ -197,11 +193,9 @@ def ring_attention_function() -> type[torch.autograd.Function]:
         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
             """(dq, dk, dv): blocks travel again, each dK/dV accumulator following its block.
 
-            The accumulator of the block in hand arrives while this step's kernel runs: it is
-            waited for after the kernel, this step's dK/dV added into it, and it is posted on to
-            the next position without waiting. Only the hop that ends a window (the accumulator
-            of the window's own block, which must be home before it can go on to the next window,
-            or is the result) is waited for at once.
+            The block in hand's accumulator arrives while this step's kernel runs, is waited
+            for after it, gets this step's dK/dV and is posted on without waiting. Only the hop
+            that ends a window (its own block's accumulator, which must be home) waits at once.
             """
             q, k, v, out, lse = ctx.saved_tensors
             ring: RingSpec = ctx.ring
@@ -290,11 +284,8 @@ def ring_schedule(
 ) -> list[Window]:
     """What `RingAttention` does on ``rank`` in one pass (`lcab.cp.stages`).
 
-    Each step posts the next K/V block before its call and waits after it; in the backward a
-    step's dK/dV accumulator travels during the next step's call, the hop that brings a
-    window's own block's accumulator home is waited at once (where the implementation does),
-    and the window's accumulator moves on to the next window during that window's first step
-    (the last one exposed); the next window's K/V travel behind a whole window.
+    As `RingAttention` runs it; where the implementation waits for a window's home hop at
+    once (`Implementation.home_hop`); the next window's K/V travel behind a whole window.
     """
     grid = plan.grid(rank)
     ring, p, member = grid.my_ring(), grid.ring_index, grid.ulysses_index

@@ -124,10 +124,9 @@ def predict_cell_frontier(
 ) -> FrontierPrediction:
     """The search of a ``seqlen=frontier`` cell, as its own config asks, in ``hardware``'s model.
 
-    The budget is ``bench.memory_budget_gib``, else ``budget_gib`` (what the job may use where
-    it runs: `lcab.bench.job_memory.job_budget`), else the profile's ``memory_gib``; a backward
-    pass counts when the cell times one; a CUDA cell timed with lcab's L2 flush holds its
-    buffer. Raises ValueError where the strategy cannot run the cell.
+    The budget is ``bench.memory_budget_gib``, else ``budget_gib`` (what the job may use:
+    `lcab.bench.job_memory.job_budget`), else the profile's ``memory_gib``. Raises ValueError
+    where the strategy cannot run the cell.
     """
     assert cell.frontier is not None
     budget_gib = cell.bench.memory_budget_gib or budget_gib or hardware.memory_gib

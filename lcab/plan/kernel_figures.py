@@ -190,11 +190,7 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
 
 
 def predicted_tflops(figure: Figure, hardware: Hardware, work: Work | None = None) -> float:
-    """The throughput the profile gives the figure's call.
-
-    ``work``: its `figure_work`, when already built — it depends on the profile's tiles only,
-    not on the rates a fit varies.
-    """
+    """The throughput the profile gives the figure's call (``work``: its `figure_work`, reused)."""
     work = work or figure_work(figure, hardware.rate(figure.kernel))
     model = CostModel(hardware, figure.kernel, 1, alone=True)
     seconds = model.compute_s(work, figure.pass_ == "bwd")

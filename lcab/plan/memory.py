@@ -106,12 +106,9 @@ def whole_dense_positions(mask: AttnMask, problem: Problem) -> tuple[float, floa
 def dense_positions(plan: Plan, mask: AttnMask) -> tuple[float, float]:
     """The dense-bias positions of the fullest rank's prepared calls: all, and its largest.
 
-    A strategy prepares each call of its schedule once — a ring one per step, Ulysses one over
-    its group's tokens, the all-gather one over every key — and a call whose sub-mask is not
-    one full or causal slice over a square (`lcab.kernels.sdpa.whole_mask_kind`) keeps a dense
-    bias of its rectangle while the cell runs, so a rank holds their sum. The sub-masks are the
-    strategies' own (`lcab.cp.base.step_mask` on the plan's layouts): a zigzag diagonal step is
-    two causal chunks and a full one, several slices, so it holds a bias too.
+    A call whose sub-mask (the strategy's own, `lcab.cp.base.step_mask`) is not one full or
+    causal slice over a square keeps a dense bias of its rectangle while the cell runs, so a
+    rank holds the sum over its prepared calls (a zigzag diagonal step holds one too).
     """
     from lcab.cp.base import step_mask
     from lcab.kernels.sdpa import whole_mask_kind

@@ -87,9 +87,7 @@ def _note(record: RunRecord, note: str) -> None:
 def _frontier_of(cell: Cell, hardware: Any) -> tuple[int | None, float, str] | str:
     """The planner's frontier for a ``seqlen=frontier`` cell, its budget and whence, or why none.
 
-    The budget per rank (GiB): ``bench.memory_budget_gib``, else what the job may really use here
-    (`lcab.bench.job_memory.job_budget`: its cgroup's limit, the host's available memory, a
-    GPU's free memory, shared by the ranks), else the profile's ``memory_gib``.
+    The budget per rank as `lcab.plan.frontier.predict_cell_frontier` takes it.
     """
     from lcab.bench.job_memory import job_budget
     from lcab.plan.frontier import predict_cell_frontier
