@@ -15,8 +15,7 @@ from typing_extensions import override
 
 from lcab.cp.base import Plan, Strategy, element_bytes, register_strategy, step_mask
 from lcab.cp.comm import all_gather_raw, phase, reduce_scatter_raw
-from lcab.cp.inner_graph import detached_leaves, leaf_grads
-from lcab.cp.prepared import CPPrepared
+from lcab.cp.prepared import CPPrepared, detached_leaves, leaf_grads
 from lcab.cp.stages import RUNNER, Implementation, Pricer, Stage, Window
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem

@@ -104,3 +104,22 @@ class CPPrepared(PreparedAttention):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The distributed attention of local shards (collective; timed)."""
         return self._run(q, k, v)
+
+
+# A kernel call's own autograd graph inside a custom Function (Ulysses, Ring All-Gather wrap the
+# call to time its backward or run collectives around it): the call runs on detached leaves, and
+# the Function's backward differentiates it with `torch.autograd.grad` and ``retain_graph``, as
+# benchmarks repeat the backward of one forward and nothing may accumulate in ``.grad``.
+
+
+def detached_leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Fresh leaves sharing the tensors' storage, requiring grad (roots of the inner graph)."""
+    return [t.detach().requires_grad_(True) for t in tensors]
+
+
+def leaf_grads(
+    out: torch.Tensor, leaves: list[torch.Tensor], dout: torch.Tensor
+) -> list[torch.Tensor]:
+    """d(out)/d(leaf) · dout for every leaf; zeros for leaves ``out`` does not depend on."""
+    found = torch.autograd.grad(out, leaves, dout, retain_graph=True, allow_unused=True)
+    return [g if g is not None else torch.zeros_like(t) for g, t in zip(found, leaves, strict=True)]

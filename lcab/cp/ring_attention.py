@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from lcab.cp.base import accumulator_bytes, element_bytes
 from lcab.cp.comm import PendingExchange, exchange, phase
-from lcab.cp.merge import accumulator_dtype, merge_into
 from lcab.cp.plan import Plan
 from lcab.cp.stages import Pricer, Transfer, Window
 from lcab.distributed.groups import RingChannels
@@ -30,6 +29,28 @@ if TYPE_CHECKING:
     import torch
 else:
     torch = lazy_module("torch", globals())
+
+
+def merge_into(
+    out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor
+) -> None:
+    """In place: (out, lse) ← merge((out, lse), (part, part_lse)); out (S, H, D), lse (H, S).
+
+    Exact over disjoint key sets: o = e^(l1 - l) o1 + e^(l2 - l) o2, l = log(e^l1 + e^l2), here
+    as ``out += w (part - out)`` with w = sigmoid(l2 - l1) (five tensor operations fewer).
+    Rows that attended nothing carry l = -inf and weight 0: never NaN.
+    """
+    if part_lse.dtype != lse.dtype:
+        part_lse = part_lse.to(lse.dtype)
+    # rows still empty on both sides: -inf - -inf is NaN, their weight 0
+    weight = torch.sigmoid(part_lse - lse).nan_to_num_(0.0)
+    out.lerp_(part.to(out.dtype), weight.t().unsqueeze(-1))
+    torch.logaddexp(lse, part_lse, out=lse)
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Partial results and travelling gradients are kept in float32 (float64 for float64)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @dataclass

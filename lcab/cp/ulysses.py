@@ -25,8 +25,7 @@ from lcab.cp.base import (
     step_mask,
 )
 from lcab.cp.comm import all_to_all, phase
-from lcab.cp.inner_graph import detached_leaves, leaf_grads
-from lcab.cp.prepared import CPPrepared
+from lcab.cp.prepared import CPPrepared, detached_leaves, leaf_grads
 from lcab.cp.stages import Pricer, Stage, Window
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
