@@ -1,9 +1,8 @@
 """Ring All-Gather (TransformerEngine / Llama-3 style): gather all K/V once, one local call.
 
-The backward reduce-scatters dK/dV back to their owners. Unlike Ring P2P there is no merging (one
-call sees every key), so any kernel with a backward works; the price is holding every rank's
-K/V at once. Written as an autograd Function so every rank runs the reduce-scatter even when its
-own queries attend nothing.
+The backward reduce-scatters dK/dV to their owners. No merging (one call sees every key), so
+any kernel with a backward works; the price is holding every rank's K/V. An autograd Function,
+so every rank runs the reduce-scatter even when its own queries attend nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from typing_extensions import override
 
 from lcab.cp.base import Plan, Strategy, element_bytes, register_strategy, step_mask
 from lcab.cp.comm import all_gather_raw, phase, reduce_scatter_raw
-from lcab.cp.inner_graph import detached_leaves, leaf_grads
-from lcab.cp.prepared import CPPrepared
+from lcab.cp.prepared import CPPrepared, detached_leaves, leaf_grads
 from lcab.cp.stages import RUNNER, Implementation, Pricer, Stage, Window
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
@@ -90,9 +88,7 @@ def _halves(plan: Plan, impl: Implementation) -> bool:
 def zigzag_halves(layout: IntArray, doc_lengths: IntArray, shards: int) -> list[IntArray]:
     """A zigzag shard's two halves: chunk ``p`` of every document, then chunk ``2P - 1 - p``.
 
-    The zigzag balancer (`lcab.cp.balance.zigzag`) pads every document to a multiple of
-    ``2 * shards`` and lays out, per document, its two chunks one after the other; the
-    published code's ``thd_read_half_tensor`` takes the same halves.
+    As the zigzag balancer lays them out; the published ``thd_read_half_tensor`` takes the same.
     """
     first, second, at = [], [], 0
     for length in doc_lengths.tolist():

@@ -1,23 +1,10 @@
 """Load balancing: which tokens each context-parallel shard holds.
 
 A `Placement` gives every shard a layout — the global token at each local position, -1 for
-padding — and all shards have the same length (collectives want equal shards). Three balancers:
-
-* ``contiguous`` — shard p holds the p-th contiguous chunk; padding only at the end. Causal
-  masks then give the last shard most of the work.
-* ``zigzag`` — the paper's scheme (from TransformerEngine): every document is padded to a
-  multiple of 2P and cut into 2P chunks; shard p holds chunks p and 2P-1-p of *every* document.
-  Balanced for causal documents, at the price of per-document padding (up to 2P-1 tokens each).
-* ``area`` — mask-aware: the sequence is cut into K·P equal contiguous chunks (padding only at
-  the end), each chunk's attended area is computed from the mask, and chunks are dealt to
-  shards largest first, each to the least loaded shard that still has room (K chunks each).
-  K grows (8, 16, 32, 64) until the imbalance is within 1 %: one long document can hold more
-  work than a shard's share, and only finer chunks can split it.
-  No per-document padding, and any mask (sliding windows, shared questions, block-sparse) is
-  balanced by its real work rather than by assuming causality.
-
-The work of a shard is the attended area of its query rows (summed over all keys, averaged over
-mask heads): the compute a ring strategy does for it. Imbalance = max / mean over shards.
+padding — all of one length (collectives want equal shards). The balancers (``contiguous``,
+the paper's ``zigzag``, the mask-aware ``area``) are described in the cp guide's "Load
+balancing". A shard's work is the attended area of its query rows (averaged over mask heads);
+imbalance = max / mean over shards.
 """
 
 from __future__ import annotations
@@ -42,11 +29,6 @@ class Placement:
 
     layouts: tuple[IntArray, ...]
     balancer: str
-
-    @property
-    def num_shards(self) -> int:
-        """Number of shards."""
-        return len(self.layouts)
 
     @property
     def shard_len(self) -> int:
@@ -123,12 +105,10 @@ def contiguous(seqlen: int, shards: int, multiple: int = 1) -> Placement:
 
 
 def zigzag(doc_lengths: IntArray, shards: int, multiple: int = 1) -> Placement:
-    """The paper's per-document head-tail split (see module docstring).
+    """The paper's per-document head-tail split: shard p holds pieces p and 2·shards-1-p.
 
-    Built for all shards at once: a document of length L padded to P (a multiple of 2·shards)
-    gives every shard two pieces of c = P / (2·shards) positions, pieces p and 2·shards-1-p,
-    and a shard's layout is its pieces of every document in order. One array op per step
-    rather than a piece at a time: 96 ranks over hundreds of documents would be ~10^5 pieces.
+    A document padded to a multiple of 2·shards gives every shard two pieces; built for all
+    shards at once (96 ranks over hundreds of documents would be ~10^5 pieces one by one).
     """
     chunks = 2 * shards
     lengths = np.asarray(doc_lengths, dtype=np.int64).reshape(-1)

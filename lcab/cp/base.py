@@ -1,14 +1,9 @@
 """The context-parallel strategy contract and its plan.
 
-A strategy splits one attention call over ranks. `Strategy.plan` is pure data computed from the
-mask alone — who holds which tokens, how heads are split, the analytic communication of every
-rank — so tests, the balance report and a scaling model can read it without running anything.
-`Strategy.build` turns the plan into this rank's callable (`CPPrepared`), using any kernel that
-satisfies the strategy's needs; every step restricts the mask with `lcab.masks.remap`, so every
-mask works under every strategy.
-
-Layout conventions: ranks are node-major; a 2-D strategy has U Ulysses ranks per group
-(consecutive ranks) and R ring positions; rank = ring_index · U + ulysses_index.
+`Strategy.plan` is pure data from the mask alone (who holds which tokens, how heads split, the
+analytic communication), read by tests, the balance report and the planner without running
+anything; `Strategy.build` turns it into this rank's callable (`CPPrepared`) with any kernel the
+strategy can use. Ranks are node-major; rank = ring_index · U + ulysses_index.
 """
 
 from __future__ import annotations
@@ -138,10 +133,8 @@ class Strategy(ABC):
     ) -> list[str]:
         """Why this strategy with local ``kernel`` cannot run ``pass_`` on ``world`` ranks (pure).
 
-        The kernel is checked on the *local* problem each rank runs (its share of the heads
-        after the Ulysses split, at least one KV head since heads are replicated when the
-        degree exceeds them), plus what the strategy needs from it (LSE, stats backward,
-        per-head masks). The support matrix calls this without any process group.
+        The kernel is checked on the *local* problem each rank runs (`local_problem`), plus
+        what the strategy needs from it (LSE, stats backward, per-head masks).
         """
         reasons = self.reasons(problem, world)
         if reasons:
@@ -165,8 +158,7 @@ class Strategy(ABC):
         """The problem one rank's kernel call sees (tokens: its share, or ``seqlens``).
 
         Its heads are those the Ulysses split leaves it, K/V heads replicated as `head_split`
-        does: GQA stays GQA unless the replication makes it MHA (on an H100, kernels without
-        GQA were handed GQA while this assumed otherwise).
+        does: GQA stays GQA unless the replication makes it MHA.
         """
         split, _ = head_split(problem.heads_q, problem.heads_kv, ulysses)
         heads_q = split.local_q if split else problem.heads_q // ulysses
@@ -204,17 +196,12 @@ class Strategy(ABC):
         """Rank ``rank``'s forward (or backward) as the runner runs it (`lcab.cp.stages`).
 
         Its calls are `block_sets` pairs, made by ``price``; every rank has as many windows
-        of as many stages (ranks run in lockstep). The planner prices this, and the schedule
-        check holds it to the runner's recording, transfer by transfer.
+        of as many stages (ranks run in lockstep).
         """
 
     @classmethod
     def buffers(cls, plan: Plan, problem: Problem, backward: bool) -> dict[str, float]:
-        """Bytes a rank holds besides its shards of q, k, v, out (and gradients), per term.
-
-        Read by the memory planner (`lcab.plan.memory`); here a Ulysses group's head-sharded
-        tensors.
-        """
+        """Bytes a rank holds besides its shards of q, k, v, out (and gradients), per term."""
         if plan.ulysses == 1:
             return {}
         h, elem = plan.heads, element_bytes(problem)
@@ -323,11 +310,7 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
 
 
 def element_bytes(problem: Problem) -> int:
-    """Bytes per element of the problem dtype.
-
-    The dtype's own figure: no tensor is made, as the planner asks this for every step of
-    every rank.
-    """
+    """Bytes per element of the problem dtype (no tensor made: the planner asks every step)."""
     return dtype_bytes(problem.dtype)
 
 

@@ -1,23 +1,15 @@
 """All communication of context parallelism goes through here, and is counted.
 
-Every call records, per operation name, the calls made and the bytes this rank *sends* (the
-logical volume of the operation: a P2P send is its tensor; an all-to-all sends the (g-1)/g of
-its input bound for other ranks; an all-gather or reduce-scatter sends (g-1) chunks, as the
-bandwidth-optimal ring algorithms do). Tests compare these counts with each strategy's analytic
-`comm_volume`, so a strategy cannot move more data than its design says without a test failing.
+Every call records, per operation name, the calls and the bytes this rank *sends* (logical
+volume: an all-to-all the (g-1)/g of its input, an all-gather or reduce-scatter (g-1) chunks, as
+ring algorithms do); tests hold them equal to each strategy's analytic `comm_volume`.
 
-Time spent inside communication calls is recorded too, split into ``comm`` (blocking
-collectives, including waiting for slower peers) and ``wait`` (blocking on a P2P transfer that
-was posted before compute), so users see where a step's time goes — on the GPU's clock while a
-call is described on CUDA (`lcab.cp.phase_clock`).
-
-The collectives used are the ones gloo and NCCL both implement (all_to_all_single, the flat
-all-gather and reduce-scatter, batch_isend_irecv), so the
-same code runs on CPU and GPU. Ranks that share a GPU talk over gloo, which cannot send a CUDA
-tensor point to point: those transfers go through host copies (`lcab.distributed.staging`; every
-transfer when forced, which is how tests run the staging path on CPU). Counts are the same.
-On a group of the schedule check (`lcab.cp.schedule.RecordedGroup`) every call is written into
-the rank's log instead, with buffers of the right shapes handed back: nothing is sent.
+Time inside the calls is recorded too: ``comm`` (blocking collectives, waiting for slower peers
+included) and ``wait`` (blocking on a P2P transfer posted before compute), on the GPU's clock
+under CUDA (`lcab.cp.phase_clock`). Only collectives gloo and NCCL both implement are used, so
+the same code runs on CPU and GPU; gloo's CUDA P2P goes through host copies
+(`lcab.distributed.staging`). On a group of the schedule check (`lcab.cp.schedule`) every call is
+written into the rank's log instead, with buffers of the right shapes handed back.
 """
 
 from __future__ import annotations
@@ -57,19 +49,6 @@ class CommStats:
         self.bytes_sent.clear()
         self.seconds.clear()
 
-    @property
-    def total_bytes(self) -> int:
-        """All bytes sent."""
-        return int(sum(self.bytes_sent.values()))
-
-    def snapshot(self) -> dict[str, Any]:
-        """A plain copy (for records and tests)."""
-        return {
-            "calls": dict(self.calls),
-            "bytes_sent": dict(self.bytes_sent),
-            "seconds": dict(self.seconds),
-        }
-
 
 STATS = CommStats()
 """This process's counters (one rank per process)."""
@@ -89,10 +68,7 @@ def nbytes(t: torch.Tensor) -> int:
 
 
 def phase(name: str) -> timed_phase:
-    """Add the duration of the block to ``STATS.seconds[name]`` (compute, comm, wait, ...).
-
-    On the phase clock (`lcab.cp.phase_clock`): the GPU's while a call is described on CUDA.
-    """
+    """Add the block's duration to ``STATS.seconds[name]``, on the phase clock (`phase_clock`)."""
     return timed_phase(name, STATS.seconds)
 
 
@@ -133,10 +109,7 @@ class PendingExchange:
 def exchange(
     send: list[torch.Tensor], dst: int, src: int, group: Any, op: str = "p2p"
 ) -> PendingExchange:
-    """Post sends of ``send`` to rank ``dst`` and receives of the same shapes from ``src``.
-
-    Returns immediately (the transfer overlaps whatever the caller computes next).
-    """
+    """Post sends of ``send`` to ``dst`` and receives of the same shapes from ``src``; no wait."""
     if isinstance(group, RecordedGroup):  # the schedule check: nothing is sent or counted
         return _Recorded(group.log, op, group.log.post(op, group, dst, src, send), send)
     send = [t.contiguous() for t in send]
@@ -156,9 +129,8 @@ def exchange(
 class _Recorded(PendingExchange):
     """An exchange of the schedule check: waiting is an event.
 
-    What it "receives" is what was sent (the shapes a peer sends; the data is garbage anyway):
-    no buffer is made. A runner must then not write in place into a received tensor that
-    autograd saved — it does not.
+    What it "receives" is what was sent (the shapes a peer sends): no buffer is made, so a
+    runner must not write in place into a received tensor that autograd saved (none does).
     """
 
     def __init__(self, log: RankSchedule, op: str, handle: int, send: list[torch.Tensor]) -> None:

@@ -1,11 +1,18 @@
-"""Ulysses inside a group around a ring across groups: what Ring P2P, USP and LoongTrain share.
+"""Ulysses inside a group around a ring across groups: Ring P2P, USP and LoongTrain.
 
-Tokens are placed on R ring shards (by the balancer) and each shard is split contiguously among
-the U ranks of a Ulysses group. An all-to-all gives each rank its ring shard for Hq / U heads, a
-ring over the R groups (ranks with the same Ulysses position) merges the keys of every shard,
-and a final all-to-all returns to sequence sharding. The strategies differ only in the Ulysses
-degree (Ring P2P: 1, no all-to-all) and the ring's windows and operation names, so that is all
-a subclass says; the ring's schedule is `lcab.cp.ring_attention`'s.
+Each of R ring shards is split among the U ranks of a Ulysses group; an all-to-all gives each
+rank its ring shard for Hq / U heads, a ring over the groups (`lcab.cp.ring_attention`) merges
+every shard's keys, and an all-to-all returns to sequence sharding. The three strategies differ
+only in their Ulysses degree, windows and operation names:
+
+* Ring P2P (Ring Attention): no Ulysses group (degree 1); K/V blocks rotate around all ranks,
+  one K/V shard a step whatever the mask, so a step with little work (causal, documents) leaves
+  its transfer exposed — which is what the paper measures;
+* USP: default Ulysses degree the devices of a node, so the all-to-all stays inside it and the
+  ring crosses nodes (the paper's placement);
+* LoongTrain: as USP, but the ring is cut into ``window_count`` windows, an inner ring rotating
+  K/V inside a window while the next window's block is prefetched over the outer ring (default:
+  the largest divisor w of R with w <= R / w, the paper's balanced choice).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import override
 
-from lcab.cp.base import Plan, Strategy, StrategyOptions, step_mask
+from lcab.cp.base import Plan, Strategy, StrategyOptions, register_strategy, step_mask
 from lcab.cp.prepared import CPPrepared
 from lcab.cp.ring_attention import (
     RingSpec,
@@ -28,7 +35,7 @@ from lcab.cp.ring_attention import (
 from lcab.cp.stages import Pricer, Window
 from lcab.cp.ulysses import a2a_bytes, heads_to_seq, replicate_kv, seq_to_heads, ulysses_ends
 from lcab.distributed.context import DistContext
-from lcab.distributed.groups import ring_channels
+from lcab.distributed.groups import balanced_windows, ring_channels
 from lcab.kernels import Kernel, Problem
 from lcab.lazy import lazy_module
 from lcab.masks.core import AttnMask
@@ -145,3 +152,60 @@ class UlyssesRing(Strategy):
             return (heads_to_seq(out, a2a_group, u) if u > 1 else out), None
 
         return CPPrepared(plan, dist.rank, run, mask)
+
+
+@dataclass
+class LoongTrainOptions(UlyssesRingOptions):
+    """USP's options plus the windows of the double ring."""
+
+    window_count: int | None = None
+    """Windows of the double ring; None: the largest divisor w of the ring with w <= ring / w."""
+
+
+# registered in this order: the strategies' plot colours follow it (`lcab.report.plot_style`)
+@register_strategy
+class LoongTrain(UlyssesRing):
+    """Ulysses x double ring (``window_count`` windows)."""
+
+    name = "loongtrain"
+    summary = "Ulysses inside a node x double ring (windows + outer ring with prefetch)"
+    options_cls = LoongTrainOptions
+    inner = "loong_inner"
+    outer = "loong_outer"
+
+    @override
+    def windows(self, ring: int) -> int:
+        count = self.options.get("window_count")
+        return int(count) if count is not None else balanced_windows(ring)
+
+    @override
+    def reasons(self, problem: Problem, world: int) -> list[str]:
+        reasons = super().reasons(problem, world)
+        if not reasons:
+            ring = world // self.ulysses_degree(world)
+            windows = self.windows(ring)
+            if windows < 1 or ring % windows:
+                reasons.append(f"window_count={windows} does not divide the ring of {ring}")
+        return reasons
+
+
+@register_strategy
+class RingP2P(UlyssesRing):
+    """Ring P2P over all ranks."""
+
+    name = "ring"
+    summary = "K/V blocks rotate (P2P), compute overlaps the next transfer, LSE merge"
+    options_cls = StrategyOptions
+
+    @override
+    def ulysses_degree(self, world: int) -> int:
+        return 1
+
+
+@register_strategy
+class USP(UlyssesRing):
+    """Ulysses (``ulysses_degree``, default: devices per node) x Ring P2P over the rest."""
+
+    name = "usp"
+    summary = "Ulysses inside a node x Ring P2P across nodes"
+    inner = "usp_ring"

@@ -1,14 +1,10 @@
 """The clock of a CP call's phases (compute, comm, wait): the host's on CPU, the GPU's on CUDA.
 
-On a GPU, ``perf_counter`` around a phase measures the host launching kernels, not the GPU
-running them, and ``work.wait()`` on NCCL only makes the current stream wait for NCCL's
-(``WorkNCCL::synchronizeStream``): the host returns at once. So while one call is described
-(`phase_clock`), each phase on CUDA records a pair of CUDA events on the stream that runs it —
-the current stream of the thread entering the phase, which the autograd engine's device thread
-shares — and every pair is read after one synchronize at the end. Nothing synchronizes inside
-a phase: that would serialise the very overlap being measured. Outside `phase_clock`, phases
-keep the host clock, which costs a ``perf_counter`` call (timed repetitions never pay for
-events).
+On a GPU, ``perf_counter`` measures the host launching kernels, and NCCL's ``work.wait()``
+returns at once (it only makes the stream wait). So while one call is described (`phase_clock`),
+each phase records a pair of CUDA events on the stream that runs it, all read after one
+synchronize at the end: a sync inside a phase would serialise the overlap being measured.
+Outside `phase_clock` phases keep the host clock (timed repetitions never pay for events).
 """
 
 from __future__ import annotations

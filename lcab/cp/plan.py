@@ -1,9 +1,7 @@
 """A context-parallel plan as plain data: who holds which tokens, how heads split, what moves.
 
-Computed from the mask alone by `lcab.cp.base.Strategy.plan`, read by the strategies' builds,
-`lcab.cp.prepared` (gathering a rank's results), tests, the balance report and the planner —
-without anything running. It sits apart from the strategy contract so that the modules a
-strategy's build uses can read it without importing the contract back (no import circle).
+Computed from the mask alone by `lcab.cp.base.Strategy.plan`; apart from the strategy contract
+so that the modules a build uses can read it without importing the contract (no circle).
 """
 
 from __future__ import annotations

@@ -68,10 +68,9 @@ class CPPrepared(PreparedAttention):
     def collect(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor | None:
         """Global rows ``rows`` (sorted; None: all) of a sharded (n, ...) tensor, on rank 0.
 
-        Collective: rank r broadcasts the slots of its shard that hold wanted rows, in rank
-        order; rank 0 places them and the others drop them. Every rank derives every part's
-        size from the plan, so nothing but the rows themselves travels, and no rank holds more
-        than one shard's part at a time besides rank 0's result. Other ranks return None.
+        Collective: each rank in turn broadcasts its wanted rows (sizes come from the plan, so
+        only rows travel), and no rank holds more than one part at a time besides rank 0's
+        result. Other ranks return None.
         """
         wanted = np.arange(self.seqlen) if rows is None else rows.to("cpu", torch.long).numpy()
         out = None
@@ -105,3 +104,22 @@ class CPPrepared(PreparedAttention):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The distributed attention of local shards (collective; timed)."""
         return self._run(q, k, v)
+
+
+# A kernel call's own autograd graph inside a custom Function (Ulysses, Ring All-Gather wrap the
+# call to time its backward or run collectives around it): the call runs on detached leaves, and
+# the Function's backward differentiates it with `torch.autograd.grad` and ``retain_graph``, as
+# benchmarks repeat the backward of one forward and nothing may accumulate in ``.grad``.
+
+
+def detached_leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Fresh leaves sharing the tensors' storage, requiring grad (roots of the inner graph)."""
+    return [t.detach().requires_grad_(True) for t in tensors]
+
+
+def leaf_grads(
+    out: torch.Tensor, leaves: list[torch.Tensor], dout: torch.Tensor
+) -> list[torch.Tensor]:
+    """d(out)/d(leaf) · dout for every leaf; zeros for leaves ``out`` does not depend on."""
+    found = torch.autograd.grad(out, leaves, dout, retain_graph=True, allow_unused=True)
+    return [g if g is not None else torch.zeros_like(t) for g, t in zip(found, leaves, strict=True)]

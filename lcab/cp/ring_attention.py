@@ -1,21 +1,14 @@
 """Ring executors: K/V blocks travel around a ring while each rank attends to the block in hand.
 
-`RingAttention` runs a `RingSpec`: the plain ring (Ring P2P, and the ring dimension of USP) is
-one window; LoongTrain's double ring cuts the ring into windows, an inner ring rotates blocks
-inside a window and an outer ring passes each window's block to the next window, prefetched
-while the inner ring works. It is an autograd Function with an explicit backward, because the
-backward must move data too: K/V travel again and each block's dK/dV accumulator travels *with*
-its block, one hop behind, until it is back at its owner — so gradients need no all-reduce.
+`RingAttention` runs a `RingSpec` (the plain ring is one window; LoongTrain's has several). It
+is an autograd Function with an explicit backward because the backward moves data too: K/V
+travel again and each block's dK/dV accumulator follows its block home — no all-reduce.
 
-Each step computes local queries against one block with the step's own sub-mask (an empty
-sub-mask skips the compute but not the transfer). Partial results merge by log-sum-exp in
-float32 (float64 for float64 inputs); gradients use the kernel's backward from the merged
-statistics (`PreparedAttention.backward`). Transfers are posted before the step's compute and
-waited after it, so communication overlaps computation — in the backward the dK/dV accumulator
-too, as ring-flash-attn and InternEvo do it: a step posts its accumulator and the next step
-waits for the one it receives only after its own kernel, adding its gradient then. Inner,
-outer and accumulator transfers each go on their own group (`RingChannels`), so none queues
-behind another on one NCCL stream.
+Each step computes local queries against one block with the step's own sub-mask (an empty one
+skips the compute, not the transfer); partials merge by log-sum-exp in float32 (float64 for
+float64 inputs), gradients come from the kernel's backward from merged statistics. Transfers
+are posted before a step's compute and waited after it — the backward's dK/dV accumulator too,
+as ring-flash-attn and InternEvo do — each kind on its own group (`RingChannels`).
 """
 
 from __future__ import annotations
@@ -26,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from lcab.cp.base import accumulator_bytes, element_bytes
 from lcab.cp.comm import PendingExchange, exchange, phase
-from lcab.cp.merge import accumulator_dtype, merge_into
 from lcab.cp.plan import Plan
 from lcab.cp.stages import Pricer, Transfer, Window
 from lcab.distributed.groups import RingChannels
@@ -37,6 +29,28 @@ if TYPE_CHECKING:
     import torch
 else:
     torch = lazy_module("torch", globals())
+
+
+def merge_into(
+    out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor
+) -> None:
+    """In place: (out, lse) ← merge((out, lse), (part, part_lse)); out (S, H, D), lse (H, S).
+
+    Exact over disjoint key sets: o = e^(l1 - l) o1 + e^(l2 - l) o2, l = log(e^l1 + e^l2), here
+    as ``out += w (part - out)`` with w = sigmoid(l2 - l1) (five tensor operations fewer).
+    Rows that attended nothing carry l = -inf and weight 0: never NaN.
+    """
+    if part_lse.dtype != lse.dtype:
+        part_lse = part_lse.to(lse.dtype)
+    # rows still empty on both sides: -inf - -inf is NaN, their weight 0
+    weight = torch.sigmoid(part_lse - lse).nan_to_num_(0.0)
+    out.lerp_(part.to(out.dtype), weight.t().unsqueeze(-1))
+    torch.logaddexp(lse, part_lse, out=lse)
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Partial results and travelling gradients are kept in float32 (float64 for float64)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @dataclass
@@ -89,10 +103,9 @@ def attend_backward(
 class RingSpec:
     """A ring schedule: global ranks in ring order, this rank's position, its steps.
 
-    ``windows == 1`` is the plain ring (Ring P2P, USP's ring); ``windows > 1`` is LoongTrain's
-    double ring of ``windows`` windows of ``size // windows`` positions. Transfers are counted
-    under ``{inner}_kv``, ``{inner}_kv_bwd``, ``{inner}_dkv`` inside a window and the same
-    suffixes on ``outer`` between windows.
+    ``windows > 1``: LoongTrain's double ring of ``windows`` windows of ``size // windows``
+    positions. Counted under ``{inner}_kv``, ``{inner}_kv_bwd``, ``{inner}_dkv`` inside a
+    window, the same on ``outer`` between windows.
     """
 
     ranks: list[int]
@@ -201,11 +214,9 @@ def ring_attention_function() -> type[torch.autograd.Function]:
         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
             """(dq, dk, dv): blocks travel again, each dK/dV accumulator following its block.
 
-            The accumulator of the block in hand arrives while this step's kernel runs: it is
-            waited for after the kernel, this step's dK/dV added into it, and it is posted on to
-            the next position without waiting. Only the hop that ends a window (the accumulator
-            of the window's own block, which must be home before it can go on to the next window,
-            or is the result) is waited for at once.
+            The block in hand's accumulator arrives while this step's kernel runs, is waited
+            for after it, gets this step's dK/dV and is posted on without waiting. Only the hop
+            that ends a window (its own block's accumulator, which must be home) waits at once.
             """
             q, k, v, out, lse = ctx.saved_tensors
             ring: RingSpec = ctx.ring
@@ -294,11 +305,8 @@ def ring_schedule(
 ) -> list[Window]:
     """What `RingAttention` does on ``rank`` in one pass (`lcab.cp.stages`).
 
-    Each step posts the next K/V block before its call and waits after it; in the backward a
-    step's dK/dV accumulator travels during the next step's call, the hop that brings a
-    window's own block's accumulator home is waited at once (where the implementation does),
-    and the window's accumulator moves on to the next window during that window's first step
-    (the last one exposed); the next window's K/V travel behind a whole window.
+    As `RingAttention` runs it; where the implementation waits for a window's home hop at
+    once (`Implementation.home_hop`); the next window's K/V travel behind a whole window.
     """
     grid = plan.grid(rank)
     ring, p, member = grid.my_ring(), grid.ring_index, grid.ulysses_index

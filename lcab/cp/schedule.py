@@ -1,15 +1,10 @@
 """The schedule a rank executes, recorded at lcab's communication layer with nothing sent.
 
-A cell's ranks agree on nothing at run time but what they send: a collective one rank skips, or
-a send whose receive its peer never posts, hangs the whole allocation at the first contact with
-it. The schedule check (`lcab.cp.schedule_check`) runs every rank's real code in one process
-and compares what they issue. A rank joins through `RecordingContext`, whose process groups are
-`RecordedGroup`s: `lcab.cp.comm` sees one and, instead of calling ``torch.distributed``, writes
-the call into the rank's `RankSchedule` and hands back buffers of the right shape (their data
-is garbage; the schedule is real). Nothing in ``torch.distributed`` runs, so a 96-rank ring's
-27,000 transfers cost what the runner's own Python costs: PyTorch's ``fake`` backend, which
-also returns at once, spends about half a millisecond in each ``batch_isend_irecv``'s Python
-checks (measured on this project's CPU host), a minute per 96-rank ring.
+A rank joins through `RecordingContext`, whose process groups are `RecordedGroup`s:
+`lcab.cp.comm` sees one and, instead of calling ``torch.distributed``, writes the call into the
+rank's `RankSchedule` and hands back buffers of the right shape. Nothing of ``torch.distributed``
+runs: PyTorch's ``fake`` backend spends ~0.5 ms in each ``batch_isend_irecv``'s Python checks,
+a minute per 96-rank ring. The why and the rules: the cp guide's schedule section.
 """
 
 from __future__ import annotations

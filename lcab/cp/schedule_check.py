@@ -1,16 +1,11 @@
 """A cell's schedule checked at its real world size, every rank's real code run in one process.
 
-`record` runs the cell's strategy as each rank runs it — its real ``build`` (the groups it makes,
-the steps it plans) and one forward and backward of its real code on small shards — one rank
-after another, through `lcab.cp.schedule` (nothing is sent); `check_schedule` holds the records
-to the rules of `lcab.cp.schedule_rules`. Two things are stood in for, neither of which decides
-what is sent: the kernel (a call that returns zeros of the right shapes and records itself) and
-the sub-mask of each block, of which the runner asks only whether it has work
-(`lcab.cp.base.BLOCK_STAND_IN`, read off the dense mask: restricting the mask costs ~1 ms a
-block, and a 96-rank ring has 9,216).
-
-`GRID_WORLDS` x `GRID_MASKS` x every registered strategy is what CI checks and ``python -m
-lcab.perf schedule`` times (`grid_cell`).
+`record` runs each rank's real ``build`` and one forward and backward of its real code on small
+shards, one rank after another, through `lcab.cp.schedule`; `check_schedule` holds the records to
+`lcab.cp.schedule_rules`. Stood in for, as neither decides what is sent: the kernel (zeros of
+the right shapes) and each block's sub-mask, of which the runner asks only whether it has work
+(`lcab.cp.base.BLOCK_STAND_IN`: restricting costs ~1 ms a block; a 96-rank ring has 9,216).
+`GRID_WORLDS` x `GRID_MASKS` x every strategy is what CI checks (`grid_cell`).
 """
 
 from __future__ import annotations
@@ -82,9 +77,8 @@ def grid_cell(name: str, mask_name: str, world: int, devices_per_node: int = 8) 
 def check_job(cell: Cell) -> ScheduleReport | str:
     """The check of a configured context-parallel job at its world size (a str: not checked).
 
-    Its strategy, options, topology, heads and mask pattern, on `TOKENS_PER_RANK` tokens per
-    rank and head dim 1 (neither changes what is sent, only how much); a strategy that cannot
-    run the job's heads is the refusal's to report, and gives "".
+    On `TOKENS_PER_RANK` tokens per rank and head dim 1 (they change how much is sent, not
+    what); a strategy that cannot run the job's heads gives "" (the refusal reports it).
     """
     strategy = STRATEGIES.get(cell.cp)(cell.cp_options, cell.devices_per_node)
     world, seqlen = cell.world_size, TOKENS_PER_RANK * cell.world_size

@@ -1,13 +1,10 @@
 """A rank's schedule as data: each pass's kernel calls and the transfers they hide or wait for.
 
-Every strategy states its schedule in these terms (`lcab.cp.base.Strategy.schedule`), rank by
-rank and pass by pass, in its own file: a *stage* is one kernel call (or none) with the
-transfers in flight while it runs (``during``) and those waited for after it (``after``); a
-*window* is a run of stages with transfers in its background (LoongTrain's prefetched block).
-The planner prices it (`lcab.plan.replay` says what each call computes, `lcab.plan.model` how
-long it all takes), and the schedule check's recording of the runner holds it equal, transfer
-by transfer (``tests/unit/test_cp_schedule_grid.py``). `Links` makes the transfers (which part
-of a send leaves the node), one object for equal ones.
+Every strategy states its schedule in these terms (`lcab.cp.base.Strategy.schedule`): a *stage*
+is one kernel call (or none) with the transfers in flight while it runs (``during``) and those
+waited for after it (``after``); a *window* is a run of stages with transfers in its background
+(LoongTrain's prefetched block). The planner prices it (`lcab.plan.replay`); the schedule
+check holds the runner to it, transfer by transfer.
 """
 
 from __future__ import annotations
@@ -149,8 +146,7 @@ class Links:
     ) -> Stage:
         """``Stage(work, during, after, finish=finish)``, one object for equal parts.
 
-        The transfers are made one object per value here, and the pricer's calls are (held
-        while the replay lives), so the parts' ids name the stage.
+        The transfers and the pricer's calls are one object per value, so the parts' ids name it.
         """
         during, after = self.transfers(during), self.transfers(after)
         key = (id(work), id(during), id(after), id(finish))

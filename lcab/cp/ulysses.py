@@ -1,11 +1,9 @@
 """Ulysses (DeepSpeed): all-to-all from sequence sharding to head sharding, local attention, back.
 
-Each rank sends, for its tokens, head group j to rank j; afterwards it holds the *whole* sequence
-for Hq / U query heads (K/V heads replicated first when U does not divide them, recorded as
-``kv_replication``), runs one local kernel call over the whole mask, and a second all-to-all
-returns the output to sequence sharding. Communication is exposed but compute is perfectly
-balanced (heads, not tokens, are split), and the result is exact. Autograd flows through the
-all-to-alls, so any kernel with a backward works; no LSE merging is needed.
+After the all-to-all a rank holds the *whole* sequence for Hq / U query heads (K/V heads
+replicated first when U does not divide them) and runs one local call over the whole mask:
+communication is exposed, compute perfectly balanced. Autograd flows through the all-to-alls,
+so any kernel with a backward works.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from lcab.cp.base import (
     step_mask,
 )
 from lcab.cp.comm import all_to_all, phase
-from lcab.cp.inner_graph import detached_leaves, leaf_grads
-from lcab.cp.prepared import CPPrepared
+from lcab.cp.prepared import CPPrepared, detached_leaves, leaf_grads
 from lcab.cp.stages import Pricer, Stage, Window
 from lcab.distributed.context import DistContext
 from lcab.kernels import Kernel, PreparedAttention, Problem
@@ -68,8 +65,7 @@ def _timed_local_call() -> type[torch.autograd.Function]:
     class TimedLocalCall(torch.autograd.Function):
         """The local kernel call, with its backward timed as ``compute`` too.
 
-        Without this, autograd would run the kernel's backward between the all-to-all gradients
-        outside any phase, and the time split would show it as unexplained time.
+        Else autograd would run it between the all-to-all gradients outside any phase.
         """
 
         @staticmethod

@@ -5,20 +5,8 @@ in the job folder (no ports, so parallel tests and jobs never clash). Under torc
 the ranks already exist and are joined from the environment (RANK, WORLD_SIZE, MASTER_ADDR...).
 Collectives time out after ``timeout_s`` so a lost peer ends in an error instead of a hang.
 
-GPU binding: a rank takes GPU ``local rank % visible GPUs`` — the local rank itself when the
-task sees every GPU of its node, GPU 0 when SLURM gives each task its own (``--gpus-per-task``,
-``--gpu-bind``) — and names it to ``init_process_group`` (``device_id``), so NCCL binds its
-communicator eagerly and ``barrier`` never guesses a device. Two NCCL ranks on one GPU, which
-NCCL refuses ("Duplicate GPU"), are refused first with the numbers (`binding_problem`, and a
-comparison of GPU UUIDs across the ranks of a host through the rendezvous store, before NCCL
-starts: `gpu_verdict`). Over gloo, ranks may share a
-GPU on purpose — a numerics-only check of CP on one GPU: the context says so (`shared_device`),
-CUDA tensors travel through host copies where gloo cannot move them (`lcab.distributed.staging`)
-and the records' timings are not a measurement. A GPU rank's host threads are capped at its
-share of the node's CPUs (`gpu_rank_threads`). Single-rank groups are never created: once a
-device is bound every ``new_group`` is a collective split over all ranks, for nothing.
-``high_priority`` asks NCCL for high-priority streams (``ProcessGroupNCCL.Options``), so its
-kernels are scheduled ahead of queued compute.
+GPU binding, two ranks on one GPU (refused under NCCL, a numerics-only check over gloo), thread
+caps and NCCL stream priority: the cp guide's "Topology and process groups" and "GPU binding".
 """
 
 from __future__ import annotations
@@ -74,10 +62,7 @@ class DistContext:
         device: str = "cpu",
         high_priority: bool = False,
     ) -> DistContext:
-        """Join a world started by lcab's supervisor (file rendezvous): every rank on this host.
-
-        Every rank sees the same GPUs here, so more NCCL ranks than GPUs are refused at once.
-        """
+        """Join a world started by lcab's supervisor (file rendezvous): every rank on this host."""
         staging.choose_mode(device, backend, os.environ)  # a forced mode that cannot work: now
         bound = _bind(device, rank, world, backend, per_task=False)
         return cls._join(
@@ -91,10 +76,7 @@ class DistContext:
     ) -> DistContext:
         """Join a world launched by torchrun or SLURM (env:// rendezvous).
 
-        torchrun's variables are used as they are; inside a SLURM task they are derived from
-        SLURM's (`scheduler_environment`), so both launchers share this one path. A SLURM task
-        may see only its own GPU (``--gpus-per-task``): there the GPU UUIDs compared at the
-        rendezvous decide; torchrun's ranks all see the node's GPUs, like local ranks.
+        Inside a SLURM task the variables are derived from SLURM's (`scheduler_environment`).
         """
         staging.choose_mode(device, backend, os.environ)  # a forced mode that cannot work: now
         per_task = "SLURM_PROCID" in os.environ
@@ -119,11 +101,9 @@ class DistContext:
     ) -> DistContext:
         """Rendezvous, compare GPUs, then start the process group on the rendezvous' store.
 
-        ``init_process_group(device_id=...)`` connects NCCL at once, and NCCL refuses two ranks
-        on one GPU with an error of its own ("Duplicate GPU") before any check of lcab's could
-        run after it: so the ranks first meet through the store ``torch.distributed.rendezvous``
-        makes of the same ``init_method`` (file:// or env://), compare the GPUs they bound there
-        (`gpu_verdict`), and only then hand that store to ``init_process_group``.
+        ``init_process_group(device_id=...)`` connects NCCL at once, which refuses two ranks on
+        one GPU with its own "Duplicate GPU": so the ranks first compare their GPUs through the
+        rendezvous store (`gpu_verdict`), then hand that store to ``init_process_group``.
         """
         timeout = timedelta(seconds=timeout_s)
         store = rendezvous_store(init_method, rank, world, timeout)
@@ -145,12 +125,9 @@ class DistContext:
     def group(self, ranks: list[int] | tuple[int, ...], tag: str = "") -> Any:
         """The process group of ``ranks``: the world for all ranks, None for a single rank.
 
-        A single-rank group carries no traffic, so it is never created. A ``tag`` names a
-        twin: another group over the same ranks (another communicator and stream under NCCL),
-        e.g. for traffic that must not queue behind the untagged group's.
-
-        ``torch.distributed.new_group`` must be called by every rank for every group in the same
-        order: callers create all groups of a layout on every rank (see `lcab.distributed.groups`).
+        A ``tag`` names a twin over the same ranks (another NCCL communicator and stream), for
+        traffic that must not queue behind the untagged group's. Every rank must create every
+        group in the same order (`lcab.distributed.groups`).
         """
         members = tuple(int(r) for r in ranks)
         if len(members) == 1:
@@ -196,11 +173,9 @@ READ_KEY = "lcab/bound_gpu_read/{rank}"
 def gpu_verdict(store: Any, rank: int, world: int, bound: torch.device, backend: str) -> bool:
     """Whether ranks share a GPU (gloo: allowed and noted); two NCCL ranks on one are refused.
 
-    Every rank leaves the (host, UUID) of the GPU it bound in the store, waits for all, and
-    reads the same list, so every rank reaches the same verdict — the same refusal, or
-    ``shared_device`` on all. UUIDs, not indices: a task that sees one GPU binds index 0
-    whether SLURM gave it its own GPU or every task the same one. CPU ranks bind no GPU and
-    leave nothing (every rank of a world runs on the same kind of device).
+    Every rank leaves the (host, UUID) of its GPU in the store and reads all, so all reach the
+    same verdict. UUIDs, not indices: a task that sees one GPU binds index 0 whether SLURM gave
+    it its own GPU or every task the same one. CPU ranks leave nothing.
 
     Raises:
         RuntimeError: NCCL ranks of one host share a GPU.
@@ -231,10 +206,7 @@ def gpu_verdict(store: Any, rank: int, world: int, bound: torch.device, backend:
 
 
 def shared_gpu(bound: list[Any]) -> tuple[int, int, str, str] | None:
-    """The first two ranks that bound one GPU — (first, second, host, uuid) — or None.
-
-    ``bound``: each rank's (host, GPU UUID), in rank order.
-    """
+    """The first two ranks that bound one GPU — (first, second, host, uuid) — or None."""
     first: dict[tuple[str, str], int] = {}
     for rank, key in enumerate(bound):
         host, uuid = str(key[0]), str(key[1])
@@ -249,11 +221,9 @@ def binding_problem(
 ) -> str | None:
     """Why ``ranks_on_node`` ranks cannot each get a GPU of the ``visible_gpus`` (None: they can).
 
-    ``per_task``: whether each rank may see GPUs of its own (a SLURM task with
-    ``--gpus-per-task``, where one visible GPU per rank is right and the UUIDs compared after
-    joining decide); otherwise every rank of the node sees the same GPUs (lcab's local ranks,
-    torchrun), and more NCCL ranks than visible GPUs would put two on one GPU. Over gloo ranks
-    may share a GPU (numerics only), so only a missing GPU is a problem.
+    ``per_task``: each rank may see GPUs of its own (SLURM ``--gpus-per-task``: the UUIDs
+    compared after joining decide); else all ranks of the node see the same GPUs. Over gloo
+    ranks may share a GPU (numerics only), so only a missing GPU is a problem.
     """
     if visible_gpus < 1:
         return "problem.device=cuda but no GPU is visible to this process"
@@ -296,9 +266,8 @@ def _bind(
 def gpu_rank_threads(ranks_on_node: int, env: Mapping[str, str]) -> int:
     """Host threads one GPU rank may use: its share of the CPUs, so ranks do not oversubscribe.
 
-    Under SLURM a task's CPUs are its own (``SLURM_CPUS_PER_TASK``); otherwise every rank of a
-    node sees the same CPUs (this process's affinity), shared by the ranks on the node. torch's
-    default, all of the node's cores in every rank, puts eight ranks' threads on each core.
+    Under SLURM a task's CPUs are its own (``SLURM_CPUS_PER_TASK``); otherwise the ranks of a
+    node share this process's affinity. torch's default puts eight ranks' threads on each core.
     """
     per_task = env.get("SLURM_CPUS_PER_TASK", "")
     if per_task.isdigit() and int(per_task) > 0:
@@ -310,10 +279,8 @@ def gpu_rank_threads(ranks_on_node: int, env: Mapping[str, str]) -> int:
 def pg_options(backend: str, high_priority: bool) -> dict[str, Any]:
     """``pg_options`` for ``init_process_group``/``new_group``: NCCL high-priority streams.
 
-    torch 2.13 takes ``ProcessGroupNCCL.Options(is_high_priority_stream=True)`` for the
-    ``nccl`` backend (`torch.distributed.distributed_c10d.init_process_group` docstring);
-    ``new_group`` would otherwise build default options (normal priority), so every group
-    gets its own. Nothing for gloo or when not asked (builds without NCCL lack the class).
+    ``new_group`` would otherwise build default options (normal priority), so every group gets
+    them. Nothing for gloo or when not asked (builds without NCCL lack the class).
     """
     if backend != "nccl" or not high_priority:
         return {}
@@ -351,10 +318,8 @@ def _first_host(nodelist: str) -> str:
 def scheduler_environment(env: Mapping[str, str]) -> dict[str, str]:
     """torch.distributed's env:// variables derived from SLURM's, for a task of a SLURM job.
 
-    Rank, local rank and world size come from ``SLURM_PROCID``, ``SLURM_LOCALID`` and
-    ``SLURM_NTASKS``; the rendezvous is the first host of the job's node list, on a port derived
-    from the job id (20000 + id mod 20000), so two jobs sharing a node never pick the same
-    port. Variables already set (torchrun's) win. Outside SLURM this returns nothing.
+    The rendezvous is the first host of the job's node list, on port 20000 + job id mod 20000,
+    so two jobs sharing a node never pick the same port. Variables already set (torchrun's) win.
     """
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         return {}
@@ -376,8 +341,5 @@ def scheduler_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def node_name() -> str:
-    """The node of this process: SLURM's node name inside a job, else the host name.
-
-    SLURM's name, because several emulated nodes may share one host.
-    """
+    """The node: SLURM's node name (emulated nodes may share a host), else the host name."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

@@ -1,16 +1,10 @@
 """Start a world of local rank processes and watch them: no hang, no strays, failures reported.
 
-`launch` starts ``world`` processes running ``fn(rank, world, rendezvous, messages, *args)``
-from a forkserver (torch and lcab imported once in the server, so a rank starts in milliseconds
-and never forks a process whose OpenMP threads are running). Ranks report through a queue;
-``on_message`` sees every message and returns a new deadline or ``STOP``. The world ends when
-every rank said it is done, or at the first failure — a rank's exception (it sends a
-``("fatal", rank, traceback)`` message), a rank process dying, or the deadline passing — after
-which every remaining rank is killed and joined. The caller gets a `LaunchResult` naming what
-happened; no process outlives the call — nor the caller: each rank holds the read end of a
-*lifeline* pipe whose only write end the caller keeps, so when the caller dies in any way (a
-SIGKILL, an out-of-memory kill, a SLURM time limit) the ranks read end-of-file and exit at once
-instead of computing on for nobody.
+`launch` starts ``world`` ranks from a forkserver (torch imported once: a rank starts in
+milliseconds and never forks running OpenMP threads). The world ends when every rank is done,
+or at the first failure (an exception, a dead rank, the deadline), after which the rest are
+killed and joined. No rank outlives the caller either: each holds the read end of a *lifeline*
+pipe whose only write end the caller keeps, so however the caller dies the ranks read EOF and exit.
 """
 
 from __future__ import annotations
@@ -37,9 +31,8 @@ STOP = -1.0
 def context(preload: Sequence[str] = ("torch",)) -> Any:
     """The forkserver context; its server imports ``preload`` once for every rank it starts.
 
-    The caller names what its ranks import (this layer knows nothing above it). The server
-    starts with the first world, so the first caller's list is the one that holds; CPython
-    ignores a preload module that fails to import, which is why callers test their lists.
+    The first caller's list holds (the server starts with the first world); CPython ignores a
+    preload module that fails to import, which is why callers test their lists.
     """
     global _CONTEXT
     if _CONTEXT is None:
@@ -207,10 +200,9 @@ def _root_cause(
 ) -> LaunchResult:
     """Name the failure that started it all, not its echoes on the peers.
 
-    When one rank dies, its peers fail moments later with transport errors ("Connection
-    closed"), and those often reach the queue first. So collect failures for a short grace
-    period, then prefer: a rank's own exception that is not a peer symptom, else a rank that
-    died without a word (killed, ``os._exit``), else the first exception seen.
+    Peers of a dead rank fail moments later with transport errors, often first in the queue:
+    so after a short grace period prefer a rank's own exception that is not a peer symptom,
+    else a rank that died without a word, else the first exception seen.
     """
     end = time.monotonic() + grace_s
     while time.monotonic() < end:

@@ -1,12 +1,9 @@
 """Host staging: moving CUDA tensors through gloo, which reads and writes host memory.
 
-Ranks that share one GPU cannot use NCCL (it refuses two ranks on one device), so a
-numerics-only run uses gloo with CUDA kernels. gloo in torch 2.13 (git cf30153c) copies CUDA
-tensors through pinned host buffers itself for its collectives — all-to-all, all-gather (the
-flat all-gather is built on it), broadcast, reduce, gather, scatter, and all-reduce in CUDA
-builds (the reduce-scatter of a flat tensor is a clone and an all-reduce) — but ``send`` and
-``recv`` hand the tensor's data pointer straight to a gloo buffer with no device check, so a
-CUDA tensor cannot travel point to point. The cp guide (`lcab/cp/README.md`) cites the source.
+Ranks that share one GPU cannot use NCCL, so a numerics-only run uses gloo with CUDA kernels.
+gloo (torch 2.13) stages CUDA tensors itself for its collectives, but ``send`` and ``recv`` hand
+the data pointer straight to a gloo buffer, so a CUDA tensor cannot travel point to point (the
+cp guide cites the source).
 
 Modes (one per process, set when the rank joins its world):
   * ``off``: nothing is staged (CPU ranks, or CUDA ranks on NCCL);
@@ -39,15 +36,14 @@ STAGING_ENV = "LCAB_CP_HOST_STAGING"
 _MODE = ["off"]
 _HOST = "cpu"
 """Where staged copies live (a device name: torch accepts it, and it needs no torch to define)."""
-_COPIES = [0]
+_COPIES = [0]  # host copies made by this process: tests check that staging really ran
 
 
 def valid_modes(device: torch.device | str, backend: str) -> tuple[str, ...]:
     """The modes that can carry this rank's tensors over ``backend``.
 
-    gloo's send/recv read host memory, so CUDA tensors over gloo need at least ``p2p``; NCCL
-    reads device memory, so host-staged tensors cannot travel over it; CPU tensors over gloo
-    can take any mode (``all`` runs the staging path for tests).
+    CUDA tensors over gloo need at least ``p2p``; NCCL reads device memory, so nothing staged;
+    CPU tensors over gloo take any mode (``all`` runs the staging path for tests).
     """
     cuda = torch.device(device).type == "cuda"
     if backend == "nccl":
@@ -116,11 +112,6 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     """A contiguous host copy of ``t`` (a distinct buffer even when ``t`` is on the host)."""
     _COPIES[0] += 1
     return t.detach().to(_HOST, copy=True, memory_format=torch.contiguous_format)
-
-
-def host_copies() -> int:
-    """Host copies made so far by this process (tests check that staging really ran)."""
-    return _COPIES[0]
 
 
 def host_like(t: torch.Tensor) -> torch.Tensor:

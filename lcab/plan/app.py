@@ -1,11 +1,9 @@
 """``python -m lcab.plan``: the planner as a Hydra app (same groups as the benchmark + hardware).
 
-One job = one cell (cp x mask x topology x kernel) at each configured length; it prints the
-prediction (the median of ``bench.mask_samples`` mask samples, as the runner reports) and writes
-it to ``<job dir>/plan.jsonl``. A multirun ends with one table of its
-jobs and, when the sweep spans several world sizes, a plot of predicted per-GPU TFLOP/s against
-world size per strategy (``plan_tflops.png``), with the measured points of ``records=<file>``
-overlaid. ``recommend=true`` ranks every strategy for the cell instead.
+One job = one cell at each configured length: it prints the prediction (median of
+``bench.mask_samples`` samples) and writes ``<job dir>/plan.jsonl``. A multirun ends with one
+table and, over several world sizes, ``plan_tflops.png`` (measured ``records=<file>`` overlaid).
+``recommend=true`` ranks every strategy for the cell instead.
 """
 
 from __future__ import annotations
@@ -345,10 +343,8 @@ def _ahead_key(cell: PlanCell, hardware: Hardware, samples: int, harness: Harnes
 class PredictAhead:
     """Each job's predictions, made by the pre-flight on every core (`lcab.config.fork_map`).
 
-    Hydra's launcher runs a multirun's jobs one after another in this process; the pre-flight
-    already holds every job's config, in workers on all cores. The jobs' `app` then takes the
-    prediction made here and prints it; anything not made here (an error, a recommendation) it
-    makes itself, as without this.
+    Hydra's launcher runs the jobs one after another; the pre-flight holds every job's config.
+    A job's `app` prints the prediction made here, and makes anything not made here itself.
     """
 
     def prepare(self, cfg: DictConfig, cell: Cell) -> dict[str, CellPrediction] | None:

@@ -1,16 +1,11 @@
 """Exact work of every (query shard, key shard) pair of a mask, without building a sub-mask.
 
-A context-parallel step computes the queries of one shard against the keys of another; its cost
-is the attended area of that rectangle of the mask (and how long its rows are). The runner finds
-each step's area by restricting the mask (`lcab.masks.remap`) — fine for one rank, too slow for
-a planner that replays 96 ranks × 96 steps in a second. Here every query row's attended key
-spans are counted against a prefix count of each key shard's tokens, so all pairs of one key
-shard cost one pass over the rows: O(rows × shards) for the whole matrix, exact — seconds at
-786,432 tokens and 96 shards. So each head is first counted from the chunks of the layouts
-(`lcab.plan.areas_chunks`: segments of rows that touch the same key chunks, O(segments ×
-shards)), and row by row only where the chunks cannot stand for the rows (rows with several
-spans, a token in two key shards, layouts in more pieces than rows). Both give the same
-integers; the row count stays as the definition (`row_work_reference`).
+Restricting the mask per step (`lcab.masks.remap`, as the runner does) is too slow for a
+replay of 96 ranks × 96 steps. Each head is counted from chunks of the layouts
+(`lcab.plan.areas_chunks`, O(segments × shards)), and row by row against a prefix count of each
+key shard (O(rows × shards), seconds at 786,432 tokens) only where the chunks cannot stand for
+the rows. Both give the same integers; the row count is the definition (`_row_work`,
+``fast=False``).
 """
 
 from __future__ import annotations
@@ -123,45 +118,22 @@ def _row_work(
     per_doc: IntArray | None = None,
     shards: tuple[Shards, Shards] | None = None,
     with_area: bool = True,
+    fast: bool = True,
 ) -> PairWork:
     """Area, active rows and runs of every (row shard, column shard) pair.
 
-    Each head is counted from the chunks of the layouts (`lcab.plan.areas_chunks`), which
-    costs segments × shards instead of rows × shards; a head that the chunks cannot count
-    (rows with several spans, layouts in more pieces than rows) is counted row by row
-    (`_Reference.head`). ``per_doc`` (document lengths, which a transposed mask does not
+    Each head from the chunks, else row by row (`_Reference.head`). ``per_doc`` (document
+    lengths, which a transposed mask does not
     carry) also counts, per pair, the documents with active rows and the active rows of the
     document with the most (returned in ``col_docs`` and ``longest_cols``: the caller passes
     the transposed mask, whose rows are key columns). ``shards``: the chunks of ``row_sets``
     and ``col_sets`` (`Shards.of`), where the caller already has them. ``with_area=False``
     leaves ``area`` and ``runs`` zero: the transposed pass of `pair_work` reads only the rows
     and documents, and the chunks then skip the area's product with the token table.
+    ``fast=False`` counts every head row by row: the definition the chunks must match.
     """
     if shards is None:
         shards = (Shards.of(row_sets, mask.seqlen_q), Shards.of(col_sets, mask.seqlen_k))
-    return _count(mask, shards, col_sets, per_doc, fast=True, with_area=with_area)
-
-
-def row_work_reference(
-    mask: AttnMask,
-    row_sets: Sequence[IntArray],
-    col_sets: Sequence[IntArray],
-    per_doc: IntArray | None = None,
-) -> PairWork:
-    """`_row_work` counted row by row for every head: the definition the chunks must match."""
-    shards = (Shards.of(row_sets, mask.seqlen_q), Shards.of(col_sets, mask.seqlen_k))
-    return _count(mask, shards, col_sets, per_doc, fast=False)
-
-
-def _count(
-    mask: AttnMask,
-    shards: tuple[Shards, Shards],
-    col_sets: Sequence[IntArray],
-    per_doc: IntArray | None,
-    fast: bool,
-    with_area: bool = True,
-) -> PairWork:
-    """`_row_work`, through the chunks where ``fast`` and they can, else row by row."""
     rows_of, keys_of = shards
     n_i, n_j = rows_of.count, keys_of.count
     shape = (mask.num_heads, n_i, n_j)

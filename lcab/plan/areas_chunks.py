@@ -1,9 +1,7 @@
 """`lcab.plan.areas`'s pair table from chunks of the layouts: O(segments × shards), not per row.
 
-Counting every query row against every key shard costs rows × shards per head — seconds at
-786,432 tokens and 96 shards, for a planner that replays a cell in well under one. Layouts are
-unions of a few contiguous runs of positions (zigzag: two a rank, per-document balancers: a few
-more), so the key positions fall into *chunks*: maximal runs held by one key shard. Within a
+Layouts are unions of a few contiguous runs of positions (zigzag: two a rank), so the key
+positions fall into *chunks*: maximal runs held by one key shard. Within a
 slice a row's attended span is ``[first, last]``, both affine in the row, so the rows of a head
 cut into *segments* — consecutive rows of one slice, row shard and document whose ``first`` and
 ``last`` stay in the same chunks and keep their slope. Every row of a segment touches the same

@@ -14,12 +14,9 @@ Its rules, restated (the code is theirs; this is written from the description):
    piece across a cut continues in the next pack; the incomplete last pack is dropped);
 4. the list of packs is shuffled by the same generator, and the benchmark takes the first 20.
 
-A document cell's throughput varies several-fold between packs (a pack of ChatQA pieces may hold
-one 128K piece or none), and a communication-bound strategy's TFLOP/s is proportional to its pack's
-FLOPs, so the comparison uses these packs rather than packs drawn from the same histogram.
-The same packs come out only if the benchmark's NumPy drew the same two shuffles as this one:
-NumPy does not promise a ``Generator``'s stream across versions, and which version measured the
-blog is not published.
+A document cell's throughput varies several-fold between packs, so the comparison uses these
+packs rather than others drawn from the histogram — the same ones only if the benchmark's NumPy
+drew the same two shuffles (NumPy does not promise a ``Generator``'s stream across versions).
 """
 
 from __future__ import annotations

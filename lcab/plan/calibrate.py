@@ -1,12 +1,9 @@
 """The planner held to measured records: one point per measured pass, predicted beside it.
 
-Each measured record that ran ``ok`` gives one point per timed pass: the cell, the pass, and
-its p50 time (on the slowest rank under CP) — the quantity `lcab.plan.model` predicts. Records of
-single-device kernel runs (``cp=none``) are points too: one kernel call over the whole mask, so a
-GPU machine's own kernel sweep checks (and fits) the profile's kernel rates, and CP records add
-the links. Replays depend only on the cell, so they are built once. ``python -m lcab.plan
---check RECORDS`` prints each point beside its prediction; the fit of a profile's free
-parameters to the same points is a lab tool (``python launchers/plan_fit.py rates``).
+Each ``ok`` record gives one point per timed pass: the cell, the pass and its p50 time (the
+slowest rank's under CP). ``cp=none`` records are one kernel call over the whole mask, so a
+GPU's own kernel sweep checks (and fits) the profile's kernel rates. ``python -m lcab.plan
+--check RECORDS`` prints each point beside its prediction; ``launchers/plan_fit.py`` fits.
 """
 
 from __future__ import annotations
@@ -51,13 +48,9 @@ class Point:
 def points_of(records: Iterable[RunRecord]) -> list[Point]:
     """One point per measured cell and pass of the ``ok`` records (fwd and bwd p50 times).
 
-    A cell measured in several runs (several records of the same cell, as
-    ``launchers/plan_cpu_measurements.sh`` writes them) gives one point at the median of its
-    runs: one run that stalled — ranks sharing cores, a neighbour's job — does not decide it,
-    and every cell weighs the same in a fit whatever its number of runs. Context-parallel
-    records need two ranks at least; single-device kernel records (``cp=none``) are one call
-    over the whole mask. Records whose ranks shared a GPU (``shared_device``) are no
-    measurement of time and give no point.
+    A cell measured in several runs gives one point at their median: one stalled run does not
+    decide it, and every cell weighs the same in a fit. Records whose ranks shared a GPU
+    (``shared_device``) are no measurement of time and give no point.
     """
     runs_of: dict[str, list[RunRecord]] = {}
     for record in records:

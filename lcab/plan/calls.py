@@ -1,11 +1,8 @@
 """One kernel call of a replayed step: its work, and the copies its implementation makes.
 
-A strategy's schedule (`lcab.plan.replay`) says which shard pair a step computes; this module
-turns that pair into the `Work` of one call — the exact attended area and its row, column and
-document counts from `lcab.plan.areas`, and the memory passes the harness (`lcab.plan.harness`)
-makes around the call over the tensors it hands the kernel — and the copies it makes apart from
-the call: once a ring step's transfer has arrived (`accumulate_work`) and after the whole ring
-(`merge_work`).
+A shard pair becomes the `Work` of one call: its attended area and counts (`lcab.plan.areas`)
+and the memory passes the harness makes around it; plus the copies made apart from calls, once
+a ring step's transfer has arrived (`accumulate_work`) and after the whole ring (`merge_work`).
 """
 
 from __future__ import annotations
@@ -69,29 +66,6 @@ def figures_of(works: PairWork, mask_heads: Sequence[int], local_q: int, i: int,
     )
 
 
-def call_work(
-    works: PairWork,
-    plan: Plan,
-    problem: Problem,
-    ui: int,
-    i: int,
-    j: int,
-    bwd: bool,
-    call: Call,
-) -> Work | None:
-    """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing.
-
-    The plain definition; the replay asks `CallWorks` (the same, memoised).
-    """
-    heads = plan.heads
-    mask_heads = [0] if works.area.shape[0] == 1 else heads.kv_heads_of(ui)
-    # per-KV-head masks: each local KV head uses its own mask head
-    figures = figures_of(works, mask_heads, heads.local_q, i, j)
-    if figures[0] <= 0:
-        return None
-    return work_of(figures, plan, problem, bwd, call, _call_copies(call, bwd))
-
-
 def _call_copies(call: Call, bwd: bool) -> Copies:
     """The copies around ``call`` in one pass: the family's, plus its half's extraction."""
     return call.harness.call_passes(call.family, bwd).plus(call.harness.half_passes(call.half, bwd))
@@ -152,13 +126,11 @@ def work_of(
 
 
 class CallWorks:
-    """`call_work` for one replay (one plan, problem and pair table), memoised.
+    """The work of each call of one replay (one plan, problem and pair table), memoised.
 
-    A 96-rank replay asks for ~18,000 calls per pass, and most of them are alike (every
-    off-diagonal zigzag pair of a causal mask has the same figures). The figures of a one-head
-    mask are read for all pairs at once (the same arithmetic, element by element, as
-    `figures_of`), and calls with equal figures share one `Work` object, which lets the cost
-    model cost each distinct call once (`lcab.plan.model`).
+    A 96-rank replay asks for ~18,000 calls per pass, most of them alike. A one-head mask's
+    figures are read for all pairs at once, and calls with equal figures share one `Work`
+    object, so the cost model costs each distinct call once.
     """
 
     def __init__(self, works: PairWork, plan: Plan, problem: Problem) -> None:
@@ -169,7 +141,7 @@ class CallWorks:
         self._calls: dict[tuple[int, bool], PerCall] = {}
 
     def __call__(self, ui: int, i: int, j: int, bwd: bool, call: Call) -> Work | None:
-        """`call_work` of Ulysses member ``ui`` on pair (i, j)."""
+        """The call of Ulysses member ``ui`` on pair (i, j); None when the pair attends nothing."""
         return self.step(self.per_call(call, bwd), ui, i, j)[0]
 
     def per_call(self, call: Call, bwd: bool) -> PerCall:
@@ -180,7 +152,7 @@ class CallWorks:
         return per
 
     def step(self, per: PerCall, ui: int, i: int, j: int) -> tuple[Work | None, tuple[Work, ...]]:
-        """(`call_work`, `accumulate_work`) of ``per``'s call by member ``ui`` on pair (i, j)."""
+        """(its work, `accumulate_work`) of ``per``'s call by member ``ui`` on pair (i, j)."""
         if self._table is not None:
             figures = self._table[i][j]
         else:

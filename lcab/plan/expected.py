@@ -1,16 +1,9 @@
 """What a benchmark job is expected to measure and cost, before it is submitted.
 
-The dry run (``dry_run=true``) shows a job's shape and an upper bound on its GPU-hours taken
-from the time limits; this module adds what the planner expects the job to *measure* — per-GPU
-TFLOP/s and time per pass at each length — and the GPU-hours the measurement protocol will
-really spend at those times: for every length, mask sample and pass, the first call, the
-warm-up calls and the timed repetitions (budget mode: as many as the budgets buy at the
-predicted time, capped by ``bench.max_reps``), one more call for the numerics check, and on a
-GPU read through NVML the untimed calls of the pass's energy window (`lcab.bench.telemetry`).
-
-Single-device cells (``cp=none``) are predicted as a context-parallel cell of one rank (the
-kernel's rate on the profile, no communication). Where the planner has no prediction (a
-strategy that cannot run the cell, say) the length says why and adds nothing to the figure.
+For the dry run (``dry_run=true``): what the planner expects a job to *measure* — per-GPU
+TFLOP/s and time per pass at each length — and the GPU-hours its measurement protocol spends at
+those times (`calls_per_pass`). ``cp=none`` is predicted as a world of one rank; a length with no
+prediction says why and adds nothing.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The planner's plot: predicted per-GPU TFLOP/s against world size, one line per strategy.
 
-Measured points (records of the same masks and strategies) are drawn as crosses on the same
-axes, so a reader sees at once where a measurement leaves the prediction; records whose ranks
-shared a GPU (`RunRecord.timings_measured`) are not measurements and are left out. It is an
-`lcab.plot.data` figure drawn by `lcab.plot.png`, the report's renderer.
+Measured points of the same masks and strategies are crosses on the same axes (records whose
+ranks shared a GPU are no measurement and are left out); drawn by the report's `lcab.plot.png`.
 """
 
 from __future__ import annotations
@@ -19,10 +17,7 @@ from lcab.records.sinks import read_records
 def measured_points(
     records: list[RunRecord], mask: str, cp: str, pass_: str
 ) -> list[tuple[int, float]]:
-    """(world size, TFLOP/s per GPU) of the ``ok`` records of a mask and strategy.
-
-    Only those whose times are a measurement: a run whose ranks shared a GPU is a numerics check.
-    """
+    """(world size, TFLOP/s per GPU) of the ``ok``, measured records of a mask and strategy."""
     return [
         (r.world_size, tflops)
         for r in records

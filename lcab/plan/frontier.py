@@ -3,20 +3,10 @@
 The same search as the measured one (`lcab.bench.frontier.search`: doubling from the cell's
 length, bisection to ``1/seqlen.frontier_resolution``, whole 128-token blocks per rank), with a
 probe that asks the memory model (`lcab.plan.memory`) instead of running: a length fits when
-the memory of the fullest rank is within the budget less the profile's ``memory_margin`` —
-``bench.memory_budget_gib`` when set, else in a job what it may really use
-(`lcab.plan.record_prediction`), else the profile's ``memory_gib``. One device (``cp=none``)
-holds q, k, v and out (and dout, dq, dk, dv with a backward pass); under CP the strategy's own
-plan gives each rank's shard, head split and buffers; the profile's kernel memory terms
-(`lcab.plan.hardware.KernelMemory`, fitted to measured frontiers by
-``python launchers/plan_fit.py memory``) add what the kernel and lcab's harness hold besides,
-and the dense masks a rank's prepared calls keep, counted on the strategy's own sub-masks
-(`lcab.plan.memory.dense_positions`).
-
-A profile without those terms (the GPU profile, until a GPU frontier is measured) gives the
-tensors' frontier alone, an upper bound; the record and the table print both, with their ratio.
-Measured frontiers (`frontier_points`) are checked against the model by searching each again
-in it (`check_memory`; ``python -m lcab.plan --check-memory RECORDS``).
+the fullest rank's memory is within the budget (`predict_cell_frontier`) less the profile's
+``memory_margin``. A profile without kernel memory terms gives the tensors' frontier alone, an
+upper bound. Measured frontiers are checked by searching each again in the model
+(`check_memory`). The plan guide's "The memory frontier" has the terms and the figures.
 """
 
 from __future__ import annotations
@@ -134,10 +124,9 @@ def predict_cell_frontier(
 ) -> FrontierPrediction:
     """The search of a ``seqlen=frontier`` cell, as its own config asks, in ``hardware``'s model.
 
-    The budget is ``bench.memory_budget_gib``, else ``budget_gib`` (what the job may use where
-    it runs: `lcab.bench.job_memory.job_budget`), else the profile's ``memory_gib``; a backward
-    pass counts when the cell times one; a CUDA cell timed with lcab's L2 flush holds its
-    buffer. Raises ValueError where the strategy cannot run the cell.
+    The budget is ``bench.memory_budget_gib``, else ``budget_gib`` (what the job may use:
+    `lcab.bench.job_memory.job_budget`), else the profile's ``memory_gib``. Raises ValueError
+    where the strategy cannot run the cell.
     """
     assert cell.frontier is not None
     budget_gib = cell.bench.memory_budget_gib or budget_gib or hardware.memory_gib

@@ -1,12 +1,9 @@
 """Hardware profiles: what the planner assumes about compute and links, each number sourced.
 
-A profile (``conf/hardware/<name>.yaml``) gives, per kernel, the attention throughput a call
-reaches on long rows and how it falls for short ones; per link class (inside a node, between
-nodes) the bandwidth and latency one rank sees; and the efficiency of each collective relative
-to its link (a link may give its own for some kinds, where a source has one for that link).
-``sources`` says where every number comes from — a public specification, a paper's
-single-GPU figure, a lab tool's measurement or fit (``launchers/plan_*.py``) on named records,
-with the command — so a prediction can be traced to its assumptions.
+A profile (``conf/hardware/<name>.yaml``) gives per kernel the throughput a call reaches and how
+it falls for short rows, per link class the bandwidth and latency a rank sees, and each
+collective's efficiency; ``sources`` says where every number comes from (a specification, a
+paper's figure, a lab tool's fit on named records), so a prediction traces to its assumptions.
 """
 
 from __future__ import annotations
@@ -113,10 +110,8 @@ class KernelRate:
 class KernelMemory:
     """What a rank running one kernel holds beyond the attention tensors `lcab.plan.memory` counts.
 
-    Fitted per profile from measured frontiers (``python launchers/plan_fit.py memory``), as
-    the rates are from timed records (``rates``); all 0 where none were
-    measured (the tensors alone). Each term is what the search's probes meet, so it includes
-    lcab's harness around the kernel, not the kernel alone.
+    Fitted per profile from measured frontiers (``launchers/plan_fit.py memory``; 0 where none
+    were measured), so it includes lcab's harness around the kernel, not the kernel alone.
     """
 
     fixed_mib: float = 0.0
@@ -346,10 +341,9 @@ def is_auto(data: dict[str, Any]) -> bool:
 def auto_profile(device: str | None = "cpu") -> Hardware:
     """``hardware=auto``: the profile that matches where a cell on ``device`` runs.
 
-    CUDA: `GPU_PROFILE`. Otherwise `CPU_PROFILE` with this host's cores as its compute slots (the
-    ranks beyond them share the cores); its rates stay those of the host it was fitted on. No
-    probe of the host's speed scales them: one did until issue 60, which found that it bought no
-    accuracy (lcab/plan/README.md, "hardware=auto on CPU"); on another host, refit the profile.
+    CUDA: `GPU_PROFILE`. Otherwise `CPU_PROFILE` with this host's cores as its compute slots;
+    its rates stay the fitted host's (a probe of the host's speed bought no accuracy: the plan
+    guide's "hardware=auto on CPU"); on another host, refit the profile.
     """
     if device == "cuda":
         return load_profile(GPU_PROFILE)

@@ -202,11 +202,8 @@ class Harness(Implementation):
     ) -> tuple[float, float]:
         """(matrix-product FLOPs, memory bytes) the projections add to a rank's backward.
 
-        For ``tokens`` local tokens through the Q, K and V projections (none when
-        ``projection_width`` is 0). Weight gradients ``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV``: 2 FLOPs
-        per multiply-add; the input needs no gradient, so there is no ``dx``. Bias gradients
-        read dQ, dK and dV once; the weight gradients are added into the ones earlier
-        repetitions left (read, read, write).
+        Weight gradients ``xᵀ·dQ``, ``xᵀ·dK``, ``xᵀ·dV`` (no ``dx``: the input needs none),
+        added into the earlier repetitions' (read, read, write); bias gradients read dQ, dK, dV.
         """
         if not self.projection_width:
             return 0.0, 0.0
@@ -332,10 +329,3 @@ LONGCA = Harness(
 )
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (LCAB, LONGCA)}
-
-
-def harness_named(name: str) -> Harness:
-    """The harness called ``name`` (ValueError names the valid ones)."""
-    if name not in HARNESSES:
-        raise ValueError(f"harness={name!r} is not known; valid: {sorted(HARNESSES)}")
-    return HARNESSES[name]

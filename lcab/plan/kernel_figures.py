@@ -6,16 +6,11 @@ plateau and a saturation length, is data (``lcab/plan/figures/<profile>.yaml``) 
 so anyone can re-derive the shipped numbers (`python -m lcab.plan.kernel_figures`) and a test
 holds the profile to them.
 
-Each figure is costed the way the planner costs a kernel call (`lcab.plan.model.CostModel`: the
-call cost, the plateau scaled by the sweep's saturation and by tile padding), with the call
-described by the mask engine — attended keys per row forward, queries per key backward — so the
-fitted numbers mean what the planner uses them for. Charts from different builds of a kernel
-(the MagiAttention blog's, the FlashAttention-3 paper's July 2024 build) run at different
-speeds, but a build changes the plateau more than the sweep length at which the kernel
-saturates; so the reference source sets the plateaus, every other source gets one free scale per
-kernel and pass, and the saturation lengths are fitted to all of them. That is what lets the
-FlashAttention-3 paper's 512-token backward (each key swept by 512 queries) pin the backward's
-saturation, which the blog's 8K and 32K points cannot.
+Each figure is costed as the planner costs a kernel call (`lcab.plan.model.CostModel`), so the
+fitted numbers mean what the planner uses them for. A kernel's build changes its plateau more
+than its saturation length, so the reference source sets the plateaus, every other source gets
+one free scale per kernel and pass, and the saturation lengths are fitted to all of them (the
+FlashAttention-3 paper's 512-token backward pins what the blog's 8K and 32K points cannot).
 """
 
 from __future__ import annotations
@@ -159,12 +154,9 @@ def load_figures(path: str | Path) -> Figures:
 def figure_work(figure: Figure, rate: KernelRate) -> Work:
     """The call a figure timed, described as the planner describes a call.
 
-    That is `lcab.plan.calibrate.whole_mask_call`, times the figure's batch.
-    Tile padding is exact here (a figure's sequences are whole runs of known length), where a
-    context-parallel step uses its expected value; ``runs`` carries it in the model's units, so
-    the per-sequence accumulator rows of a varlen backward are left out (the figures time one
-    sequence, or a fixed-length batch, where a kernel rounds the length instead). Key tiles
-    are exact too: a backward figure's length must be whole key tiles, which pad nothing.
+    That is `lcab.plan.calibrate.whole_mask_call`, times the figure's batch, with tile padding
+    exact (a figure's sequences are whole runs of known length; a backward figure's length
+    whole key tiles).
 
     Raises:
         ValueError: a mask whose active rows are not one run per sequence, or a backward
@@ -198,11 +190,7 @@ def figure_work(figure: Figure, rate: KernelRate) -> Work:
 
 
 def predicted_tflops(figure: Figure, hardware: Hardware, work: Work | None = None) -> float:
-    """The throughput the profile gives the figure's call.
-
-    ``work``: its `figure_work`, when already built — it depends on the profile's tiles only,
-    not on the rates a fit varies.
-    """
+    """The throughput the profile gives the figure's call (``work``: its `figure_work`, reused)."""
     work = work or figure_work(figure, hardware.rate(figure.kernel))
     model = CostModel(hardware, figure.kernel, 1, alone=True)
     seconds = model.compute_s(work, figure.pass_ == "bwd")

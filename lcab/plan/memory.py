@@ -1,19 +1,10 @@
 """Memory per rank under a plan: the attention tensors, the strategy's buffers, the kernel's own.
 
-Counted from the plan: the rank's sequence shard of q, k, v, out and dout; the head-sharded
-copies a Ulysses group holds; the K/V blocks a ring keeps in flight (the block in hand, the one
-arriving, and LoongTrain's prefetched window block); the float32 accumulators of merged outputs
-and travelling dK/dV; the full K/V an all-gather materialises and its gradients.
-
-Counted from the hardware profile (`lcab.plan.hardware.KernelMemory`, fitted to measured
-frontiers; all 0 where none were measured): what a rank running the kernel holds besides —
-a fixed part (thread pools, library scratch, the harness's buffers), a part per element of its
-largest call's query-sized tensor (accumulators, saved activations, layout copies) — a rank of
-a context-parallel world has its own of both (`KernelMemory.cp_fixed_mib`, ``cp_q_bytes``) —
-and for a kernel that takes a dense mask the biases its prepared calls keep (PyTorch SDPA's, in
-the problem's dtype) plus a part per position of its largest such call (`rank_extras`). On
-CUDA, lcab's own 256 MiB L2-flush buffer. Not counted: the rest of a model, and the
-allocator's slack beyond what the fit saw.
+From the plan: the rank's shards of q, k, v, out (and gradients) and the strategy's own
+buffers (`Strategy.buffers`). From the profile (`lcab.plan.hardware.KernelMemory`, fitted to
+measured frontiers): what the kernel and lcab's harness hold besides, and for a dense-mask
+kernel the biases its prepared calls keep (`rank_extras`); on CUDA lcab's 256 MiB L2-flush
+buffer. The terms: the plan guide's "The memory frontier". Not counted: the rest of a model.
 """
 
 from __future__ import annotations
@@ -115,12 +106,9 @@ def whole_dense_positions(mask: AttnMask, problem: Problem) -> tuple[float, floa
 def dense_positions(plan: Plan, mask: AttnMask) -> tuple[float, float]:
     """The dense-bias positions of the fullest rank's prepared calls: all, and its largest.
 
-    A strategy prepares each call of its schedule once — a ring one per step, Ulysses one over
-    its group's tokens, the all-gather one over every key — and a call whose sub-mask is not
-    one full or causal slice over a square (`lcab.kernels.sdpa.whole_mask_kind`) keeps a dense
-    bias of its rectangle while the cell runs, so a rank holds their sum. The sub-masks are the
-    strategies' own (`lcab.cp.base.step_mask` on the plan's layouts): a zigzag diagonal step is
-    two causal chunks and a full one, several slices, so it holds a bias too.
+    A call whose sub-mask (the strategy's own, `lcab.cp.base.step_mask`) is not one full or
+    causal slice over a square keeps a dense bias of its rectangle while the cell runs, so a
+    rank holds the sum over its prepared calls (a zigzag diagonal step holds one too).
     """
     from lcab.cp.base import step_mask
     from lcab.kernels.sdpa import whole_mask_kind

@@ -45,11 +45,8 @@ class PassPrediction:
 class CostModel:
     """Costs of work and transfers on ``hardware`` for ``kernel``, with ``ranks_per_node``.
 
-    ``alone``: a single-device cell, one process on the node. On a CPU profile
-    (``compute_slots_per_node`` set) it runs on every core — the runner leaves torch its
-    threads and the tiled engine splits its batches across them (1.83x one thread on 2 cores,
-    2026-11-27) — where a rank of a context-parallel cell runs on one thread
-    (`lcab.bench.worker`) and ranks beyond the cores share them.
+    ``alone``: a single-device cell, which on a CPU profile runs on every core, where a rank of
+    a context-parallel cell runs on one thread and ranks beyond the cores share them.
     """
 
     def __init__(
@@ -100,9 +97,8 @@ class CostModel:
     def dense_call(self, work: Work, bwd: bool) -> Work:
         """What a dense-mask kernel runs for ``work``: its whole rectangle, and a bias read.
 
-        Every position of ``dense_rows x dense_keys`` per query head is computed (one run of
-        rows, every key), and each reads ``bias_bytes`` of the bias; the call's useful FLOPs
-        are no longer what sets its time.
+        Every position of ``dense_rows x dense_keys`` per query head is computed, each reading
+        ``bias_bytes`` of the bias.
         """
         rate = self.rate
         positions = work.dense_rows * work.dense_keys * max(work.q_heads, 1.0)
@@ -228,9 +224,8 @@ class CostModel:
 class _Memo(CostModel):
     """A cost model that costs each work and transfer object once (one pass of one replay).
 
-    The replay shares one object between equal calls and transfers (`lcab.plan.calls.CallWorks`)
-    and holds them all while the pass is costed, so an object's id names it; 96 ranks x 96
-    steps then cost as many calls as are distinct, each to the same figure as before.
+    The replay shares one object between equal calls and transfers and holds them all while
+    the pass is costed, so an object's id names it: 96 ranks x 96 steps cost the distinct ones.
     """
 
     def __init__(

@@ -1,11 +1,8 @@
 """Which strategy, balancer and Ulysses degree to run, and the smallest world that fits.
 
-Every registered strategy is tried with every balancer and, for the two-dimensional ones, every
-Ulysses degree that divides the devices of a node and the heads; each candidate is replayed and
-costed like any cell, and ranked by predicted forward + backward time (the training step's
-attention) — the median over the same mask samples for every candidate, since one document pack
-can flatter one strategy and not another. The answer states the predicted margin to the
-runner-up, because a 3 % margin is inside the noise of a real cluster while a 2× margin is not.
+Candidates are ranked by predicted forward + backward time, the median over the same mask
+samples for all (one document pack can flatter one strategy); the answer states the margin to
+the runner-up, since 3 % is inside a real cluster's noise and 2× is not.
 """
 
 from __future__ import annotations

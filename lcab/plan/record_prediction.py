@@ -7,22 +7,9 @@ first keeps the planner's CPU work out of the timed lengths (on a CPU host the r
 cores with the parent), and one hook in the entry point's ``write`` covers every path that
 records: supervised worlds, a scheduled rank 0 (SLURM) and in-process cells.
 
-Fields (``lcab/records/README.md``): per pass ``predicted_ms`` and ``predicted_tflops`` (the
-planner's time and per-device TFLOP/s for the pass; ``fwd_bwd`` is the sum of the two times)
-and ``predicted_ratio`` = predicted time / measured p50 time, i.e. measured over predicted
-throughput (above 1: faster than predicted; time-based, so independent of FLOP conventions);
-per record ``predicted_hardware``, ``prediction_note`` (why there is none) and
-``prediction_warning``.
-
-**The band, [0.5, 2].** The planner's validation errors: the published H100 table 78 of 80
-cells within ±25 %, the worst +47 % (ratio 0.68); the CPU measurements 120 of 120 within
-±30 %, the worst 27 %, and single CPU runs of one cell spread 0.77-1.43 around their median
-(``lcab/plan/README.md``). A factor of 2 either way is nearly twice the worst validated miss
-in log terms (ln 2 = 0.69 against ln 1.47 = 0.39) and beyond the run-to-run spread, so an
-honest cell on a matching profile stays inside; what falls outside is not noise: a wrong
-backend (lcab's former SDPA MATH pin, 10 TFLOP/s where cuDNN ran 635, ratio 0.016), a cell the
-planner does not model (cuDNN through SDPA on a dense document mask computes every tile: 0.06 to
-0.09 on an H100), a profile of the wrong machine, a host busy with other work.
+Fields: the records guide; ``predicted_ratio`` = predicted time / measured p50 time (measured
+over predicted throughput, independent of FLOP conventions). The warning band, [0.5, 2], is
+nearly twice the worst validated miss in log terms (the plan guide's "Predictions in records").
 """
 
 from __future__ import annotations
@@ -100,9 +87,7 @@ def _note(record: RunRecord, note: str) -> None:
 def _frontier_of(cell: Cell, hardware: Any) -> tuple[int | None, float, str] | str:
     """The planner's frontier for a ``seqlen=frontier`` cell, its budget and whence, or why none.
 
-    The budget per rank (GiB): ``bench.memory_budget_gib``, else what the job may really use here
-    (`lcab.bench.job_memory.job_budget`: its cgroup's limit, the host's available memory, a
-    GPU's free memory, shared by the ranks), else the profile's ``memory_gib``.
+    The budget per rank as `lcab.plan.frontier.predict_cell_frontier` takes it.
     """
     from lcab.bench.job_memory import job_budget
     from lcab.plan.frontier import predict_cell_frontier

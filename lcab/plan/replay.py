@@ -1,14 +1,9 @@
 """Price a strategy's own schedule, rank by rank and step by step, as work and transfers.
 
-The planner does not average and does not know the strategies: it takes the plan the runner
-would execute (`Strategy.plan`: the same balancer, shards, head split and analytic bytes) and
-the schedule each strategy states in its own file (`Strategy.schedule`, `lcab.cp.stages`: every
-rank's stages of kernel calls and transfers, what each call overlaps), and prices it — each call
-by the exact attended area of its pair of row and key sets (`lcab.plan.areas`) and the copies
-the implementation makes around it (`lcab.plan.harness`). The schedule check's recording of the
-runner holds the stated schedules equal to what the runner issues, transfer by transfer
-(``tests/unit/test_cp_schedule_grid.py``); another implementation of the same schedules
-(``harness=longca``) differs where `lcab.cp.stages.Implementation` says.
+The planner knows no strategy by name: it takes the plan the runner would execute
+(`Strategy.plan`) and the schedule the strategy states (`Strategy.schedule`, `lcab.cp.stages`),
+and prices each call by the exact attended area of its row and key sets (`lcab.plan.areas`)
+and the copies the implementation makes around it (`lcab.plan.harness`).
 """
 
 from __future__ import annotations

@@ -80,10 +80,8 @@ class Work:
 def dense_rectangle(area: float, q_tokens: float, k_tokens: float) -> tuple[float, float]:
     """(``dense_rows``, ``dense_keys``) of a call attending ``area`` positions per head.
 
-    A dense-mask kernel runs a full or a causal mask without one (PyTorch SDPA: ``is_causal``
-    when the mask is one full or causal slice over a square, `lcab.kernels.sdpa`); the area
-    tells them apart here (a whole rectangle, or a square's lower triangle with its diagonal),
-    which a mask of several slices adding up to a triangle would pass too: (0, 0) for those.
+    A dense-mask kernel runs a full or a causal mask without one (`lcab.kernels.sdpa`): (0, 0)
+    when the area is a whole rectangle or a square's lower triangle with its diagonal.
     """
     if area >= q_tokens * k_tokens or (
         q_tokens == k_tokens and area == q_tokens * (q_tokens + 1) / 2

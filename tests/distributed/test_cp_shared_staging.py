@@ -29,8 +29,8 @@ def staged_rank(rank: int, world: int, rendezvous: str, messages: Any, cases: li
 
     os.environ[staging.STAGING_ENV] = "all"
     rank_main(rank, world, rendezvous, messages, cases)
-    if staging.mode() != "all" or staging.host_copies() == 0:
-        raise RuntimeError(f"staging mode {staging.mode()}, {staging.host_copies()} host copies")
+    if staging.mode() != "all" or staging._COPIES[0] == 0:
+        raise RuntimeError(f"staging mode {staging.mode()}, {staging._COPIES[0]} host copies")
 
 
 def cases(world: int) -> list[Case]:

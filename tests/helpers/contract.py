@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from lcab.cp.merge import merge_into
+from lcab.cp.ring_attention import merge_into
 from lcab.kernels import Kernel, Problem
 from lcab.masks import AttnMask
 

@@ -1,13 +1,11 @@
-"""A throw-away plugin: one kernel and one mask registered from outside lcab (issue 60, item 1).
+"""A throw-away plugin: a kernel, a mask and a CP strategy registered from outside lcab.
 
 Importing this module (or ``pytest -p tests.helpers.registry_plugin``) registers them exactly
-as a new adapter or pattern module does — a decorator at import — and touches no other file;
+as a new adapter, pattern or strategy module does — a decorator at import — and touches no
+other file;
 `tests/unit/test_registry_plugin.py` then finds each in every list lcab derives from its
 registries. With ``LCAB_PLUGIN_REFERENCE=0`` the mask comes without its test reference, to show
 that the mask tests then fail rather than skip it.
-
-Strategies: the lead adds a throw-away CP strategy here once lcab/cp's lists derive from its
-registry (the numerics grid); `test_registry_plugin` has the matching hook.
 """
 
 from __future__ import annotations
@@ -18,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from lcab.cp.base import register_strategy
+from lcab.cp.hybrid import RingP2P
 from lcab.kernels import register_kernel
 from lcab.kernels.naive import NaiveKernel
 from lcab.kernels.packages import PackageProbe
@@ -26,6 +26,7 @@ from lcab.masks.patterns.base import Generated, PatternParams, diagonal_blocks, 
 from tests.helpers import mask_reference
 
 KERNEL = "plugin_naive"
+STRATEGY = "plugin_ring"
 MASK = "plugin_pairs"
 COLOUR = "#010203"
 INSTALL = 'pip install "numpy"  # lcab registry plugin test'
@@ -43,6 +44,22 @@ class PluginKernel(NaiveKernel):
         NaiveKernel.caps,
         requires=PackageProbe(module="numpy", distributions=("numpy",), install=INSTALL),
     )
+
+
+@register_strategy
+class PluginRing(RingP2P):
+    """Ring P2P under another name: every list must find it, and it must run as the ring."""
+
+    name = STRATEGY
+    summary = "registry plugin test: Ring P2P"
+
+
+def rank_main(*args: Any) -> None:
+    """`tests.distributed.grid.rank_main` in a spawned rank, which must import this module too
+    (lcab's own strategies are imported by ``lcab.cp``; a plugin's by whoever uses it)."""
+    from tests.distributed.grid import rank_main as grid_rank_main
+
+    grid_rank_main(*args)
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcab.cp.merge import merge_into
+from lcab.cp.ring_attention import merge_into
 from lcab.kernels import Problem, get_kernel, packages
 from lcab.kernels.fa4 import PreparedFA4
 from lcab.kernels.upstream import fa4 as fa4_table

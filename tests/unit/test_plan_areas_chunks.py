@@ -1,7 +1,7 @@
 """The planner's pair table counted from chunks gives, to the integer, what counting rows gives.
 
 `lcab.plan.areas_chunks` counts a head from segments of rows (one slice, row shard and
-document, whose spans stay in the same key chunks); `lcab.plan.areas.row_work_reference` is the
+document, whose spans stay in the same key chunks); `lcab.plan.areas._row_work(fast=False)` is the
 row-by-row count it replaces. Random masks of every source (patterns with documents, windows,
 prefixes, restricted rectangles, random slices, arbitrary dense masks, several heads) meet
 random layouts (contiguous, zigzag, per document, permutations, runs, with padding, unequal
@@ -28,7 +28,7 @@ from lcab.masks import make_mask
 from lcab.masks.core import AttnMask
 from lcab.masks.geometry import row_spans
 from lcab.plan import areas_chunks
-from lcab.plan.areas import PairWork, _row_work, pair_work, row_work_reference
+from lcab.plan.areas import PairWork, _row_work, pair_work
 from lcab.plan.areas_chunks import Shards, head_work
 from tests.helpers.masks import any_masks, dense3, fast
 
@@ -137,7 +137,7 @@ def test_every_head_the_chunks_count_matches_counting_rows(data):
         assert (got is not None) == (keys.disjoint and not several_spans)
         if got is None:
             continue
-        want = row_work_reference(mask.head(h), row_sets, col_sets, per_doc)
+        want = _row_work(mask.head(h), row_sets, col_sets, per_doc, fast=False)
         for field in ("area", "rows", "runs", "col_docs", "longest_cols"):
             a, b = getattr(got, field), getattr(want, field)
             if b is None:
@@ -157,7 +157,7 @@ def test_row_work_and_pair_work_equal_the_row_count(data):
     per_doc = _per_doc(data.draw, mask)
     _assert_same(
         _row_work(mask, row_sets, col_sets, per_doc),
-        row_work_reference(mask, row_sets, col_sets, per_doc),
+        _row_work(mask, row_sets, col_sets, per_doc, fast=False),
         ("area", "rows", "runs", "col_docs", "longest_cols"),
     )
     if mask.seqlen_q == mask.seqlen_k:
@@ -172,9 +172,9 @@ def _reference_pair_work(
     mask: AttnMask, row_sets: list[np.ndarray], col_sets: list[np.ndarray]
 ) -> PairWork:
     """`pair_work` as it was: the row count of the mask and of its transpose."""
-    work = row_work_reference(mask, row_sets, col_sets)
+    work = _row_work(mask, row_sets, col_sets, fast=False)
     lengths = np.asarray(mask.doc_lengths if mask.doc_lengths is not None else [mask.seqlen_q])
-    keys = row_work_reference(mask.transpose(), col_sets, row_sets, lengths)
+    keys = _row_work(mask.transpose(), col_sets, row_sets, lengths, fast=False)
     assert keys.col_docs is not None and keys.longest_cols is not None
     return PairWork(
         work.area,

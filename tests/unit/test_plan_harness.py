@@ -15,7 +15,7 @@ from lcab.cp import STRATEGIES
 from lcab.kernels import Problem
 from lcab.masks import make_mask
 from lcab.plan.hardware import Hardware, Link
-from lcab.plan.harness import LCAB, LONGCA, Elements, Passes, harness_named
+from lcab.plan.harness import LCAB, LONGCA, Elements, Passes
 from lcab.plan.model import CostModel, predict_pass
 from lcab.plan.replay import replay
 from tests.helpers.plan_hardware import hand_hardware
@@ -179,12 +179,6 @@ def test_harnesses_change_costs_not_work():
                 phases = {t.phases for t in theirs.transfers(rank, pass_) if t.kind == "p2p"}
                 expected = {"ring": {1}, "usp": {1}, "loongtrain": {2}, "ulysses": set()}
                 assert phases == expected[name]
-
-
-def test_unknown_harness_names_the_valid_ones():
-    with pytest.raises(ValueError, match=r"harness='te'.*\['lcab', 'longca'\]"):
-        harness_named("te")
-    assert dataclasses.asdict(harness_named("longca")) == dataclasses.asdict(LONGCA)
 
 
 def test_longca_loongtrain_backward_waits_for_the_hop_after_each_window():

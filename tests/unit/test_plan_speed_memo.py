@@ -15,9 +15,20 @@ from lcab.kernels import Problem, get_kernel
 from lcab.masks import make_mask
 from lcab.masks.core import AttnMask
 from lcab.plan.areas import pair_work
-from lcab.plan.calls import Call, CallWorks, call_work
+from lcab.plan.calls import Call, CallWorks, figures_of, work_of
 from lcab.plan.harness import LCAB, LONGCA
 from lcab.plan.replay import replay
+
+
+def call_work(works, plan, problem, ui, i, j, bwd, call):
+    """The call of Ulysses member ``ui`` on pair (i, j), unmemoised: its KV heads' figures."""
+    mask_heads = [0] if works.area.shape[0] == 1 else plan.heads.kv_heads_of(ui)
+    figures = figures_of(works, mask_heads, plan.heads.local_q, i, j)
+    if figures[0] <= 0:
+        return None
+    harness = call.harness
+    copies = harness.call_passes(call.family, bwd).plus(harness.half_passes(call.half, bwd))
+    return work_of(figures, plan, problem, bwd, call, copies)
 
 
 def test_memoised_calls_are_the_plain_definition_on_every_pair() -> None:

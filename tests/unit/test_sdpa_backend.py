@@ -22,7 +22,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.attention import SDPBackend
 
-from lcab.cp.merge import merge_into
+from lcab.cp.ring_attention import merge_into
 from lcab.kernels import Problem, get_kernel, sdpa
 from lcab.masks import AttnMask, make_mask
 from tests.helpers.run_if import run_if
