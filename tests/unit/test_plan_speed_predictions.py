@@ -11,6 +11,12 @@ to the printed digit, besides the raw TFLOP/s and times to 1e-9.
 
 Regenerate only on purpose (a model change), with the command in the fixture.
 
+Nor is the wall time of a GPU job held to it exactly: issue 58 added an energy window to each
+GPU pass read through NVML (`ENERGY_WINDOW_S` of untimed calls, priced by the dry run), so a
+GPU length's wall time is the fixture's plus, per pass and mask sample, one window and at most
+one call more (a call is never longer than the fixture's whole wall time); a CPU length's is the
+fixture's.
+
 Memory (``memory_mib``) is not held to the fixture: issue 52 changed the memory model on
 purpose (a profile's kernel terms, Ulysses' head-sharded gradients in the backward), and the
 model is checked by hand in ``tests/unit/test_plan_frontier.py``; every time and throughput is.
@@ -34,6 +40,8 @@ FIXTURE = Path(__file__).parent / "data" / "plan_speed_predictions.json"
 STRATEGIES = ("ring", "usp", "loongtrain", "ulysses", "ring_allgather")
 MASKS = ("causal", "causal_document", "full")
 NOT_PINNED = frozenset({"memory_mib"})
+ENERGY_WINDOW_S = 1.25
+"""NVML's energy counter steps every 100 ms; a window is 10 steps and a quarter (issue 58)."""
 """Row fields a model change moved on purpose since the fixture (see the module docstring)."""
 GPU_TOPOLOGIES = ("1x8", "4x8", "12x8")
 CPU_TOPOLOGIES = ("local4", "2x4")
@@ -78,6 +86,8 @@ def figures(overrides: tuple[str, ...]) -> list[dict[str, Any]]:
     for length in expect_configured_job(cfg, cell).lengths:
         entry: dict[str, Any] = {"seqlen": length.seqlen, "text": length.text()}
         entry["wall_s"] = float(length.wall_s)
+        gpu_windows = len(cell.bench.passes) * max(cell.mask_samples, 1)
+        entry["energy_windows"] = gpu_windows if cell.device == "cuda" else 0
         if length.prediction is not None:
             p = length.prediction
             entry["row"] = {k: _raw(v) for k, v in p.row().items()}
@@ -140,7 +150,12 @@ def test_predictions_match_those_of_the_planner_before_it_was_made_fast(key: str
     assert [g["seqlen"] for g in got] == [w["seqlen"] for w in want]
     for g, w in zip(got, want, strict=True):
         assert _printed(g["text"]) == _printed(w["text"]), (key, g["text"], w["text"])
-        assert _close(g["wall_s"], w["wall_s"]), (key, g["seqlen"])
+        windows_s = g["energy_windows"] * ENERGY_WINDOW_S
+        if windows_s and "row" in w:  # a length with no prediction takes no time
+            extra = g["wall_s"] - w["wall_s"]
+            assert windows_s <= extra <= windows_s + w["wall_s"], (key, g["seqlen"], extra)
+        else:
+            assert _close(g["wall_s"], w["wall_s"]), (key, g["seqlen"])
         assert ("row" in g) == ("row" in w)
         if "row" in w:
             assert g["row"].keys() == w["row"].keys()
