@@ -148,8 +148,10 @@ class UlyssesRing(Strategy):
             k, v = replicate_kv(k, heads), replicate_kv(v, heads)
             if u > 1:
                 q, k, v = (seq_to_heads(t, a2a_group, u) for t in (q, k, v))
-            out, _ = ring_attention_function().apply(q, k, v, spec)
-            return (heads_to_seq(out, a2a_group, u) if u > 1 else out), None
+            out, lse = ring_attention_function().apply(q, k, v, spec)
+            if u == 1:  # Ring P2P: its rows' LSE as the ring merged them (the numerics check's)
+                return out, lse
+            return heads_to_seq(out, a2a_group, u), None
 
         return CPPrepared(plan, dist.rank, run, mask)
 
