@@ -254,6 +254,7 @@ class LengthTelemetry:
         self.gather, self.shared_counter = gather, shared_counter
         self.notes: list[str] = []
         self.device_name: str | None = None
+        self.power_limit_w: float | None = None
 
     def sampler(self) -> Sampler | None:
         """A sampler for the next pass's repetitions (None when telemetry is off)."""
@@ -295,6 +296,7 @@ class LengthTelemetry:
         for read in (reading, window):
             if read is not None:
                 self.device_name = self.device_name or read.device_name
+                self.power_limit_w = self.power_limit_w or read.power_limit_w
                 self.notes += [n for n in read.notes if n not in self.notes]
         if window is not None and window.energy_j is not None and window.window_energy_j() is None:
             note = (
@@ -315,6 +317,7 @@ class LengthTelemetry:
             return
         record.telemetry_source = self.source.kind
         record.telemetry_device = self.device_name
+        record.telemetry_power_limit_w = self.power_limit_w
         record.telemetry_note = "; ".join(self.notes) or None
         fill_telemetry(record.pass_result(pass_name), samples, record.seqlen, self._names)
         over = [s.power_over_limit for s in samples if s.power_over_limit is not None]

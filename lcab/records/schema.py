@@ -250,6 +250,8 @@ class RunRecord:
     """Where the passes' clocks, power and energy were read: nvml, host, or None (off)."""
     telemetry_device: str | None = None
     """The device's name as the telemetry source reports it (NVML; the peak table's key)."""
+    telemetry_power_limit_w: float | None = None
+    """Rank 0's device's enforced power limit (NVML), W: a capped card runs slower."""
     telemetry_note: str | None = None
     """What the telemetry could not read here, and why (one line per cause)."""
     peak_basis: str | None = None

@@ -49,6 +49,7 @@ PROVENANCE: tuple[tuple[str, Callable[[dict[str, Any]], Any], bool], ...] = (
     ("CPU threads", lambda r: r.get("num_threads"), False),
     ("clock seen (MHz)", _per_pass("clock_mhz_min", "clock_mhz_max"), True),
     ("power seen (W)", _per_pass("power_w_max"), True),
+    ("power limit (W)", lambda r: r.get("telemetry_power_limit_w"), False),
     (
         "throttle events",
         lambda r: [e for got in _per_pass("clock_events")(r) for e in got or []],

@@ -55,6 +55,7 @@ def _campaign(root: Path, seed: int, new: bool) -> Path:
                 q = quantiles(reps, (0.2, 0.5, 0.8))
                 result.ms_reps, result.ms_p20, result.ms_p50, result.ms_p80 = reps, *q.values()
             record.driver_version = "570.86.15" if new else "550.54.15"
+            record.telemetry_power_limit_w = 500.0 if new and kernel == "flex" else 700.0
             record.kernel_binary = {"ext.so": "cd34" if new and kernel == "flex" else "ab12"}
             record.kernel_package_version = f"{kernel}-pkg 1.0"
             if (kernel, mask, seqlen) == (("sdpa", "document", 2048) if new else SLIGHT):
@@ -120,6 +121,9 @@ def test_a_changed_driver_and_binary_are_named_and_unchanged_things_are_not(comp
     assert "flex cd34" in table.loc["kernel binary", "new"]
     assert "flex ab12" in table.loc["kernel binary", "old"]
     assert table.loc["kernel package", "differs"] == ""
+    assert table.loc["power limit (W)", "differs"] == "≠"  # one card capped in the new campaign
+    assert "500" in str(table.loc["power limit (W)", "new"])
+    assert "500" not in str(table.loc["power limit (W)", "old"])
 
 
 def test_cells_of_one_campaign_only_are_listed_apart(comparison):

@@ -242,6 +242,7 @@ def test_a_cell_records_gpu_telemetry_and_the_share_of_the_peak(
     )
     assert record["telemetry_source"] == "nvml"
     assert record["telemetry_device"] == "NVIDIA H100 80GB HBM3"
+    assert record["telemetry_power_limit_w"] == 700.0  # the emulated driver's default limit
     for name in ("fwd", "bwd"):
         result = record[name]
         assert result["status"] == "ok"
@@ -283,6 +284,7 @@ def test_no_sample_inside_the_window_leaves_the_peak_rated_and_power_over_its_li
     assert len(said) == 1 and said[0].startswith("fwd: mean power ")
     over = float(said[0].removeprefix("fwd: mean power ").split("x")[0])
     assert over == pytest.approx(690 / 500, rel=0.08)  # one counter step at most off
+    assert record["telemetry_power_limit_w"] == 500.0  # the limit the driver was set to
 
 
 def test_a_pass_above_the_peak_at_its_clock_is_flagged(
